@@ -1,0 +1,51 @@
+# Every set-up step lives here, so a fresh clone needs only `make run` or `make test`.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+EXAMPLE ?= examples/fsdptraining-tiny.yaml
+
+.PHONY: setup system-deps tools run test test-fast lint crd bench clean
+
+# Python environment: the project with the trainer (torch) and dev extras.
+setup: $(VENV)/.installed
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[trainer,dev]'
+	touch $@
+
+# Debian packages the tests use as real components (Prometheus, promtool).
+system-deps:
+	bash tools/install-system-deps.sh
+
+# kube-apiserver, etcd, kubectl, helm... built from Go modules, cached in ~/.cache/fsdp-k8s.
+tools:
+	bash tools/build-binaries.sh
+
+# The embedded default: a real FSDP2 training job on the CPU (2 ranks, gloo), no cluster, no GPU, no internet.
+run: setup
+	$(BIN)/fsdp-operator run-local -f $(EXAMPLE)
+
+# The whole test suite, against the real components.
+test: setup system-deps tools
+	$(BIN)/ruff check .
+	$(BIN)/pytest
+
+# Everything but the whole-cluster end-to-end tests.
+test-fast: setup system-deps tools
+	$(BIN)/pytest -m 'not e2e'
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+# Regenerate the committed CRD and rendered manifests from the Python sources.
+crd: setup
+	$(BIN)/fsdp-operator crd > kustomize/crd/training.fsdp.dev_fsdptrainings.yaml
+
+bench: setup tools
+	$(BIN)/python bench/operator_latency.py
+	$(BIN)/python bench/trainer_throughput.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

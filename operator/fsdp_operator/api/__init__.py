@@ -1,0 +1,54 @@
+"""The FSDPTraining API (training.fsdp.dev/v1alpha1): models, presets, rules."""
+
+from .presets import PRESETS, ModelDims, PresetName
+from .rules import Rule, format_errors
+from .spec import (
+    API_VERSION,
+    GROUP,
+    KIND,
+    PLURAL,
+    VERSION,
+    CheckpointSpec,
+    DataSpec,
+    ElasticSpec,
+    EnvVar,
+    FSDPSpec,
+    FSDPTraining,
+    FSDPTrainingSpec,
+    MetricsSpec,
+    ModelOverrides,
+    ModelSpec,
+    ResourcesSpec,
+    TrainingSpec,
+    check_update,
+)
+from .status import Condition, FSDPTrainingStatus, Phase
+
+__all__ = [
+    "API_VERSION",
+    "GROUP",
+    "KIND",
+    "PLURAL",
+    "PRESETS",
+    "VERSION",
+    "CheckpointSpec",
+    "Condition",
+    "DataSpec",
+    "ElasticSpec",
+    "EnvVar",
+    "FSDPSpec",
+    "FSDPTraining",
+    "FSDPTrainingSpec",
+    "FSDPTrainingStatus",
+    "MetricsSpec",
+    "ModelDims",
+    "ModelOverrides",
+    "ModelSpec",
+    "Phase",
+    "PresetName",
+    "ResourcesSpec",
+    "Rule",
+    "TrainingSpec",
+    "check_update",
+    "format_errors",
+]

@@ -1,0 +1,106 @@
+"""Model presets: the architecture numbers behind ``spec.model.preset``.
+
+Torch-free on purpose: the operator uses them for validation (CEL rules embed
+the table) and for status columns, the trainer uses them to build a
+``LlamaConfig``. The Llama numbers are those of the published model cards.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from typing import Literal
+
+PresetName = Literal["tiny", "llama3.2-1b", "llama3.2-3b", "llama3.1-8b", "llama3.1-70b"]
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_key_value_heads: int
+    intermediate_size: int
+    vocab_size: int
+    max_seq_len: int
+    rope_theta: float = 500000.0
+    tie_word_embeddings: bool = False
+    # Llama 3.1/3.2 extend context with "llama3" RoPE scaling; tiny has none.
+    rope_scaling: bool = True
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    def num_params(self) -> int:
+        """Parameter count of the Llama architecture with these dims."""
+        h, i, v = self.hidden_size, self.intermediate_size, self.vocab_size
+        kv = self.num_key_value_heads * self.head_dim
+        attn = h * h * 2 + h * kv * 2  # q, o, k, v projections
+        mlp = 3 * h * i
+        norms = 2 * h
+        per_layer = attn + mlp + norms
+        embed = v * h
+        head = 0 if self.tie_word_embeddings else v * h
+        return self.num_layers * per_layer + embed + head + h
+
+    def with_overrides(self, **overrides: int | None) -> ModelDims:
+        return replace(self, **{k: v for k, v in overrides.items() if v is not None})
+
+    def as_dict(self) -> dict[str, int | float | bool]:
+        return asdict(self)
+
+
+# tiny is sized for the embedded default: a few hundred steps on 2 CPU cores
+# in minutes, with the vocabulary of the tokenizer the trainer builds offline.
+PRESETS: dict[str, ModelDims] = {
+    "tiny": ModelDims(
+        hidden_size=256,
+        num_layers=4,
+        num_heads=8,
+        num_key_value_heads=4,
+        intermediate_size=688,
+        vocab_size=4096,
+        max_seq_len=1024,
+        rope_theta=10000.0,
+        tie_word_embeddings=True,
+        rope_scaling=False,
+    ),
+    "llama3.2-1b": ModelDims(
+        hidden_size=2048,
+        num_layers=16,
+        num_heads=32,
+        num_key_value_heads=8,
+        intermediate_size=8192,
+        vocab_size=128256,
+        max_seq_len=131072,
+        tie_word_embeddings=True,
+    ),
+    "llama3.2-3b": ModelDims(
+        hidden_size=3072,
+        num_layers=28,
+        num_heads=24,
+        num_key_value_heads=8,
+        intermediate_size=8192,
+        vocab_size=128256,
+        max_seq_len=131072,
+        tie_word_embeddings=True,
+    ),
+    "llama3.1-8b": ModelDims(
+        hidden_size=4096,
+        num_layers=32,
+        num_heads=32,
+        num_key_value_heads=8,
+        intermediate_size=14336,
+        vocab_size=128256,
+        max_seq_len=131072,
+    ),
+    "llama3.1-70b": ModelDims(
+        hidden_size=8192,
+        num_layers=80,
+        num_heads=64,
+        num_key_value_heads=8,
+        intermediate_size=28672,
+        vocab_size=128256,
+        max_seq_len=131072,
+    ),
+}

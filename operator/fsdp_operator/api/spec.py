@@ -1,0 +1,574 @@
+"""The ``FSDPTraining`` spec: the single source of truth for the API.
+
+The CRD schema (``fsdp_operator.crd``), the renderer, the trainer's config and
+the docs' API reference are all derived from these models. Every field has a
+description because it becomes ``kubectl explain`` output.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+
+from .presets import PRESETS, ModelDims, PresetName
+from .rules import Rule, TransitionRule, immutable, run_rules
+
+GROUP = "training.fsdp.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "FSDPTraining"
+PLURAL = "fsdptrainings"
+
+# PyTorchJob pods and services are named <name>-worker-<index>; with up to
+# 1000 nodes the index has 3 digits, and the whole must stay a 63-char label.
+MAX_NODES = 1000
+MAX_NAME_LENGTH = 63 - len("-worker-") - len(str(MAX_NODES - 1))
+
+# Kubernetes resource.Quantity, as the API server parses it.
+QUANTITY_PATTERN = (
+    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
+    r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
+DNS_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+# Env var names that hold credentials must come from a Secret, never inline.
+SECRET_ENV_PATTERN = r"(?i)^(.*_)?(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|SECRET_KEY|CREDENTIALS?)$"
+
+Quantity = Annotated[
+    int | str,
+    Field(json_schema_extra={"x-kubernetes-int-or-string": True, "pattern": QUANTITY_PATTERN}),
+]
+
+
+class Spec(BaseModel):
+    """Base of every API object: camelCase in YAML, unknown fields rejected.
+
+    The API server rejects unknown fields too (kubectl's strict field
+    validation), so a typo fails loudly instead of being pruned silently.
+    """
+
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", validate_default=True
+    )
+    rules: ClassVar[tuple[Rule, ...]] = ()
+
+    @model_validator(mode="after")
+    def _run_rules(self) -> Spec:
+        run_rules(self, self.rules)
+        return self
+
+
+def _has(obj: Any, *path: str) -> bool:
+    for part in path:
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return False
+    return True
+
+
+# --- model -----------------------------------------------------------------
+
+
+class ModelOverrides(Spec):
+    """Architecture overrides applied on top of the preset."""
+
+    hidden_size: int | None = Field(None, ge=64, le=65536, description="Width of the residual stream (d_model).")
+    num_layers: int | None = Field(None, ge=1, le=512, description="Number of decoder layers.")
+    num_heads: int | None = Field(None, ge=1, le=1024, description="Number of attention (query) heads.")
+    num_key_value_heads: int | None = Field(
+        None, ge=1, le=1024, description="Number of key/value heads (grouped-query attention); divides numHeads."
+    )
+    intermediate_size: int | None = Field(None, ge=64, le=262144, description="Hidden width of the SwiGLU MLP.")
+    vocab_size: int | None = Field(
+        None, ge=256, le=1048576, description="Vocabulary size; must cover the tokenizer's vocabulary."
+    )
+    max_seq_len: int | None = Field(
+        None, ge=16, le=1048576, description="Longest sequence the model supports (max_position_embeddings)."
+    )
+
+
+def _preset_cel(field: str) -> str:
+    """CEL for the effective value of a model dimension: override or preset's."""
+    attr = {
+        "hiddenSize": "hidden_size",
+        "numHeads": "num_heads",
+        "numKeyValueHeads": "num_key_value_heads",
+        "maxSeqLen": "max_seq_len",
+    }[field]
+    table = ", ".join(f"'{name}': {getattr(dims, attr)}" for name, dims in PRESETS.items())
+    return f"(has(self.config) && has(self.config.{field}) ? self.config.{field} : {{{table}}}[self.preset])"
+
+
+class ModelSpec(Spec):
+    """Which model to train: a Llama preset, optional overrides, optional pretrained weights."""
+
+    preset: PresetName = Field(
+        description="Architecture preset: tiny (smoke tests, CPU), llama3.2-1b, llama3.2-3b, llama3.1-8b, llama3.1-70b."
+    )
+    config: ModelOverrides | None = Field(None, description="Overrides of the preset's architecture numbers.")
+    pretrained: str | None = Field(
+        None,
+        min_length=1,
+        description=(
+            "Hugging Face model id or local/PVC path to initialise weights from; "
+            "weights are streamed into the shards. Unset: random initialisation."
+        ),
+    )
+
+    rules: ClassVar[tuple[Rule, ...]] = (
+        Rule(
+            cel=f"{_preset_cel('hiddenSize')} % {_preset_cel('numHeads')} == 0",
+            message="hiddenSize must be divisible by numHeads",
+            field_path=".config.hiddenSize",
+            check=lambda m: m.dims().hidden_size % m.dims().num_heads == 0,
+        ),
+        Rule(
+            cel=f"{_preset_cel('numHeads')} % {_preset_cel('numKeyValueHeads')} == 0",
+            message="numHeads must be divisible by numKeyValueHeads",
+            field_path=".config.numHeads",
+            check=lambda m: m.dims().num_heads % m.dims().num_key_value_heads == 0,
+        ),
+    )
+
+    def dims(self) -> ModelDims:
+        """The effective architecture: preset plus overrides."""
+        base = PRESETS[self.preset]
+        if self.config is None:
+            return base
+        return base.with_overrides(**self.config.model_dump())
+
+
+# --- data ------------------------------------------------------------------
+
+
+class DataSpec(Spec):
+    """Training data: a Hugging Face dataset, local files, or the embedded corpus."""
+
+    dataset: str | None = Field(
+        None, min_length=1, description="Hugging Face dataset id (e.g. allenai/c4). Mutually exclusive with path."
+    )
+    config: str | None = Field(None, min_length=1, description="Dataset configuration name (e.g. en for allenai/c4).")
+    split: str = Field("train", min_length=1, description="Split to train on.")
+    path: str | None = Field(
+        None,
+        min_length=1,
+        description=(
+            "Local or PVC path to json/jsonl/parquet/txt files (a file, a directory or a glob) "
+            "instead of the hub. With neither dataset nor path, the corpus embedded in the trainer is used."
+        ),
+    )
+    text_field: str = Field("text", min_length=1, description="Name of the column holding the text.")
+    streaming: bool = Field(False, description="Stream the dataset instead of downloading it whole first.")
+    tokenizer: str | None = Field(
+        None,
+        min_length=1,
+        description=(
+            "Hugging Face tokenizer id or local path (AutoTokenizer). "
+            "Unset: pretrained's tokenizer if set, else the tokenizer embedded in the trainer."
+        ),
+    )
+    validation_split: str | None = Field(
+        None,
+        min_length=1,
+        description=(
+            "Split used for validation. Unset: a deterministic held-out slice of the training "
+            "documents (never trained on)."
+        ),
+    )
+
+    rules: ClassVar[tuple[Rule, ...]] = (
+        Rule(
+            cel="!(has(self.dataset) && has(self.path))",
+            message="set either dataset or path, not both",
+            field_path=".path",
+            check=lambda d: not (d.dataset and d.path),
+        ),
+    )
+
+
+# --- training --------------------------------------------------------------
+
+
+class TrainingSpec(Spec):
+    """Optimisation settings: steps, batch, learning rate, precision."""
+
+    max_steps: int = Field(ge=1, le=100_000_000, description="Number of optimizer steps to train for.")
+    seq_len: int | None = Field(
+        None, ge=16, le=1048576, description="Tokens per sequence. Unset: min(2048, the model's maxSeqLen)."
+    )
+    micro_batch_size: int = Field(1, ge=1, le=4096, description="Sequences per GPU (per rank) per forward pass.")
+    grad_accum_steps: int = Field(1, ge=1, le=4096, description="Micro-batches accumulated per optimizer step.")
+    learning_rate: float = Field(3e-4, gt=0, le=1, description="Peak learning rate of AdamW.")
+    min_learning_rate_ratio: float = Field(
+        0.1, ge=0, le=1, description="Final learning rate of the cosine schedule, as a fraction of the peak."
+    )
+    warmup_steps: int | None = Field(
+        None, ge=0, description="Linear warm-up steps before the cosine decay. Unset: min(100, maxSteps/10)."
+    )
+    weight_decay: float = Field(0.1, ge=0, le=10, description="AdamW weight decay.")
+    grad_clip_norm: float = Field(1.0, ge=0, description="Clip the global gradient norm to this value; 0 disables.")
+    precision: Literal["bf16", "fp32"] = Field(
+        "bf16", description="bf16: bf16 parameters and compute with fp32 gradient reduction; fp32: full precision."
+    )
+    activation_checkpointing: Literal["none", "selective", "full"] = Field(
+        "none",
+        description="Recompute activations in backward: none, selective (every other layer) or full (every layer).",
+    )
+    compile: bool = Field(False, description="torch.compile each decoder layer.")
+    seed: int = Field(42, ge=0, le=2**31 - 1, description="Random seed for weight init and data order.")
+    log_interval_steps: int = Field(10, ge=1, description="Steps between log lines on rank 0.")
+    eval_interval_steps: int = Field(0, ge=0, description="Steps between validation runs; 0 disables validation.")
+    eval_steps: int = Field(10, ge=1, description="Micro-batches per validation run.")
+
+    rules: ClassVar[tuple[Rule, ...]] = (
+        Rule(
+            cel="!has(self.warmupSteps) || self.warmupSteps < self.maxSteps",
+            message="warmupSteps must be smaller than maxSteps",
+            field_path=".warmupSteps",
+            check=lambda t: t.warmup_steps is None or t.warmup_steps < t.max_steps,
+        ),
+    )
+
+    def effective_warmup_steps(self) -> int:
+        if self.warmup_steps is not None:
+            return self.warmup_steps
+        return min(100, self.max_steps // 10)
+
+
+# --- fsdp ------------------------------------------------------------------
+
+
+class FSDPSpec(Spec):
+    """How FSDP2 shards the model."""
+
+    sharding_strategy: Literal["full", "shard_grad_op", "no_shard", "hybrid"] = Field(
+        "full",
+        description=(
+            "full: shard parameters, gradients and optimizer state, reshard after forward (ZeRO-3); "
+            "shard_grad_op: keep parameters unsharded between forward and backward (ZeRO-2); "
+            "no_shard: replicate (DDP-like); hybrid: shard within a node, replicate across nodes (needs nodes >= 2)."
+        ),
+    )
+    cpu_offload: bool = Field(False, description="Keep sharded parameters, gradients and optimizer state in CPU memory.")
+    prefetch: int = Field(
+        0, ge=0, le=8, description="Explicit forward/backward prefetch depth in layers; 0 leaves FSDP's implicit prefetch."
+    )
+    shard_group_size: int | None = Field(
+        None,
+        ge=1,
+        le=16384,
+        description=(
+            "hybrid only: ranks per shard group (the inner dimension of the 2-D mesh); "
+            "unset: the processes of one node. The world size must be a multiple of it."
+        ),
+    )
+
+
+# --- resources -------------------------------------------------------------
+
+
+class ResourcesSpec(Spec):
+    """Where the job runs: node count, GPUs, EFA and Karpenter capacity."""
+
+    nodes: int = Field(1, ge=1, le=MAX_NODES, description="Number of nodes (pods); one pod per node.")
+    gpus_per_node: int = Field(
+        8, ge=0, le=16, description="GPUs per node; one training process per GPU. 0 runs one CPU process per node."
+    )
+    instance_types: list[Annotated[str, Field(min_length=1)]] = Field(
+        default_factory=list, description="Allowed EC2 instance types (e.g. p5.48xlarge); empty: any in the NodePool."
+    )
+    capacity_type: Literal["on-demand", "spot", "reserved"] = Field(
+        "on-demand", description="Karpenter capacity type to run on."
+    )
+    node_pool: str = Field("gpu", pattern=DNS_LABEL, description="Karpenter NodePool that provisions the nodes.")
+    efa_per_node: int = Field(0, ge=0, le=32, description="EFA interfaces (vpc.amazonaws.com/efa) per node; 0: no EFA.")
+    cpu: Quantity | None = Field(None, description="CPU request per pod (e.g. 90).")
+    memory: Quantity | None = Field(None, description="Memory request and limit per pod (e.g. 1800Gi).")
+    shared_memory: Quantity | None = Field(
+        None, description="Size limit of the memory-backed /dev/shm; unset: no limit beyond the pod's memory."
+    )
+
+    @field_validator("cpu", "memory", "shared_memory")
+    @classmethod
+    def _quantity(cls, v: int | str | None) -> str | None:
+        if v is None:
+            return None
+        s = str(v)
+        if not re.match(QUANTITY_PATTERN, s):
+            raise ValueError(f"{s!r} is not a Kubernetes quantity (e.g. 64Gi, 500m)")
+        return s
+
+
+# --- checkpoint ------------------------------------------------------------
+
+
+class CheckpointSpec(Spec):
+    """Distributed checkpoints (torch.distributed.checkpoint) and resume."""
+
+    dir: str = Field("/checkpoints", pattern=r"^/", description="Absolute directory for checkpoints inside the pod.")
+    interval_steps: int = Field(500, ge=1, description="Steps between checkpoints (one is always written at the end).")
+    keep_last: int = Field(3, ge=1, le=1000, description="Complete checkpoints to keep; older ones are deleted.")
+    claim_name: str | None = Field(
+        None,
+        pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        description=(
+            "PersistentVolumeClaim mounted at dir. Unset: checkpoints live in an emptyDir and are lost "
+            "with the pod (the status says so)."
+        ),
+    )
+    resume: Literal["auto", "never"] = Field(
+        "auto", description="auto: resume from the newest complete checkpoint in dir; never: always start fresh."
+    )
+    async_save: bool = Field(False, description="Save checkpoints asynchronously, overlapping the next steps.")
+
+
+class ElasticSpec(Spec):
+    """Elastic training: torchrun tolerates node loss between minNodes and maxNodes."""
+
+    min_nodes: int = Field(ge=1, le=MAX_NODES, description="Fewest nodes to keep training with.")
+    max_nodes: int = Field(ge=1, le=MAX_NODES, description="Most nodes to train with.")
+    max_restarts: int = Field(3, ge=0, le=1000, description="Times torchrun restarts the workers before failing.")
+
+    rules: ClassVar[tuple[Rule, ...]] = (
+        Rule(
+            cel="self.minNodes <= self.maxNodes",
+            message="minNodes must not exceed maxNodes",
+            field_path=".minNodes",
+            check=lambda e: e.min_nodes <= e.max_nodes,
+        ),
+    )
+
+
+class MetricsSpec(Spec):
+    """The trainer's Prometheus endpoint (one per pod, covering all local ranks)."""
+
+    enabled: bool = Field(True, description="Serve Prometheus metrics and emit a PodMonitor.")
+    port: int = Field(9402, ge=1024, le=65535, description="Port of the metrics endpoint in each pod.")
+
+
+# --- env -------------------------------------------------------------------
+
+
+class KeySelector(Spec):
+    """A key of a Secret or ConfigMap."""
+
+    name: str = Field(min_length=1, description="Name of the Secret or ConfigMap.")
+    key: str = Field(min_length=1, description="Key to read.")
+    optional: bool | None = Field(None, description="Whether the reference may be missing.")
+
+
+class FieldSelector(Spec):
+    """A field of the pod (downward API)."""
+
+    field_path: str = Field(min_length=1, description="Path of the field, e.g. metadata.name.")
+
+
+class EnvVarSource(Spec):
+    """Where the value of an environment variable comes from."""
+
+    secret_key_ref: KeySelector | None = Field(None, description="A key of a Secret (use this for tokens).")
+    config_map_key_ref: KeySelector | None = Field(None, description="A key of a ConfigMap.")
+    field_ref: FieldSelector | None = Field(None, description="A field of the pod.")
+
+    rules: ClassVar[tuple[Rule, ...]] = (
+        Rule(
+            cel="[has(self.secretKeyRef), has(self.configMapKeyRef), has(self.fieldRef)].filter(x, x).size() == 1",
+            message="exactly one of secretKeyRef, configMapKeyRef or fieldRef must be set",
+            check=lambda s: sum(x is not None for x in (s.secret_key_ref, s.config_map_key_ref, s.field_ref)) == 1,
+        ),
+    )
+
+
+class EnvVar(Spec):
+    """An extra environment variable for the trainer container."""
+
+    name: str = Field(pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$", description="Variable name.")
+    value: str | None = Field(None, description="Literal value (not allowed for credentials: use valueFrom).")
+    value_from: EnvVarSource | None = Field(None, description="Source of the value, e.g. a Secret key.")
+
+    rules: ClassVar[tuple[Rule, ...]] = (
+        Rule(
+            cel="!(has(self.value) && has(self.valueFrom))",
+            message="set either value or valueFrom, not both",
+            field_path=".valueFrom",
+            check=lambda e: not (e.value is not None and e.value_from is not None),
+        ),
+        Rule(
+            cel=f"!(has(self.value) && self.name.matches('{SECRET_ENV_PATTERN}'))",
+            message="looks like a credential: take it from a Secret with valueFrom.secretKeyRef, not a literal value",
+            field_path=".value",
+            check=lambda e: not (e.value is not None and re.match(SECRET_ENV_PATTERN, e.name)),
+        ),
+    )
+
+
+# --- the whole spec --------------------------------------------------------
+
+
+class FSDPTrainingSpec(Spec):
+    """Desired state of an FSDP training job."""
+
+    image: str = Field(
+        min_length=1,
+        pattern=r"^[^\s]+$",
+        description="Trainer container image, pinned by tag or digest (':latest' is rejected).",
+    )
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
+        "IfNotPresent", description="Image pull policy of the trainer container."
+    )
+    model: ModelSpec = Field(description="The model to train.")
+    data: DataSpec = Field(default_factory=DataSpec, description="Training data and tokenizer.")
+    training: TrainingSpec = Field(description="Optimisation settings.")
+    fsdp: FSDPSpec = Field(default_factory=FSDPSpec, description="FSDP2 sharding settings.")
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="Nodes, GPUs, EFA and capacity.")
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpointing and resume.")
+    elastic: ElasticSpec | None = Field(None, description="Elastic training bounds; unset: a fixed node count.")
+    metrics: MetricsSpec = Field(default_factory=MetricsSpec, description="Prometheus metrics of the trainer.")
+    env: list[EnvVar] = Field(default_factory=list, description="Extra environment variables of the trainer container.")
+    service_account_name: str | None = Field(
+        None, pattern=DNS_LABEL, description="ServiceAccount of the training pods (e.g. for IRSA access to S3)."
+    )
+    suspend: bool = Field(False, description="Suspend the job: its pods are deleted; unsuspending resumes from checkpoint.")
+
+    rules: ClassVar[tuple[Rule, ...]] = (
+        Rule(
+            cel="!self.image.endsWith(':latest')",
+            message="image must be pinned to a tag or digest, not :latest",
+            field_path=".image",
+            check=lambda s: not s.image.endswith(":latest"),
+        ),
+        Rule(
+            cel="!has(self.fsdp) || self.fsdp.shardingStrategy != 'hybrid' || (has(self.resources) && self.resources.nodes >= 2)",
+            message="hybrid sharding needs at least 2 nodes",
+            field_path=".fsdp.shardingStrategy",
+            check=lambda s: s.fsdp.sharding_strategy != "hybrid" or s.resources.nodes >= 2,
+        ),
+        Rule(
+            cel=(
+                "!has(self.elastic) || ((has(self.resources) ? self.resources.nodes : 1) >= self.elastic.minNodes"
+                " && (has(self.resources) ? self.resources.nodes : 1) <= self.elastic.maxNodes)"
+            ),
+            message="resources.nodes must lie between elastic.minNodes and elastic.maxNodes",
+            field_path=".resources.nodes",
+            check=lambda s: s.elastic is None or s.elastic.min_nodes <= s.resources.nodes <= s.elastic.max_nodes,
+        ),
+        Rule(
+            cel=(
+                "!has(self.training.seqLen) || self.training.seqLen <= "
+                + _preset_cel("maxSeqLen").replace("self.", "self.model.")
+            ),
+            message="training.seqLen must not exceed the model's maxSeqLen",
+            field_path=".training.seqLen",
+            check=lambda s: s.training.seq_len is None or s.training.seq_len <= s.model.dims().max_seq_len,
+        ),
+        Rule(
+            cel="!has(self.resources) || self.resources.efaPerNode == 0 || self.resources.gpusPerNode > 0",
+            message="EFA needs GPU nodes: set resources.gpusPerNode",
+            field_path=".resources.efaPerNode",
+            check=lambda s: s.resources.efa_per_node == 0 or s.resources.gpus_per_node > 0,
+        ),
+    )
+    def seq_len(self) -> int:
+        if self.training.seq_len is not None:
+            return self.training.seq_len
+        return min(2048, self.model.dims().max_seq_len)
+
+    def procs_per_node(self) -> int:
+        return max(1, self.resources.gpus_per_node)
+
+    def world_size(self) -> int:
+        return self.resources.nodes * self.procs_per_node()
+
+    def total_gpus(self) -> int:
+        return self.resources.nodes * self.resources.gpus_per_node
+
+
+# Changing these on a live job would silently invalidate its checkpoints, its
+# data position or its pods' placement, so the API server refuses the update
+# (a `self == oldSelf` rule on the field) and check_update() mirrors it.
+IMMUTABLE_FIELDS: dict[type[Spec], tuple[str, tuple[str, ...]]] = {
+    FSDPTrainingSpec: ("spec", ("model", "data", "fsdp", "resources")),
+    TrainingSpec: ("spec.training", ("seqLen", "microBatchSize", "gradAccumSteps", "precision", "seed")),
+    CheckpointSpec: ("spec.checkpoint", ("dir", "claimName")),
+}
+
+
+def immutable_rule(owner: type[BaseModel], field: str) -> TransitionRule | None:
+    prefix, fields = IMMUTABLE_FIELDS.get(owner, ("", ()))  # type: ignore[arg-type]
+    return immutable(f"{prefix}.{field}") if field in fields else None
+
+
+def check_update(old: FSDPTrainingSpec, new: FSDPTrainingSpec) -> list[str]:
+    """The API server's transition rules, in Python: ``path: message`` per change."""
+    errors = []
+    for owner, (prefix, fields) in IMMUTABLE_FIELDS.items():
+        sub = prefix.removeprefix("spec").lstrip(".")
+        o = getattr(old, sub) if sub else old
+        n = getattr(new, sub) if sub else new
+        for field in fields:
+            attr = next(k for k, f in owner.model_fields.items() if (f.alias or k) == field)
+            if getattr(o, attr) != getattr(n, attr):
+                rule = immutable(f"{prefix}.{field}")
+                errors.append(f"{prefix}.{field}: {rule.message}")
+    return errors
+
+
+class ObjectMeta(BaseModel):
+    """The subset of metav1.ObjectMeta the API checks; the rest passes through."""
+
+    model_config = ConfigDict(extra="allow")
+    name: str | None = None
+    generate_name: str | None = Field(None, alias="generateName")
+    namespace: str | None = None
+    uid: str | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        if not re.match(DNS_LABEL, v):
+            raise ValueError(NAME_PATTERN_MESSAGE)
+        if len(v) > MAX_NAME_LENGTH:
+            raise ValueError(NAME_LENGTH_MESSAGE)
+        return v
+
+
+NAME_PATTERN_MESSAGE = (
+    "name must be a DNS label (lowercase letters, digits and '-', starting with a letter) "
+    "because pods and services are named after it"
+)
+NAME_LENGTH_MESSAGE = (
+    f"name must be at most {MAX_NAME_LENGTH} characters so that <name>-worker-<index> stays a valid DNS label"
+)
+ROOT_RULES: tuple[dict[str, str], ...] = (
+    {
+        "rule": f"!has(self.metadata.name) || self.metadata.name.matches('{DNS_LABEL}')",
+        "message": NAME_PATTERN_MESSAGE,
+        "fieldPath": ".metadata.name",
+        "reason": "FieldValueInvalid",
+    },
+    {
+        "rule": f"!has(self.metadata.name) || size(self.metadata.name) <= {MAX_NAME_LENGTH}",
+        "message": NAME_LENGTH_MESSAGE,
+        "fieldPath": ".metadata.name",
+        "reason": "FieldValueInvalid",
+    },
+)
+
+
+class FSDPTraining(BaseModel):
+    """An FSDPTraining resource as read from YAML or from the API server."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    api_version: Literal["training.fsdp.dev/v1alpha1"] = Field(API_VERSION, alias="apiVersion")
+    kind: Literal["FSDPTraining"] = KIND
+    metadata: ObjectMeta = Field(default_factory=ObjectMeta)
+    spec: FSDPTrainingSpec
+
+    @property
+    def name(self) -> str:
+        assert self.metadata.name, "metadata.name is required"
+        return self.metadata.name

@@ -1,0 +1,69 @@
+"""The ``FSDPTraining`` status, as the operator writes it.
+
+Declared in the CRD schema field by field, so the API server never prunes what
+the operator stores and ``kubectl explain fsdptraining.status`` documents it.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from .spec import Spec
+
+Phase = Literal["Pending", "Created", "Running", "Restarting", "Suspended", "Succeeded", "Failed"]
+
+
+class Condition(Spec):
+    """A condition in the metav1.Condition shape."""
+
+    type: str = Field(min_length=1, description="Condition type, e.g. Created, Running, Succeeded, Failed, Suspended.")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    observed_generation: int | None = Field(
+        None, ge=0, description="metadata.generation of the FSDPTraining this condition was computed from."
+    )
+    last_transition_time: str = Field(description="When the condition last changed status (RFC 3339).")
+    reason: str = Field(min_length=1, description="CamelCase machine-readable reason.")
+    message: str = Field("", description="Human-readable details.")
+
+
+class ReplicaStatus(Spec):
+    """Pod counts of one PyTorchJob replica type."""
+
+    active: int = Field(0, ge=0, description="Running pods.")
+    succeeded: int = Field(0, ge=0, description="Pods that completed successfully.")
+    failed: int = Field(0, ge=0, description="Pods that failed.")
+
+
+class CheckpointStatus(Spec):
+    """Where checkpoints go and whether they survive the pods."""
+
+    dir: str | None = Field(None, description="Checkpoint directory in the pods.")
+    ephemeral: bool = Field(
+        True, description="True when no PVC is set: checkpoints are lost with the pods and resume cannot work."
+    )
+    last_step: int | None = Field(None, ge=0, description="Step of the newest complete checkpoint seen in metrics.")
+
+
+class FSDPTrainingStatus(Spec):
+    """Observed state of the job, mirrored from its PyTorchJob and its metrics."""
+
+    phase: Phase = Field("Pending", description="Summary of the job's state.")
+    message: str = Field("", description="Human-readable explanation of the phase.")
+    observed_generation: int | None = Field(
+        None, ge=0, description="metadata.generation of the spec last reconciled into the PyTorchJob."
+    )
+    conditions: list[Condition] = Field(default_factory=list, description="Conditions in the metav1.Condition shape.")
+    job_name: str | None = Field(None, description="Name of the PyTorchJob running this training.")
+    nodes: int | None = Field(None, ge=0, description="Nodes (pods) requested.")
+    gpus: int | None = Field(None, ge=0, description="GPUs requested in total.")
+    replica_statuses: dict[str, ReplicaStatus] = Field(
+        default_factory=dict, description="Pod counts per replica type (Master, Worker), from the PyTorchJob."
+    )
+    start_time: str | None = Field(None, description="When the PyTorchJob started running (RFC 3339).")
+    completion_time: str | None = Field(None, description="When the PyTorchJob finished (RFC 3339).")
+    step: int | None = Field(None, ge=0, description="Latest optimizer step reported by the trainer's metrics.")
+    loss: float | None = Field(None, description="Latest training loss reported by the trainer's metrics.")
+    tokens_per_second: float | None = Field(None, ge=0, description="Latest global training throughput in tokens/s.")
+    checkpoint: CheckpointStatus = Field(default_factory=CheckpointStatus, description="Checkpoint location and durability.")

@@ -1,0 +1,81 @@
+"""The trainer's configuration: the spec's training sections plus job identity.
+
+The operator renders this into the job's ConfigMap (``train.yaml``) and the
+trainer parses it with the same models, so both sides validate identically and
+a field added to the spec reaches the trainer without a second definition.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import yaml
+from pydantic import Field
+
+from .rules import Rule
+from .spec import (
+    CheckpointSpec,
+    DataSpec,
+    FSDPSpec,
+    FSDPTrainingSpec,
+    MetricsSpec,
+    ModelSpec,
+    Spec,
+    TrainingSpec,
+)
+
+
+class JobInfo(Spec):
+    """Identity of the job, used in metric labels and log lines."""
+
+    name: str = Field("local", min_length=1, description="FSDPTraining name.")
+    namespace: str = Field("default", min_length=1, description="Namespace of the FSDPTraining.")
+
+
+class TrainerConfig(Spec):
+    """Everything ``python -m fsdp_trainer --config train.yaml`` reads."""
+
+    job: JobInfo = Field(default_factory=JobInfo, description="Job identity.")
+    model: ModelSpec = Field(description="The model to train.")
+    data: DataSpec = Field(default_factory=DataSpec, description="Training data and tokenizer.")
+    training: TrainingSpec = Field(description="Optimisation settings.")
+    fsdp: FSDPSpec = Field(default_factory=FSDPSpec, description="FSDP2 sharding settings.")
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpointing and resume.")
+    metrics: MetricsSpec = Field(default_factory=MetricsSpec, description="Prometheus metrics.")
+
+    # Same message as the spec's rule: a CLI override is checked like kubectl apply.
+    rules: ClassVar[tuple[Rule, ...]] = (
+        Rule(
+            cel="",
+            message="training.seqLen must not exceed the model's maxSeqLen",
+            field_path=".training.seqLen",
+            check=lambda c: c.training.seq_len is None or c.training.seq_len <= c.model.dims().max_seq_len,
+        ),
+    )
+
+    @classmethod
+    def from_spec(cls, spec: FSDPTrainingSpec, name: str, namespace: str) -> TrainerConfig:
+        return cls(
+            job=JobInfo(name=name, namespace=namespace),
+            model=spec.model,
+            data=spec.data,
+            training=spec.training,
+            fsdp=spec.fsdp,
+            checkpoint=spec.checkpoint,
+            metrics=spec.metrics,
+        )
+
+    def seq_len(self) -> int:
+        if self.training.seq_len is not None:
+            return self.training.seq_len
+        return min(2048, self.model.dims().max_seq_len)
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    @classmethod
+    def from_yaml(cls, text: str) -> TrainerConfig:
+        return cls.model_validate(yaml.safe_load(text) or {})

@@ -1,0 +1,194 @@
+#!/usr/bin/env bash
+# Build the binaries of the test cluster (etcd, kube-apiserver, kubectl, helm,
+# and on request kube-scheduler, kube-controller-manager) from Go modules,
+# using only the Go toolchain and the Go module proxy. Versions come from
+# tools/versions.env. Results are cached under
+#   ${FSDP_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/fsdp-k8s}/<module>-<version>/bin/<name>
+# and a run whose binaries are all present is a fast no-op.
+#
+# Usage:
+#   tools/build-binaries.sh [NAME...]        build NAMEs (default: etcd kube-apiserver kubectl helm)
+#   tools/build-binaries.sh --print-path NAME...   print where NAMEs live (builds nothing)
+#   tools/build-binaries.sh --list           list the names this script knows
+#
+# Environment: GO (go binary; default `go` on PATH, else /usr/local/go/bin/go),
+# FSDP_TOOLS_CACHE (cache root). The Go module and build caches stay in their
+# default locations (GOMODCACHE, GOCACHE) so that every rebuild reuses them.
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=versions.env
+source "$HERE/versions.env"
+CACHE_ROOT=${FSDP_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/fsdp-k8s}
+
+# The tool table: adding a binary is one line here (plus a *_VERSION line in
+# versions.env if it comes from a module not yet listed). Tools that share a
+# version variable come from the same module and are built by one `go build`,
+# so they share its compile work.
+#   name                     version variable    module                      main package
+TOOLS='
+etcd                     ETCD_VERSION        go.etcd.io/etcd/server/v3   go.etcd.io/etcd/server/v3
+kube-apiserver           KUBERNETES_VERSION  k8s.io/kubernetes           k8s.io/kubernetes/cmd/kube-apiserver
+kubectl                  KUBERNETES_VERSION  k8s.io/kubernetes           k8s.io/kubernetes/cmd/kubectl
+kube-scheduler           KUBERNETES_VERSION  k8s.io/kubernetes           k8s.io/kubernetes/cmd/kube-scheduler
+kube-controller-manager  KUBERNETES_VERSION  k8s.io/kubernetes           k8s.io/kubernetes/cmd/kube-controller-manager
+helm                     HELM_VERSION        helm.sh/helm/v3             helm.sh/helm/v3/cmd/helm
+'
+DEFAULT_TOOLS=(etcd kube-apiserver kubectl helm)
+
+log() { printf '[build-binaries] %s\n' "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+# field NAME N: column N (1-based) of NAME's row in the tool table.
+field() {
+  awk -v n="$1" -v i="$2" '$1 == n { print $i; found = 1 } END { exit !found }' <<<"$TOOLS" \
+    || die "unknown binary '$1' (known: $(awk 'NF { printf "%s ", $1 }' <<<"$TOOLS"))"
+}
+
+# module_dir VAR: cache dir for the module pinned by VAR, e.g. .../kubernetes-v1.36.3.
+module_dir() {
+  local var=$1 short
+  short=$(tr '[:upper:]' '[:lower:]' <<<"${var%_VERSION}")
+  [[ -n ${!var:-} ]] || die "$var is not set in $HERE/versions.env"
+  printf '%s/%s-%s\n' "$CACHE_ROOT" "$short" "${!var}"
+}
+
+bin_path() { printf '%s/bin/%s\n' "$(module_dir "$(field "$1" 2)")" "$1"; }
+
+# Version stamps that upstream's own release builds inject; without them the
+# binaries report v0.0.0 and kubectl/helm print version-skew noise.
+extra_ldflags() {
+  local var=$1 v=${!1}
+  case $var in
+    KUBERNETES_VERSION)
+      local mm=${v#v} p
+      for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+        printf -- '-X %s.gitVersion=%s -X %s.gitMajor=%s -X %s.gitMinor=%s -X %s.gitTreeState=clean ' \
+          "$p" "$v" "$p" "${mm%%.*}" "$p" "$(cut -d. -f2 <<<"$mm")" "$p"
+      done ;;
+    HELM_VERSION)
+      printf -- '-X helm.sh/helm/v3/internal/version.version=%s -X helm.sh/helm/v3/internal/version.gitTreeState=clean' "$v" ;;
+  esac
+}
+
+# sibling_version MODULE VERSION: the version at which MODULE's repo publishes
+# the modules its go.mod replaces with local paths. Kubernetes publishes its
+# staging modules (k8s.io/api, ...) as v0.<minor>.<patch>; other multi-module
+# repos (etcd) tag all modules with the same version.
+sibling_version() {
+  if [[ $1 == k8s.io/kubernetes ]]; then printf 'v0.%s\n' "${2#v1.}"; else printf '%s\n' "$2"; fi
+}
+
+# write_gomod MODULE VERSION DIR: a throwaway main module that requires
+# MODULE@VERSION. `go install pkg@version` refuses modules whose go.mod has
+# replace directives (Kubernetes points every k8s.io/* staging module at
+# ./staging/...), so we re-state those replaces against published versions:
+# local-path replaces become "same module at the sibling version" (only for
+# modules actually required, as unrequired ones may be unpublished), other
+# replaces are copied as they are. The go and godebug lines are copied so the
+# build uses the same language version and GODEBUG defaults as upstream.
+write_gomod() {
+  local module=$1 version=$2 dir=$3 upstream
+  upstream=$("$GO" list -m -f '{{.GoMod}}' "$module@$version") || die "cannot resolve $module@$version"
+  {
+    printf 'module fsdp-k8s-tools/build\n\n'
+    grep -E '^(go|godebug) ' "$upstream" || true
+    printf '\nrequire %s %s\n\n' "$module" "$version"
+    awk -v sib="$(sibling_version "$module" "$version")" '
+      { sub(/\/\/.*/, "") }
+      /^require[ \t]*\($/ { blk = "req"; next }
+      /^replace[ \t]*\($/ { blk = "rep"; next }
+      /^\)/ { blk = ""; next }
+      blk == "req" && NF >= 2 { req[$1] = 1; next }
+      /^require[ \t]/ && NF >= 3 { req[$2] = 1; next }
+      /^replace[ \t]/ { $1 = ""; reps[++n] = $0; next }
+      blk == "rep" && /=>/ { reps[++n] = $0 }
+      END {
+        for (i = 1; i <= n; i++) {
+          split(reps[i], side, "=>"); split(side[1], lhs, " "); split(side[2], rhs, " ")
+          if (rhs[1] ~ /^\.\.?\//) { if (lhs[1] in req) printf "replace %s => %s %s\n", lhs[1], lhs[1], sib }
+          else printf "replace%s\n", reps[i]
+        }
+      }' "$upstream"
+  } >"$dir/go.mod"
+}
+
+# build_module VAR NAME...: build the named tools (all from VAR's module).
+build_module() {
+  local var=$1; shift
+  local version=${!var} dir module pkgs=() name pkg exe t0 t1 t2
+  dir=$(module_dir "$var")
+  module=$(field "$1" 3)
+  mkdir -p "$dir/src" "$dir/bin"
+  # Serialise concurrent builders (e.g. parallel test sessions) per module.
+  exec 9>"$dir/.lock"
+  flock 9
+  local todo=()
+  for name in "$@"; do [[ -x $dir/bin/$name ]] || todo+=("$name"); done
+  if ((${#todo[@]} == 0)); then exec 9>&-; return; fi
+  for name in "${todo[@]}"; do pkgs+=("$(field "$name" 4)"); done
+
+  log "building ${todo[*]} from $module@$version"
+  t0=$(date +%s)
+  [[ -f $dir/src/go.mod ]] || write_gomod "$module" "$version" "$dir/src"
+  # Resolve the module graph and download sources first, so the timing below
+  # separates network time from compile time.
+  (cd "$dir/src" && "$GO" list -deps "${pkgs[@]}" >/dev/null)
+  t1=$(date +%s)
+  log "  modules resolved in $((t1 - t0))s; compiling (${#pkgs[@]} package(s), one go build)"
+  local stage
+  stage=$(mktemp -d "$dir/stage.XXXXXX")
+  (cd "$dir/src" && "$GO" build -trimpath -ldflags="-s -w $(extra_ldflags "$var")" -o "$stage/" "${pkgs[@]}")
+  # `go build -o dir/` names each binary after its package path, minus a
+  # trailing /vN major-version element (go.etcd.io/etcd/server/v3 -> server).
+  for name in "${todo[@]}"; do
+    pkg=$(field "$name" 4)
+    exe=${pkg##*/}
+    [[ $exe =~ ^v[0-9]+$ ]] && exe=$(basename "$(dirname "$pkg")")
+    mv -f "$stage/$exe" "$dir/bin/$name"   # rename is atomic: no half-written binary is ever visible
+  done
+  rm -rf "$stage"
+  t2=$(date +%s)
+  log "  built ${todo[*]} in $((t2 - t0))s (resolve $((t1 - t0))s, compile+link $((t2 - t1))s) -> $dir/bin"
+  exec 9>&-
+}
+
+main() {
+  case ${1:-} in
+    --list) awk 'NF { print $1 }' <<<"$TOOLS"; return ;;
+    --print-path) shift; for n in "$@"; do bin_path "$n"; done; return ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; return ;;
+  esac
+  local names=("$@") n
+  ((${#names[@]})) || names=("${DEFAULT_TOOLS[@]}")
+  for n in "${names[@]}"; do field "$n" 1 >/dev/null; done   # reject unknown names early
+
+  # Fast path: everything already built -> no Go needed at all.
+  local missing=()
+  for n in "${names[@]}"; do [[ -x $(bin_path "$n") ]] || missing+=("$n"); done
+  if ((${#missing[@]} == 0)); then log "up to date: ${names[*]}"; return; fi
+
+  GO=${GO:-$(command -v go || echo /usr/local/go/bin/go)}
+  [[ -x $GO ]] || die "the Go toolchain is needed to build ${missing[*]} (set GO=/path/to/go)"
+  # -mod=mod lets go add the go.sum entries of the throwaway module; GOWORK=off
+  # keeps any go.work around from interfering; CGO_ENABLED=0 gives static
+  # binaries and needs no C compiler (upstream release builds do the same).
+  export GOFLAGS=-mod=mod GOWORK=off CGO_ENABLED=0
+  log "$("$GO" version); cache: $CACHE_ROOT"
+
+  local start vars=() var
+  start=$(date +%s)
+  # Group by module (version variable), keeping first-seen order.
+  for n in "${missing[@]}"; do
+    var=$(field "$n" 2)
+    [[ " ${vars[*]} " == *" $var "* ]] || vars+=("$var")
+  done
+  for var in "${vars[@]}"; do
+    local group=()
+    for n in "${missing[@]}"; do [[ $(field "$n" 2) == "$var" ]] && group+=("$n"); done
+    build_module "$var" "${group[@]}"
+  done
+  log "done in $(($(date +%s) - start))s"
+}
+
+main "$@"

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Debian packages used as real components by the tests: Prometheus (scrapes a
+# real trainer run) and promtool (checks and unit-tests the alert rules).
+set -euo pipefail
+need=()
+command -v prometheus >/dev/null || need+=(prometheus)
+command -v promtool >/dev/null || need+=(prometheus)
+command -v openssl >/dev/null || need+=(openssl)
+if [ ${#need[@]} -eq 0 ]; then exit 0; fi
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO=sudo
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+# The package starts a system Prometheus on :9090; tests run their own.
+$SUDO systemctl disable --now prometheus >/dev/null 2>&1 || true
+pkill -x prometheus 2>/dev/null || true
