@@ -42,6 +42,7 @@ lint: setup
 # Regenerate the committed CRD and rendered manifests from the Python sources.
 crd: setup
 	$(BIN)/fsdp-operator crd > kustomize/crd/training.fsdp.dev_fsdptrainings.yaml
+	$(BIN)/fsdp-operator docs > docs/api-reference.md
 
 bench: setup tools
 	$(BIN)/python bench/operator_latency.py

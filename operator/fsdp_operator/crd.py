@@ -16,8 +16,10 @@ from pydantic import BaseModel
 
 from .api import spec as spec_mod
 from .api import status as status_mod
+from .api.rules import immutable
 from .api.spec import (
     GROUP,
+    IMMUTABLE_FIELDS,
     KIND,
     PLURAL,
     ROOT_RULES,
@@ -59,6 +61,30 @@ def _model_classes() -> dict[str, type[BaseModel]]:
     return classes
 
 
+def _presence_rules(owner: type[BaseModel] | None, node: Schema) -> list[dict[str, Any]]:
+    """Immutability of optional fields: setting or clearing one is a change too.
+
+    A field's own ``self == oldSelf`` rule only runs when the old and the new
+    object both have the field, so for a field without a default (which may be
+    absent) the parent object also checks that presence did not change.
+    """
+    prefix, fields = IMMUTABLE_FIELDS.get(owner, ("", ()))  # type: ignore[arg-type]
+    out = []
+    for field in fields:
+        prop = node["properties"].get(field, {})
+        if field in node.get("required", ()) or "default" in prop:
+            continue
+        out.append(
+            {
+                "rule": f"has(self.{field}) == has(oldSelf.{field})",
+                "message": immutable(f"{prefix}.{field}").message,
+                "fieldPath": f".{field}",
+                "reason": "FieldValueInvalid",
+            }
+        )
+    return out
+
+
 class _Converter:
     def __init__(self, defs: dict[str, Schema]) -> None:
         self.defs = defs
@@ -94,9 +120,9 @@ class _Converter:
             node["exclusiveMaximum"] = True
         if node.get("type") == "object" and "properties" in node:
             node["properties"] = self._properties(node["properties"], owner)
-            rules = list(getattr(owner, "rules", ()))
+            rules = [r.to_crd() for r in getattr(owner, "rules", ())] + _presence_rules(owner, node)
             if rules:
-                node["x-kubernetes-validations"] = [r.to_crd() for r in rules]
+                node["x-kubernetes-validations"] = rules
         if isinstance(node.get("additionalProperties"), dict):
             node["additionalProperties"] = self.convert(node["additionalProperties"])
         if node.get("type") == "array" and "items" in node:
@@ -150,7 +176,15 @@ def open_api_schema() -> Schema:
         "properties": {
             "apiVersion": {"type": "string", "description": "APIVersion of this object: training.fsdp.dev/v1alpha1."},
             "kind": {"type": "string", "description": "Kind of this object: FSDPTraining."},
-            "metadata": {"type": "object"},
+            # Declaring metadata.name makes the root rules' fieldPath valid, so
+            # the API server's error names the field; maxLength bounds their cost.
+            # The API server forbids any other keyword on metadata (even a description).
+            "metadata": {
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string", "maxLength": 253, "description": "Name of the FSDPTraining."},
+                },
+            },
             "spec": _schema_of(FSDPTrainingSpec),
             "status": _schema_of(FSDPTrainingStatus),
         },

@@ -12,6 +12,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
+from pydantic_core import PydanticCustomError
 
 from .presets import PRESETS, ModelDims, PresetName
 from .rules import Rule, TransitionRule, immutable, run_rules
@@ -276,7 +277,7 @@ class ResourcesSpec(Spec):
     gpus_per_node: int = Field(
         8, ge=0, le=16, description="GPUs per node; one training process per GPU. 0 runs one CPU process per node."
     )
-    instance_types: list[Annotated[str, Field(min_length=1)]] = Field(
+    instance_types: list[Annotated[str, Field(min_length=1, description="An EC2 instance type.")]] = Field(
         default_factory=list, description="Allowed EC2 instance types (e.g. p5.48xlarge); empty: any in the NodePool."
     )
     capacity_type: Literal["on-demand", "spot", "reserved"] = Field(
@@ -384,7 +385,8 @@ class EnvVarSource(Spec):
 class EnvVar(Spec):
     """An extra environment variable for the trainer container."""
 
-    name: str = Field(pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$", description="Variable name.")
+    # maxLength bounds the cost of the credential-name regex (CEL cost budget).
+    name: str = Field(pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$", max_length=128, description="Variable name.")
     value: str | None = Field(None, description="Literal value (not allowed for credentials: use valueFrom).")
     value_from: EnvVarSource | None = Field(None, description="Source of the value, e.g. a Secret key.")
 
@@ -426,7 +428,10 @@ class FSDPTrainingSpec(Spec):
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpointing and resume.")
     elastic: ElasticSpec | None = Field(None, description="Elastic training bounds; unset: a fixed node count.")
     metrics: MetricsSpec = Field(default_factory=MetricsSpec, description="Prometheus metrics of the trainer.")
-    env: list[EnvVar] = Field(default_factory=list, description="Extra environment variables of the trainer container.")
+    # maxItems bounds the per-item CEL rules' cost, or the API server rejects the CRD.
+    env: list[EnvVar] = Field(
+        default_factory=list, max_length=64, description="Extra environment variables of the trainer container."
+    )
     service_account_name: str | None = Field(
         None, pattern=DNS_LABEL, description="ServiceAccount of the training pods (e.g. for IRSA access to S3)."
     )
@@ -529,10 +534,12 @@ class ObjectMeta(BaseModel):
     def _name(cls, v: str | None) -> str | None:
         if v is None:
             return v
+        # PydanticCustomError, not ValueError: no "Value error, " prefix, so the
+        # message is exactly the one the API server's root CEL rule gives.
         if not re.match(DNS_LABEL, v):
-            raise ValueError(NAME_PATTERN_MESSAGE)
+            raise PydanticCustomError("fsdp_rule", NAME_PATTERN_MESSAGE)
         if len(v) > MAX_NAME_LENGTH:
-            raise ValueError(NAME_LENGTH_MESSAGE)
+            raise PydanticCustomError("fsdp_rule", NAME_LENGTH_MESSAGE)
         return v
 
 

@@ -1,0 +1,301 @@
+"""``fsdp-operator``: the CRD, the renderer and the API checks from a shell, plus the operator itself.
+
+User errors (a missing file, bad YAML, an invalid FSDPTraining) print one
+clear message per problem and exit 1, never a traceback. ``run`` and
+``run-local`` import the operator and the trainer lazily, so ``validate`` and
+``render`` work without kopf's event loop or torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import yaml
+from pydantic import ValidationError
+
+from . import __version__
+from .api import API_VERSION, KIND, FSDPTraining, format_errors
+
+EXIT_OK = 0
+EXIT_INVALID = 1
+
+
+class UserError(Exception):
+    """A problem with the user's input, reported as one line without a traceback."""
+
+
+@dataclass(frozen=True)
+class Document:
+    """One YAML document of an input file, with where it came from."""
+
+    source: str
+    index: int  # 1-based, as a user counts documents
+    body: Any
+
+    @property
+    def where(self) -> str:
+        meta = self.body.get("metadata") if isinstance(self.body, dict) else None
+        name = meta.get("name") if isinstance(meta, dict) else None
+        label = f"document {self.index}" + (f" ({name})" if isinstance(name, str) else "")
+        return f"{self.source}: {label}"
+
+
+def read_documents(path: str) -> list[Document]:
+    """The non-empty YAML documents of ``path`` (``-`` is stdin)."""
+    source = "<stdin>" if path == "-" else path
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    except OSError as e:
+        raise UserError(f"cannot read {source}: {e.strerror or e}") from e
+    except UnicodeDecodeError as e:
+        raise UserError(f"cannot read {source}: not UTF-8 text ({e.reason} at byte {e.start})") from e
+    try:
+        bodies = list(yaml.safe_load_all(text))
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise UserError(f"{source}: invalid YAML{at}: {e.problem or e.context}") from e
+    except yaml.YAMLError as e:
+        raise UserError(f"{source}: invalid YAML: {e}") from e
+    docs = [Document(source, i, body) for i, body in enumerate(bodies, start=1) if body is not None]
+    if not docs:
+        raise UserError(f"{source}: no YAML documents")
+    return docs
+
+
+def check_kind(doc: Document) -> None:
+    body = doc.body
+    if not isinstance(body, dict):
+        raise UserError(f"{doc.where}: expected a {KIND} mapping, got a {type(body).__name__}")
+    kind, api_version = body.get("kind"), body.get("apiVersion")
+    if kind != KIND or api_version != API_VERSION:
+        raise UserError(
+            f"{doc.where}: kind {kind!r} with apiVersion {api_version!r} is not supported; "
+            f"expected kind {KIND!r} with apiVersion {API_VERSION!r}"
+        )
+
+
+def parse(doc: Document) -> tuple[FSDPTraining | None, list[str]]:
+    """The validated FSDPTraining, or the ``path: message`` lines saying why not."""
+    check_kind(doc)
+    try:
+        return FSDPTraining.model_validate(doc.body), []
+    except ValidationError as e:
+        return None, format_errors(e)
+
+
+def load_trainings(path: str, out: TextIO) -> list[FSDPTraining] | None:
+    """All FSDPTrainings of ``path``, or None after printing every problem to ``out``."""
+    trainings: list[FSDPTraining] = []
+    ok = True
+    docs = read_documents(path)
+    for doc in docs:
+        training, errors = parse(doc)
+        if training is None:
+            ok = False
+            if len(docs) > 1:
+                print(f"# {doc.where}", file=out)
+            for line in errors:
+                print(line, file=out)
+        else:
+            trainings.append(training)
+    return trainings if ok else None
+
+
+# --- output ------------------------------------------------------------------
+
+
+class _Dumper(yaml.SafeDumper):
+    """Block style for multi-line strings (train.yaml reads as YAML), and no anchors."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _str)
+
+
+def dump_yaml(objects: Sequence[Any]) -> str:
+    return yaml.dump_all(objects, Dumper=_Dumper, sort_keys=False, width=10_000)
+
+
+# --- subcommands ---------------------------------------------------------------
+
+
+def cmd_crd(args: argparse.Namespace) -> int:
+    from .crd import crd_yaml
+
+    sys.stdout.write(crd_yaml())
+    return EXIT_OK
+
+
+def cmd_docs(args: argparse.Namespace) -> int:
+    from .docs import api_reference
+
+    sys.stdout.write(api_reference())
+    return EXIT_OK
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    trainings = load_trainings(args.file, sys.stdout)
+    if trainings is None:
+        return EXIT_INVALID
+    for t in trainings:
+        print(f"{args.file}: {KIND} {t.name!r} is valid", file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    from .render import render
+
+    trainings = load_trainings(args.file, sys.stderr)
+    if trainings is None:
+        return EXIT_INVALID
+    objects: list[dict[str, Any]] = []
+    for t in trainings:
+        if not t.metadata.name:
+            raise UserError(f"{args.file}: every {KIND} needs metadata.name to be rendered")
+        if args.namespace:
+            t.metadata.namespace = args.namespace
+        objects += render(t)
+    if args.output == "json":
+        # A v1 List, which `kubectl apply -f` accepts like multi-document YAML.
+        print(json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}, indent=2))
+    else:
+        sys.stdout.write(dump_yaml(objects))
+    return EXIT_OK
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .controller.main import run_operator
+
+    run_operator(
+        namespaces=args.namespace or None,
+        all_namespaces=args.all_namespaces,
+        liveness_endpoint=args.liveness,
+        metrics_port=args.metrics_port,
+        peering_name=args.peering,
+        standalone=args.standalone,
+        priority=args.priority,
+        scrape_interval=args.scrape_interval,
+        verbose=args.verbose,
+    )
+    return EXIT_OK
+
+
+def cmd_run_local(args: argparse.Namespace) -> int:
+    # Checked here first so a bad file gets the same messages as `validate`.
+    trainings = load_trainings(args.file, sys.stderr)
+    if trainings is None:
+        return EXIT_INVALID
+    if len(trainings) != 1:
+        raise UserError(f"{args.file}: run-local runs one {KIND}, the file has {len(trainings)}")
+    from fsdp_trainer.local import LocalRunError, run_local
+
+    try:
+        return int(run_local(Path(args.file), nproc=args.nproc, output_dir=args.output_dir, steps=args.steps))
+    except LocalRunError as e:
+        raise UserError(str(e)) from e
+
+
+# --- argument parsing --------------------------------------------------------------
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive integer")
+    return value
+
+
+def _port(text: str) -> int:
+    value = _positive(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a TCP port")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="fsdp-operator",
+        description="FSDPTraining (training.fsdp.dev/v1alpha1): CRD, renderer, validation and the kopf operator.",
+    )
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    s = sub.add_parser("crd", help="print the FSDPTraining CustomResourceDefinition (YAML)")
+    s.set_defaults(func=cmd_crd)
+
+    s = sub.add_parser("docs", help="print the API reference (Markdown)")
+    s.set_defaults(func=cmd_docs)
+
+    s = sub.add_parser("validate", help="check FSDPTraining documents; print 'path: message' per problem")
+    s.add_argument("-f", "--file", required=True, help="YAML file with one or more FSDPTrainings ('-': stdin)")
+    s.set_defaults(func=cmd_validate)
+
+    s = sub.add_parser("render", help="print the objects the operator would create (no cluster needed)")
+    s.add_argument("-f", "--file", required=True, help="YAML file with one or more FSDPTrainings ('-': stdin)")
+    s.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml", help="output format (default: yaml)")
+    s.add_argument("--namespace", "-n", help="namespace of the rendered objects (default: the file's, or default)")
+    s.set_defaults(func=cmd_render)
+
+    s = sub.add_parser("run", help="run the operator against the current kubeconfig or in-cluster config")
+    scope = s.add_mutually_exclusive_group(required=True)
+    scope.add_argument(
+        "--namespace", "-n", action="append", default=[], help="serve this namespace (repeatable; globs work)"
+    )
+    scope.add_argument("--all-namespaces", "-A", action="store_true", help="serve every namespace")
+    s.add_argument("--liveness", metavar="URL", help="kopf's liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
+    s.add_argument("--metrics-port", type=_port, metavar="N", help="serve the operator's Prometheus metrics on port N")
+    s.add_argument("--peering", metavar="NAME", help="kopf peering object name (default: fsdp-operator)")
+    s.add_argument("--standalone", action="store_true", help="no peering: do not pause for other instances")
+    s.add_argument("--priority", type=int, help="peering priority (default: $FSDP_OPERATOR_PRIORITY or 0)")
+    s.add_argument(
+        "--scrape-interval", type=float, metavar="SECONDS", help="seconds between trainer metric reads; 0 disables"
+    )
+    s.add_argument("--verbose", "-v", action="store_true", help="debug logging")
+    s.set_defaults(func=cmd_run)
+
+    s = sub.add_parser(
+        "run-local", help="train an FSDPTraining on this machine's CPU with torchrun (the ConfigMap's train.yaml)"
+    )
+    s.add_argument("-f", "--file", required=True, help="YAML file with one FSDPTraining")
+    s.add_argument("--nproc", type=_positive, default=2, metavar="N", help="processes (ranks) to start (default: 2)")
+    s.add_argument(
+        "--output-dir",
+        type=Path,
+        metavar="DIR",
+        help="train.yaml and checkpoints; reused to resume (default: runs/NAME)",
+    )
+    s.add_argument("--steps", type=_positive, metavar="N", help="override training.maxSteps")
+    s.set_defaults(func=cmd_run_local)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_INVALID
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

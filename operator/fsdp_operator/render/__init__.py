@@ -1,0 +1,70 @@
+"""Render an FSDPTraining into the Kubernetes objects that run it.
+
+A pure function of the FSDPTraining: no cluster access, no clock, no
+randomness, so the operator, ``fsdp-operator render`` and the tests see the
+same objects. The checkpoint PVC is never rendered (it is the user's), so
+deleting an FSDPTraining can never delete its checkpoints.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..api import API_VERSION, KIND, FSDPTraining
+from . import names
+from .configmap import config_map, trainer_config
+from .podmonitor import pod_monitor
+from .pytorchjob import pytorchjob
+
+__all__ = ["render", "trainer_config"]
+
+EPHEMERAL_WARNING = (
+    "spec.checkpoint.claimName is unset: checkpoints go to an emptyDir, survive container restarts "
+    "but are lost when a pod is deleted or rescheduled, so such a restart starts training from scratch"
+)
+
+
+def checkpoint_annotations(training: FSDPTraining) -> dict[str, str]:
+    claim = training.spec.checkpoint.claim_name
+    if claim:
+        return {names.CHECKPOINTS_ANNOTATION: f"pvc/{claim}"}
+    return {
+        names.CHECKPOINTS_ANNOTATION: "ephemeral",
+        f"{names.CHECKPOINTS_ANNOTATION}-warning": EPHEMERAL_WARNING,
+    }
+
+
+def owner_reference(training: FSDPTraining) -> dict[str, Any]:
+    if not training.metadata.uid:
+        raise ValueError("set_owner=True needs the FSDPTraining's metadata.uid (read it from the API server)")
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": training.name,
+        "uid": training.metadata.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def render(training: FSDPTraining, *, set_owner: bool = False) -> list[dict[str, Any]]:
+    """Objects in apply order: trainer ConfigMap, PyTorchJob, PodMonitor (if metrics).
+
+    With ``set_owner`` each object carries an ownerReference to the
+    FSDPTraining (its ``metadata.uid`` must be set), so deleting it cleans up.
+    """
+    spec = training.spec
+    name = training.name
+    namespace = names.namespace_of(training)
+    annotations = checkpoint_annotations(training)
+    objects = [
+        config_map(spec, name, namespace, annotations),
+        pytorchjob(spec, name, namespace, annotations),
+    ]
+    if spec.metrics.enabled:
+        objects.append(pod_monitor(spec, name, namespace))
+    if set_owner:
+        ref = owner_reference(training)
+        for obj in objects:
+            obj["metadata"]["ownerReferences"] = [dict(ref)]
+    return objects

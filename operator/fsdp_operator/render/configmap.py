@@ -1,0 +1,27 @@
+"""The trainer's ConfigMap: ``train.yaml``, the TrainerConfig the pods read at /etc/fsdp."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..api import FSDPTrainingSpec
+from ..api.trainer_config import TrainerConfig
+from . import names
+
+
+def trainer_config(spec: FSDPTrainingSpec, name: str, namespace: str) -> TrainerConfig:
+    return TrainerConfig.from_spec(spec, name=name, namespace=namespace)
+
+
+def config_map(spec: FSDPTrainingSpec, name: str, namespace: str, annotations: dict[str, str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": names.config_map_name(name),
+            "namespace": namespace,
+            "labels": names.labels(name, names.TRAINER_CONFIG),
+            "annotations": dict(annotations),
+        },
+        "data": {names.CONFIG_KEY: trainer_config(spec, name, namespace).to_yaml()},
+    }

@@ -1,0 +1,69 @@
+"""The trainer container's environment: identity, writable paths, NCCL/EFA, then the user's.
+
+Secrets never appear here as values: the API rejects literal credentials, and
+``valueFrom.secretKeyRef`` is passed through untouched.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..api import FSDPTrainingSpec
+from . import names
+
+Env = list[dict[str, Any]]
+
+# Set on every GPU job. Without async error handling a rank that dies leaves
+# the others blocked in a collective until the NCCL timeout; with it they
+# abort, torchrun exits non-zero and the pod restarts from the last checkpoint.
+# (PyTorch >= 2.2 reads the TORCH_-prefixed name; NCCL_ASYNC_ERROR_HANDLING is
+# the deprecated spelling.) NCCL's socket transport (bootstrap, and all
+# traffic without EFA) must use the pod's eth0, never loopback or a bridge.
+GPU_ENV: dict[str, str] = {
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+    "NCCL_SOCKET_IFNAME": "^lo,docker",
+    "NCCL_DEBUG": "WARN",
+}
+
+# Set when EFA interfaces are requested; see docs/renderer.md for the sources.
+# FI_PROVIDER pins libfabric (used by NCCL via the aws-ofi-nccl plugin) to EFA
+# instead of silently falling back to TCP. FI_EFA_USE_DEVICE_RDMA turns on
+# GPUDirect RDMA (p4d/p5 and later; override it with spec.env on instance
+# types without RDMA read). FI_EFA_FORK_SAFE keeps registered memory valid in
+# forked DataLoader workers. FI_EFA_USE_HUGE_PAGE=0: the pod requests no
+# hugepages-* resource, so libfabric must not try to back its buffers with them.
+EFA_ENV: dict[str, str] = {
+    "FI_PROVIDER": "efa",
+    "FI_EFA_USE_DEVICE_RDMA": "1",
+    "FI_EFA_FORK_SAFE": "1",
+    "FI_EFA_USE_HUGE_PAGE": "0",
+}
+
+
+def _literal(values: dict[str, str]) -> Env:
+    return [{"name": k, "value": v} for k, v in values.items()]
+
+
+def container_env(spec: FSDPTrainingSpec, name: str) -> Env:
+    """Operator-set variables first, then ``spec.env``; a user variable replaces ours of the same name.
+
+    User variables come last so they may reference ours with ``$(VAR)``.
+    """
+    env: Env = [
+        {"name": "FSDP_JOB_NAME", "value": name},
+        {"name": "FSDP_JOB_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        {"name": "FSDP_CONFIG", "value": names.CONFIG_PATH},
+        # The root filesystem is read-only: everything that caches (HF hub,
+        # torch/triton compile caches under ~/.cache) goes to the HOME emptyDir.
+        {"name": "HOME", "value": names.HOME_DIR},
+        {"name": "HF_HOME", "value": names.HF_HOME},
+    ]
+    if spec.metrics.enabled:
+        env.append({"name": "FSDP_METRICS_PORT", "value": str(spec.metrics.port)})
+    if spec.resources.gpus_per_node > 0:
+        env += _literal(GPU_ENV)
+    if spec.resources.efa_per_node > 0:
+        env += _literal(EFA_ENV)
+    user = [e.model_dump(by_alias=True, exclude_none=True, mode="json") for e in spec.env]
+    overridden = {e["name"] for e in user}
+    return [e for e in env if e["name"] not in overridden] + user

@@ -1,0 +1,78 @@
+"""Names, labels and fixed paths shared by every rendered object.
+
+One module so that the PodMonitor's selector, the pod labels and the
+rendezvous host can never disagree about how a job's objects are named.
+"""
+
+from __future__ import annotations
+
+from ..api import FSDPTraining
+from ..api.spec import GROUP
+
+MANAGED_BY = "fsdp-operator"
+APP_NAME = "fsdptraining"
+PART_OF = "fsdp-k8s"
+# The label every object of one FSDPTraining carries; selectors use it.
+JOB_LABEL = f"{GROUP}/job"
+CHECKPOINTS_ANNOTATION = f"{GROUP}/checkpoints"
+
+# Components, as app.kubernetes.io/component values.
+TRAINER = "trainer"
+TRAINER_CONFIG = "trainer-config"
+TRAINING_JOB = "training-job"
+METRICS = "metrics"
+
+# Kubeflow training operator v1 contract (pkg/apis/kubeflow.org/v1/pytorch_types.go):
+# the webhook requires a container with this name, and the controller reads
+# the rendezvous/master port from the container port with this name.
+CONTAINER_NAME = "pytorch"
+RDZV_PORT_NAME = "pytorchjob-port"
+# torchrun's own default c10d port, so a job reads like the PyTorch docs.
+RDZV_PORT = 29400
+REPLICA_TYPE = "Worker"
+
+CONFIG_DIR = "/etc/fsdp"
+CONFIG_KEY = "train.yaml"
+CONFIG_PATH = f"{CONFIG_DIR}/{CONFIG_KEY}"
+HOME_DIR = "/home/trainer"
+HF_HOME = f"{HOME_DIR}/.cache/huggingface"
+TMP_DIR = "/tmp"
+SHM_DIR = "/dev/shm"
+# A fixed non-root identity: the image needs no matching /etc/passwd entry
+# because HOME is set explicitly, and fsGroup makes the checkpoint PVC writable.
+RUN_AS_USER = 1000
+RUN_AS_GROUP = 1000
+
+
+def namespace_of(training: FSDPTraining) -> str:
+    return training.metadata.namespace or "default"
+
+
+def config_map_name(name: str) -> str:
+    return f"{name}-trainer"
+
+
+def pod_name(name: str, index: int) -> str:
+    """Pod (and headless Service) name the training operator gives replica ``index``."""
+    return f"{name}-{REPLICA_TYPE.lower()}-{index}"
+
+
+def rendezvous_endpoint(name: str) -> str:
+    # Worker 0's headless Service; torchrun on that pod recognises its own
+    # hostname in the endpoint and hosts the c10d store there.
+    return f"{pod_name(name, 0)}:{RDZV_PORT}"
+
+
+def labels(name: str, component: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": APP_NAME,
+        "app.kubernetes.io/instance": name,
+        "app.kubernetes.io/component": component,
+        "app.kubernetes.io/part-of": PART_OF,
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+        JOB_LABEL: name,
+    }
+
+
+def pod_selector(name: str) -> dict[str, str]:
+    return {JOB_LABEL: name, "app.kubernetes.io/component": TRAINER}

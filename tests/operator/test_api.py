@@ -1,0 +1,142 @@
+"""The pydantic API model: examples accepted or rejected with the right field and message, updates."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any, get_args
+
+import pytest
+import yaml
+from fsdp_operator.api import FSDPTraining, FSDPTrainingSpec, check_update, format_errors
+from fsdp_operator.api.spec import ROOT_RULES, Spec
+from fsdp_operator.crd import open_api_schema
+from pydantic import BaseModel, ValidationError
+
+Example = Any  # conftest.InvalidExample (conftest is not importable by name in every import mode)
+
+
+def errors_of(body: dict[str, Any]) -> list[str]:
+    try:
+        FSDPTraining.model_validate(body)
+    except ValidationError as e:
+        return format_errors(e)
+    return []
+
+
+def test_valid_examples_parse(valid_example: Path) -> None:
+    body = yaml.safe_load(valid_example.read_text())
+    assert errors_of(body) == []
+    t = FSDPTraining.model_validate(body)
+    # A round trip through the YAML names gives the same object.
+    assert FSDPTraining.model_validate(t.model_dump(by_alias=True, exclude_none=True)) == t
+
+
+def test_invalid_example_names_the_field_with_the_message(invalid_example: Example) -> None:
+    lines = errors_of(invalid_example.body())
+    assert lines, f"{invalid_example.path.name} was accepted"
+    matching = [line for line in lines if line.startswith(f"{invalid_example.field}: ")]
+    assert matching, f"no error for {invalid_example.field} in {lines}"
+    assert any(invalid_example.message in line for line in matching), lines
+
+
+def _spec_classes() -> list[type[Spec]]:
+    seen: list[type[Spec]] = []
+
+    def visit(cls: type[BaseModel]) -> None:
+        if cls in seen or not issubclass(cls, Spec):
+            return
+        seen.append(cls)
+        for field in cls.model_fields.values():
+            for t in (field.annotation, *get_args(field.annotation)):
+                for inner in (t, *get_args(t)):
+                    if isinstance(inner, type) and issubclass(inner, BaseModel):
+                        visit(inner)
+
+    visit(FSDPTrainingSpec)
+    return seen
+
+
+def test_every_rule_has_an_invalid_example(invalid_examples: list[Example]) -> None:
+    covered = {ex.message for ex in invalid_examples}
+    messages = [r.message for cls in _spec_classes() for r in cls.rules] + [r["message"] for r in ROOT_RULES]
+    assert len(messages) >= 15
+    missing = [m for m in messages if not any(c in m for c in covered)]
+    assert missing == [], "add an examples/invalid file for each of these rules"
+
+
+def _enum_paths(node: dict[str, Any], path: str) -> list[str]:
+    out = [path] if "enum" in node else []
+    for key, prop in node.get("properties", {}).items():
+        out += _enum_paths(prop, f"{path}.{key}")
+    if "items" in node:
+        out += _enum_paths(node["items"], f"{path}[0]")
+    return out
+
+
+def test_every_enum_has_an_invalid_example(invalid_examples: list[Example]) -> None:
+    enums = _enum_paths(open_api_schema()["properties"]["spec"], "spec")
+    assert "spec.training.precision" in enums
+    covered = {ex.field for ex in invalid_examples if ex.path.name.startswith("enum-")}
+    assert sorted(set(enums) - covered) == []
+
+
+def test_invalid_examples_fail_for_one_reason_only(invalid_examples: list[Example]) -> None:
+    """Each file breaks one rule; a second, unrelated error would hide a regression of the first."""
+    for ex in invalid_examples:
+        fields = {line.split(": ", 1)[0] for line in errors_of(ex.body())}
+        assert fields == {ex.field}, f"{ex.path.name}: {fields}"
+
+
+# --- updates -----------------------------------------------------------------------------
+
+
+def tiny_spec(**changes: Any) -> FSDPTrainingSpec:
+    body = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples/fsdptraining-tiny.yaml").read_text())
+    spec = copy.deepcopy(body["spec"])
+    for dotted, value in changes.items():
+        node = spec
+        *parents, leaf = dotted.split("__")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return FSDPTrainingSpec.model_validate(spec)
+
+
+IMMUTABILITY = (
+    "is immutable: it cannot change on an existing job; delete and recreate the FSDPTraining "
+    "(checkpoints on the PVC are kept)"
+)
+
+
+@pytest.mark.parametrize(
+    ("change", "path"),
+    [
+        ({"model__preset": "llama3.2-1b"}, "spec.model"),
+        ({"resources__nodes": 2}, "spec.resources"),
+        ({"fsdp__shardingStrategy": "no_shard"}, "spec.fsdp"),
+        ({"data__streaming": True}, "spec.data"),
+        ({"training__seqLen": 512}, "spec.training.seqLen"),
+        ({"training__precision": "bf16"}, "spec.training.precision"),
+        ({"training__microBatchSize": 4}, "spec.training.microBatchSize"),
+        ({"checkpoint__claimName": "ckpt"}, "spec.checkpoint.claimName"),
+        ({"checkpoint__dir": "/data/ckpt"}, "spec.checkpoint.dir"),
+    ],
+)
+def test_immutable_fields_are_refused_on_update(change: dict[str, Any], path: str) -> None:
+    assert check_update(tiny_spec(), tiny_spec(**change)) == [f"{path}: {path} {IMMUTABILITY}"]
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"suspend": True},
+        {"training__maxSteps": 600},
+        {"training__learningRate": 0.0001},
+        {"checkpoint__intervalSteps": 50},
+        {"metrics__port": 9500},
+        {"image": "ghcr.io/fsdp-k8s/trainer:0.1.1"},
+    ],
+)
+def test_mutable_fields_may_change(change: dict[str, Any]) -> None:
+    assert check_update(tiny_spec(), tiny_spec(**change)) == []

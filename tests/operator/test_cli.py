@@ -1,0 +1,246 @@
+"""``fsdp-operator``: crd, docs, validate, render, and the wiring of run / run-local."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from fsdp_operator.api import FSDPTraining
+from fsdp_operator.cli import main
+from fsdp_operator.crd import crd_yaml
+from fsdp_operator.docs import api_reference
+from fsdp_operator.render import render
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = REPO / "examples" / "fsdptraining-tiny.yaml"
+LLAMA = REPO / "examples" / "fsdptraining-llama3.2-1b.yaml"
+CONSOLE_SCRIPT = Path(sys.executable).parent / "fsdp-operator"
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_crd_prints_the_generated_crd(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(capsys, "crd")
+    assert code == 0
+    assert out == crd_yaml()
+    assert yaml.safe_load(out)["kind"] == "CustomResourceDefinition"
+
+
+def test_docs_match_the_committed_api_reference(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(capsys, "docs")
+    assert code == 0
+    assert out == api_reference()
+    assert (REPO / "docs" / "api-reference.md").read_text() == out, (
+        "docs/api-reference.md is stale: run `fsdp-operator docs > docs/api-reference.md`"
+    )
+    for needle in ("### `spec.training`", "must be divisible by numHeads", "**Immutable**", "`llama3.1-70b`"):
+        assert needle in out
+
+
+# --- validate ---------------------------------------------------------------------------
+
+
+def test_validate_accepts_the_valid_examples(capsys: pytest.CaptureFixture[str], valid_example: Path) -> None:
+    code, out, err = run_cli(capsys, "validate", "-f", str(valid_example))
+    assert (code, out) == (0, "")
+    assert "is valid" in err
+
+
+def test_validate_rejects_each_invalid_example(capsys: pytest.CaptureFixture[str], invalid_example: Any) -> None:
+    code, out, err = run_cli(capsys, "validate", "-f", str(invalid_example.path))
+    assert code == 1
+    lines = out.splitlines()
+    assert lines, err
+    assert any(line.startswith(f"{invalid_example.field}: ") and invalid_example.message in line for line in lines), (
+        lines
+    )
+    assert "Traceback" not in out + err
+
+
+def test_validate_multi_document_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    bad = yaml.safe_load(TINY.read_text())
+    bad["metadata"]["name"] = "second"
+    bad["spec"]["image"] = "trainer:latest"
+    path = tmp_path / "two.yaml"
+    path.write_text(TINY.read_text() + "---\n" + yaml.safe_dump(bad) + "---\n")
+    code, out, _ = run_cli(capsys, "validate", "-f", str(path))
+    assert code == 1
+    assert out.splitlines() == [
+        f"# {path}: document 2 (second)",
+        "spec.image: image must be pinned to a tag or digest, not :latest",
+    ]
+    path.write_text(TINY.read_text() + "---\n" + LLAMA.read_text())
+    code, out, err = run_cli(capsys, "validate", "-f", str(path))
+    assert (code, out) == (0, "")
+    assert err.count("is valid") == 2
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("spec:\n  image: [unclosed\n", "invalid YAML at line 3, column 1"),
+        ("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n", "kind 'ConfigMap' with apiVersion 'v1'"),
+        ("apiVersion: training.fsdp.dev/v1beta1\nkind: FSDPTraining\n", "apiVersion 'training.fsdp.dev/v1beta1'"),
+        ("- a\n- b\n", "expected a FSDPTraining mapping, got a list"),
+        ("# only a comment\n", "no YAML documents"),
+    ],
+)
+def test_validate_reports_bad_input_in_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, content: str, message: str
+) -> None:
+    path = tmp_path / "in.yaml"
+    path.write_text(content)
+    code, out, err = run_cli(capsys, "validate", "-f", str(path))
+    assert code == 1
+    assert out == ""
+    assert err.count("\n") == 1 and err.startswith("error: ")
+    assert message in err
+
+
+def test_validate_missing_or_binary_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, _, err = run_cli(capsys, "validate", "-f", str(tmp_path / "nope.yaml"))
+    assert code == 1
+    assert err == f"error: cannot read {tmp_path / 'nope.yaml'}: No such file or directory\n"
+    (tmp_path / "model.bin").write_bytes(b"\x80\x81\xfe")
+    code, _, err = run_cli(capsys, "validate", "-f", str(tmp_path / "model.bin"))
+    assert code == 1
+    assert err.startswith(f"error: cannot read {tmp_path / 'model.bin'}: not UTF-8 text")
+
+
+def test_validate_reads_stdin(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "stdin", types.SimpleNamespace(read=lambda: TINY.read_text()))
+    code, _, err = run_cli(capsys, "validate", "-f", "-")
+    assert code == 0
+    assert "'tiny' is valid" in err
+
+
+# --- render -------------------------------------------------------------------------------
+
+
+def test_render_prints_what_the_operator_creates(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(capsys, "render", "-f", str(LLAMA))
+    assert code == 0
+    docs = list(yaml.safe_load_all(out))
+    training = FSDPTraining.model_validate(yaml.safe_load(LLAMA.read_text()))
+    assert docs == render(training)
+    assert [d["kind"] for d in docs] == ["ConfigMap", "PyTorchJob", "PodMonitor"]
+    # train.yaml reads as YAML in the output, not as an escaped string.
+    assert "train.yaml: |" in out
+    assert "&id" not in out and "*id" not in out
+
+
+def test_render_json_and_namespace(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(capsys, "render", "-f", str(TINY), "-o", "json", "--namespace", "ml")
+    assert code == 0
+    doc = json.loads(out)
+    assert (doc["apiVersion"], doc["kind"]) == ("v1", "List")
+    assert [i["kind"] for i in doc["items"]] == ["ConfigMap", "PyTorchJob", "PodMonitor"]
+    assert {i["metadata"]["namespace"] for i in doc["items"]} == {"ml"}
+    assert "namespace: ml" in doc["items"][0]["data"]["train.yaml"]
+
+
+def test_render_refuses_an_invalid_file(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run_cli(capsys, "render", "-f", str(REPO / "examples/invalid/cel-hybrid-one-node.yaml"))
+    assert (code, out) == (1, "")
+    assert err == "spec.fsdp.shardingStrategy: hybrid sharding needs at least 2 nodes\n"
+
+
+# --- run / run-local wiring ---------------------------------------------------------------
+
+
+def _fake_module(monkeypatch: pytest.MonkeyPatch, name: str, **attrs: Any) -> None:
+    module = types.ModuleType(name)
+    for key, value in attrs.items():
+        setattr(module, key, value)
+    monkeypatch.setitem(sys.modules, name, module)
+
+
+def test_run_passes_its_arguments_to_the_operator(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[dict[str, Any]] = []
+    _fake_module(monkeypatch, "fsdp_operator.controller.main", run_operator=lambda **kw: calls.append(kw))
+    code, _, _ = run_cli(
+        capsys, "run", "-n", "a", "-n", "b", "--liveness", "http://0.0.0.0:8080/healthz", "--metrics-port", "8081"
+    )
+    assert code == 0
+    assert calls == [
+        {
+            "namespaces": ["a", "b"],
+            "all_namespaces": False,
+            "liveness_endpoint": "http://0.0.0.0:8080/healthz",
+            "metrics_port": 8081,
+            "peering_name": None,
+            "standalone": False,
+            "priority": None,
+            "scrape_interval": None,
+            "verbose": False,
+        }
+    ]
+    calls.clear()
+    run_cli(capsys, "run", "-A", "--peering", "p", "--standalone", "--priority", "100", "--scrape-interval", "0")
+    assert calls[0]["all_namespaces"] is True and calls[0]["namespaces"] is None
+    assert (calls[0]["peering_name"], calls[0]["standalone"], calls[0]["priority"]) == ("p", True, 100)
+    assert calls[0]["scrape_interval"] == 0.0
+
+
+def test_run_needs_exactly_one_scope(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (["run"], ["run", "-n", "a", "-A"]):
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+        assert exc.value.code == 2
+    assert "--all-namespaces" in capsys.readouterr().err
+
+
+def test_run_local_delegates_to_the_trainer(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[tuple[Any, ...]] = []
+
+    class LocalRunError(ValueError):
+        pass
+
+    def run_local(spec_file: Path, nproc: int, output_dir: Path | None, steps: int | None) -> int:
+        calls.append((spec_file, nproc, output_dir, steps))
+        return 0
+
+    _fake_module(monkeypatch, "fsdp_trainer.local", run_local=run_local, LocalRunError=LocalRunError)
+    code, _, _ = run_cli(capsys, "run-local", "-f", str(TINY))
+    assert code == 0
+    assert calls == [(TINY, 2, None, None)]
+    run_cli(capsys, "run-local", "-f", str(TINY), "--nproc", "3", "--output-dir", "/tmp/x", "--steps", "20")
+    assert calls[-1] == (TINY, 3, Path("/tmp/x"), 20)
+    # An invalid file never reaches the trainer.
+    code, _, err = run_cli(capsys, "run-local", "-f", str(REPO / "examples/invalid/cel-image-latest.yaml"))
+    assert code == 1 and len(calls) == 2
+    assert "spec.image: image must be pinned" in err
+
+
+def test_bad_arguments_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (["run-local", "-f", str(TINY), "--nproc", "0"], ["render", "-f", str(TINY), "-o", "xml"], []):
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+        assert exc.value.code == 2
+
+
+def test_console_script_reports_user_errors_without_a_traceback() -> None:
+    """The installed entry point, end to end: exit status and message, never a traceback."""
+    res = subprocess.run(
+        [str(CONSOLE_SCRIPT), "validate", "-f", str(REPO / "examples/invalid/cel-image-latest.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 1
+    assert res.stdout == "spec.image: image must be pinned to a tag or digest, not :latest\n"
+    assert "Traceback" not in res.stderr

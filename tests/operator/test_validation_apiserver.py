@@ -1,0 +1,204 @@
+"""The CRD in a real kube-apiserver: examples and rendered objects accepted, bad ones rejected.
+
+Every invalid example must be refused by the API server on the field pydantic
+names, and for the CEL rules with the very message pydantic gives, so
+``fsdp-operator validate`` and ``kubectl apply`` can never disagree.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from fsdp_operator.api import FSDPTraining, check_update, format_errors
+from fsdp_operator.render import render
+from pydantic import ValidationError
+
+pytestmark = pytest.mark.cluster
+
+REPO = Path(__file__).resolve().parents[2]
+CRD_FILE = REPO / "kustomize" / "crd" / "training.fsdp.dev_fsdptrainings.yaml"
+TINY = REPO / "examples" / "fsdptraining-tiny.yaml"
+LLAMA = REPO / "examples" / "fsdptraining-llama3.2-1b.yaml"
+NAMESPACE = "fsdp-api-validation"
+
+
+@pytest.fixture(scope="module")
+def api(cluster: Any) -> Any:
+    """The test cluster with our CRD installed and the examples' namespaces created."""
+    assert cluster.install_crds(CRD_FILE) == ["fsdptrainings.training.fsdp.dev"]
+    for ns in (NAMESPACE, "training"):
+        cluster.create_namespace(ns)
+    return cluster
+
+
+def dry_run(cluster: Any, manifest: str, namespace: str | None = None) -> Any:
+    args = ["apply", "--dry-run=server", "--validate=strict", "-f", "-"]
+    if namespace:
+        args.append(f"--namespace={namespace}")
+    return cluster.kubectl(*args, input=manifest, check=False)
+
+
+def namespace_flag(body: dict[str, Any]) -> str | None:
+    return None if body.get("metadata", {}).get("namespace") else NAMESPACE
+
+
+# --- the CRD itself ---------------------------------------------------------------------
+
+
+def test_crd_is_served_with_its_descriptions(api: Any) -> None:
+    # The OpenAPI document behind `kubectl explain` is published shortly after the CRD.
+    deadline = time.monotonic() + 60
+    while True:
+        res = api.kubectl("explain", "fsdptrainings.spec.training.maxSteps", check=False)
+        if res.returncode == 0 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert res.returncode == 0, res.stderr
+    assert "Number of optimizer steps to train for." in res.stdout
+    names = api.kubectl("api-resources", "--api-group=training.fsdp.dev", "-o", "wide").stdout
+    assert "fsdp,fsdpt" in names
+
+
+# --- valid examples -----------------------------------------------------------------------
+
+
+def test_valid_example_and_its_rendered_objects_are_accepted(api: Any, valid_example: Path) -> None:
+    body = yaml.safe_load(valid_example.read_text())
+    res = dry_run(api, valid_example.read_text(), namespace_flag(body))
+    assert res.returncode == 0, res.stderr
+    assert "fsdptraining.training.fsdp.dev" in res.stdout
+
+    training = FSDPTraining.model_validate(body)
+    training.metadata.namespace = training.metadata.namespace or NAMESPACE
+    training.metadata.uid = "8d4f2c51-7b0e-4c1a-9a57-2f8e3b6d1c90"
+    objects = render(training, set_owner=True)
+    res = dry_run(api, json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}))
+    assert res.returncode == 0, res.stderr
+    created = {line.split()[0] for line in res.stdout.splitlines() if line.endswith("created (server dry run)")}
+    assert created == {
+        f"configmap/{training.name}-trainer",
+        f"pytorchjob.kubeflow.org/{training.name}",
+        f"podmonitor.monitoring.coreos.com/{training.name}",
+    }
+
+
+# --- invalid examples ---------------------------------------------------------------------
+
+
+def rule_messages(body: dict[str, Any], field: str) -> list[str]:
+    """Messages of the rules (CEL + Python, api/rules.py) that pydantic reports on ``field``."""
+    try:
+        FSDPTraining.model_validate(body)
+    except ValidationError as e:
+        return [
+            line.split(": ", 1)[1]
+            for err, line in zip(e.errors(), format_errors(e), strict=True)
+            if err["type"] == "fsdp_rule" and line.startswith(f"{field}: ")
+        ]
+    return []
+
+
+def test_invalid_example_is_rejected_like_pydantic_rejects_it(api: Any, invalid_example: Any) -> None:
+    res = dry_run(api, invalid_example.path.read_text(), NAMESPACE)
+    assert res.returncode != 0, f"{invalid_example.path.name} was accepted:\n{res.stdout}"
+    lines = [line for line in res.stderr.splitlines() if invalid_example.apiserver_field in line]
+    assert any(invalid_example.apiserver_message in line for line in lines), res.stderr
+    rules = rule_messages(invalid_example.body(), invalid_example.field)
+    assert bool(rules) == invalid_example.path.name.startswith("cel-")
+    if rules:
+        # A rule: the API server's message is pydantic's, word for word.
+        (message,) = rules
+        assert any(f"{invalid_example.field}: Invalid value: {message}" in line for line in lines), (
+            f"API server: {res.stderr}\npydantic: {message}"
+        )
+
+
+# --- updates ----------------------------------------------------------------------------
+
+
+def apply(cluster: Any, body: dict[str, Any]) -> Any:
+    return cluster.kubectl(
+        "apply", "--server-side", "--field-manager=fsdp-api-tests", "-f", "-", input=json.dumps(body), check=False
+    )
+
+
+def test_immutable_fields_are_refused_and_mutable_ones_accepted(api: Any) -> None:
+    original = yaml.safe_load(TINY.read_text())
+    original["metadata"] = {"name": "immutability", "namespace": NAMESPACE}
+    api.kubectl("delete", "fsdptraining", "immutability", f"--namespace={NAMESPACE}", "--ignore-not-found")
+    created = apply(api, original)
+    assert created.returncode == 0, created.stderr
+
+    def changed(**edits: Any) -> dict[str, Any]:
+        body = json.loads(json.dumps(original))
+        for dotted, value in edits.items():
+            node = body["spec"]
+            *parents, leaf = dotted.split("__")
+            for p in parents:
+                node = node.setdefault(p, {})
+            node[leaf] = value
+        return body
+
+    old_spec = FSDPTraining.model_validate(original).spec
+    for edits in (
+        {"training__seqLen": 512},
+        {"checkpoint__claimName": "late-pvc"},  # unset -> set is a change too
+        {"model__preset": "llama3.2-1b", "training__seqLen": 256},
+        {"resources__nodes": 2},
+        {"fsdp__shardingStrategy": "no_shard"},
+    ):
+        new = changed(**edits)
+        (expected,) = check_update(old_spec, FSDPTraining.model_validate(new).spec)
+        path, message = expected.split(": ", 1)
+        res = apply(api, new)
+        assert res.returncode != 0, f"{edits} was accepted"
+        assert f"{path}: Invalid value: " in res.stderr and message in res.stderr, res.stderr
+
+    new = changed(suspend=True, training__maxSteps=500, training__learningRate=0.0005)
+    assert check_update(old_spec, FSDPTraining.model_validate(new).spec) == []
+    res = apply(api, new)
+    assert res.returncode == 0, res.stderr
+    stored = json.loads(
+        api.kubectl("get", "fsdptraining", "immutability", f"--namespace={NAMESPACE}", "-o", "json").stdout
+    )
+    assert stored["spec"]["suspend"] is True
+    assert stored["spec"]["training"]["maxSteps"] == 500
+    # The API server filled in the model's defaults.
+    assert stored["spec"]["fsdp"]["shardingStrategy"] == "full"
+    assert stored["spec"]["metrics"] == {"enabled": True, "port": 9402}
+
+
+# --- pod security --------------------------------------------------------------------------
+
+
+def trainer_pod(training: FSDPTraining, namespace: str) -> dict[str, Any]:
+    job = render(training)[1]
+    template = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": f"{training.name}-worker-0", "namespace": namespace, **template["metadata"]},
+        "spec": {**template["spec"], "restartPolicy": "OnFailure"},
+    }
+
+
+def test_trainer_pods_meet_the_restricted_pod_security_standard_unless_efa(api: Any) -> None:
+    """EFA's IPC_LOCK is outside even the baseline profile: its namespace must allow it."""
+    for level in ("restricted", "baseline"):
+        ns = f"fsdp-pss-{level}"
+        api.create_namespace(ns)
+        api.kubectl("label", "namespace", ns, f"pod-security.kubernetes.io/enforce={level}", "--overwrite")
+    tiny = FSDPTraining.model_validate(yaml.safe_load(TINY.read_text()))
+    res = dry_run(api, json.dumps(trainer_pod(tiny, "fsdp-pss-restricted")))
+    assert res.returncode == 0, res.stderr
+
+    llama = FSDPTraining.model_validate(yaml.safe_load(LLAMA.read_text()))
+    res = dry_run(api, json.dumps(trainer_pod(llama, "fsdp-pss-baseline")))
+    assert res.returncode != 0
+    assert 'violates PodSecurity "baseline:latest"' in res.stderr
+    assert "IPC_LOCK" in res.stderr
