@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 EXAMPLE ?= examples/fsdptraining-tiny.yaml
 
-.PHONY: setup system-deps tools run test test-fast lint crd bench clean
+.PHONY: setup system-deps tools run test test-fast lint crd manifests bench clean
 
 # Python environment: the project with the trainer (torch) and dev extras.
 setup: $(VENV)/.installed
@@ -38,11 +38,16 @@ test-fast: setup system-deps tools
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/hadolint Dockerfile
 
 # Regenerate the committed CRD and rendered manifests from the Python sources.
 crd: setup
 	$(BIN)/fsdp-operator crd > kustomize/crd/training.fsdp.dev_fsdptrainings.yaml
 	$(BIN)/fsdp-operator docs > docs/api-reference.md
+
+# Regenerate kustomize/overlays/fsdp/generated from its FSDPTraining (a test checks for drift).
+manifests: setup
+	$(BIN)/python tools/generate_manifests.py
 
 bench: setup tools
 	$(BIN)/python bench/operator_latency.py

@@ -1,0 +1,108 @@
+# syntax=docker/dockerfile:1
+#
+# Two images from one file:
+#
+#   docker build --target trainer  -t ghcr.io/fsdp-k8s/trainer:0.1.0 .
+#   docker build --target operator -t ghcr.io/fsdp-k8s/operator:0.1.0 .
+#
+# Bases are pinned by tag; mirror them and pin by digest in production.
+# The project is installed the way the Makefile installs it, minus the
+# editable flag and the dev extra: `pip install .[trainer]` for the trainer,
+# `pip install .` (no torch) for the operator. tests/bundle/test_dockerfile.py
+# checks that against pyproject.toml, and hadolint lints this file.
+
+# The torch wheel pinned in pyproject.toml brings its own CUDA user-space
+# libraries (cuBLAS, cuDNN, NCCL) as pip packages; the base only has to match
+# their CUDA version (13.2 for torch 2.15.0) so the node's driver requirement
+# is the same. The test above checks that too.
+ARG CUDA_BASE=nvidia/cuda:13.2.0-base-ubuntu24.04
+ARG PYTHON_BASE=python:3.11.14-slim-bookworm
+# EFA installer: libfabric with the EFA provider, rdma-core and the
+# aws-ofi-nccl plugin that lets NCCL talk to EFA (installed to /opt/amazon).
+ARG EFA_INSTALLER_VERSION=1.43.1
+
+# ---------------------------------------------------------------------------
+# trainer: torchrun + FSDP2 on CUDA, EFA-capable
+# ---------------------------------------------------------------------------
+FROM ${CUDA_BASE} AS trainer-build
+ARG DEBIAN_FRONTEND=noninteractive
+# Ubuntu's Python (3.12 on 24.04); versions float with the pinned base image
+# (apt version pins would break whenever the archive moves on).
+# hadolint ignore=DL3008
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends python3 python3-venv \
+ && rm -rf /var/lib/apt/lists/*
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN python3 -m venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY operator/ operator/
+COPY trainer/ trainer/
+# Versions come from pyproject.toml, the project's only pin list (hadolint
+# cannot see them behind the extra).
+# hadolint ignore=DL3013
+RUN pip install --no-cache-dir '.[trainer]'
+
+FROM ${CUDA_BASE} AS trainer
+ARG DEBIAN_FRONTEND=noninteractive
+ARG EFA_INSTALLER_VERSION
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+# The EFA steps AWS documents for containers: no kernel module (the host has
+# it), no ulimit config (the pod gets IPC_LOCK), no post-install check (no
+# EFA device at build time).
+# hadolint ignore=DL3008,DL3003
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends python3 ca-certificates curl \
+ && curl -fsSL "https://efa-installer.amazonaws.com/aws-efa-installer-${EFA_INSTALLER_VERSION}.tar.gz" \
+      | tar -xz -C /tmp \
+ && cd /tmp/aws-efa-installer \
+ && ./efa_installer.sh -y --skip-kmod --skip-limit-conf --no-verify \
+ && cd / && rm -rf /tmp/aws-efa-installer \
+ && apt-get purge -y --auto-remove curl \
+ && rm -rf /var/lib/apt/lists/*
+# uid/gid 1000 and HOME=/home/trainer are what the rendered pods run as
+# (runAsUser/runAsGroup 1000, an emptyDir on HOME); Ubuntu 24.04 images ship
+# a user "ubuntu" with uid 1000, which is replaced.
+RUN (userdel --remove ubuntu 2>/dev/null || true) \
+ && groupadd --gid 1000 trainer \
+ && useradd --uid 1000 --gid 1000 --home-dir /home/trainer --create-home --shell /usr/sbin/nologin trainer
+COPY --from=trainer-build /opt/venv /opt/venv
+ENV PATH=/opt/venv/bin:/opt/amazon/efa/bin:$PATH \
+    LD_LIBRARY_PATH=/opt/amazon/ofi-nccl/lib/x86_64-linux-gnu:/opt/amazon/ofi-nccl/lib:/opt/amazon/efa/lib \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    HOME=/home/trainer \
+    HF_HOME=/home/trainer/.cache/huggingface
+USER 1000:1000
+WORKDIR /home/trainer
+# The PyTorchJob sets command [torchrun] with the rendezvous flags; a bare
+# `docker run --gpus all IMAGE` trains the config mounted at /etc/fsdp on one node.
+ENTRYPOINT ["torchrun"]
+CMD ["--standalone", "--nproc-per-node=gpu", "-m", "fsdp_trainer", "--config", "/etc/fsdp/train.yaml"]
+
+# ---------------------------------------------------------------------------
+# operator: kopf controller, no torch, read-only root filesystem
+# ---------------------------------------------------------------------------
+FROM ${PYTHON_BASE} AS operator-build
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN python -m venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY operator/ operator/
+COPY trainer/ trainer/
+# Byte-code is compiled here, at build time: the running container cannot
+# write next to the sources (readOnlyRootFilesystem).
+RUN pip install --no-cache-dir . \
+ && python -m compileall -q /opt/venv
+
+FROM ${PYTHON_BASE} AS operator
+COPY --from=operator-build /opt/venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1
+# 65532: the conventional "nonroot" uid; no passwd entry or home is needed.
+USER 65532:65532
+ENTRYPOINT ["fsdp-operator"]
+CMD ["run", "--all-namespaces"]

@@ -1,0 +1,195 @@
+"""Every trainer query of the dashboard and the alerts, run by a real Prometheus on a real training run.
+
+A 2-rank CPU torchrun of a shrunken tiny Llama trains 30 steps (checkpoints
+and validation every 10), then a second run resumes from its checkpoint to
+step 40, so that the resume-only series (checkpoint load time) exist too. A
+real Prometheus scrapes both every second, with the ``namespace`` and ``pod``
+target labels prometheus-operator would add. Then each dashboard query (its
+template variables substituted as Grafana would) and each trainer selector of
+the alert rules goes through the HTTP API and must return finite data.
+Queries that need a GPU (dcgm-exporter, the trainer's NVML gauges, MFU whose
+peak is unknown on a CPU) are skipped with that reason.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.bundle import dashboard
+from tests.bundle.manifests import PROMETHEUS_RULE, metric_names
+from tests.bundle.metrics_contract import GPU_ONLY
+from tests.support.prometheus import PrometheusServer
+from tests.support.trainer_run import TrainerRun
+
+pytestmark = pytest.mark.slow
+
+NAMESPACE = "ml-team"
+JOB = "live"
+POD = "live-worker-0"
+# Absent on a CPU by contract (docs/metrics.md): no known peak, no MFU.
+CPU_ABSENT = {"fsdp_train_mfu_ratio": "MFU is absent when the device's peak FLOP/s is unknown (CPU)"}
+
+
+class LabelledPrometheus(PrometheusServer):
+    """A Prometheus whose targets carry the labels a PodMonitor would give them."""
+
+    def __init__(self, targets: list[str], labels: dict[str, str], **kwargs: Any) -> None:
+        super().__init__(targets, **kwargs)
+        self.labels = labels
+
+    def config(self) -> dict[str, Any]:
+        cfg = super().config()
+        for job in cfg["scrape_configs"]:
+            for static in job["static_configs"]:
+                static["labels"] = dict(self.labels)
+        return cfg
+
+
+@dataclass
+class Live:
+    prom: PrometheusServer
+    start: float
+    end: float
+
+    def data(self, promql: str) -> list[dict[str, Any]]:
+        """Series with at least one finite value over the whole run."""
+        rows = self.prom.query_range(promql, self.start, self.end, step="1s")
+        return [r for r in rows if any(math.isfinite(float(v)) for _, v in r["values"])]
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
+    work = tmp_path_factory.mktemp("dashboard-live")
+    overrides = {
+        "training": {"evalIntervalSteps": 10, "evalSteps": 2},
+        "checkpoint": {"dir": str(work / "checkpoints"), "intervalSteps": 10},
+    }
+    first = TrainerRun(work / "first", name=JOB, max_steps=30, overrides=overrides)
+    resumed = TrainerRun(work / "resumed", name=JOB, max_steps=40, overrides=overrides)
+    rules = work / "rules.yaml"
+    rules.write_text(yaml.safe_dump(yaml.safe_load(PROMETHEUS_RULE.read_text())["spec"]))
+    with LabelledPrometheus(
+        [first.target, resumed.target], {"namespace": NAMESPACE, "pod": POD}, rule_files=[rules]
+    ) as prom:
+        start = time.time()
+        for run in (first, resumed):
+            with run:
+                assert run.wait(timeout=900) == 0, run.output()[-4000:]
+        assert "resum" in resumed.output().lower(), "the second run did not resume from the checkpoint"
+        # One more evaluation round for the rules, on the complete data.
+        time.sleep(2)
+        yield Live(prom, start, time.time())
+
+
+def dashboard_cases() -> list[Any]:
+    cases = []
+    for q in dashboard.queries():
+        marks = []
+        if q.gpu_only():
+            reason = f"needs a GPU: {sorted(q.metrics & GPU_ONLY)} come from dcgm-exporter/NVML, absent without one"
+            marks.append(pytest.mark.skip(reason=reason))
+        elif absent := [CPU_ABSENT[m] for m in q.metrics if m in CPU_ABSENT]:
+            marks.append(pytest.mark.skip(reason=absent[0]))
+        cases.append(pytest.param(q, id=f"{q.panel}/{q.ref}", marks=marks))
+    return cases
+
+
+@pytest.mark.parametrize("query", dashboard_cases())
+def test_dashboard_query_returns_data(live: Live, query: dashboard.Query) -> None:
+    promql = query.substituted(NAMESPACE, JOB)
+    assert live.data(promql), f"{query.panel}/{query.ref} returned no data:\n{promql}"
+
+
+def test_dashboard_query_for_one_node_returns_that_node_only(live: Live) -> None:
+    (q,) = [q for q in dashboard.queries() if q.panel == "Tokens/s per GPU"]
+    rows = live.data(q.substituted(NAMESPACE, JOB, node="0"))
+    assert rows and {r["metric"]["node_rank"] for r in rows} == {"0"}
+    assert {r["metric"]["local_rank"] for r in rows} == {"0", "1"}  # two ranks on the "node"
+    assert not live.data(q.substituted(NAMESPACE, JOB, node="7"))
+
+
+def test_template_variables_find_the_job(live: Live) -> None:
+    """The variable queries (label_values) list the run's namespace, job and node rank."""
+    prom = live.prom
+    variables = dashboard.variables()
+
+    def label_values(definition: str) -> set[str]:
+        m = re.fullmatch(r"label_values\((.*), (\w+)\)", definition)
+        assert m, definition
+        selector, label = m.group(1).replace("$namespace", NAMESPACE).replace("$job", JOB), m.group(2)
+        return {r["metric"].get(label) for r in live.data(selector)}
+
+    assert NAMESPACE in label_values(variables["namespace"]["definition"])
+    assert label_values(variables["job"]["definition"]) == {JOB}
+    assert label_values(variables["node"]["definition"]) == {"0"}
+    assert prom.targets(), "Prometheus has no targets"
+
+
+def alert_rules() -> list[dict[str, Any]]:
+    spec = yaml.safe_load(PROMETHEUS_RULE.read_text())["spec"]
+    return [r for g in spec["groups"] for r in g["rules"]]
+
+
+SELECTOR = re.compile(r"\b(fsdp_[a-z0-9_]+)(\{[^}]*\})?")
+GROUPING = re.compile(r"\b(?:by|on|group_left|group_right)\s*\(([^)]*)\)")
+
+
+def alert_cases() -> list[Any]:
+    cases = []
+    for rule in alert_rules():
+        for name, matchers in sorted(set(SELECTOR.findall(rule["expr"]))):
+            cases.append(pytest.param(rule, name + matchers, id=f"{rule['alert']}/{name}"))
+    return cases
+
+
+@pytest.mark.parametrize(("rule", "selector"), alert_cases())
+def test_alert_selectors_return_data_with_their_grouping_labels(live: Live, rule: dict, selector: str) -> None:
+    """Every trainer series an alert reads exists, with every label the rule groups or joins on."""
+    rows = live.data(selector)
+    assert rows, f"{rule['alert']}: {selector} returned no data"
+    grouping = {label.strip() for group in GROUPING.findall(rule["expr"]) for label in group.split(",")} - {""}
+    if metric_names(rule["expr"]) & GPU_ONLY:
+        # Labels of dcgm-exporter series (gpu, Hostname, modelName) are checked by promtool's unit tests.
+        grouping &= {"namespace", "pod", "job_name"}
+    for row in rows:
+        missing = {label for label in grouping if not row["metric"].get(label)}
+        assert not missing, f"{rule['alert']}: {selector} lacks {missing}: {row['metric']}"
+
+
+def test_rules_evaluate_cleanly_and_stay_silent_on_a_healthy_run(live: Live) -> None:
+    groups = live.prom.rules()
+    rules = [r for g in groups for r in g["rules"]]
+    assert len(rules) == len(alert_rules())
+    for r in rules:
+        assert r["health"] == "ok", f"{r['name']}: {r.get('lastError')}"
+    assert live.prom.alerts() == []
+
+
+def test_the_run_produced_what_the_dashboard_promises(live: Live) -> None:
+    """Sanity of the data itself: both runs' steps, a resume, checkpoints at the interval."""
+    steps = live.data(f'max(fsdp_train_step{{namespace="{NAMESPACE}", job_name="{JOB}"}})')
+    # The last steps may end between two scrapes; past 30 proves the resumed run trained.
+    assert 30 < max(float(v) for _, v in steps[0]["values"]) <= 40
+    last_ckpt = live.data(f'max(fsdp_checkpoint_last_step{{job_name="{JOB}"}})')
+    assert {float(v) for _, v in last_ckpt[0]["values"]} <= {10, 20, 30, 40}
+    assert live.data(f'fsdp_checkpoint_load_duration_seconds{{job_name="{JOB}"}} > 0')
+    info = live.data(f'fsdp_trainer_info{{job_name="{JOB}"}}')
+    assert {r["metric"]["world_size"] for r in info} == {"2"}
+
+
+def test_skips_are_only_for_gpu_or_cpu_absent_metrics() -> None:
+    """The skip list above is exactly the GPU-only and CPU-absent queries, with their reasons."""
+    skipped = [c for c in dashboard_cases() if c.marks]
+    for case in skipped:
+        q = case.values[0]
+        assert q.gpu_only() or q.metrics & CPU_ABSENT.keys(), q
+    trainer_only = [c for c in dashboard_cases() if not c.marks]
+    assert len(trainer_only) >= 25, len(trainer_only)

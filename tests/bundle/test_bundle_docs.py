@@ -1,0 +1,53 @@
+"""The bundle's docs state numbers and names that must follow the code."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import yaml
+from fsdp_operator.api.presets import PRESETS
+
+from tests.bundle.manifests import REPO_ROOT, load_all, run
+from tests.support.cluster import tool_path
+
+GIB = 2**30
+DOCS = REPO_ROOT / "docs"
+
+
+def test_sharding_memory_table_matches_the_presets() -> None:
+    """docs/sharding.md: 16 bytes/parameter sharded over S ranks, for every preset but tiny."""
+    rows = {}
+    for line in (DOCS / "sharding.md").read_text().splitlines():
+        m = re.match(r"\| `([\w.-]+)` \| ([\d.]+) B \|((?: [\d.]+ \|)+)$", line)
+        if m:
+            rows[m.group(1)] = (float(m.group(2)), [float(x) for x in m.group(3).strip(" |").split(" | ")])
+    assert set(rows) == set(PRESETS) - {"tiny"}
+    for name, (billions, cells) in rows.items():
+        n = PRESETS[name].num_params()
+        assert billions == round(n / 1e9, 2), name
+        expected = [16 * n / 8, 16 * n / 16, 16 * n / 64, 16 * n / 16 + 2 * n, 16 * n / 8, 16 * n]
+        assert cells == [round(x / GIB, 1) for x in expected], name
+
+
+def test_docs_link_to_files_that_exist() -> None:
+    """Paths the bundle docs cite (`kustomize/...`, `charts/...`, `docs/...`) exist."""
+    cited = re.compile(r"`((?:kustomize|charts|docs|examples|tools|tests|trainer|operator)/[\w./-]+)`")
+    for doc in ("architecture.md", "quickstart-eks.md", "sharding.md", "troubleshooting.md", "monitoring.md"):
+        text = (DOCS / doc).read_text()
+        for path in cited.findall(text):
+            assert (REPO_ROOT / path.rstrip("/")).exists(), f"docs/{doc} cites {path}, which does not exist"
+
+
+def test_quickstart_karpenter_overlay_example_builds(tmp_path: Path) -> None:
+    """The overlay that docs/quickstart-eks.md tells users to write fills every placeholder."""
+    text = (DOCS / "quickstart-eks.md").read_text()
+    block = re.search(r"```yaml\n# my-cluster/karpenter/kustomization.yaml\n(.*?)```", text, re.S)
+    assert block, "the Karpenter overlay example is gone from docs/quickstart-eks.md"
+    base = os.path.relpath(REPO_ROOT / "kustomize" / "overlays" / "karpenter", tmp_path)
+    (tmp_path / "kustomization.yaml").write_text(block.group(1).replace("../../kustomize/overlays/karpenter", base))
+    objs = {o["kind"]: o for o in load_all(run([tool_path("kubectl"), "kustomize", tmp_path]))}
+    assert "${CLUSTER_NAME}" not in yaml.safe_dump(objs)
+    assert objs["EC2NodeClass"]["spec"]["role"] == "KarpenterNodeRole-my-cluster"
+    assert objs["NodePool"]["spec"]["limits"]["nvidia.com/gpu"] == "128"

@@ -1,0 +1,134 @@
+"""kustomize/overlays/karpenter: the GPU capacity fits what the renderer asks of it."""
+
+from __future__ import annotations
+
+import re
+import typing
+from typing import Any
+
+from fsdp_operator.api.spec import ResourcesSpec
+
+from tests.bundle.manifests import example_files, kustomize, render_training
+
+PLACEHOLDER = "${CLUSTER_NAME}"
+
+
+def objects() -> dict[str, dict[str, Any]]:
+    return {o["kind"]: o for o in kustomize("overlays/karpenter")}
+
+
+def requirement(nodepool: dict[str, Any], key: str) -> dict[str, Any]:
+    (req,) = [r for r in nodepool["spec"]["template"]["spec"]["requirements"] if r["key"] == key]
+    return req
+
+
+def tolerates(toleration: dict[str, Any], taint: dict[str, Any]) -> bool:
+    """Kubernetes' matching rule (k8s.io/api/core/v1 Toleration.ToleratesTaint)."""
+    if toleration.get("effect") and toleration["effect"] != taint["effect"]:
+        return False
+    if toleration.get("key") and toleration["key"] != taint["key"]:
+        return False
+    if toleration.get("operator", "Equal") == "Exists":
+        return True
+    return toleration.get("value", "") == taint.get("value", "")
+
+
+def rendered_gpu_pods() -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(pod template metadata, pod spec) of every rendered example that asks for GPUs."""
+    out = []
+    for path in example_files():
+        for obj in render_training(path):
+            if obj["kind"] != "PyTorchJob":
+                continue
+            for replica in obj["spec"]["pytorchReplicaSpecs"].values():
+                spec = replica["template"]["spec"]
+                limits = spec["containers"][0]["resources"].get("limits", {})
+                if "nvidia.com/gpu" in limits:
+                    out.append((replica["template"]["metadata"], spec))
+    assert out, "no GPU example to check the NodePool against"
+    return out
+
+
+def test_gpu_pods_land_on_this_nodepool() -> None:
+    nodepool = objects()["NodePool"]
+    taints = nodepool["spec"]["template"]["spec"]["taints"]
+    capacity = set(requirement(nodepool, "karpenter.sh/capacity-type")["values"])
+    for meta, pod in rendered_gpu_pods():
+        selector = pod["nodeSelector"]
+        # Karpenter labels its nodes with their NodePool and capacity type itself.
+        assert selector["karpenter.sh/nodepool"] == nodepool["metadata"]["name"]
+        assert selector["karpenter.sh/capacity-type"] in capacity
+        for taint in taints:
+            assert any(tolerates(t, taint) for t in pod.get("tolerations", [])), f"{taint} is not tolerated"
+        # Neither consolidation nor drift may move a rank of a running job.
+        assert meta["annotations"]["karpenter.sh/do-not-disrupt"] == "true"
+        families = set(requirement(nodepool, "karpenter.k8s.aws/instance-family")["values"])
+        for term in (
+            pod.get("affinity", {})
+            .get("nodeAffinity", {})
+            .get("requiredDuringSchedulingIgnoredDuringExecution", {})
+            .get("nodeSelectorTerms", [])
+        ):
+            for expr in term["matchExpressions"]:
+                if expr["key"] == "node.kubernetes.io/instance-type":
+                    for itype in expr["values"]:
+                        assert itype.split(".")[0] in families, f"{itype} is outside the NodePool's families"
+
+
+def test_the_default_pool_name_and_capacity_types_match_the_api() -> None:
+    nodepool = objects()["NodePool"]
+    assert nodepool["metadata"]["name"] == ResourcesSpec.model_fields["node_pool"].default
+    api_types = set(typing.get_args(ResourcesSpec.model_fields["capacity_type"].annotation))
+    assert (
+        set(requirement(nodepool, "karpenter.sh/capacity-type")["values"])
+        == api_types
+        == {
+            "on-demand",
+            "spot",
+            "reserved",
+        }
+    )
+
+
+def test_only_gpu_instance_families() -> None:
+    nodepool = objects()["NodePool"]
+    families = requirement(nodepool, "karpenter.k8s.aws/instance-family")["values"]
+    assert families and all(re.fullmatch(r"[gp]\d+[a-z0-9-]*", f) for f in families), families
+    assert requirement(nodepool, "karpenter.k8s.aws/instance-gpu-count") == {
+        "key": "karpenter.k8s.aws/instance-gpu-count",
+        "operator": "Gt",
+        "values": ["0"],
+    }
+    assert nodepool["spec"]["template"]["spec"]["taints"] == [
+        {"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}
+    ]
+    assert int(nodepool["spec"]["limits"]["nvidia.com/gpu"]) > 0
+
+
+def test_disruption_never_touches_a_busy_node() -> None:
+    nodepool = objects()["NodePool"]
+    disruption = nodepool["spec"]["disruption"]
+    assert disruption["consolidationPolicy"] == "WhenEmpty"
+    budgets = {tuple(b.get("reasons", ["*"])): b["nodes"] for b in disruption["budgets"]}
+    assert budgets[("Underutilized",)] == "0"
+    assert budgets[("Drifted",)] == "1"
+    # Expiry in Karpenter v1 ignores do-not-disrupt after the grace period: off for GPU nodes.
+    assert nodepool["spec"]["template"]["spec"]["expireAfter"] == "Never"
+
+
+def test_nodeclass_is_wired_and_has_placeholders_to_patch() -> None:
+    objs = objects()
+    nodepool, nodeclass = objs["NodePool"], objs["EC2NodeClass"]
+    ref = nodepool["spec"]["template"]["spec"]["nodeClassRef"]
+    assert ref == {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": nodeclass["metadata"]["name"]}
+    spec = nodeclass["spec"]
+    assert PLACEHOLDER in spec["role"]
+    for terms in ("subnetSelectorTerms", "securityGroupSelectorTerms", "capacityReservationSelectorTerms"):
+        assert spec[terms] == [{"tags": {"karpenter.sh/discovery": PLACEHOLDER}}], terms
+    # A pinned AMI release, not @latest.
+    (ami,) = spec["amiSelectorTerms"]
+    assert re.fullmatch(r"al2023@v\d{8}", ami["alias"]), ami
+    (root,) = [b for b in spec["blockDeviceMappings"] if b.get("rootVolume")]
+    size = int(root["ebs"]["volumeSize"].removesuffix("Gi"))
+    assert size >= 200 and root["ebs"]["volumeType"] == "gp3" and root["ebs"]["encrypted"] is True
+    assert spec["metadataOptions"]["httpTokens"] == "required"
