@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the binaries of the test cluster (etcd, kube-apiserver, kubectl, helm,
-# and on request kube-scheduler, kube-controller-manager) from Go modules,
+# and on request kube-scheduler, kube-controller-manager, training-operator) from Go modules,
 # using only the Go toolchain and the Go module proxy. Versions come from
 # tools/versions.env. Results are cached under
 #   ${FSDP_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/fsdp-k8s}/<module>-<version>/bin/<name>
@@ -33,6 +33,7 @@ kubectl                  KUBERNETES_VERSION  k8s.io/kubernetes           k8s.io/
 kube-scheduler           KUBERNETES_VERSION  k8s.io/kubernetes           k8s.io/kubernetes/cmd/kube-scheduler
 kube-controller-manager  KUBERNETES_VERSION  k8s.io/kubernetes           k8s.io/kubernetes/cmd/kube-controller-manager
 helm                     HELM_VERSION        helm.sh/helm/v3             helm.sh/helm/v3/cmd/helm
+training-operator        TRAINING_OPERATOR_VERSION github.com/kubeflow/training-operator github.com/kubeflow/training-operator/cmd/training-operator.v1
 '
 DEFAULT_TOOLS=(etcd kube-apiserver kubectl helm)
 
@@ -67,7 +68,13 @@ extra_ldflags() {
           "$p" "$v" "$p" "${mm%%.*}" "$p" "$(cut -d. -f2 <<<"$mm")" "$p"
       done ;;
     HELM_VERSION)
-      printf -- '-X helm.sh/helm/v3/internal/version.version=%s -X helm.sh/helm/v3/internal/version.gitTreeState=clean' "$v" ;;
+      # Offline commands (`helm template`, `helm lint`) assume this Kubernetes
+      # version; upstream bakes in its client-go minor, we use the one we test on.
+      local k=${KUBERNETES_VERSION#v} p
+      printf -- '-X helm.sh/helm/v3/internal/version.version=%s -X helm.sh/helm/v3/internal/version.gitTreeState=clean ' "$v"
+      for p in helm.sh/helm/v3/pkg/chartutil helm.sh/helm/v3/pkg/lint/rules; do
+        printf -- '-X %s.k8sVersionMajor=%s -X %s.k8sVersionMinor=%s ' "$p" "${k%%.*}" "$p" "$(cut -d. -f2 <<<"$k")"
+      done ;;
   esac
 }
 
@@ -127,6 +134,7 @@ build_module() {
   for name in "$@"; do [[ -x $dir/bin/$name ]] || todo+=("$name"); done
   if ((${#todo[@]} == 0)); then exec 9>&-; return; fi
   for name in "${todo[@]}"; do pkgs+=("$(field "$name" 4)"); done
+  rm -rf "$dir"/stage.*   # left behind by an interrupted build
 
   log "building ${todo[*]} from $module@$version"
   t0=$(date +%s)
@@ -169,7 +177,7 @@ main() {
   if ((${#missing[@]} == 0)); then log "up to date: ${names[*]}"; return; fi
 
   GO=${GO:-$(command -v go || echo /usr/local/go/bin/go)}
-  [[ -x $GO ]] || die "the Go toolchain is needed to build ${missing[*]} (set GO=/path/to/go)"
+  command -v "$GO" >/dev/null || die "the Go toolchain is needed to build ${missing[*]} (set GO=/path/to/go)"
   # -mod=mod lets go add the go.sum entries of the throwaway module; GOWORK=off
   # keeps any go.work around from interfering; CGO_ENABLED=0 gives static
   # binaries and needs no C compiler (upstream release builds do the same).
@@ -191,4 +199,4 @@ main() {
   log "done in $(($(date +%s) - start))s"
 }
 
-main "$@"
+main "$@"; exit  # exit on the same line: edits made to this file during a long build are never read

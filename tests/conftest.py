@@ -1,0 +1,46 @@
+"""Shared pytest fixtures. Keep this file small: logic lives in tests/support/."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+# `tests.support` must be importable whatever pytest's rootdir/import mode;
+# harmless once pyproject.toml sets `pythonpath = ["."]`.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.support.cluster import TestCluster
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Registered here too (pyproject.toml lists them) so --strict-markers holds
+    # even when pytest runs with another ini file.
+    known = {line.split(":")[0] for line in config.getini("markers")}
+    for line in ("cluster: needs the real kube-apiserver + etcd test cluster", "slow: takes more than a few seconds"):
+        if line.split(":")[0] not in known:
+            config.addinivalue_line("markers", line)
+
+
+@pytest.fixture(scope="session")
+def cluster(request: pytest.FixtureRequest) -> Iterator[TestCluster]:
+    """A real etcd + kube-apiserver (RBAC on, shared CRDs installed), one per session.
+
+    Fails (never skips) when the binaries cannot be built: the tests are only
+    meaningful against the real components.
+    """
+    c = TestCluster()
+    try:
+        c.start()
+        error = None
+    except Exception as e:  # reported below, outside the except, so the message is not doubled
+        error = e
+    if error is not None:
+        c.stop(keep_workdir=True)
+        pytest.fail(f"test cluster failed to start (work dir kept: {c.workdir}):\n{error}", pytrace=False)
+    print(f"test cluster up at {c.server}; start-up seconds: {c.startup_seconds}", file=sys.stderr)
+    yield c
+    if request.session.testsfailed:
+        print(f"\n{c.logs()}", file=sys.stderr)  # the apiserver's view of what went wrong
+    c.stop()
