@@ -1,0 +1,113 @@
+"""The kopf handlers, registered on a registry of their own (no import-time globals).
+
+- FSDPTraining create / update / resume → render + server-side apply + status.
+- FSDPTraining events → the in-memory view used by job events and the scraper.
+- PyTorchJob events (owned by an FSDPTraining) → status mirror; a job deleted
+  under a live training is re-applied.
+- start-up: API check, peering object, the progress scraper; probe: liveness.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import kopf
+
+from ..api.spec import GROUP, PLURAL, VERSION
+from .kube import KubeClient, default_login
+from .metrics import OperatorMetrics
+from .peering import ensure_peering_object
+from .reconcile import Runtime, apply_training, handle_job_event, owner_of
+from .scraper import PeeringView, run_scraper
+
+log = logging.getLogger(__name__)
+
+KUBEFLOW_GROUP, KUBEFLOW_VERSION, PYTORCHJOBS = "kubeflow.org", "v1", "pytorchjobs"
+
+
+@dataclass(frozen=True)
+class Options:
+    clusterwide: bool
+    namespaces: tuple[str, ...]
+    peering: PeeringView | None  # None: standalone
+    scrape_interval: float  # seconds; 0 disables the progress scraper
+
+
+def _owned(body: kopf.Body, **_: Any) -> bool:
+    return owner_of(body) is not None
+
+
+def build_registry(rt: Runtime, options: Options) -> kopf.OperatorRegistry:
+    registry = kopf.OperatorRegistry()
+    background: list[asyncio.Task[None]] = []
+
+    @kopf.on.login(id="login", registry=registry)
+    def login(settings: kopf.OperatorSettings, **_: Any) -> kopf.ConnectionInfo:
+        # The same credentials as our own client: one identity for every API call.
+        return default_login(settings)
+
+    @kopf.on.startup(id="startup", registry=registry)
+    async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+        served = await rt.client.discover(f"{GROUP}/{VERSION}")
+        if PLURAL not in served:
+            raise kopf.PermanentError(f"{PLURAL}.{GROUP}/{VERSION} is not served: install the CRD (kustomize/crd)")
+        if PYTORCHJOBS not in await rt.client.discover(f"{KUBEFLOW_GROUP}/{KUBEFLOW_VERSION}"):
+            raise kopf.PermanentError(
+                "pytorchjobs.kubeflow.org/v1 is not served: install the Kubeflow training operator"
+            )
+        if options.peering is not None:
+            if not await rt.client.discover("kopf.dev/v1"):
+                raise kopf.PermanentError(
+                    "the kopf peering CRDs (kopf.dev) are not installed: apply kustomize/crd or run standalone"
+                )
+            await ensure_peering_object(rt.client, options.peering.name, options.clusterwide, list(options.namespaces))
+        if options.scrape_interval > 0:
+            background.append(asyncio.create_task(run_scraper(rt, options.scrape_interval, options.peering)))
+
+    @kopf.on.cleanup(id="cleanup", registry=registry)
+    async def cleanup(**_: Any) -> None:
+        for task in background:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        await rt.client.close()
+
+    @kopf.on.probe(id="trainings", registry=registry)
+    def probe_trainings(**_: Any) -> int:
+        return len(rt.trainings)
+
+    @kopf.on.event(GROUP, VERSION, PLURAL, id="view", registry=registry)
+    def training_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
+        if event["type"] == "DELETED":
+            rt.forget(body)
+        else:
+            rt.remember(body)
+
+    @kopf.on.resume(GROUP, VERSION, PLURAL, id="apply", registry=registry)
+    @kopf.on.create(GROUP, VERSION, PLURAL, id="apply", registry=registry)
+    @kopf.on.update(GROUP, VERSION, PLURAL, id="apply", registry=registry)
+    async def apply(body: kopf.Body, reason: kopf.Reason, **_: Any) -> None:
+        # A new training has nothing stale to prune: skip that GET on the hot path.
+        await apply_training(rt, body, prune=reason != kopf.Reason.CREATE)
+
+    @kopf.on.event(KUBEFLOW_GROUP, KUBEFLOW_VERSION, PYTORCHJOBS, id="job-status", when=_owned, registry=registry)
+    async def job_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
+        await handle_job_event(rt, event["type"], body)
+
+    return registry
+
+
+def new_runtime(settings: kopf.OperatorSettings) -> Runtime:
+    client = KubeClient(
+        lambda: default_login(settings),
+        request_timeout=settings.networking.request_timeout or 30.0,
+        connect_timeout=settings.networking.connect_timeout or 10.0,
+    )
+    return Runtime(client=client, metrics=OperatorMetrics())
+
+
+__all__ = ["Options", "build_registry", "new_runtime"]

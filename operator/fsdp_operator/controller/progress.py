@@ -1,0 +1,133 @@
+"""Step, loss and throughput for the status, read from the trainer's own metrics endpoint.
+
+While a job runs, a kopf timer asks the rank-0 pod for ``/metrics`` (the
+same endpoint Prometheus scrapes, so the trainer needs nothing extra) and
+copies four numbers into the status. It is cheap on purpose: one small GET
+per running job per interval, a short timeout, and no status patch unless a
+number changed. A failed scrape is not an error: the pod may be starting or
+gone, and the next tick tries again.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+from .kube import NETWORK_ERRORS
+
+# Pod labels set by the Kubeflow training operator (v1) on every replica pod.
+JOB_NAME_LABEL = "training.kubeflow.org/job-name"
+REPLICA_TYPE_LABEL = "training.kubeflow.org/replica-type"
+REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-index"
+
+STEP = "fsdp_train_step"
+LOSS = "fsdp_train_loss"
+TOKENS_PER_SECOND = "fsdp_train_global_tokens_per_second"
+CHECKPOINT_LAST_STEP = "fsdp_checkpoint_last_step"
+_WANTED = (STEP, LOSS, TOKENS_PER_SECOND, CHECKPOINT_LAST_STEP)
+
+SCRAPE_TIMEOUT_SECONDS = 3.0
+# A trainer endpoint is a few KB; refuse to buffer something pathological.
+MAX_BODY_BYTES = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class TrainerProgress:
+    step: int | None = None
+    loss: float | None = None
+    tokens_per_second: float | None = None
+    checkpoint_last_step: int | None = None
+
+    def status_fields(self) -> dict[str, Any]:
+        """The status fields this progress sets (only the ones the trainer reported)."""
+        out: dict[str, Any] = {}
+        if self.step is not None:
+            out["step"] = self.step
+        if self.loss is not None:
+            out["loss"] = round(self.loss, 6)
+        if self.tokens_per_second is not None:
+            out["tokensPerSecond"] = round(self.tokens_per_second, 1)
+        if self.checkpoint_last_step is not None:
+            out["checkpoint"] = {"lastStep": self.checkpoint_last_step}
+        return out
+
+
+def _rank_key(labels: Mapping[str, str]) -> tuple[int, int]:
+    def num(key: str) -> int:
+        try:
+            return int(labels.get(key, "0"))
+        except ValueError:
+            return 1 << 30
+
+    return num("node_rank"), num("local_rank")
+
+
+def parse_trainer_metrics(text: str) -> TrainerProgress:
+    """The four numbers from a Prometheus text exposition; each from the lowest rank reporting it.
+
+    Global values (loss averaged over ranks, job throughput) are the same on
+    every rank; taking rank 0's avoids mixing ranks that are a step apart.
+    NaN/inf (a diverged loss, no throughput yet) are left out: the status
+    schema stores numbers.
+    """
+    best: dict[str, tuple[tuple[int, int], float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name not in _WANTED or not math.isfinite(sample.value):
+                continue
+            key = _rank_key(sample.labels)
+            if sample.name not in best or key < best[sample.name][0]:
+                best[sample.name] = (key, sample.value)
+
+    def value(name: str) -> float | None:
+        return best[name][1] if name in best else None
+
+    step, ckpt = value(STEP), value(CHECKPOINT_LAST_STEP)
+    return TrainerProgress(
+        step=int(step) if step is not None and step >= 0 else None,
+        loss=value(LOSS),
+        tokens_per_second=value(TOKENS_PER_SECOND) if (value(TOKENS_PER_SECOND) or 0) >= 0 else None,
+        checkpoint_last_step=int(ckpt) if ckpt is not None and ckpt >= 0 else None,
+    )
+
+
+def rank0_pod(pods: Iterable[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """The running pod hosting node rank 0: the Master if any, else Worker 0."""
+    candidates = []
+    for pod in pods:
+        status = pod.get("status") or {}
+        if status.get("phase") != "Running" or not status.get("podIP"):
+            continue
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        rtype = str(labels.get(REPLICA_TYPE_LABEL, "")).lower()
+        try:
+            index = int(labels.get(REPLICA_INDEX_LABEL, "0"))
+        except ValueError:
+            index = 1 << 30
+        candidates.append((0 if rtype == "master" else 1, index, pod))
+    if not candidates:
+        return None
+    return min(candidates, key=lambda c: (c[0], c[1]))[2]
+
+
+async def scrape(session: aiohttp.ClientSession, pod_ip: str, port: int) -> TrainerProgress | None:
+    """GET the pod's metrics; None when it cannot be read right now."""
+    host = f"[{pod_ip}]" if ":" in pod_ip else pod_ip
+    try:
+        async with session.get(
+            f"http://{host}:{port}/metrics", timeout=aiohttp.ClientTimeout(total=SCRAPE_TIMEOUT_SECONDS)
+        ) as rsp:
+            if rsp.status != 200:
+                return None
+            raw = await rsp.content.read(MAX_BODY_BYTES)
+    except NETWORK_ERRORS:
+        return None
+    try:
+        return parse_trainer_metrics(raw.decode("utf-8", errors="replace"))
+    except ValueError:
+        return None

@@ -1,0 +1,413 @@
+"""What the handlers do: apply the rendered objects, mirror the PyTorchJob into the status.
+
+Apply is server-side apply of objects with deterministic names, so running
+it twice (a retry, a restart mid-reconcile, a resume) converges on the same
+objects and never duplicates them. The status is a pure function of the
+training, its job and the previous status (``status.py``); this module only
+serialises its computation per training and writes it when it changed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import kopf
+from pydantic import ValidationError
+
+from ..api import API_VERSION, KIND, FSDPTraining, format_errors
+from ..render import render
+from .kube import NETWORK_ERRORS, ApiError, KubeClient
+from .metrics import OperatorMetrics
+from .status import (
+    APPLY_FAILED,
+    GENERATION_ANNOTATION,
+    INVALID_SPEC,
+    EventSpec,
+    ReconcileOutcome,
+    TrainingFacts,
+    compute_status,
+    declared_subset,
+    merge_patch,
+    status_document,
+    status_patch,
+    transition_events,
+)
+
+log = logging.getLogger(__name__)
+
+Json = dict[str, Any]
+Key = tuple[str, str]  # (namespace, name)
+
+PYTORCHJOB_API_VERSION = "kubeflow.org/v1"
+PYTORCHJOB_KIND = "PyTorchJob"
+
+
+@dataclass
+class Runtime:
+    """The operator's in-memory state, shared by all handlers of one process."""
+
+    client: KubeClient
+    metrics: OperatorMetrics
+    # Latest FSDPTraining bodies seen on the watch (trimmed), for job events and the scraper.
+    trainings: dict[Key, Json] = field(default_factory=dict)
+    # uid -> (resourceVersion, status) this process last wrote: newer than the watch's copy
+    # until the watch delivers that version (or a later one, which may hold others' writes).
+    statuses: dict[str, tuple[int, Json]] = field(default_factory=dict)
+    # training uid -> its PyTorchJob as last seen on the watch (trimmed).
+    jobs: dict[str, Json] = field(default_factory=dict)
+    # training uids with an apply in flight.
+    applying: set[str] = field(default_factory=set)
+    _locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+
+    def lock(self, uid: str) -> asyncio.Lock:
+        return self._locks.setdefault(uid, asyncio.Lock())
+
+    def remember(self, body: Mapping[str, Any]) -> None:
+        meta = body.get("metadata") or {}
+        key = (meta.get("namespace", ""), meta.get("name", ""))
+        self.trainings[key] = trim(body)
+        self.metrics.phases[meta.get("uid", "")] = (body.get("status") or {}).get("phase") or "Pending"
+
+    def forget(self, body: Mapping[str, Any]) -> None:
+        meta = body.get("metadata") or {}
+        key = (meta.get("namespace", ""), meta.get("name", ""))
+        uid = meta.get("uid", "")
+        known = self.trainings.get(key)
+        if known is not None and known["metadata"].get("uid") == uid:
+            del self.trainings[key]
+        self.statuses.pop(uid, None)
+        self.jobs.pop(uid, None)
+        self._locks.pop(uid, None)
+        self.metrics.forget([uid])
+
+    def previous_status(self, body: Mapping[str, Any]) -> Json:
+        uid = (body.get("metadata") or {}).get("uid", "")
+        written = self.statuses.get(uid)
+        if written is not None and written[0] > _resource_version(body):
+            return written[1]
+        return declared_subset(body.get("status"))
+
+    def wrote_status(self, uid: str, response: Mapping[str, Any], status: Json) -> None:
+        self.statuses[uid] = (_resource_version(response), status)
+
+
+_KEPT_METADATA = (
+    "name",
+    "namespace",
+    "uid",
+    "resourceVersion",
+    "generation",
+    "creationTimestamp",
+    "deletionTimestamp",
+    "labels",
+)
+
+
+def trim(body: Mapping[str, Any]) -> Json:
+    """The parts of an FSDPTraining the operator uses (no managedFields, no kopf annotations)."""
+    meta = body.get("metadata") or {}
+    return {
+        "apiVersion": body.get("apiVersion", API_VERSION),
+        "kind": body.get("kind", KIND),
+        "metadata": {k: copy.deepcopy(meta[k]) for k in _KEPT_METADATA if k in meta},
+        "spec": copy.deepcopy(dict(body.get("spec") or {})),
+        "status": copy.deepcopy(dict(body.get("status") or {})),
+    }
+
+
+def trim_job(job: Mapping[str, Any]) -> Json:
+    """The parts of a PyTorchJob the status needs."""
+    meta = job.get("metadata") or {}
+    return {
+        "metadata": {
+            k: copy.deepcopy(meta[k]) for k in ("name", "namespace", "resourceVersion", "annotations") if k in meta
+        },
+        "spec": {"runPolicy": copy.deepcopy(((job.get("spec") or {}).get("runPolicy")) or {})},
+        "status": copy.deepcopy(dict(job.get("status") or {})),
+    }
+
+
+def event_target(body: Mapping[str, Any]) -> Json:
+    meta = body.get("metadata") or {}
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": {"name": meta.get("name"), "namespace": meta.get("namespace"), "uid": meta.get("uid")},
+    }
+
+
+def post_events(body: Mapping[str, Any], events: list[EventSpec]) -> None:
+    """Queue Events on the FSDPTraining; kopf posts them in the background, off the reconcile path."""
+    target = event_target(body)
+    meta = target["metadata"]
+    for e in events:
+        log.info("%s/%s: %s: %s", meta["namespace"], meta["name"], e.reason, e.message)
+        kopf.event(target, type=e.type, reason=e.reason, message=e.message)
+
+
+def _seconds_since(timestamp: str | None) -> float | None:
+    if not timestamp:
+        return None
+    try:
+        then = datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return max(0.0, (datetime.now(UTC) - then).total_seconds())
+
+
+PODMONITOR_KIND = "PodMonitor"
+
+
+def _training_model(body: Mapping[str, Any]) -> FSDPTraining:
+    return FSDPTraining.model_validate(
+        {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "metadata": (trim(body))["metadata"],
+            "spec": dict(body.get("spec") or {}),
+        }
+    )
+
+
+def rendered_objects(body: Mapping[str, Any]) -> list[Json]:
+    """The objects to apply, stamped with the generation they come from (for observedGeneration)."""
+    objects = render(_training_model(body), set_owner=True)
+    generation = str((body.get("metadata") or {}).get("generation") or 0)
+    for obj in objects:
+        obj.setdefault("metadata", {}).setdefault("annotations", {})[GENERATION_ANNOTATION] = generation
+        obj["metadata"].setdefault("namespace", (body.get("metadata") or {}).get("namespace"))
+    return objects
+
+
+async def _sync_locked(
+    rt: Runtime,
+    body: Mapping[str, Any],
+    job: Mapping[str, Any] | None,
+    *,
+    outcome: ReconcileOutcome | None,
+    source: str,
+    events: list[EventSpec] | None = None,
+) -> None:
+    """Compute the status from ``body`` and ``job``; patch it if it changed; record transitions."""
+    meta = body.get("metadata") or {}
+    uid = meta.get("uid", "")
+    previous = rt.previous_status(body)
+    new = compute_status(TrainingFacts.from_body(body), job, previous, outcome=outcome)
+    patch = status_patch(previous, new)
+    to_post = list(events or []) + transition_events(previous, new)
+    if patch:
+        response = await rt.client.patch_status(API_VERSION, KIND, meta["namespace"], meta["name"], patch)
+        rt.wrote_status(uid, response, status_document(new))
+        rt.metrics.status_updates.labels(source).inc()
+    rt.metrics.phases[uid] = new.phase
+    post_events(body, to_post)
+
+
+async def sync_status(
+    rt: Runtime,
+    body: Mapping[str, Any],
+    job: Mapping[str, Any] | None,
+    *,
+    outcome: ReconcileOutcome | None,
+    source: str,
+    events: list[EventSpec] | None = None,
+) -> None:
+    """The status sync, serialised per training: every writer starts from what the previous one wrote."""
+    async with rt.lock((body.get("metadata") or {}).get("uid", "")):
+        await _sync_locked(rt, body, job, outcome=outcome, source=source, events=events)
+
+
+def _resource_version(obj: Mapping[str, Any] | None) -> int:
+    try:
+        return int(((obj or {}).get("metadata") or {}).get("resourceVersion", -1))
+    except (TypeError, ValueError):
+        return -1  # opaque (not etcd): treat as older than anything we can compare
+
+
+def newest_job(applied: Json | None, watched: Json | None) -> Json | None:
+    """The fresher of the apply response and the last watch event (by resourceVersion)."""
+    if applied is None or watched is None:
+        return applied or watched
+    return watched if _resource_version(watched) > _resource_version(applied) else applied
+
+
+async def apply_training(rt: Runtime, body: Mapping[str, Any], *, prune: bool = True) -> None:
+    """Render and server-side apply the training's objects, then update its status.
+
+    Raises kopf.TemporaryError for API failures (kopf retries with backoff);
+    an invalid spec is recorded in the status and not retried (a spec
+    update triggers a new attempt). ``prune`` (not needed on create) removes
+    the PodMonitor once spec.metrics.enabled is off.
+    """
+    started = time.perf_counter()
+    meta = body.get("metadata") or {}
+    try:
+        objects = rendered_objects(body)
+    except ValidationError as e:
+        message = "; ".join(format_errors(e))
+        rt.metrics.reconciles.labels("invalid").inc()
+        await _record_failure(rt, body, ReconcileOutcome(False, INVALID_SPEC, message))
+        return
+
+    events: list[EventSpec] = []
+    uid = meta.get("uid", "")
+    # While this apply runs, job events only record the job (see handle_job_event):
+    # this path writes the status once, from the freshest job it knows.
+    rt.applying.add(uid)
+    try:
+        await _apply_objects(rt, body, objects, events, prune=prune)
+    finally:
+        rt.applying.discard(uid)
+    rt.metrics.reconciles.labels("success").inc()
+    rt.metrics.reconcile_duration.observe(time.perf_counter() - started)
+
+
+async def _apply_objects(
+    rt: Runtime, body: Mapping[str, Any], objects: list[Json], events: list[EventSpec], *, prune: bool
+) -> None:
+    meta = body.get("metadata") or {}
+    uid = meta.get("uid", "")
+    job: Json | None = None
+    try:
+        for obj in objects:
+            result = await rt.client.apply(obj)
+            if obj["kind"] == PYTORCHJOB_KIND:
+                job = result.body
+                if result.created:
+                    latency = _seconds_since(meta.get("creationTimestamp"))
+                    if latency is not None:
+                        rt.metrics.create_to_job.observe(latency)
+                    events.append(
+                        EventSpec("Normal", "JobCreated", f"created PyTorchJob {result.body['metadata']['name']}")
+                    )
+        if prune and not any(o["kind"] == PODMONITOR_KIND for o in objects):
+            await _delete_stale_pod_monitor(rt, body)
+    except ApiError as e:
+        rt.metrics.reconciles.labels("error").inc()
+        await _record_failure(rt, body, ReconcileOutcome(False, APPLY_FAILED, e.message), job=job)
+        raise kopf.TemporaryError(f"applying the rendered objects failed: {e}", delay=5 if e.retryable else 30) from e
+    except NETWORK_ERRORS as e:
+        rt.metrics.reconciles.labels("error").inc()
+        raise kopf.TemporaryError(f"API server unreachable: {e!r}", delay=2) from e
+
+    try:
+        async with rt.lock(uid):
+            rt.applying.discard(uid)  # under the lock: a job event now waits for this sync, then runs its own
+            job = newest_job(job, rt.jobs.get(uid))
+            await _sync_locked(rt, body, job, outcome=ReconcileOutcome(True, "Applied"), source="apply", events=events)
+    except (ApiError, *NETWORK_ERRORS) as e:
+        # The objects are applied; only the status lags. Retrying re-applies (a no-op) and writes it.
+        rt.metrics.reconciles.labels("error").inc()
+        raise kopf.TemporaryError(f"status update failed: {e!r}", delay=2) from e
+
+
+async def _record_failure(
+    rt: Runtime, body: Mapping[str, Any], outcome: ReconcileOutcome, job: Json | None = None
+) -> None:
+    """Best effort: the failure goes to the status and an Event, unless the API itself is what fails."""
+    meta = body.get("metadata") or {}
+    # An update that fails leaves the previous job in place: keep mirroring it.
+    job = newest_job(job, rt.jobs.get(meta.get("uid", "")))
+    if job is None:
+        try:
+            job = await rt.client.get(PYTORCHJOB_API_VERSION, PYTORCHJOB_KIND, meta.get("namespace"), meta["name"])
+        except (ApiError, *NETWORK_ERRORS):
+            job = None
+    try:
+        await sync_status(rt, body, job, outcome=outcome, source="apply")
+    except (ApiError, *NETWORK_ERRORS) as e:
+        log.warning("could not record %s on %s/%s: %s", outcome.reason, meta.get("namespace"), meta.get("name"), e)
+
+
+async def _delete_stale_pod_monitor(rt: Runtime, body: Mapping[str, Any]) -> None:
+    """Delete the PodMonitor an earlier generation rendered, if it is this training's."""
+    meta = body.get("metadata") or {}
+    # The renderer decides the name: ask it for the object it renders with metrics on.
+    model = _training_model(body)
+    model.spec.metrics.enabled = True
+    candidate = next((o for o in render(model) if o["kind"] == PODMONITOR_KIND), None)
+    if candidate is None:
+        return
+    api_version, name = candidate["apiVersion"], candidate["metadata"]["name"]
+    found = await rt.client.get(api_version, PODMONITOR_KIND, meta.get("namespace"), name)
+    ref = owner_of(found) if found is not None else None
+    if found is None or ref is None or ref.get("uid") != meta.get("uid"):
+        return
+    await rt.client.delete(api_version, PODMONITOR_KIND, meta.get("namespace"), name, uid=found["metadata"]["uid"])
+
+
+def owner_of(job: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The FSDPTraining ownerReference of a PyTorchJob, if it is one of ours."""
+    for ref in (job.get("metadata") or {}).get("ownerReferences") or []:
+        if ref.get("kind") == KIND and str(ref.get("apiVersion", "")).split("/")[0] == API_VERSION.split("/")[0]:
+            return ref
+    return None
+
+
+async def _owner_body(rt: Runtime, namespace: str, ref: Mapping[str, Any]) -> Json | None:
+    known = rt.trainings.get((namespace, ref["name"]))
+    if known is not None and known["metadata"].get("uid") == ref.get("uid"):
+        return known
+    # Not seen on our watch yet (start-up ordering between two watches): ask.
+    fresh = await rt.client.get(API_VERSION, KIND, namespace, ref["name"])
+    if fresh is None or (fresh.get("metadata") or {}).get("uid") != ref.get("uid"):
+        return None  # an orphan waiting for garbage collection
+    rt.remember(fresh)
+    return rt.trainings[(namespace, ref["name"])]
+
+
+async def handle_job_event(rt: Runtime, event_type: str | None, job: Mapping[str, Any]) -> None:
+    """Mirror a PyTorchJob change into its FSDPTraining; re-create a job deleted from under a live training."""
+    ref = owner_of(job)
+    if ref is None:
+        return
+    namespace = (job.get("metadata") or {}).get("namespace", "")
+    training = await _owner_body(rt, namespace, ref)
+    if training is None:
+        return
+    uid = str(ref.get("uid", ""))
+    if event_type == "DELETED":
+        rt.jobs.pop(uid, None)
+        # Fresh read: a training being deleted (foreground GC) must not get its job back.
+        fresh = await rt.client.get(API_VERSION, KIND, namespace, ref["name"])
+        if (
+            fresh is None
+            or fresh["metadata"].get("uid") != ref.get("uid")
+            or fresh["metadata"].get("deletionTimestamp")
+        ):
+            return
+        log.info("PyTorchJob %s/%s was deleted under a live FSDPTraining; re-applying", namespace, ref["name"])
+        await apply_training(rt, fresh)
+        return
+    rt.jobs[uid] = trim_job(job)
+    async with rt.lock(uid):
+        if uid in rt.applying:
+            return  # the apply in flight syncs the status with this job when it finishes
+        await _sync_locked(rt, training, rt.jobs[uid], outcome=None, source="job")
+
+
+async def record_progress(rt: Runtime, training: Mapping[str, Any], fields: Mapping[str, Any]) -> bool:
+    """Write scraped step/loss/throughput into the status if any of them changed."""
+    meta = training.get("metadata") or {}
+    uid = meta.get("uid", "")
+    async with rt.lock(uid):
+        previous = rt.previous_status(training)
+        relevant = {k: previous[k] for k in fields if k in previous}
+        if "checkpoint" in fields and "checkpoint" in previous:
+            relevant["checkpoint"] = {"lastStep": (previous["checkpoint"] or {}).get("lastStep")}
+        patch = merge_patch(relevant, dict(fields))
+        # merge_patch deletes keys absent from `fields`; progress only ever adds or updates.
+        patch = {k: v for k, v in patch.items() if v is not None}
+        if not patch:
+            return False
+        response = await rt.client.patch_status(API_VERSION, KIND, meta["namespace"], meta["name"], patch)
+        rt.wrote_status(uid, response, declared_subset(response.get("status")))
+        rt.metrics.status_updates.labels("progress").inc()
+        return True

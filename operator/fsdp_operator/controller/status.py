@@ -1,0 +1,379 @@
+"""PyTorchJob (+ the FSDPTraining's own facts) → FSDPTraining status, as pure functions.
+
+Nothing here talks to the API server, so every mapping rule is unit-tested
+(tests/operator/test_status.py) and the handlers only fetch, call and patch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from ..api.spec import GROUP, CheckpointSpec, ResourcesSpec
+from ..api.status import CheckpointStatus, Condition, FSDPTrainingStatus, Phase, ReplicaStatus
+
+# The PyTorchJob carries the FSDPTraining generation it was rendered from, so
+# a status computed from a job event knows which spec it reflects.
+GENERATION_ANNOTATION = f"{GROUP}/generation"
+
+# Kubeflow's JobConditionType values, in the order they are mirrored.
+KUBEFLOW_CONDITIONS = ("Created", "Running", "Restarting", "Suspended", "Succeeded", "Failed")
+# Conditions the operator owns (not copied from the PyTorchJob).
+RECONCILED = "Reconciled"
+CHECKPOINTS_PERSISTENT = "CheckpointsPersistent"
+# Reconciled=False reasons: a spec the renderer rejects, or an API error applying the objects.
+INVALID_SPEC = "InvalidSpec"
+APPLY_FAILED = "ApplyFailed"
+
+Json = Mapping[str, Any]
+
+
+def now_rfc3339() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(frozen=True)
+class TrainingFacts:
+    """What the status needs from the FSDPTraining object itself."""
+
+    name: str
+    namespace: str
+    uid: str
+    generation: int
+    suspend: bool
+    nodes: int
+    gpus: int
+    checkpoint_dir: str
+    checkpoint_claim: str | None
+
+    @classmethod
+    def from_body(cls, body: Json) -> TrainingFacts:
+        """Read the facts leniently: defaults come from the API model, never a validation error.
+
+        Status must be computable even for a spec the renderer rejects, so
+        this does not validate the whole spec.
+        """
+        meta = body.get("metadata") or {}
+        spec = body.get("spec") or {}
+        resources = spec.get("resources") or {}
+        checkpoint = spec.get("checkpoint") or {}
+        nodes = int(resources.get("nodes", ResourcesSpec.model_fields["nodes"].default))
+        gpus_per_node = int(resources.get("gpusPerNode", ResourcesSpec.model_fields["gpus_per_node"].default))
+        return cls(
+            name=str(meta.get("name", "")),
+            namespace=str(meta.get("namespace", "")),
+            uid=str(meta.get("uid", "")),
+            generation=int(meta.get("generation") or 0),
+            suspend=bool(spec.get("suspend", False)),
+            nodes=nodes,
+            gpus=nodes * gpus_per_node,
+            checkpoint_dir=str(checkpoint.get("dir", CheckpointSpec.model_fields["dir"].default)),
+            checkpoint_claim=checkpoint.get("claimName"),
+        )
+
+
+@dataclass(frozen=True)
+class ReconcileOutcome:
+    """Result of the last attempt to apply the rendered objects (the Reconciled condition)."""
+
+    ok: bool
+    reason: str
+    message: str = ""
+
+
+def _true_conditions(job: Json) -> dict[str, Json]:
+    conds = (job.get("status") or {}).get("conditions") or []
+    return {c.get("type", ""): c for c in conds if c.get("status") == "True"}
+
+
+def _job_suspended(job: Json) -> bool:
+    return bool(((job.get("spec") or {}).get("runPolicy") or {}).get("suspend", False))
+
+
+_TERMINAL: tuple[Phase, ...] = ("Failed", "Succeeded")
+_ACTIVE: tuple[Phase, ...] = ("Restarting", "Running")
+
+
+def job_phase(job: Json | None) -> tuple[Phase, str]:
+    """The phase and its message, by precedence: terminal states, then suspension, then activity."""
+    if job is None:
+        return "Pending", "waiting for the PyTorchJob to be created"
+    true = _true_conditions(job)
+    name = (job.get("metadata") or {}).get("name", "")
+    for phase in _TERMINAL:
+        if phase in true:
+            return phase, true[phase].get("message") or f"PyTorchJob {name} {phase.lower()}"
+    if "Suspended" in true or _job_suspended(job):
+        msg = true["Suspended"].get("message") if "Suspended" in true else ""
+        return "Suspended", msg or f"PyTorchJob {name} is suspended"
+    for phase in _ACTIVE:
+        if phase in true:
+            return phase, true[phase].get("message") or f"PyTorchJob {name} is {phase.lower()}"
+    created = true.get("Created")
+    return "Created", (created or {}).get("message") or f"PyTorchJob {name} created; waiting for its pods"
+
+
+def _previous_conditions(previous: Json | None) -> dict[str, Json]:
+    return {c.get("type", ""): c for c in ((previous or {}).get("conditions") or [])}
+
+
+def _condition(
+    cond_type: str,
+    status: str,
+    reason: str,
+    message: str,
+    generation: int | None,
+    previous: Mapping[str, Json],
+    now: str,
+    transition_time: str | None = None,
+) -> Condition:
+    """A metav1.Condition whose lastTransitionTime only moves when the status flips."""
+    old = previous.get(cond_type)
+    if transition_time is None:
+        same = old is not None and old.get("status") == status and old.get("lastTransitionTime")
+        transition_time = str(old["lastTransitionTime"]) if same and old else now
+    return Condition(
+        type=cond_type,
+        status=status,  # type: ignore[arg-type]
+        reason=reason or cond_type,
+        message=message or "",
+        observed_generation=generation,
+        last_transition_time=transition_time,
+    )
+
+
+def _job_conditions(job: Json, generation: int | None, previous: Mapping[str, Json], now: str) -> list[Condition]:
+    by_type = {c.get("type"): c for c in ((job.get("status") or {}).get("conditions") or [])}
+    out = []
+    for cond_type in KUBEFLOW_CONDITIONS:
+        c = by_type.get(cond_type)
+        if c is None:
+            if cond_type == "Suspended" and _job_suspended(job):
+                # Requested in the job's spec, not yet acknowledged by the training operator.
+                out.append(
+                    _condition(
+                        "Suspended",
+                        "True",
+                        "SuspendRequested",
+                        "runPolicy.suspend is set on the PyTorchJob",
+                        generation,
+                        previous,
+                        now,
+                    )
+                )
+            continue
+        status = c.get("status") if c.get("status") in ("True", "False") else "Unknown"
+        out.append(
+            _condition(
+                cond_type,
+                str(status),
+                str(c.get("reason") or cond_type),
+                str(c.get("message") or ""),
+                generation,
+                previous,
+                now,
+                transition_time=c.get("lastTransitionTime") or c.get("lastUpdateTime"),
+            )
+        )
+    return out
+
+
+def _replica_statuses(job: Json) -> dict[str, ReplicaStatus]:
+    raw = (job.get("status") or {}).get("replicaStatuses") or {}
+    return {
+        rtype: ReplicaStatus(
+            active=int(r.get("active") or 0), succeeded=int(r.get("succeeded") or 0), failed=int(r.get("failed") or 0)
+        )
+        for rtype, r in sorted(raw.items())
+    }
+
+
+def observed_generation(job: Json | None, previous: Json | None) -> int | None:
+    if job is not None:
+        raw = ((job.get("metadata") or {}).get("annotations") or {}).get(GENERATION_ANNOTATION)
+        if raw is not None and str(raw).isdigit():
+            return int(raw)
+    prev = (previous or {}).get("observedGeneration")
+    return int(prev) if prev is not None else None
+
+
+def compute_status(
+    training: TrainingFacts,
+    job: Json | None,
+    previous: Json | None,
+    *,
+    outcome: ReconcileOutcome | None = None,
+    now: str | None = None,
+) -> FSDPTrainingStatus:
+    """The whole declared status, from the training, its PyTorchJob (None if absent) and the previous status.
+
+    ``outcome`` is the result of an apply attempt; None (a job event) keeps
+    the previous Reconciled condition. Metric-derived fields (step, loss,
+    tokens/s, last checkpoint step) are carried over: only the scraper sets them.
+    """
+    now = now or now_rfc3339()
+    prev = previous or {}
+    prev_conds = _previous_conditions(previous)
+    generation = observed_generation(job, previous)
+
+    conditions: list[Condition] = []
+    if outcome is not None:
+        conditions.append(
+            _condition(
+                RECONCILED,
+                "True" if outcome.ok else "False",
+                outcome.reason,
+                outcome.message,
+                training.generation,
+                prev_conds,
+                now,
+            )
+        )
+    elif RECONCILED in prev_conds:
+        conditions.append(Condition.model_validate(prev_conds[RECONCILED]))
+    reconciled = conditions[0] if conditions else None
+
+    if training.checkpoint_claim:
+        conditions.append(
+            _condition(
+                CHECKPOINTS_PERSISTENT,
+                "True",
+                "PersistentVolumeClaim",
+                f"checkpoints in {training.checkpoint_dir} on PVC {training.checkpoint_claim}",
+                training.generation,
+                prev_conds,
+                now,
+            )
+        )
+    else:
+        conditions.append(
+            _condition(
+                CHECKPOINTS_PERSISTENT,
+                "False",
+                "EphemeralStorage",
+                f"no spec.checkpoint.claimName: checkpoints in {training.checkpoint_dir} live in an emptyDir "
+                "and are lost with the pods, so a restarted job starts from scratch",
+                training.generation,
+                prev_conds,
+                now,
+            )
+        )
+    if job is not None:
+        conditions += _job_conditions(job, generation, prev_conds, now)
+
+    phase, message = job_phase(job)
+    if job is None and reconciled is not None and reconciled.status == "False" and reconciled.reason == INVALID_SPEC:
+        # Retrying cannot fix a spec the renderer rejects: without a job, the training has failed.
+        phase, message = "Failed", reconciled.message
+    job_status = (job or {}).get("status") or {}
+    prev_ckpt = prev.get("checkpoint") or {}
+    return FSDPTrainingStatus(
+        phase=phase,
+        message=message,
+        observed_generation=generation,
+        conditions=conditions,
+        job_name=(job or {}).get("metadata", {}).get("name") or prev.get("jobName") or training.name,
+        nodes=training.nodes,
+        gpus=training.gpus,
+        replica_statuses=_replica_statuses(job) if job is not None else {},
+        start_time=job_status.get("startTime"),
+        completion_time=job_status.get("completionTime"),
+        step=prev.get("step"),
+        loss=prev.get("loss"),
+        tokens_per_second=prev.get("tokensPerSecond"),
+        checkpoint=CheckpointStatus(
+            dir=training.checkpoint_dir,
+            ephemeral=training.checkpoint_claim is None,
+            last_step=prev_ckpt.get("lastStep"),
+        ),
+    )
+
+
+def status_document(status: FSDPTrainingStatus) -> dict[str, Any]:
+    """The status as stored: camelCase, unset fields left out."""
+    return status.model_dump(by_alias=True, mode="json", exclude_none=True)
+
+
+def declared_subset(previous: Json | None) -> dict[str, Any]:
+    """Only the fields FSDPTrainingStatus declares (anything else would be pruned anyway)."""
+    keys = {f.alias or n for n, f in FSDPTrainingStatus.model_fields.items()}
+    return {k: v for k, v in (previous or {}).items() if k in keys}
+
+
+def merge_patch(old: Json | None, new: Json) -> dict[str, Any]:
+    """An RFC 7386 JSON merge patch turning ``old`` into ``new`` (empty: nothing to do).
+
+    Lists are replaced whole, as merge patch does; keys missing from ``new``
+    are deleted with null, so stale replica types or times disappear.
+    """
+    old = old or {}
+    patch: dict[str, Any] = {}
+    for key, value in new.items():
+        before = old.get(key)
+        if isinstance(value, Mapping) and isinstance(before, Mapping):
+            sub = merge_patch(before, value)
+            if sub:
+                patch[key] = sub
+        elif value != before or key not in old:
+            patch[key] = value
+    for key in old:
+        if key not in new:
+            patch[key] = None
+    return patch
+
+
+def status_patch(previous: Json | None, status: FSDPTrainingStatus) -> dict[str, Any]:
+    """The merge patch for the status subresource; ``{}`` when the stored status is already right."""
+    return merge_patch(declared_subset(previous), status_document(status))
+
+
+@dataclass(frozen=True)
+class EventSpec:
+    """A Kubernetes Event to record on the FSDPTraining."""
+
+    type: str  # Normal or Warning
+    reason: str
+    message: str
+
+
+_PHASE_EVENTS: dict[str, tuple[str, str]] = {
+    "Running": ("Normal", "Running"),
+    "Restarting": ("Warning", "Restarting"),
+    "Suspended": ("Normal", "Suspended"),
+    "Succeeded": ("Normal", "Succeeded"),
+    "Failed": ("Warning", "Failed"),
+}
+
+
+def transition_events(previous: Json | None, status: FSDPTrainingStatus) -> list[EventSpec]:
+    """Events for what changed between the stored status and the new one.
+
+    Derived from the persisted status (not from memory), so an operator
+    restart does not repeat them.
+    """
+    prev = previous or {}
+    events: list[EventSpec] = []
+    old_phase = prev.get("phase")
+    if status.phase != old_phase:
+        if old_phase == "Suspended" and status.phase not in ("Succeeded", "Failed"):
+            events.append(EventSpec("Normal", "Resumed", f"resumed; phase {status.phase}"))
+        if status.phase in _PHASE_EVENTS:
+            etype, reason = _PHASE_EVENTS[status.phase]
+            events.append(EventSpec(etype, reason, status.message or status.phase))
+    old_conds = _previous_conditions(previous)
+    new_conds = {c.type: c for c in status.conditions}
+    ckpt = new_conds.get(CHECKPOINTS_PERSISTENT)
+    old_ckpt = old_conds.get(CHECKPOINTS_PERSISTENT)
+    if ckpt is not None and ckpt.status == "False" and (old_ckpt is None or old_ckpt.get("status") != "False"):
+        events.append(EventSpec("Warning", "EphemeralCheckpoints", ckpt.message))
+    rec = new_conds.get(RECONCILED)
+    old_rec = old_conds.get(RECONCILED)
+    if (
+        rec is not None
+        and rec.status == "False"
+        and (old_rec is None or old_rec.get("status") != "False" or old_rec.get("message") != rec.message)
+    ):
+        events.append(EventSpec("Warning", rec.reason, rec.message))
+    return events

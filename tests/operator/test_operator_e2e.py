@@ -1,0 +1,714 @@
+"""The operator against a real API server, with exactly the RBAC of kustomize/rbac.
+
+The CRDs come from kustomize/crd and the permissions from kustomize/rbac (built
+with the test cluster's ``kubectl kustomize``); the operator runs as a child
+process whose only credentials are that ServiceAccount's token. There is no
+training operator: tests write PyTorchJob status by hand, as it would.
+
+Tests run in file order and share one operator; each uses its own namespace.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from fsdp_operator.api import FSDPTraining, FSDPTrainingStatus
+from fsdp_operator.render import render
+
+from tests.support.cluster import REPO_ROOT, TestCluster, free_port
+from tests.support.operator_proc import (
+    FSDPTRAININGS,
+    OPERATOR_SERVICE_ACCOUNT,
+    OperatorProcess,
+    can_i,
+    install_operator,
+    kustomize,
+    wait_for,
+)
+
+pytestmark = pytest.mark.cluster
+
+OPERATOR_NS = "fsdp-operator-e2e"
+SERVICE_ACCOUNT = OPERATOR_SERVICE_ACCOUNT
+PEERING = "fsdp-operator"
+KOPF_PREFIXES = ("kopf.zalando.org", "kopf.dev")
+JOB_TIMEOUT = 30.0
+
+
+@dataclass
+class Env:
+    cluster: TestCluster
+    operator: OperatorProcess
+    kubeconfig: Path
+    workdir: Path
+    # Operator log ranges (offsets) to skip when looking for permission errors.
+    restart_windows: list[tuple[int, int]] = field(default_factory=list)
+
+    def get(self, kind: str, namespace: str | None, name: str) -> dict[str, Any] | None:
+        args = ["get", kind, name, "-o", "json", "--show-managed-fields"] + (["-n", namespace] if namespace else [])
+        res = self.cluster.kubectl(*args, check=False)
+        if res.returncode != 0:
+            assert "NotFound" in res.stderr, res.stderr
+            return None
+        return dict(json.loads(res.stdout))
+
+    def items(self, kind: str, namespace: str, selector: str | None = None) -> list[dict[str, Any]]:
+        args = ["get", kind, "-n", namespace, "-o", "json"] + (["-l", selector] if selector else [])
+        return list(json.loads(self.cluster.kubectl(*args).stdout)["items"])
+
+    def apply_training(self, namespace: str, name: str, **spec: Any) -> dict[str, Any]:
+        self.cluster.create_namespace(namespace)
+        body = training(name, namespace, **spec)
+        self.cluster.kubectl("apply", "-f", "-", input=json.dumps(body))
+        return body
+
+    def patch_spec(self, namespace: str, name: str, spec: dict[str, Any]) -> None:
+        self.cluster.kubectl(
+            "patch", "fsdptraining", name, "-n", namespace, "--type=merge", "-p", json.dumps({"spec": spec})
+        )
+
+    def patch_job_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        self.cluster.kubectl(
+            "patch",
+            "pytorchjob",
+            name,
+            "-n",
+            namespace,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            json.dumps({"status": status}),
+        )
+
+    def wait_job(self, namespace: str, name: str, timeout: float = JOB_TIMEOUT) -> dict[str, Any]:
+        return dict(wait_for(lambda: self.get("pytorchjob", namespace, name), timeout, what=f"PyTorchJob {name}"))
+
+    def status(self, namespace: str, name: str) -> dict[str, Any]:
+        return dict((self.get("fsdptraining", namespace, name) or {}).get("status") or {})
+
+    def wait_status(self, namespace: str, name: str, what: str, timeout: float = JOB_TIMEOUT, **expected: Any) -> dict:
+        def check() -> dict[str, Any] | None:
+            s = self.status(namespace, name)
+            assert all(s.get(k) == v for k, v in expected.items()), f"status is {s}"
+            return s
+
+        return dict(wait_for(check, timeout, what=what))
+
+    def event_reasons(self, namespace: str, name: str) -> list[str]:
+        res = self.cluster.kubectl(
+            "get", "events", "-n", namespace, "--field-selector", f"involvedObject.name={name}", "-o", "json"
+        )
+        return [e["reason"] for e in json.loads(res.stdout)["items"] if e["involvedObject"]["kind"] == "FSDPTraining"]
+
+    def wait_events(self, namespace: str, name: str, *reasons: str) -> list[str]:
+        def check() -> list[str] | None:
+            got = self.event_reasons(namespace, name)
+            missing = [r for r in reasons if r not in got]
+            assert not missing, f"events so far: {got}"
+            return got
+
+        return list(wait_for(check, JOB_TIMEOUT, what=f"events {reasons} on {name}"))
+
+
+def training(name: str, namespace: str, **spec: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "image": "ghcr.io/fsdp-k8s/trainer:0.1.0",
+        "model": {"preset": "tiny"},
+        "training": {"maxSteps": 50, "seqLen": 128},
+        "resources": {"nodes": 2, "gpusPerNode": 0, "nodePool": "default"},
+    }
+    return {
+        "apiVersion": "training.fsdp.dev/v1alpha1",
+        "kind": "FSDPTraining",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {**base, **spec},
+    }
+
+
+@pytest.fixture(scope="module")
+def env(cluster: TestCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    workdir = tmp_path_factory.mktemp("operator-e2e")
+    kubeconfig = install_operator(cluster, OPERATOR_NS, workdir)
+    # POD_NAME: a stable peer identity across restarts, as in a pod.
+    op = OperatorProcess(
+        kubeconfig,
+        workdir / "operator.log",
+        priority=100,
+        scrape_interval=0.5,
+        env={"POD_NAME": "fsdp-operator-e2e-0"},
+    )
+    op.start()
+    e = Env(cluster, op, kubeconfig, workdir)
+    try:
+        yield e
+    finally:
+        op.stop()
+        print(f"\n----- operator log (tail) -----\n{op.log_tail(60)}")
+
+
+# --- identity ---------------------------------------------------------------------------
+
+
+def test_operator_runs_with_only_its_service_account(env: Env) -> None:
+    c = env.cluster
+    who = json.loads(c.kubectl("auth", "whoami", "-o", "json", kubeconfig=env.kubeconfig).stdout)
+    assert who["status"]["userInfo"]["username"] == f"system:serviceaccount:{OPERATOR_NS}:{SERVICE_ACCOUNT}"
+    assert env.operator.alive()
+
+    def can(*args: str) -> str:
+        return can_i(c, env.kubeconfig, *args)
+
+    # What the operator does, and a few things it must not be able to do.
+    assert can("patch", "pytorchjobs.kubeflow.org", "-A") == "yes"
+    assert can("patch", FSDPTRAININGS, "--subresource=status", "-A") == "yes"
+    assert can("get", "secrets", "-A") == "no"
+    assert can("delete", "pytorchjobs.kubeflow.org", "-A") == "no"
+    assert can("update", FSDPTRAININGS, "-A") == "no"
+    assert can("list", "customresourcedefinitions") == "no"
+
+
+# --- create -----------------------------------------------------------------------------
+
+
+def test_create_applies_the_rendered_objects_owned_by_the_training(env: Env) -> None:
+    ns, name = "e2e-create", "llama"
+    env.apply_training(ns, name)
+    job = env.wait_job(ns, name)
+    body = env.get("fsdptraining", ns, name)
+    assert body is not None
+    expected = {o["kind"]: o for o in render(FSDPTraining.model_validate(body), set_owner=True)}
+    assert set(expected) == {"ConfigMap", "PyTorchJob", "PodMonitor"}
+    owner = [
+        {
+            "apiVersion": "training.fsdp.dev/v1alpha1",
+            "kind": "FSDPTraining",
+            "name": name,
+            "uid": body["metadata"]["uid"],
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
+    config_map = env.get("configmap", ns, expected["ConfigMap"]["metadata"]["name"])
+    monitor = env.get("podmonitor", ns, expected["PodMonitor"]["metadata"]["name"])
+    assert config_map is not None and monitor is not None
+    for obj, want in (
+        (job, expected["PyTorchJob"]),
+        (config_map, expected["ConfigMap"]),
+        (monitor, expected["PodMonitor"]),
+    ):
+        assert obj["metadata"]["ownerReferences"] == owner
+        assert want["metadata"]["labels"].items() <= obj["metadata"]["labels"].items()
+        assert obj["metadata"]["annotations"]["training.fsdp.dev/generation"] == "1"
+        # Server-side apply by the operator's field manager, nobody else's.
+        assert {m["manager"] for m in obj["metadata"]["managedFields"]} == {"fsdp-operator"}
+    assert job["spec"] == expected["PyTorchJob"]["spec"]
+    assert config_map["data"] == expected["ConfigMap"]["data"]
+    assert monitor["spec"] == expected["PodMonitor"]["spec"]
+
+    status = env.wait_status(ns, name, "status of a new training", phase="Created", observedGeneration=1)
+    assert (status["jobName"], status["nodes"], status["gpus"]) == (name, 2, 0)
+    assert status["checkpoint"] == {"dir": "/checkpoints", "ephemeral": True}
+    conds = {c["type"]: c for c in status["conditions"]}
+    assert (conds["Reconciled"]["status"], conds["Reconciled"]["reason"]) == ("True", "Applied")
+    assert (conds["CheckpointsPersistent"]["status"], conds["CheckpointsPersistent"]["reason"]) == (
+        "False",
+        "EphemeralStorage",
+    )
+    env.wait_events(ns, name, "JobCreated", "EphemeralCheckpoints")
+
+
+def test_kopf_state_is_stored_under_our_api_group(env: Env) -> None:
+    body = env.get("fsdptraining", "e2e-create", "llama")
+    assert body is not None
+    annotations = body["metadata"].get("annotations") or {}
+    assert "training.fsdp.dev/last-handled-configuration" in annotations
+    stored = json.loads(annotations["training.fsdp.dev/last-handled-configuration"])
+    assert stored["spec"]["model"] == {"preset": "tiny"}
+    leaked = [k for k in annotations if k.startswith(KOPF_PREFIXES)]
+    assert leaked == []
+    # Deletion relies on ownerReferences and garbage collection: no finalizer at all.
+    assert body["metadata"].get("finalizers") in (None, [])
+    assert not any(str(k).startswith("kopf") for k in body.get("status", {}))
+
+
+# --- status -----------------------------------------------------------------------------
+
+
+def test_status_follows_the_pytorchjob(env: Env) -> None:
+    ns, name = "e2e-status", "run"
+    env.apply_training(ns, name)
+    env.wait_job(ns, name)
+    started, finished = "2026-03-01T10:00:00Z", "2026-03-01T12:30:00Z"
+    env.patch_job_status(
+        ns,
+        name,
+        {
+            "conditions": [
+                {"type": "Created", "status": "True", "reason": "PyTorchJobCreated", "lastTransitionTime": started},
+                {"type": "Running", "status": "True", "reason": "PyTorchJobRunning", "lastTransitionTime": started},
+            ],
+            "startTime": started,
+            "replicaStatuses": {"Worker": {"active": 2, "selector": "training.kubeflow.org/job-name=run"}},
+        },
+    )
+    s = env.wait_status(ns, name, "phase Running", phase="Running", startTime=started)
+    assert s["replicaStatuses"] == {"Worker": {"active": 2, "succeeded": 0, "failed": 0}}
+    running = next(c for c in s["conditions"] if c["type"] == "Running")
+    assert running == {
+        "type": "Running",
+        "status": "True",
+        "reason": "PyTorchJobRunning",
+        "message": "",
+        "observedGeneration": 1,
+        "lastTransitionTime": started,
+    }
+
+    env.patch_job_status(
+        ns,
+        name,
+        {
+            "conditions": [
+                {"type": "Created", "status": "True", "reason": "PyTorchJobCreated", "lastTransitionTime": started},
+                {"type": "Running", "status": "False", "reason": "PyTorchJobSucceeded", "lastTransitionTime": finished},
+                {
+                    "type": "Succeeded",
+                    "status": "True",
+                    "reason": "PyTorchJobSucceeded",
+                    "message": "PyTorchJob run is successfully completed.",
+                    "lastTransitionTime": finished,
+                },
+            ],
+            "completionTime": finished,
+            "replicaStatuses": {"Worker": {"active": 0, "succeeded": 2}},
+        },
+    )
+    s = env.wait_status(ns, name, "phase Succeeded", phase="Succeeded", completionTime=finished)
+    assert s["message"] == "PyTorchJob run is successfully completed."
+    assert s["replicaStatuses"]["Worker"] == {"active": 0, "succeeded": 2, "failed": 0}
+    env.wait_events(ns, name, "JobCreated", "Running", "Succeeded")
+
+
+def test_written_status_survives_schema_pruning(env: Env) -> None:
+    """Every field the operator writes is declared in the CRD, so what it wrote is what is stored."""
+    s = env.status("e2e-status", "run")
+    model = FSDPTrainingStatus.model_validate(s)  # extra="forbid": nothing unexpected either
+    for key in ("phase", "message", "observedGeneration", "conditions", "jobName", "nodes", "gpus"):
+        assert key in s, key
+    for key in ("replicaStatuses", "startTime", "completionTime", "checkpoint"):
+        assert key in s, key
+    assert all("observedGeneration" in c for c in s["conditions"])
+    assert s["checkpoint"]["ephemeral"] is True
+    assert model.phase == "Succeeded"
+
+
+def test_failed_job_is_a_failed_training_with_a_warning(env: Env) -> None:
+    ns, name = "e2e-status", "crash"
+    env.apply_training(ns, name)
+    env.wait_job(ns, name)
+    env.patch_job_status(
+        ns,
+        name,
+        {
+            "conditions": [
+                {"type": "Created", "status": "True", "reason": "PyTorchJobCreated"},
+                {"type": "Failed", "status": "True", "reason": "PyTorchJobFailed", "message": "Worker 1 OOMKilled"},
+            ]
+        },
+    )
+    s = env.wait_status(ns, name, "phase Failed", phase="Failed")
+    assert s["message"] == "Worker 1 OOMKilled"
+    env.wait_events(ns, name, "Failed")
+    res = env.cluster.kubectl("get", "events", "-n", ns, "--field-selector", "reason=Failed", "-o", "json")
+    assert {e["type"] for e in json.loads(res.stdout)["items"]} == {"Warning"}
+
+
+# --- suspend / resume ---------------------------------------------------------------------
+
+
+def test_suspend_and_resume(env: Env) -> None:
+    ns, name = "e2e-suspend", "pause"
+    env.apply_training(ns, name)
+    env.wait_job(ns, name)
+    env.patch_job_status(
+        ns, name, {"conditions": [{"type": "Running", "status": "True", "reason": "PyTorchJobRunning"}]}
+    )
+    env.wait_status(ns, name, "phase Running", phase="Running")
+
+    env.patch_spec(ns, name, {"suspend": True})
+    wait_for(
+        lambda: (env.get("pytorchjob", ns, name) or {})["spec"]["runPolicy"].get("suspend") is True,
+        JOB_TIMEOUT,
+        what="runPolicy.suspend true",
+    )
+    s = env.wait_status(ns, name, "phase Suspended", phase="Suspended", observedGeneration=2)
+    suspended = next(c for c in s["conditions"] if c["type"] == "Suspended")
+    assert (suspended["status"], suspended["observedGeneration"]) == ("True", 2)
+    env.wait_events(ns, name, "Suspended")
+
+    env.patch_spec(ns, name, {"suspend": False})
+    wait_for(
+        lambda: (env.get("pytorchjob", ns, name) or {})["spec"]["runPolicy"].get("suspend") is False,
+        JOB_TIMEOUT,
+        what="runPolicy.suspend false",
+    )
+    env.wait_status(ns, name, "phase Running again", phase="Running", observedGeneration=3)
+    env.wait_events(ns, name, "Suspended", "Resumed")
+
+
+# --- spec changes and drift --------------------------------------------------------------------
+
+
+def test_disabling_metrics_removes_the_podmonitor(env: Env) -> None:
+    ns, name = "e2e-update", "quiet"
+    env.apply_training(ns, name)
+    wait_for(lambda: env.get("podmonitor", ns, name), JOB_TIMEOUT, what="the PodMonitor")
+    env.patch_spec(ns, name, {"metrics": {"enabled": False}})
+    wait_for(lambda: env.get("podmonitor", ns, name) is None, JOB_TIMEOUT, what="the PodMonitor to be deleted")
+    cm = env.items("configmap", ns, "training.fsdp.dev/job=quiet")
+    assert len(cm) == 1
+    assert "enabled: false" in cm[0]["data"]["train.yaml"]
+
+
+def test_a_deleted_job_is_recreated(env: Env) -> None:
+    ns, name = "e2e-update", "heal"
+    env.apply_training(ns, name)
+    old = env.wait_job(ns, name)
+    env.cluster.kubectl("delete", "pytorchjob", name, "-n", ns, "--wait=false")
+    new = wait_for(
+        lambda: (j := env.get("pytorchjob", ns, name)) and j["metadata"]["uid"] != old["metadata"]["uid"] and j,
+        JOB_TIMEOUT,
+        what="the PyTorchJob to be re-created",
+    )
+    assert new["spec"] == old["spec"]
+
+
+# --- progress from the trainer's metrics -----------------------------------------------------
+
+TRAINER_METRICS = """\
+# TYPE fsdp_train_step gauge
+fsdp_train_step{{job_name="prog",node_rank="0",local_rank="0"}} {step}
+# TYPE fsdp_train_loss gauge
+fsdp_train_loss{{job_name="prog",node_rank="0",local_rank="0"}} 2.75
+# TYPE fsdp_train_global_tokens_per_second gauge
+fsdp_train_global_tokens_per_second{{job_name="prog",node_rank="0",local_rank="0"}} 5120.5
+# TYPE fsdp_checkpoint_last_step gauge
+fsdp_checkpoint_last_step{{job_name="prog",node_rank="0",local_rank="0"}} 100
+"""
+
+
+class _FakeTrainer(http.server.BaseHTTPRequestHandler):
+    step = 120
+
+    def do_GET(self) -> None:
+        body = TRAINER_METRICS.format(step=type(self).step).encode()
+        self.send_response(200 if self.path == "/metrics" else 404)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_step_loss_and_throughput_come_from_the_rank0_pod(env: Env) -> None:
+    ns, name = "e2e-progress", "prog"
+    port = free_port()
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), _FakeTrainer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        env.apply_training(ns, name, metrics={"enabled": True, "port": port})
+        env.wait_job(ns, name)
+        # What the training operator and the kubelet would create: worker 0, running, on loopback.
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": f"{name}-worker-0",
+                "namespace": ns,
+                "labels": {
+                    "training.kubeflow.org/job-name": name,
+                    "training.kubeflow.org/replica-type": "worker",
+                    "training.kubeflow.org/replica-index": "0",
+                },
+            },
+            "spec": {"containers": [{"name": "pytorch", "image": "ghcr.io/fsdp-k8s/trainer:0.1.0"}]},
+        }
+        env.cluster.apply(pod)
+        env.cluster.kubectl(
+            "patch", "pod", pod["metadata"]["name"], "-n", ns, "--subresource=status", "--type=merge", "-p",
+            json.dumps({"status": {"phase": "Running", "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}]}}),
+        )  # fmt: skip
+        env.patch_job_status(ns, name, {"conditions": [{"type": "Running", "status": "True", "reason": "Running"}]})
+        s = env.wait_status(ns, name, "scraped progress", step=120, loss=2.75, tokensPerSecond=5120.5)
+        assert s["checkpoint"]["lastStep"] == 100
+        assert s["phase"] == "Running"
+
+        _FakeTrainer.step = 121
+        env.wait_status(ns, name, "the next step", step=121)
+        row = env.cluster.kubectl("get", "fsdptraining", name, "-n", ns, "--no-headers").stdout.split()
+        assert row[:6] == [name, "Running", "2", "0", "121", "2.75"]  # NAME PHASE NODES GPUS STEP LOSS
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+# --- restarts ------------------------------------------------------------------------------------
+
+
+def test_kill_right_after_create_leaves_no_duplicates_and_converges(env: Env) -> None:
+    ns, n = "e2e-restart", 8
+    env.cluster.create_namespace(ns)
+    docs = [training(f"t{i}", ns) for i in range(n)]
+    env.cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))
+    # Kill -9 as soon as the first job exists: the others are mid-reconcile.
+    wait_for(lambda: env.items("pytorchjob", ns), JOB_TIMEOUT, interval=0.02, what="a first PyTorchJob")
+    env.operator.kill()
+    before = {j["metadata"]["name"]: j["metadata"]["uid"] for j in env.items("pytorchjob", ns)}
+    assert 1 <= len(before) <= n
+
+    env.operator.start()
+
+    def converged() -> bool:
+        statuses = [env.status(ns, f"t{i}") for i in range(n)]
+        assert all(s.get("phase") == "Created" and s.get("observedGeneration") == 1 for s in statuses), statuses
+        return True
+
+    wait_for(converged, 60, what="every training to converge after the restart")
+    jobs = env.items("pytorchjob", ns)
+    assert sorted(j["metadata"]["name"] for j in jobs) == sorted(f"t{i}" for i in range(n))
+    # Jobs created before the kill are the same objects, not replacements.
+    assert {j["metadata"]["name"]: j["metadata"]["uid"] for j in jobs if j["metadata"]["name"] in before} == before
+    assert len(env.items("configmap", ns, "training.fsdp.dev/job")) == n
+    assert len(env.items("podmonitor", ns)) == n
+    for i in range(n):
+        assert env.event_reasons(ns, f"t{i}").count("JobCreated") <= 1
+
+
+def test_operator_reconnects_after_an_api_server_restart(env: Env) -> None:
+    ns, name = "e2e-apiserver", "survivor"
+    env.apply_training(ns, name)
+    env.wait_job(ns, name)
+    window_start = len(env.operator.log())
+    env.cluster.stop_apiserver()
+    env.cluster.start_apiserver()
+    assert env.operator.alive()
+    # A change made after the restart reaches the job: the watch was re-established.
+    env.patch_spec(ns, name, {"suspend": True})
+    wait_for(
+        lambda: (env.get("pytorchjob", ns, name) or {})["spec"]["runPolicy"].get("suspend") is True,
+        90,
+        what="the post-restart change to reach the PyTorchJob",
+    )
+    env.wait_status(ns, name, "phase Suspended after the restart", timeout=60, phase="Suspended")
+    # A restarted API server answers 403 until its RBAC caches are filled: not the operator's RBAC.
+    env.restart_windows.append((window_start, len(env.operator.log())))
+
+
+def _sample(metrics_text: str, name: str) -> float:
+    for line in metrics_text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} not in metrics")
+
+
+SUCCESSES = 'fsdp_operator_reconciles_total{result="success"}'
+
+
+def test_a_second_instance_with_the_same_peering_pauses_until_the_first_leaves(env: Env) -> None:
+    first_id = "fsdp-operator-e2e-0"
+    second = OperatorProcess(env.kubeconfig, env.workdir / "second.log", priority=0, scrape_interval=0.5)
+    second.start()
+    try:
+
+        def peers() -> dict[str, Any]:
+            return dict((env.get("clusterkopfpeering", None, PEERING) or {}).get("status") or {})
+
+        both = wait_for(lambda: len(peers()) == 2 and peers(), 30, what="both instances in the peering object")
+        assert {k: v["priority"] for k, v in both.items()} == {first_id: 100, **{k: 0 for k in both if k != first_id}}
+
+        ns = "e2e-peering"
+        env.apply_training(ns, "once")
+        env.wait_job(ns, "once")
+        env.wait_status(ns, "once", "the active instance's status", phase="Created")
+        env.wait_events(ns, "once", "JobCreated")
+        # The paused instance saw the same events and did nothing with them.
+        assert _sample(second.metrics(), SUCCESSES) == 0
+        assert _sample(second.metrics(), 'fsdp_operator_status_updates_total{source="job"}') == 0
+        assert "Resuming operations" not in second.log()
+
+        # The first leaves gracefully (removing itself from the peering): the second takes over.
+        env.operator.stop()
+        wait_for(lambda: "Resuming operations" in second.log(), 30, what="the second instance to resume")
+        env.apply_training(ns, "takeover")
+        env.wait_job(ns, "takeover")
+        assert _sample(second.metrics(), SUCCESSES) >= 1
+    finally:
+        second.stop()
+        env.operator.start()
+    wait_for(lambda: set(peers()) == {first_id}, 30, what="only the first instance left in the peering")
+
+
+def test_operator_metrics_and_liveness(env: Env) -> None:
+    env.apply_training("e2e-metrics", "counted")
+    env.wait_events("e2e-metrics", "counted", "JobCreated")  # posted after the apply's status write
+
+    def samples() -> dict[str, float]:
+        out = {}
+        for line in env.operator.metrics().splitlines():
+            if line and not line.startswith("#"):
+                key, _, value = line.rpartition(" ")
+                out[key] = float(value)
+        return out
+
+    got = wait_for(lambda: (s := samples())[SUCCESSES] >= 1 and s, 10, what="a successful reconcile in the metrics")
+    assert got["fsdp_operator_reconcile_duration_seconds_count"] == got[SUCCESSES]
+    assert got["fsdp_operator_create_to_job_seconds_count"] >= 1
+    assert got['fsdp_operator_status_updates_total{source="apply"}'] >= 1
+    # Every training in the cluster is counted once, under the phase its status shows.
+    everything = json.loads(env.cluster.kubectl("get", "fsdptrainings", "-A", "-o", "json").stdout)["items"]
+    by_phase: dict[str, int] = {}
+    for t in everything:
+        phase = t.get("status", {}).get("phase", "Pending")
+        by_phase[phase] = by_phase.get(phase, 0) + 1
+    gauge = {k: v for k, v in got.items() if k.startswith("fsdp_operator_trainings{")}
+    assert {k.split('"')[1]: int(v) for k, v in gauge.items() if v} == by_phase
+    assert by_phase["Succeeded"] >= 1 and by_phase["Failed"] >= 1
+    # kopf caches probe results for 10 s.
+    wait_for(lambda: json.loads(env.operator.liveness())["trainings"] == len(everything), 20, what="the liveness probe")
+
+
+def test_namespaced_mode_needs_only_a_rolebinding(env: Env) -> None:
+    """`fsdp-operator run -n NS` with the same ClusterRole bound by a RoleBinding in NS only."""
+    ns, sa = "e2e-namespaced", "ns-operator"
+    c = env.cluster
+    c.create_namespace(ns)
+    kubeconfig = c.serviceaccount_kubeconfig(ns, sa)
+    c.apply(
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": "fsdp-operator", "namespace": ns},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "fsdp-operator"},
+            "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": ns}],
+        }
+    )
+    wait_for(lambda: can_i(c, kubeconfig, "watch", FSDPTRAININGS, "-n", ns) == "yes", 30, what="the RoleBinding")
+    assert can_i(c, kubeconfig, "list", "pytorchjobs.kubeflow.org", "-A") == "no"
+    # The cluster-wide instance would serve this namespace too: stop it meanwhile.
+    env.operator.stop()
+    namespaced = OperatorProcess(kubeconfig, env.workdir / "namespaced.log", namespace=ns, priority=100)
+    try:
+        namespaced.start()
+        env.apply_training(ns, "local")
+        env.wait_job(ns, "local")
+        env.wait_status(ns, "local", "status from the namespaced operator", phase="Created")
+        assert env.get("kopfpeering", ns, PEERING) is not None  # created at start-up, in the namespace
+        assert "403" not in namespaced.log() and "Forbidden" not in namespaced.log()
+    finally:
+        namespaced.stop()
+        env.operator.start()
+
+
+def manifests(path: Path) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(kustomize(path)) if d}
+
+
+def test_kustomize_default_installs_a_locked_down_single_replica_operator(env: Env) -> None:
+    objs = manifests(REPO_ROOT / "kustomize" / "default")
+    deploy = objs[("Deployment", "fsdp-operator")]
+    assert deploy["metadata"]["namespace"] == "fsdp-system"
+    assert (deploy["spec"]["replicas"], deploy["spec"]["strategy"]) == (1, {"type": "Recreate"})
+    pod = deploy["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["image"] == "ghcr.io/fsdp-k8s/operator:0.1.0"
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"health": 8080, "metrics": 8081}
+    assert "--liveness=http://0.0.0.0:8080/healthz" in container["args"]
+    assert "--metrics-port=8081" in container["args"]
+    sc = container["securityContext"]
+    assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert set(container["resources"]) == {"requests", "limits"}
+    binding = objs[("ClusterRoleBinding", "fsdp-operator")]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "fsdp-operator", "namespace": "fsdp-system"}]
+    assert ("CustomResourceDefinition", "fsdptrainings.training.fsdp.dev") in objs
+    assert ("CustomResourceDefinition", "clusterkopfpeerings.kopf.dev") in objs
+
+    # The API server accepts all of it, and the pod passes the restricted Pod Security level.
+    c = env.cluster
+    c.apply(objs[("Namespace", "fsdp-system")])
+    # --force-conflicts: the ClusterRoleBinding exists already, bound to this test's namespace.
+    default = kustomize(REPO_ROOT / "kustomize" / "default")
+    c.kubectl("apply", "--server-side", "--force-conflicts", "--dry-run=server", "-f", "-", input=default)
+    bare_pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "fsdp-operator-dry-run", "namespace": "fsdp-system"},
+        "spec": pod,
+    }
+    res = c.kubectl("apply", "--dry-run=server", "-f", "-", input=json.dumps(bare_pod))
+    assert "Warning" not in res.stderr, res.stderr
+    monitor = manifests(REPO_ROOT / "kustomize" / "prometheus")[("ServiceMonitor", "fsdp-operator")]
+    service = objs[("Service", "fsdp-operator-metrics")]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert monitor["spec"]["endpoints"][0]["port"] == service["spec"]["ports"][0]["name"]
+
+
+def test_the_deployments_command_line_runs_the_operator(env: Env) -> None:
+    """`fsdp-operator run` with the Deployment's args and env (ports moved to free ones)."""
+    deploy = manifests(REPO_ROOT / "kustomize" / "default")[("Deployment", "fsdp-operator")]
+    (container,) = deploy["spec"]["template"]["spec"]["containers"]
+    env_vars = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    env_vars["POD_NAME"] = "fsdp-operator-from-deployment"
+    op = OperatorProcess(env.kubeconfig, env.workdir / "deployment-args.log", env=env_vars)
+    args = [
+        a.replace("0.0.0.0:8080", f"127.0.0.1:{op.liveness_port}").replace("=8081", f"={op.metrics_port}")
+        for a in container["args"]
+    ]
+    op.argv = [str(Path(sys.executable).with_name("fsdp-operator")), *args]
+    env.operator.stop()  # same peering priority: the two would pause each other
+    try:
+        op.start()
+        env.apply_training("e2e-deployment", "via-cli")
+        env.wait_status("e2e-deployment", "via-cli", "status from the CLI-started operator", phase="Created")
+        assert "priority 100" in op.log()
+    finally:
+        op.stop()
+        env.operator.start()
+
+
+def test_no_permission_errors_in_the_operator_log(env: Env) -> None:
+    log = env.operator.log()
+    for start, end in reversed(env.restart_windows):
+        log = log[:start] + log[end:]
+    assert "Forbidden" not in log and " 403" not in log, log[-4000:]
+
+
+# --- garbage collection (needs kube-controller-manager) -----------------------------------------
+
+
+@pytest.mark.e2e
+def test_deleting_the_training_garbage_collects_its_objects(env: Env) -> None:
+    from tests.support.control_plane import CONTROLLER_MANAGER, ControlPlane
+
+    ns, name = "e2e-gc", "gone"
+    env.apply_training(ns, name)
+    env.wait_job(ns, name)
+    with ControlPlane(env.cluster, components=[CONTROLLER_MANAGER]):
+        env.cluster.kubectl("delete", "fsdptraining", name, "-n", ns, "--wait=true", timeout=120)
+        for kind, obj in (("pytorchjob", name), ("configmap", f"{name}-trainer"), ("podmonitor", name)):
+            wait_for(lambda k=kind, o=obj: env.get(k, ns, o) is None, 60, what=f"{kind} {obj} to be collected")
+        # The operator must not resurrect the job of a deleted training.
+        assert env.get("pytorchjob", ns, name) is None

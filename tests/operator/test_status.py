@@ -1,0 +1,449 @@
+"""The operator's pure functions: PyTorchJob → FSDPTraining status, patches, events, progress, peering."""
+
+from __future__ import annotations
+
+import copy
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from fsdp_operator.api.status import FSDPTrainingStatus
+from fsdp_operator.controller.kube import KubeClient
+from fsdp_operator.controller.metrics import OperatorMetrics
+from fsdp_operator.controller.peering import is_active
+from fsdp_operator.controller.progress import parse_trainer_metrics, rank0_pod
+from fsdp_operator.controller.reconcile import Runtime, newest_job
+from fsdp_operator.controller.status import (
+    GENERATION_ANNOTATION,
+    ReconcileOutcome,
+    TrainingFacts,
+    compute_status,
+    merge_patch,
+    status_document,
+    status_patch,
+    transition_events,
+)
+
+NOW = "2026-01-02T03:04:05Z"
+LATER = "2026-01-02T04:00:00Z"
+APPLIED = ReconcileOutcome(True, "Applied")
+
+
+def training(generation: int = 1, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "training.fsdp.dev/v1alpha1",
+        "kind": "FSDPTraining",
+        "metadata": {"name": "llama", "namespace": "ml", "uid": "u-1", "generation": generation},
+        "spec": {"image": "trainer:1", "model": {"preset": "tiny"}, "training": {"maxSteps": 10}, **spec},
+    }
+
+
+def facts(**spec: Any) -> TrainingFacts:
+    return TrainingFacts.from_body(training(**spec))
+
+
+def cond(type_: str, status: str = "True", reason: str = "", message: str = "", time: str = NOW) -> dict[str, Any]:
+    return {
+        "type": type_,
+        "status": status,
+        "reason": reason or f"PyTorchJob{type_}",
+        "message": message,
+        "lastUpdateTime": time,
+        "lastTransitionTime": time,
+    }
+
+
+def job(*conditions: dict[str, Any], generation: int = 1, suspend: bool = False, **status: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": {"name": "llama", "namespace": "ml", "annotations": {GENERATION_ANNOTATION: str(generation)}},
+        "spec": {"runPolicy": {"suspend": suspend}},
+        "status": {"conditions": list(conditions), **status},
+    }
+
+
+def conditions_of(status: FSDPTrainingStatus) -> dict[str, Any]:
+    return {c.type: c for c in status.conditions}
+
+
+# --- facts -----------------------------------------------------------------------
+
+
+def test_facts_take_defaults_from_the_api_model() -> None:
+    f = facts()
+    assert (f.nodes, f.gpus, f.suspend) == (1, 8, False)  # ResourcesSpec: 1 node x 8 GPUs
+    assert (f.checkpoint_dir, f.checkpoint_claim) == ("/checkpoints", None)
+
+
+def test_facts_multiply_nodes_by_gpus_per_node() -> None:
+    f = facts(resources={"nodes": 4, "gpusPerNode": 8}, checkpoint={"dir": "/ckpt", "claimName": "ckpt"}, suspend=True)
+    assert (f.nodes, f.gpus, f.suspend, f.checkpoint_dir, f.checkpoint_claim) == (4, 32, True, "/ckpt", "ckpt")
+
+
+# --- phase mapping -----------------------------------------------------------------
+
+
+def test_no_job_yet_is_pending() -> None:
+    s = compute_status(facts(), None, None, outcome=APPLIED, now=NOW)
+    assert s.phase == "Pending"
+    assert s.job_name == "llama"
+    assert s.replica_statuses == {}
+
+
+def test_invalid_spec_without_job_is_failed_with_the_validation_message() -> None:
+    outcome = ReconcileOutcome(
+        False, "InvalidSpec", "spec.fsdp.shardingStrategy: hybrid sharding needs at least 2 nodes"
+    )
+    s = compute_status(facts(), None, None, outcome=outcome, now=NOW)
+    assert s.phase == "Failed"
+    assert s.message == outcome.message
+    rec = conditions_of(s)["Reconciled"]
+    assert (rec.status, rec.reason, rec.observed_generation) == ("False", "InvalidSpec", 1)
+
+
+def test_invalid_update_keeps_mirroring_the_running_job() -> None:
+    outcome = ReconcileOutcome(False, "InvalidSpec", "bad")
+    s = compute_status(facts(), job(cond("Created"), cond("Running")), None, outcome=outcome, now=NOW)
+    assert s.phase == "Running"
+    assert conditions_of(s)["Reconciled"].status == "False"
+
+
+def test_job_without_conditions_is_created() -> None:
+    s = compute_status(facts(), job(), None, outcome=APPLIED, now=NOW)
+    assert s.phase == "Created"
+    assert "waiting for its pods" in s.message
+
+
+@pytest.mark.parametrize(
+    ("conditions", "phase"),
+    [
+        ([cond("Created")], "Created"),
+        ([cond("Created"), cond("Running")], "Running"),
+        ([cond("Created"), cond("Running", "False"), cond("Restarting")], "Restarting"),
+        ([cond("Created"), cond("Running", "False"), cond("Succeeded")], "Succeeded"),
+        ([cond("Created"), cond("Running", "False"), cond("Failed")], "Failed"),
+        ([cond("Created"), cond("Running", "False"), cond("Suspended")], "Suspended"),
+        # Resumed by Kubeflow, pods not running yet: back to Created.
+        ([cond("Created"), cond("Running", "False"), cond("Suspended", "False", "JobResumed")], "Created"),
+        # Terminal states win over everything else.
+        ([cond("Running"), cond("Suspended"), cond("Failed")], "Failed"),
+        ([cond("Running"), cond("Succeeded")], "Succeeded"),
+    ],
+)
+def test_kubeflow_conditions_map_to_phases(conditions: list[dict[str, Any]], phase: str) -> None:
+    assert compute_status(facts(), job(*conditions), None, now=NOW).phase == phase
+
+
+def test_phase_message_comes_from_the_deciding_condition() -> None:
+    j = job(cond("Created"), cond("Failed", message="PyTorchJob llama has failed because 1 Worker replica(s) failed."))
+    assert (
+        compute_status(facts(), j, None, now=NOW).message
+        == "PyTorchJob llama has failed because 1 Worker replica(s) failed."
+    )
+
+
+def test_suspend_in_the_job_spec_is_suspended_before_kubeflow_acknowledges() -> None:
+    s = compute_status(facts(suspend=True), job(cond("Created"), cond("Running"), suspend=True), None, now=NOW)
+    assert s.phase == "Suspended"
+    c = conditions_of(s)["Suspended"]
+    assert (c.status, c.reason) == ("True", "SuspendRequested")
+
+
+def test_kubeflow_suspended_condition_is_mirrored_with_its_reason() -> None:
+    j = job(
+        cond("Created"),
+        cond("Suspended", reason="JobSuspended", message="PyTorchJob llama is suspended."),
+        suspend=True,
+    )
+    c = conditions_of(compute_status(facts(suspend=True), j, None, now=NOW))["Suspended"]
+    assert (c.status, c.reason, c.message) == ("True", "JobSuspended", "PyTorchJob llama is suspended.")
+
+
+def test_suspended_job_that_succeeded_is_succeeded() -> None:
+    assert compute_status(facts(), job(cond("Succeeded"), suspend=True), None, now=NOW).phase == "Succeeded"
+
+
+# --- mirrored fields ------------------------------------------------------------------
+
+
+def test_times_replicas_and_sizes_are_mirrored() -> None:
+    j = job(
+        cond("Created"),
+        cond("Running", "False"),
+        cond("Succeeded"),
+        startTime="2026-01-02T03:00:00Z",
+        completionTime="2026-01-02T05:00:00Z",
+        replicaStatuses={
+            "Worker": {"active": 0, "succeeded": 4, "selector": "x=y", "labelSelector": {"matchLabels": {}}}
+        },
+    )
+    s = compute_status(facts(resources={"nodes": 4, "gpusPerNode": 8}), j, None, now=NOW)
+    assert (s.start_time, s.completion_time) == ("2026-01-02T03:00:00Z", "2026-01-02T05:00:00Z")
+    assert s.replica_statuses["Worker"].model_dump() == {"active": 0, "succeeded": 4, "failed": 0}
+    assert (s.nodes, s.gpus, s.job_name) == (4, 32, "llama")
+
+
+def test_observed_generation_is_the_generation_rendered_into_the_job() -> None:
+    s = compute_status(facts(generation=3), job(cond("Running"), generation=2), None, outcome=APPLIED, now=NOW)
+    assert s.observed_generation == 2
+    by_type = conditions_of(s)
+    assert by_type["Running"].observed_generation == 2
+    # Reconciled/CheckpointsPersistent describe the spec the operator just read.
+    assert by_type["Reconciled"].observed_generation == 3
+    assert by_type["CheckpointsPersistent"].observed_generation == 3
+
+
+def test_kubeflow_conditions_keep_the_jobs_transition_time() -> None:
+    s = compute_status(facts(), job(cond("Running", time="2025-12-31T00:00:00Z")), None, now=NOW)
+    assert conditions_of(s)["Running"].last_transition_time == "2025-12-31T00:00:00Z"
+
+
+def test_own_conditions_move_their_transition_time_only_when_status_flips() -> None:
+    first = status_document(compute_status(facts(), job(), None, outcome=APPLIED, now=NOW))
+    same = compute_status(facts(), job(), first, outcome=APPLIED, now=LATER)
+    assert conditions_of(same)["Reconciled"].last_transition_time == NOW
+    failed = compute_status(facts(), job(), first, outcome=ReconcileOutcome(False, "ApplyFailed", "boom"), now=LATER)
+    assert conditions_of(failed)["Reconciled"].last_transition_time == LATER
+
+
+def test_job_event_keeps_the_last_reconcile_outcome() -> None:
+    failed = ReconcileOutcome(False, "ApplyFailed", "forbidden")
+    first = status_document(compute_status(facts(), job(), None, outcome=failed, now=NOW))
+    s = compute_status(facts(), job(cond("Running")), first, outcome=None, now=LATER)
+    rec = conditions_of(s)["Reconciled"]
+    assert (rec.status, rec.message, rec.last_transition_time) == ("False", "forbidden", NOW)
+
+
+def test_checkpoints_without_pvc_are_ephemeral() -> None:
+    s = compute_status(facts(), job(), None, now=NOW)
+    assert s.checkpoint.ephemeral is True
+    c = conditions_of(s)["CheckpointsPersistent"]
+    assert (c.status, c.reason) == ("False", "EphemeralStorage")
+    assert "lost with the pods" in c.message
+
+
+def test_checkpoints_on_a_pvc_are_persistent() -> None:
+    s = compute_status(facts(checkpoint={"claimName": "ckpt", "dir": "/data/ckpt"}), job(), None, now=NOW)
+    assert (s.checkpoint.ephemeral, s.checkpoint.dir) == (False, "/data/ckpt")
+    assert conditions_of(s)["CheckpointsPersistent"].status == "True"
+
+
+def test_scraped_progress_is_carried_over() -> None:
+    previous = {
+        "phase": "Running",
+        "step": 120,
+        "loss": 2.5,
+        "tokensPerSecond": 9000.0,
+        "checkpoint": {"lastStep": 100},
+    }
+    s = compute_status(facts(), job(cond("Running")), previous, now=NOW)
+    assert (s.step, s.loss, s.tokens_per_second, s.checkpoint.last_step) == (120, 2.5, 9000.0, 100)
+
+
+def test_conditions_have_a_stable_order() -> None:
+    j = job(cond("Succeeded"), cond("Running", "False"), cond("Created"))
+    types = [c.type for c in compute_status(facts(), j, None, outcome=APPLIED, now=NOW).conditions]
+    assert types == ["Reconciled", "CheckpointsPersistent", "Created", "Running", "Succeeded"]
+
+
+# --- patches ---------------------------------------------------------------------------
+
+
+def test_status_patch_is_empty_when_nothing_changed() -> None:
+    s = compute_status(facts(), job(cond("Running")), None, outcome=APPLIED, now=NOW)
+    stored = status_document(s)
+    again = compute_status(facts(), job(cond("Running")), stored, outcome=APPLIED, now=LATER)
+    assert status_patch(stored, again) == {}
+
+
+def test_status_patch_deletes_what_disappeared() -> None:
+    before = job(
+        cond("Running"), replicaStatuses={"Master": {"active": 1}, "Worker": {"active": 3}}, completionTime=NOW
+    )
+    after = job(cond("Running"), replicaStatuses={"Worker": {"active": 3}})
+    stored = status_document(compute_status(facts(), before, None, now=NOW))
+    patch = status_patch(stored, compute_status(facts(), after, stored, now=NOW))
+    assert patch == {"replicaStatuses": {"Master": None}, "completionTime": None}
+
+
+def test_status_patch_ignores_undeclared_fields() -> None:
+    stored = status_document(compute_status(facts(), job(), None, now=NOW))
+    stored_with_junk = {**stored, "kopf": {"progress": {}}}
+    assert status_patch(stored_with_junk, compute_status(facts(), job(), stored_with_junk, now=NOW)) == {}
+
+
+def test_merge_patch_replaces_lists_and_recurses_into_maps() -> None:
+    old = {"a": {"b": 1, "c": 2}, "l": [1, 2], "gone": True}
+    new = {"a": {"b": 1, "c": 3}, "l": [1], "added": "x"}
+    assert merge_patch(old, new) == {"a": {"c": 3}, "l": [1], "added": "x", "gone": None}
+    assert merge_patch(new, copy.deepcopy(new)) == {}
+
+
+def test_status_documents_validate_against_the_api_model() -> None:
+    doc = status_document(
+        compute_status(facts(), job(cond("Created"), cond("Running")), None, outcome=APPLIED, now=NOW)
+    )
+    assert FSDPTrainingStatus.model_validate(doc).phase == "Running"
+
+
+# --- events ----------------------------------------------------------------------------
+
+
+def reasons(previous: dict[str, Any] | None, new: FSDPTrainingStatus) -> list[str]:
+    return [e.reason for e in transition_events(previous, new)]
+
+
+def test_first_status_warns_about_ephemeral_checkpoints_once() -> None:
+    first = compute_status(facts(), job(), None, outcome=APPLIED, now=NOW)
+    events = transition_events(None, first)
+    assert [(e.type, e.reason) for e in events] == [("Warning", "EphemeralCheckpoints")]
+    assert reasons(status_document(first), compute_status(facts(), job(), status_document(first), now=NOW)) == []
+
+
+def test_pvc_backed_training_gets_no_checkpoint_warning() -> None:
+    s = compute_status(facts(checkpoint={"claimName": "c"}), job(), None, now=NOW)
+    assert reasons(None, s) == []
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "expected"),
+    [
+        ([cond("Created")], [cond("Created"), cond("Running")], ["Running"]),
+        ([cond("Running")], [cond("Running", "False"), cond("Succeeded")], ["Succeeded"]),
+        ([cond("Running")], [cond("Running", "False"), cond("Failed")], ["Failed"]),
+        ([cond("Running")], [cond("Running", "False"), cond("Restarting")], ["Restarting"]),
+        ([cond("Running")], [cond("Running")], []),
+    ],
+)
+def test_phase_transitions_record_events(
+    before: list[dict[str, Any]], after: list[dict[str, Any]], expected: list[str]
+) -> None:
+    prev = status_document(compute_status(facts(), job(*before), None, now=NOW))
+    assert reasons(prev, compute_status(facts(), job(*after), prev, now=NOW)) == expected
+
+
+def test_failed_is_a_warning_event() -> None:
+    prev = status_document(compute_status(facts(), job(cond("Running")), None, now=NOW))
+    (event,) = transition_events(prev, compute_status(facts(), job(cond("Failed", message="OOM")), prev, now=NOW))
+    assert (event.type, event.reason, event.message) == ("Warning", "Failed", "OOM")
+
+
+def test_suspend_then_resume_records_both() -> None:
+    running = status_document(compute_status(facts(), job(cond("Running")), None, now=NOW))
+    suspended = compute_status(facts(suspend=True), job(cond("Running"), suspend=True), running, now=NOW)
+    assert reasons(running, suspended) == ["Suspended"]
+    resumed = compute_status(facts(), job(cond("Running")), status_document(suspended), now=NOW)
+    assert reasons(status_document(suspended), resumed) == ["Resumed", "Running"]
+
+
+def test_reconcile_failure_is_a_warning_event_once_per_message() -> None:
+    outcome = ReconcileOutcome(False, "ApplyFailed", "forbidden")
+    first = compute_status(facts(), job(), None, outcome=outcome, now=NOW)
+    assert ("Warning", "ApplyFailed") in [(e.type, e.reason) for e in transition_events(None, first)]
+    again = compute_status(facts(), job(), status_document(first), outcome=outcome, now=NOW)
+    assert "ApplyFailed" not in reasons(status_document(first), again)
+
+
+# --- trainer progress --------------------------------------------------------------------
+
+METRICS_TEXT = """\
+# HELP fsdp_train_step Last completed optimizer step.
+# TYPE fsdp_train_step gauge
+fsdp_train_step{job_name="llama",node_rank="0",local_rank="1"} 41.0
+fsdp_train_step{job_name="llama",node_rank="0",local_rank="0"} 42.0
+# TYPE fsdp_train_loss gauge
+fsdp_train_loss{job_name="llama",node_rank="0",local_rank="0"} 3.25
+fsdp_train_loss{job_name="llama",node_rank="1",local_rank="0"} 9.0
+# TYPE fsdp_train_global_tokens_per_second gauge
+fsdp_train_global_tokens_per_second{job_name="llama",node_rank="0",local_rank="0"} 123456.789
+# TYPE fsdp_checkpoint_last_step gauge
+fsdp_checkpoint_last_step{job_name="llama",node_rank="0",local_rank="0"} 40.0
+# TYPE fsdp_train_grad_norm gauge
+fsdp_train_grad_norm{job_name="llama",node_rank="0",local_rank="0"} 1.5
+"""
+
+
+def test_trainer_metrics_are_read_from_rank_zero() -> None:
+    p = parse_trainer_metrics(METRICS_TEXT)
+    assert (p.step, p.loss, p.tokens_per_second, p.checkpoint_last_step) == (42, 3.25, 123456.789, 40)
+    assert p.status_fields() == {
+        "step": 42,
+        "loss": 3.25,
+        "tokensPerSecond": 123456.8,
+        "checkpoint": {"lastStep": 40},
+    }
+
+
+def test_non_finite_and_missing_metrics_are_left_out() -> None:
+    p = parse_trainer_metrics('fsdp_train_loss{local_rank="0"} NaN\nfsdp_train_step{local_rank="0"} 7\n')
+    assert p.status_fields() == {"step": 7}
+    assert parse_trainer_metrics("").status_fields() == {}
+
+
+def pod(name: str, rtype: str, index: int, phase: str = "Running", ip: str | None = "10.0.0.1") -> dict[str, Any]:
+    labels = {
+        "training.kubeflow.org/job-name": "llama",
+        "training.kubeflow.org/replica-type": rtype,
+        "training.kubeflow.org/replica-index": str(index),
+    }
+    status: dict[str, Any] = {"phase": phase}
+    if ip:
+        status["podIP"] = ip
+    return {"metadata": {"name": name, "labels": labels}, "status": status}
+
+
+def test_rank0_pod_is_worker_zero_or_the_master() -> None:
+    workers = [pod("w1", "worker", 1), pod("w0", "worker", 0)]
+    assert rank0_pod(workers)["metadata"]["name"] == "w0"  # type: ignore[index]
+    assert rank0_pod([*workers, pod("m0", "master", 0)])["metadata"]["name"] == "m0"  # type: ignore[index]
+    # Not running, or no IP yet: nothing to scrape.
+    assert rank0_pod([pod("w0", "worker", 0, phase="Pending"), pod("w1", "worker", 1, ip=None)]) is None
+
+
+# --- peering ---------------------------------------------------------------------------------
+
+
+def peer(priority: int, seconds_ago: float = 1, lifetime: int = 60) -> dict[str, Any]:
+    seen = datetime.now(UTC) - timedelta(seconds=seconds_ago)
+    return {"priority": priority, "lifetime": lifetime, "lastseen": seen.isoformat()}
+
+
+def test_peering_pauses_for_live_peers_of_higher_or_equal_priority() -> None:
+    assert is_active({"me": peer(100), "other": peer(0)}, "me", 100) is True
+    assert is_active({"me": peer(0), "deployed": peer(100)}, "me", 0) is False
+    assert is_active({"me": peer(100), "twin": peer(100)}, "me", 100) is False  # kopf: both pause
+
+
+def test_peering_ignores_dead_peers() -> None:
+    assert is_active({"me": peer(0), "gone": peer(100, seconds_ago=120)}, "me", 0) is True
+    assert is_active(None, "me", 0) is True
+
+
+# --- which copy of the status and of the job is the fresher ------------------------------------
+
+
+def runtime() -> Runtime:
+    return Runtime(client=KubeClient(lambda: None), metrics=OperatorMetrics())  # type: ignore[arg-type,return-value]
+
+
+def with_rv(obj: dict[str, Any], rv: int) -> dict[str, Any]:
+    return {**obj, "metadata": {**obj["metadata"], "resourceVersion": str(rv)}}
+
+
+def test_own_status_write_wins_until_the_watch_catches_up() -> None:
+    rt = runtime()
+    body = {**training(), "status": {"phase": "Pending"}}
+    rt.wrote_status("u-1", {"metadata": {"resourceVersion": "10"}}, {"phase": "Running"})
+    assert rt.previous_status(with_rv(body, 9))["phase"] == "Running"  # the watch lags our write
+    # The watch delivered our write or something later (maybe another writer's): trust it.
+    assert rt.previous_status(with_rv(body, 10))["phase"] == "Pending"
+    assert rt.previous_status(with_rv(body, 11))["phase"] == "Pending"
+
+
+def test_newest_job_compares_resource_versions() -> None:
+    applied, watched = with_rv(job(cond("Created")), 5), with_rv(job(cond("Running")), 7)
+    assert newest_job(applied, watched) is watched
+    assert newest_job(watched, applied) is watched
+    assert newest_job(None, watched) is watched
+    assert newest_job(applied, None) is applied
