@@ -319,8 +319,12 @@ class TestCluster:
         )
 
     def stop_apiserver(self) -> None:
-        """Stop kube-apiserver (etcd keeps running, so data survives start_apiserver())."""
-        self._terminate(self._apiserver)
+        """Stop kube-apiserver (etcd keeps running, so data survives start_apiserver()).
+
+        kube-apiserver keeps serving open watches for a long time after
+        SIGTERM; clients must survive an abrupt loss anyway, so don't wait long.
+        """
+        self._terminate(self._apiserver, timeout=5.0)
         self._apiserver = None
 
     def _kill_children(self) -> None:

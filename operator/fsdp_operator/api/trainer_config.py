@@ -25,6 +25,9 @@ from .spec import (
 )
 
 
+_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+
 class JobInfo(Spec):
     """Identity of the job, used in metric labels and log lines."""
 
@@ -74,7 +77,9 @@ class TrainerConfig(Spec):
         return self.model_dump(by_alias=True, exclude_none=True, mode="json")
 
     def to_yaml(self) -> str:
-        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+        # libyaml's dumper gives identical output about 4x faster: rendering
+        # sits on the operator's reconcile path.
+        return yaml.dump(self.to_dict(), Dumper=_DUMPER, sort_keys=False)
 
     @classmethod
     def from_yaml(cls, text: str) -> TrainerConfig:
