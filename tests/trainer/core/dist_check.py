@@ -1,0 +1,47 @@
+"""Run under torchrun by test_fsdp_init.py: build the sharded model exactly as the
+trainer does, then gather every parameter and save them (rank 0) with the
+logits of a probe input, so the test can compare with a single process.
+
+    torchrun --nproc-per-node 2 dist_check.py train.yaml OUT_DIR
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+from fsdp_trainer.config import load_config
+from fsdp_trainer.distributed import destroy_distributed, init_distributed
+from fsdp_trainer.dtensor_utils import full_tensor
+from fsdp_trainer.names import unique_parameters
+from fsdp_trainer.train import build_model, prepare
+
+
+def main() -> None:
+    cfg = load_config(sys.argv[1])
+    out = Path(sys.argv[2])
+    prepared = prepare(cfg)
+    init_distributed(prepared.world)
+    model = build_model(prepared)
+    full = {name: full_tensor(p).cpu() for name, p in unique_parameters(model)}
+    inputs = torch.arange(24).view(2, 12) % model.config.vocab_size
+    model.eval()
+    with torch.no_grad():
+        logits = model(input_ids=inputs).logits
+    if prepared.world.rank == 0:
+        torch.save(
+            {
+                "params": full,
+                "inputs": inputs,
+                "logits": logits,
+                "inv_freq": model.model.rotary_emb.inv_freq.cpu(),
+                "tied": model.lm_head.weight is model.model.embed_tokens.weight,
+            },
+            out,
+        )
+    destroy_distributed()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,145 @@
+"""Configuration errors name the field and stop the trainer before any process group exists."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import yaml
+from fsdp_trainer.config import load_config, parse_overrides
+from fsdp_trainer.distributed import WorldInfo
+from fsdp_trainer.errors import ConfigError
+from fsdp_trainer.train import prepare
+
+from tests.trainer.core.harness import SMALL_MODEL, base_config, offline_env
+
+
+def _world(world_size: int = 2, local_world_size: int = 2) -> WorldInfo:
+    return WorldInfo(
+        rank=0,
+        world_size=world_size,
+        local_rank=0,
+        local_world_size=local_world_size,
+        node_rank=0,
+        num_nodes=max(1, world_size // local_world_size),
+        device=torch.device("cpu"),
+        backend="gloo",
+    )
+
+
+def _errors(tmp_path: Path, config: dict, world: WorldInfo | None = None, overrides: list[str] | None = None) -> str:
+    path = tmp_path / "train.yaml"
+    path.write_text(yaml.safe_dump(config))
+    with pytest.raises(ConfigError) as info:
+        prepare(load_config(path, overrides), world or _world())
+    assert not dist.is_initialized(), "the process group must not exist when a config error is raised"
+    return "\n".join(info.value.lines)
+
+
+@pytest.fixture
+def config(tmp_path: Path, inputs: dict[str, Path]) -> dict:
+    return base_config(tmp_path, inputs["aligned"], inputs["tokenizer"])
+
+
+def test_valid_config_prepares(tmp_path: Path, config: dict) -> None:
+    path = tmp_path / "train.yaml"
+    path.write_text(yaml.safe_dump(config))
+    prepared = prepare(load_config(path), _world())
+    assert len(prepared.tokenizer) == 204 and not dist.is_initialized()
+
+
+def test_seq_len_longer_than_the_model(tmp_path: Path, config: dict) -> None:
+    text = _errors(tmp_path, config, overrides=["--training.seq-len", "512"])
+    assert text == "training.seqLen: training.seqLen must not exceed the model's maxSeqLen"
+
+
+def test_hybrid_mesh_that_does_not_divide_the_world(tmp_path: Path, config: dict) -> None:
+    config["fsdp"] = {"shardingStrategy": "hybrid"}
+    text = _errors(tmp_path, config, world=_world(world_size=4, local_world_size=3))
+    assert text.startswith("fsdp.shardGroupSize (unset: processes per node): the world size 4 is not a multiple")
+    config["fsdp"]["shardGroupSize"] = 8
+    text = _errors(tmp_path, config, world=_world(world_size=4))
+    assert text == "fsdp.shardGroupSize: shard group of 8 ranks is larger than the world size 4"
+
+
+def test_missing_files_are_named(tmp_path: Path, config: dict) -> None:
+    config["data"] = {"path": str(tmp_path / "nope" / "*.jsonl"), "tokenizer": str(tmp_path / "no-tokenizer")}
+    config["model"]["pretrained"] = str(tmp_path)  # exists, but is no model directory
+    lines = _errors(tmp_path, config).splitlines()
+    assert lines == [
+        f"data.path: no .json, .jsonl, .parquet, .txt files in {tmp_path / 'nope' / '*.jsonl'}",
+        f"data.tokenizer: {tmp_path / 'no-tokenizer'} is not a directory with tokenizer files",
+        f"model.pretrained: {tmp_path} has no config.json (expected a Hugging Face model directory)",
+    ]
+
+
+def test_pretrained_with_other_dimensions(tmp_path: Path, config: dict) -> None:
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text(json.dumps({"hidden_size": 128, "num_hidden_layers": 2, "vocab_size": 256}))
+    (hf / "model.safetensors").write_bytes(b"")
+    config["model"]["pretrained"] = str(hf)
+    text = _errors(tmp_path, config)
+    lines = text.splitlines()
+    assert lines[0].startswith(f"model.config.hiddenSize: {hf} has hidden_size=128 but preset tiny")
+    assert lines[1].startswith(f"model.pretrained: cannot read the safetensors weights in {hf}")
+
+
+def test_tokenizer_larger_than_the_vocabulary(tmp_path: Path, config: dict) -> None:
+    del config["data"]["tokenizer"]  # the embedded tokenizer: 4096 tokens
+    config["model"]["config"] = {**SMALL_MODEL, "vocabSize": 1000}
+    text = _errors(tmp_path, config)
+    assert text.startswith("model.config.vocabSize: the tokenizer")
+    assert "has 4096 tokens but the model's vocabulary is 1000; raise vocabSize to at least 4096" in text
+
+
+def test_cpu_offload_without_gpus(tmp_path: Path, config: dict) -> None:
+    config["fsdp"] = {"cpuOffload": True}
+    text = _errors(tmp_path, config)
+    assert text == "fsdp.cpuOffload: needs GPUs; without them the parameters already live in CPU memory"
+
+
+def test_unknown_override_and_bad_value(tmp_path: Path, config: dict) -> None:
+    text = _errors(tmp_path, config, overrides=["--training.max-stepz", "5", "--fsdp.sharding-strategy=zero3"])
+    assert "training.maxStepz: Extra inputs are not permitted" in text
+    assert "fsdp.shardingStrategy: Input should be 'full', 'shard_grad_op', 'no_shard' or 'hybrid'" in text
+
+
+def test_override_parsing() -> None:
+    assert parse_overrides(
+        ["--training.max-steps", "20", "--fsdp.cpu-offload=true", "--model.config.num-layers", "2"]
+    ) == {
+        "training": {"maxSteps": 20},
+        "fsdp": {"cpuOffload": True},
+        "model": {"config": {"numLayers": 2}},
+    }
+    with pytest.raises(ConfigError, match=r"--training\.max-steps: missing value"):
+        parse_overrides(["--training.max-steps"])
+
+
+@pytest.mark.slow
+def test_cli_reports_errors_on_every_rank_without_a_rendezvous(tmp_path: Path, config: dict) -> None:
+    """torchrun's environment but no rendezvous to join: only a pre-flight error can end this quickly."""
+    config["fsdp"] = {"shardingStrategy": "hybrid"}
+    path = tmp_path / "train.yaml"
+    path.write_text(yaml.safe_dump(config))
+    env = offline_env(
+        {"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "3", "MASTER_ADDR": "192.0.2.1"}
+    )
+    env["MASTER_PORT"] = "1"
+    proc = subprocess.run(
+        [sys.executable, "-m", "fsdp_trainer", "--config", str(path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "fsdp.shardGroupSize (unset: processes per node): the world size 4 is not a multiple" in proc.stderr
+    assert "Traceback" not in proc.stderr

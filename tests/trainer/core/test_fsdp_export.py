@@ -1,0 +1,48 @@
+"""A DCP checkpoint of a sharded run exports to a Hugging Face directory that
+``transformers`` loads and that computes the trained model's logits."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from fsdp_trainer.__main__ import main as cli
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from tests.trainer.core.conftest import ParityRuns
+from tests.trainer.core.harness import SMALL_MODEL
+
+pytestmark = pytest.mark.slow
+
+
+def test_exported_model_loads_and_reproduces_the_trained_logits(parity_runs: ParityRuns, tmp_path: Path) -> None:
+    run = parity_runs.get("full")
+    out = tmp_path / "hf"
+    # The checkpoint root: export picks the newest complete checkpoint (step 20).
+    assert cli(["export", "--checkpoint", str(run.workdir / "checkpoints"), "--output", str(out)]) == 0
+
+    config = json.loads((out / "config.json").read_text())
+    assert config["hidden_size"] == SMALL_MODEL["hiddenSize"]
+    assert config["num_hidden_layers"] == SMALL_MODEL["numLayers"]
+    assert config["tie_word_embeddings"] is True
+    assert (out / "model.safetensors").is_file()
+
+    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    probe = torch.load(run.trace_dir / "probe.pt")
+    with torch.no_grad():
+        logits = model(input_ids=probe["input_ids"]).logits
+    torch.testing.assert_close(logits, probe["logits"], atol=1e-5, rtol=1e-5)
+
+    # The trainer's tokenizer travels with the model.
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    assert tokenizer("w1 w2 w3")["input_ids"] == [5, 6, 7]
+    assert tokenizer.eos_token == "<eos>"
+
+
+def test_export_of_a_directory_without_a_complete_checkpoint_is_a_clear_error(tmp_path: Path, capsys) -> None:
+    (tmp_path / "step-00000010.tmp-abc").mkdir()
+    assert cli(["export", "--checkpoint", str(tmp_path), "--output", str(tmp_path / "out")]) == 2
+    assert "--checkpoint:" in capsys.readouterr().err

@@ -1,0 +1,82 @@
+"""The Hugging Face hub code paths, exercised on local files only (HF_HUB_OFFLINE=1).
+
+``data.dataset`` goes through ``datasets.load_dataset(id, config, split=...)``
+exactly as a hub id would; a local dataset directory takes the same call.
+Hub ids that are not local fail fast and clearly when offline, before any
+process group.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from fsdp_operator.api.spec import DataSpec
+from fsdp_trainer.config import load_config
+from fsdp_trainer.data import TrainData, validation_batches
+from fsdp_trainer.errors import ConfigError
+from fsdp_trainer.train import prepare
+from transformers import AutoTokenizer
+
+from tests.trainer.core.harness import SEQ_LEN, base_config
+from tests.trainer.core.test_fsdp_config import _world
+
+
+@pytest.fixture
+def dataset_dir(tmp_path: Path, inputs: dict[str, Path]) -> Path:
+    """A dataset repository layout: one file per split."""
+    lines = inputs["aligned"].read_text().splitlines()
+    root = tmp_path / "my-dataset"
+    root.mkdir()
+    (root / "train.jsonl").write_text("\n".join(lines[:100]) + "\n")
+    (root / "validation.jsonl").write_text("\n".join(lines[100:120]) + "\n")
+    return root
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_dataset_splits_through_load_dataset(dataset_dir: Path, inputs: dict[str, Path], streaming: bool) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(inputs["tokenizer"])
+    spec = DataSpec(dataset=str(dataset_dir), split="train", validation_split="validation", streaming=streaming)
+    data = TrainData(spec, tokenizer, seq_len=SEQ_LEN, micro_batch_size=4, rank=0, world_size=1, seed=0)
+    train_rows = {tuple(r) for _ in range(25) for r in data.next_batch().labels.tolist()}
+    val = validation_batches(spec, tokenizer, seq_len=SEQ_LEN, micro_batch_size=4, eval_steps=5, rank=0, world_size=1)
+    val_rows = {tuple(r) for b in val for r in b.labels.tolist()}
+    # With a validation split nothing of the training split is held out: all 100 documents train.
+    assert len(train_rows) == 100
+    assert len(val_rows) == 20 and not train_rows & val_rows
+    texts = [json.loads(x)["text"] for x in (dataset_dir / "validation.jsonl").read_text().splitlines()]
+    assert {tokenizer.decode(torch.tensor(r), skip_special_tokens=True) for r in val_rows} == set(texts)
+
+
+def _prepare(tmp_path: Path, config: dict) -> None:
+    path = tmp_path / "train.yaml"
+    path.write_text(yaml.safe_dump(config))
+    prepare(load_config(path), _world())
+
+
+def test_hub_ids_fail_clearly_when_offline(tmp_path: Path, inputs: dict[str, Path]) -> None:
+    config = base_config(tmp_path, inputs["aligned"], inputs["tokenizer"])
+    config["model"]["pretrained"] = "example-org/no-such-model"
+    with pytest.raises(ConfigError) as info:
+        _prepare(tmp_path, config)
+    (line,) = info.value.lines
+    assert line.startswith("model.pretrained: cannot fetch example-org/no-such-model from the Hugging Face hub")
+
+    config = base_config(tmp_path, inputs["aligned"], inputs["tokenizer"])
+    config["data"]["tokenizer"] = "example-org/no-such-tokenizer"
+    with pytest.raises(ConfigError) as info:
+        _prepare(tmp_path, config)
+    assert info.value.lines[0].startswith("data.tokenizer: cannot load a tokenizer from example-org/no-such-tokenizer")
+
+
+def test_missing_local_dataset_directory(tmp_path: Path, inputs: dict[str, Path]) -> None:
+    config = base_config(tmp_path, inputs["aligned"], inputs["tokenizer"])
+    config["data"] = {"dataset": str(tmp_path / "gone"), "tokenizer": str(inputs["tokenizer"])}
+    with pytest.raises(ConfigError) as info:
+        _prepare(tmp_path, config)
+    assert info.value.lines == [
+        f"data.dataset: {tmp_path / 'gone'} does not exist (a local dataset directory or a hub id)"
+    ]

@@ -1,0 +1,182 @@
+"""Resume after a real process kill is exact, and an interrupted save is never resumed.
+
+The kill is a SIGKILL of rank 0 (``FSDP_TRAINER_FAULT``) with torchrun allowed
+one restart, as a node loss under Kubernetes would be: torchrun tears the
+worker group down, starts it again, and the trainer resumes from the newest
+complete checkpoint on its own.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from fsdp_trainer.checkpoint import MARKER, complete_checkpoints
+from fsdp_trainer.trace import read_trace
+
+from tests.trainer.core.harness import RunResult, base_config, launch, offline_env
+
+pytestmark = pytest.mark.slow
+
+
+def _attempts(run: RunResult, rank: int) -> list[list[dict[str, Any]]]:
+    """The trace split at each (re)start of the trainer."""
+    out: list[list[dict[str, Any]]] = []
+    for record in run.trace(rank):
+        if record["event"] == "start":
+            out.append([])
+        out[-1].append(record)
+    return out
+
+
+def _effective_steps(run: RunResult, rank: int) -> list[dict[str, Any]]:
+    """Step records that count: each attempt's steps up to where the next attempt resumed."""
+    attempts = _attempts(run, rank)
+    steps: list[dict[str, Any]] = []
+    for i, attempt in enumerate(attempts):
+        resume_at = attempts[i + 1][0]["step"] if i + 1 < len(attempts) else None
+        steps += [r for r in attempt if r["event"] == "step" and (resume_at is None or r["step"] <= resume_at)]
+    return steps
+
+
+def test_killed_run_resumes_with_identical_losses_and_data(tmp_path: Path, inputs: dict[str, Path]) -> None:
+    def config(name: str) -> dict[str, Any]:
+        return base_config(
+            tmp_path / name,
+            inputs["ragged"],
+            inputs["tokenizer"],
+            training={"gradAccumSteps": 2},
+            checkpoint={"intervalSteps": 5, "keepLast": 2},
+        )
+
+    straight = launch(tmp_path / "straight", config("straight")).check()
+    killed = launch(
+        tmp_path / "killed", config("killed"), env={"FSDP_TRAINER_FAULT": "after_step:13"}, max_restarts=1
+    ).check()
+
+    attempts = _attempts(killed, 0)
+    assert [a[0]["step"] for a in attempts] == [0, 10], "one kill after step 13, resumed from step 10"
+    assert max(r["step"] for r in attempts[0] if r["event"] == "step") == 13
+    assert "resumed from" in killed.output and "step-00000010" in killed.output
+
+    for rank in (0, 1):
+        want, got = straight.events("step", rank), _effective_steps(killed, rank)
+        assert [r["step"] for r in got] == list(range(1, 21))
+        # fp32, same seed, same data: the resumed run is the same computation.
+        for a, b in zip(want, got, strict=True):
+            assert abs(a["loss"] - b["loss"]) <= 1e-6, (a["step"], a["loss"], b["loss"])
+            assert a["lr"] == pytest.approx(b["lr"], rel=1e-12)
+        # Same samples in the same order: nothing repeated, nothing skipped.
+        assert [r["samples"] for r in got] == [r["samples"] for r in want]
+
+    samples = [s for rank in (0, 1) for r in _effective_steps(killed, rank) for s in r["samples"]]
+    assert len(samples) == len(set(samples)) == 20 * 2 * 2 * 2
+    # Windows cross document boundaries, so the resumed position was mid-document.
+    assert any(not s.endswith("@0") for s in samples)
+    # keepLast 2: only the two newest complete checkpoints remain.
+    assert [step for step, _ in complete_checkpoints(tmp_path / "killed" / "checkpoints")] == [15, 20]
+
+
+@pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
+def test_an_interrupted_save_is_never_picked_by_resume(
+    tmp_path: Path, inputs: dict[str, Path], async_save: bool
+) -> None:
+    work = tmp_path / "run"
+    cfg = base_config(
+        work,
+        inputs["ragged"],
+        inputs["tokenizer"],
+        training={"maxSteps": 4},
+        checkpoint={"intervalSteps": 2, "asyncSave": async_save},
+    )
+    ckpt_dir = work / "checkpoints"
+
+    crashed = launch(work, cfg, env={"FSDP_TRAINER_FAULT": "during_save:4"})
+    assert crashed.returncode != 0
+    tmp_dirs = [p for p in ckpt_dir.iterdir() if p.name.startswith("step-00000004.tmp-")]
+    assert len(tmp_dirs) == 1, sorted(p.name for p in ckpt_dir.iterdir())
+    # The shards and DCP metadata were fully written; only the marker and rename are missing.
+    assert (tmp_dirs[0] / ".metadata").is_file() and not (tmp_dirs[0] / MARKER).exists()
+    assert [step for step, _ in complete_checkpoints(ckpt_dir)] == [2]
+
+    # A directory with the final name but no marker (e.g. a copy cut short) is ignored too.
+    fake = ckpt_dir / "step-00000006"
+    shutil.copytree(ckpt_dir / "step-00000002", fake)
+    (fake / MARKER).unlink()
+
+    resumed = launch(work, cfg).check()
+    assert resumed.events("start")[-1]["step"] == 2
+    assert not any(p.name.startswith("step-00000004.tmp-") for p in ckpt_dir.iterdir()), "stale tmp dir removed"
+    assert [step for step, _ in complete_checkpoints(ckpt_dir)] == [2, 4]
+    # Steps 3 and 4 were recomputed from step 2: the same numbers as before the crash.
+    before = {r["step"]: r["loss"] for r in _attempts(resumed, 0)[0] if r["event"] == "step"}
+    after = resumed.losses()
+    assert after[3] == pytest.approx(before[3], abs=1e-6) and after[4] == pytest.approx(before[4], abs=1e-6)
+
+
+def test_sigterm_checkpoints_the_current_step_and_resume_starts_there(tmp_path: Path, inputs: dict[str, Path]) -> None:
+    """What a pod deletion does: SIGTERM to the container's torchrun, which passes it on."""
+    work = tmp_path / "run"
+    cfg = base_config(
+        work,
+        inputs["ragged"],
+        inputs["tokenizer"],
+        training={"maxSteps": 100000},  # would run for hours: only the signal ends it
+        checkpoint={"intervalSteps": 100000},
+    )
+    work.mkdir()
+    (work / "train.yaml").write_text(yaml.safe_dump(cfg))
+    trace = work / "trace" / "trace-rank0.jsonl"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    cmd += ["-m", "fsdp_trainer", "--config", str(work / "train.yaml"), "--trace-dir", str(work / "trace")]
+    proc = subprocess.Popen(
+        cmd, env=offline_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while not (trace.exists() and sum(1 for r in read_trace(trace) if r["event"] == "step") >= 3):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0][-4000:]
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)  # to torchrun only, like the kubelet
+        output, _ = proc.communicate(timeout=120)
+        assert "stopped on SIGTERM after step" in output, output[-4000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode != 0, "a stopped run must not look finished"
+    records = read_trace(trace)
+    (stopped,) = [r for r in records if r["event"] == "stopped"]
+    last = max(r["step"] for r in records if r["event"] == "step")
+    assert stopped["step"] == last >= 3
+    assert [s for s, _ in complete_checkpoints(work / "checkpoints")] == [last]
+
+    cfg["training"]["maxSteps"] = last + 2
+    resumed = launch(work, cfg).check()
+    assert resumed.events("start")[-1]["step"] == last
+    assert sorted(resumed.losses())[-2:] == [last + 1, last + 2]
+
+
+def test_a_checkpoint_resumes_on_another_world_size(tmp_path: Path, inputs: dict[str, Path]) -> None:
+    """Elastic scale-down: DCP reshards model and optimizer; the data moves to a fresh epoch."""
+    work = tmp_path / "run"
+    cfg = base_config(work, inputs["ragged"], inputs["tokenizer"], training={"maxSteps": 4})
+    two = launch(work, cfg).check()
+    cfg["training"]["maxSteps"] = 6
+    one = launch(work, cfg, nproc=None).check()
+    start = one.events("start")[-1]
+    assert (start["step"], start["world_size"]) == (4, 1)
+    assert "cannot be mapped to world size 1; continuing at epoch 1" in one.output
+    steps = [r for r in one.events("step") if r["step"] > 4]
+    assert [r["step"] for r in steps] == [5, 6]
+    assert all(s.startswith("e1/") for r in steps for s in r["samples"])
+    # The trained weights came back: the loss continues from where 2 ranks left it, not from scratch.
+    assert steps[0]["loss"] < two.losses()[1] - 0.1

@@ -1,0 +1,68 @@
+"""``python -m fsdp_trainer`` / ``fsdp-train``: train, or export a checkpoint.
+
+    fsdp-train --config train.yaml [--training.max-steps 20 --fsdp.sharding-strategy full ...]
+    fsdp-train export --checkpoint /checkpoints/step-00001000 --output ./hf-model
+
+Overrides use the YAML field names in kebab case (``--section.field-name
+value``). Configuration errors print one ``field: message`` line each and exit
+with status 2, on every rank, before any process group is created.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+from .errors import ConfigError
+
+
+def setup_logging() -> None:
+    rank = int(os.environ.get("RANK", "0") or 0)
+    logging.basicConfig(
+        level=logging.INFO if rank == 0 else logging.WARNING,
+        format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def train_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="fsdp-train",
+        description="FSDP2 Llama trainer. Unknown --section.field-name VALUE arguments override train.yaml.",
+    )
+    parser.add_argument("--config", required=True, help="train.yaml (the job's ConfigMap)")
+    parser.add_argument("--trace-dir", type=Path, help="write a JSON-lines record of the run here (tests, debugging)")
+    args, overrides = parser.parse_known_args(argv)
+    from .config import load_config
+
+    cfg = load_config(args.config, overrides)
+    from .train import Stopped, run
+
+    try:
+        run(cfg, trace_dir=args.trace_dir)
+    except Stopped as e:
+        logging.getLogger("fsdp_trainer").warning("%s", e)
+        return 128 + signal.SIGTERM  # terminated, not finished: the job must not count as succeeded
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    setup_logging()
+    try:
+        if argv[:1] == ["export"]:
+            from .export import main as export_main
+
+            return export_main(argv[1:])
+        return train_main(argv)
+    except ConfigError as e:
+        print(f"fsdp-train: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,301 @@
+"""Distributed checkpoints (torch.distributed.checkpoint) that are atomic and resumable.
+
+Layout of ``checkpoint.dir``::
+
+    step-00000500/            a complete checkpoint
+      .metadata, __*.distcp   DCP: model + optimizer (sharded), step
+      ranks/rank-00000.pt     per-rank: data position, RNG states
+      trainer_config.yaml     the config the run used (for export)
+      tokenizer/              the tokenizer (for export)
+      COMPLETE                marker, written last (JSON: step, world size, time)
+    step-00001000.tmp-<id>/   a save in progress, or one a crash interrupted
+
+A save writes everything into ``step-N.tmp-<id>/``; after a barrier proves every
+rank has finished writing, rank 0 writes ``COMPLETE`` and renames the
+directory to ``step-N/`` (a rename is atomic on POSIX filesystems, EFS/FSx
+included). Resume only considers ``step-N/`` directories with the marker, so a
+save interrupted at any point is never loaded; stale ``.tmp-`` directories
+are deleted at start-up. With ``asyncSave`` the DCP write runs in the
+background and the marker/rename happen when the next save starts or at the
+end of training, whichever comes first.
+
+Model and optimizer states go through ``get_state_dict``/``set_state_dict``,
+so a checkpoint can be loaded on a different world size or sharding strategy
+(DCP reshards); the per-rank data position then cannot be mapped exactly and
+the data continues at a fresh epoch (see data.TrainData).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import re
+import shutil
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from fsdp_operator.api.spec import CheckpointSpec
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.checkpoint.stateful import Stateful
+
+from .distributed import WorldInfo, barrier, broadcast_object
+from .faults import maybe_fault
+
+log = logging.getLogger(__name__)
+
+MARKER = "COMPLETE"
+STEP_DIR = re.compile(r"^step-(\d{8})$")
+TMP_DIR = re.compile(r"^step-(\d{8})\.tmp-")
+RANKS_DIR = "ranks"
+
+
+def step_dir_name(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def complete_checkpoints(root: Path) -> list[tuple[int, Path]]:
+    """(step, path) of every complete checkpoint under ``root``, oldest first."""
+    if not root.is_dir():
+        return []
+    found = []
+    for entry in root.iterdir():
+        m = STEP_DIR.match(entry.name)
+        if m and entry.is_dir() and (entry / MARKER).is_file():
+            found.append((int(m.group(1)), entry))
+    return sorted(found)
+
+
+def latest_checkpoint(root: Path) -> tuple[int, Path] | None:
+    found = complete_checkpoints(root)
+    return found[-1] if found else None
+
+
+def remove_stale(root: Path) -> list[Path]:
+    """Delete interrupted saves (``.tmp-`` directories); returns what was removed."""
+    removed = []
+    if root.is_dir():
+        for entry in root.iterdir():
+            if TMP_DIR.match(entry.name) and entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
+                removed.append(entry)
+    return removed
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def find_resume_point(spec: CheckpointSpec, world: WorldInfo) -> tuple[int, Path] | None:
+    """The checkpoint to resume from (``resume: auto``): the newest complete one, or None.
+
+    Rank 0 decides and tells the others, so all ranks load the same one even
+    if a shared filesystem shows them different listings for a moment. Stale
+    ``.tmp-`` directories of interrupted saves are deleted first.
+    """
+    found = None
+    if world.is_main:
+        root = Path(spec.dir)
+        for path in remove_stale(root):
+            log.warning("removed interrupted checkpoint %s", path)
+        if spec.resume == "auto":
+            found = latest_checkpoint(root)
+    return broadcast_object(found)  # type: ignore[return-value]
+
+
+class ModelState(Stateful):
+    """The model's sharded state dict, produced lazily when DCP asks for it."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+
+    def state_dict(self) -> dict[str, Any]:
+        return get_model_state_dict(self.model)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        set_model_state_dict(self.model, state_dict)
+
+
+class OptimizerState(Stateful):
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.model, self.optimizer = model, optimizer
+
+    def state_dict(self) -> dict[str, Any]:
+        return get_optimizer_state_dict(self.model, self.optimizer)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        set_optimizer_state_dict(self.model, self.optimizer, state_dict)
+
+
+def rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+@dataclass
+class _Pending:
+    """A save whose shards are written (or being written) but not yet marked complete."""
+
+    step: int
+    tmp: Path
+    future: Future | None
+
+
+class Checkpointer:
+    """Saves and restores everything a run needs to continue exactly."""
+
+    def __init__(
+        self,
+        spec: CheckpointSpec,
+        world: WorldInfo,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        data: Any,
+        write_assets: Callable[[Path], None] | None = None,
+    ) -> None:
+        self.spec, self.world = spec, world
+        self.root = Path(spec.dir)
+        self.model, self.optimizer, self.data = model, optimizer, data
+        self.write_assets = write_assets
+        self._pending: _Pending | None = None
+        # Async saves run collectives from a background thread: they get their
+        # own gloo group so they never interleave with the training's.
+        self._async_group = dist.new_group(backend="gloo") if spec.async_save else None
+
+    # -- what is saved --------------------------------------------------------
+
+    def _dcp_state(self, step: int) -> dict[str, Any]:
+        return {
+            "model": ModelState(self.model),
+            "optim": OptimizerState(self.model, self.optimizer),
+            # The LR schedule is a function of the step (optim.restore_schedule).
+            "train": {"step": step},
+        }
+
+    def _rank_file(self, ckpt: Path) -> Path:
+        return ckpt / RANKS_DIR / f"rank-{self.world.rank:05d}.pt"
+
+    # -- saving ---------------------------------------------------------------
+
+    def due(self, step: int, max_steps: int) -> bool:
+        return step % self.spec.interval_steps == 0 or step == max_steps
+
+    def save(self, step: int) -> float:
+        """Write a checkpoint of ``step``; returns the seconds this rank was blocked."""
+        t0 = time.perf_counter()
+        self.finalize()
+        final = self.root / step_dir_name(step)
+        tmp = Path(str(broadcast_object(f"{final}.tmp-{uuid.uuid4().hex[:8]}" if self.world.is_main else None)))
+        rank_file = self._rank_file(tmp)
+        rank_file.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"step": step, "data": self.data.state_dict(), "rng": rng_state()}, rank_file)
+        if self.world.is_main and self.write_assets is not None:
+            self.write_assets(tmp)
+        state = self._dcp_state(step)
+        if self.spec.async_save:
+            future = dcp.async_save(state, checkpoint_id=str(tmp), process_group=self._async_group)
+            self._pending = _Pending(step, tmp, future)
+        else:
+            dcp.save(state, checkpoint_id=str(tmp))
+            self._pending = _Pending(step, tmp, None)
+            self.finalize()
+        return time.perf_counter() - t0
+
+    def finalize(self) -> None:
+        """Mark the pending save complete once every rank has written its part."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        if pending.future is not None:
+            pending.future.result()
+        maybe_fault("during_save", pending.step, self.world.rank)
+        barrier(self.world)
+        if self.world.is_main:
+            self._commit(pending)
+        # Nobody may look for this checkpoint (or save the next) before it exists.
+        barrier(self.world)
+
+    def _commit(self, pending: _Pending) -> None:
+        marker = {"step": pending.step, "world_size": self.world.world_size, "time": time.time()}
+        with open(pending.tmp / MARKER, "w") as f:
+            json.dump(marker, f)
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync_dir(pending.tmp)
+        final = self.root / step_dir_name(pending.step)
+        if final.exists():
+            # A fresh run (resume: never) re-saving a step of an older run.
+            shutil.rmtree(final)
+        pending.tmp.rename(final)
+        _fsync_dir(self.root)
+        log.info("checkpoint step %d saved to %s", pending.step, final)
+        self._prune()
+
+    def _prune(self) -> None:
+        complete = complete_checkpoints(self.root)
+        for _, path in complete[: max(0, len(complete) - self.spec.keep_last)]:
+            shutil.rmtree(path, ignore_errors=True)
+            log.info("removed old checkpoint %s", path)
+
+    # -- resuming -------------------------------------------------------------
+
+    def load(self, path: Path) -> float:
+        """Restore model, optimizer, data position and RNG from ``path``; returns the seconds taken."""
+        t0 = time.perf_counter()
+        state = self._dcp_state(0)
+        dcp.load(state, checkpoint_id=str(path))
+        step = int(state["train"]["step"])
+        if f"{step:08d}" not in path.name:
+            raise RuntimeError(f"{path} holds step {step}, not the step its name says")
+        rank_file = self._rank_file(path)
+        if rank_file.is_file():
+            extra = torch.load(rank_file, weights_only=False)
+            set_rng_state(extra["rng"])
+        else:
+            # The world grew: no state for this rank. Rank 0's tells the data
+            # which epoch it was in (TrainData moves on to the next one).
+            log.warning("%s has no state for rank %d (the world size changed)", path, self.world.rank)
+            extra = torch.load(path / RANKS_DIR / "rank-00000.pt", weights_only=False)
+        self.data.load_state_dict(extra["data"])
+        log.info("resumed from %s at step %d", path, step)
+        return time.perf_counter() - t0
+
+    def close(self) -> None:
+        self.finalize()
+        if self._async_group is not None:
+            dist.destroy_process_group(self._async_group)
+            self._async_group = None

@@ -1,0 +1,15 @@
+"""Errors the trainer reports to the user rather than as a traceback."""
+
+from __future__ import annotations
+
+
+class ConfigError(ValueError):
+    """The configuration cannot work; each line names the field: ``path: message``.
+
+    Raised before any process group exists, so a bad config fails fast on every
+    rank with the same message instead of hanging a rendezvous.
+    """
+
+    def __init__(self, lines: list[str]) -> None:
+        self.lines = lines
+        super().__init__("invalid trainer configuration:\n" + "\n".join(f"  {line}" for line in lines))

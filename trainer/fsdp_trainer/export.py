@@ -1,0 +1,82 @@
+"""Export a DCP checkpoint as a Hugging Face model directory.
+
+    fsdp-train export --checkpoint DIR --output HFDIR [--dtype bfloat16]
+
+DIR is one checkpoint (``step-00001000/``) or a checkpoint root, in which case
+the newest complete checkpoint is used. The output holds ``config.json``,
+``model.safetensors`` (sharded with an index for large models) and the
+tokenizer files, and loads with ``AutoModelForCausalLM.from_pretrained``.
+
+One process, no process group: DCP reads the sharded files of any world size
+straight into the full tensors of a model materialised on the CPU (it needs
+host memory for the whole model in the chosen dtype, plus one tensor).
+Optimizer state is not read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import warnings
+from pathlib import Path
+
+import torch
+import torch.distributed.checkpoint as dcp
+from fsdp_operator.api.trainer_config import TrainerConfig
+from transformers import AutoTokenizer
+
+from .checkpoint import MARKER, latest_checkpoint
+from .errors import ConfigError
+from .model import build_meta_model, llama_config, materialize, reset_buffers
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def find_checkpoint(path: Path) -> Path:
+    if (path / MARKER).is_file():
+        return path
+    latest = latest_checkpoint(path)
+    if latest is None:
+        raise ConfigError([f"--checkpoint: {path} is neither a complete checkpoint nor a directory containing one"])
+    return latest[1]
+
+
+def export_checkpoint(checkpoint: Path, output: Path, dtype: str = "float32") -> Path:
+    ckpt = find_checkpoint(checkpoint)
+    cfg = TrainerConfig.from_yaml((ckpt / "trainer_config.yaml").read_text())
+    tokenizer = AutoTokenizer.from_pretrained(ckpt / "tokenizer")
+    config = llama_config(
+        cfg.model,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    model = build_meta_model(config)
+    materialize(model, "cpu")
+    # Same keys as the trainer saved ("model.<parameter name>"); DCP fills the
+    # tensors in place and fails on any missing one.
+    state = {"model": model.state_dict()}
+    with warnings.catch_warnings():
+        # DCP warns that it runs without a process group: that is the point here.
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(state, checkpoint_id=str(ckpt), no_dist=True)
+    reset_buffers(model)
+    model.to(DTYPES[dtype])
+    model.config.dtype = DTYPES[dtype]
+    output.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(output)
+    tokenizer.save_pretrained(output)
+    log.info("exported %s to %s (%s)", ckpt, output, dtype)
+    return output
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="fsdp-train export", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--checkpoint", type=Path, required=True, help="a checkpoint, or checkpoint.dir for the newest")
+    parser.add_argument("--output", type=Path, required=True, help="Hugging Face model directory to write")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="dtype of the saved weights")
+    args = parser.parse_args(argv)
+    print(export_checkpoint(args.checkpoint, args.output, args.dtype))
+    return 0

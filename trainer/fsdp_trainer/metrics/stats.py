@@ -1,0 +1,23 @@
+"""What the train loop hands the metrics processor after every optimizer step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class StepStats:
+    """One optimizer step, as measured by the train loop.
+
+    ``loss`` is already averaged over all ranks and ``tokens`` counts the whole
+    job (every rank, every micro-batch of the step), so every rank reports the
+    same job-level numbers and only ``data_seconds`` is this rank's own.
+    """
+
+    step: int
+    loss: float
+    learning_rate: float
+    grad_norm: float
+    tokens: int
+    step_seconds: float
+    data_seconds: float

@@ -1,0 +1,94 @@
+"""AdamW, the learning-rate schedule and gradient clipping.
+
+The optimizer is built on the sharded (DTensor) parameters, so its state is
+sharded like them. Weight decay skips 1-D parameters (RMSNorm weights): decaying
+a norm's gain towards zero only fights the normalisation.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from fsdp_operator.api.spec import TrainingSpec
+from torch import nn
+from torch.distributed.tensor import DTensor
+from torch.optim.lr_scheduler import LambdaLR
+
+BETAS = (0.9, 0.95)
+EPS = 1e-8
+
+
+def build_optimizer(model: nn.Module, spec: TrainingSpec, device: torch.device) -> torch.optim.AdamW:
+    decay, no_decay = [], []
+    for param in model.parameters():
+        if param.requires_grad:
+            (decay if param.ndim >= 2 else no_decay).append(param)
+    groups = [
+        {"params": decay, "weight_decay": spec.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    # fused is a single kernel per step on CUDA; foreach (multi-tensor) is the
+    # fast path elsewhere. Both are numerically the plain AdamW update.
+    impl = {"fused": True} if device.type == "cuda" else {"foreach": True}
+    return torch.optim.AdamW(groups, lr=spec.learning_rate, betas=BETAS, eps=EPS, **impl)
+
+
+def lr_factor(step: int, *, warmup_steps: int, max_steps: int, min_ratio: float) -> float:
+    """Multiplier of the peak learning rate for the ``step``-th optimizer step (0-based).
+
+    Linear warm-up to the peak over ``warmup_steps``, then a cosine decay that
+    reaches ``min_ratio`` at the last step.
+    """
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    decay_steps = max(1, max_steps - warmup_steps - 1)
+    progress = min(1.0, (step - warmup_steps) / decay_steps)
+    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, spec: TrainingSpec) -> LambdaLR:
+    warmup = spec.effective_warmup_steps()
+
+    def factor(step: int) -> float:
+        return lr_factor(step, warmup_steps=warmup, max_steps=spec.max_steps, min_ratio=spec.min_learning_rate_ratio)
+
+    return LambdaLR(optimizer, factor)
+
+
+def restore_schedule(optimizer: torch.optim.Optimizer, scheduler: LambdaLR, spec: TrainingSpec, step: int) -> None:
+    """Put the schedule at ``step`` after a resume, with the hyperparameters of the config.
+
+    Loading the optimizer's state dict brings back the saved param-group
+    hyperparameters; the learning rate is instead a function of the step and
+    the current config, so a run resumed with a longer maxSteps (or another
+    peak) follows the new schedule from the next step on.
+    """
+    for group, decay in zip(optimizer.param_groups, (spec.weight_decay, 0.0), strict=True):
+        group["initial_lr"] = spec.learning_rate
+        group["weight_decay"] = decay
+        group["betas"] = BETAS
+    scheduler.base_lrs = [spec.learning_rate] * len(optimizer.param_groups)
+    scheduler.last_epoch = step
+    lrs = [base * fn(step) for base, fn in zip(scheduler.base_lrs, scheduler.lr_lambdas, strict=True)]
+    for group, lr in zip(optimizer.param_groups, lrs, strict=True):
+        group["lr"] = lr
+    scheduler._last_lr = lrs  # what get_last_lr() reports; LRScheduler has no public setter
+
+
+def clip_gradients(model: nn.Module, max_norm: float) -> torch.Tensor:
+    """Clip to ``max_norm`` (0: measure only) and return the global gradient norm.
+
+    On DTensor gradients the per-shard norms are combined across ranks before
+    the clip coefficient is computed, so the norm (and the clipping) is that of
+    the whole model's gradient, not of this rank's shard; the tests compare it
+    with a single-process run. The result stays on the device (no host sync).
+    """
+    params = [p for p in model.parameters() if p.grad is not None]
+    if max_norm > 0:
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
+    else:
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params], foreach=True)
+    if isinstance(norm, DTensor):
+        norm = norm.full_tensor()
+    return norm

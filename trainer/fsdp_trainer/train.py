@@ -1,0 +1,386 @@
+"""The training run: set-up in a fixed order, then the step loop.
+
+Set-up: config checks and tokenizer (no process group yet) -> process group
+and mesh -> model on the meta device -> activation checkpointing / compile /
+FSDP2 -> materialise and initialise (or load pretrained) -> AdamW + schedule ->
+data -> resume from the newest complete checkpoint.
+
+A step: ``gradAccumSteps`` micro-batches, the gradient reduction skipped on all
+but the last; the loss of each micro-batch is its token-sum divided by this
+rank's tokens in the step, and FSDP averages gradients over ranks, so the
+gradient is that of the mean loss over every token of the global batch (all
+windows are full, so every rank has the same token count). Then clipping,
+the optimizer and the schedule, and one host sync for the numbers the metrics
+need (loss and gradient norm, fetched together).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from fsdp_operator.api.trainer_config import TrainerConfig
+from torch import nn
+from transformers import PreTrainedTokenizerBase
+
+from .checkpoint import Checkpointer, find_resume_point
+from .config import check_config
+from .data import Batch, PrefetchedData, TrainData, validation_batches
+from .distributed import WorldInfo, build_mesh, destroy_distributed, init_distributed, world_from_env
+from .dtensor_utils import local_tensor
+from .faults import maybe_fault
+from .metrics.stats import StepStats
+from .model import (
+    build_meta_model,
+    check_tied,
+    count_parameters,
+    init_weights,
+    llama_config,
+    materialize,
+    reset_buffers,
+)
+from .names import unique_parameters
+from .optim import build_optimizer, build_scheduler, clip_gradients, restore_schedule
+from .parallelize import compute_context, is_fsdp, parallelize, set_gradient_sync, uses_fsdp
+from .pretrained import check_pretrained, load_pretrained
+from .tokenizer import load_tokenizer
+from .trace import Trace
+
+log = logging.getLogger(__name__)
+
+
+class Stopped(Exception):
+    """Training stopped early on SIGTERM, after saving a checkpoint of ``step``."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+        super().__init__(f"stopped on SIGTERM after step {step}; a checkpoint of it was saved")
+
+
+class _NoMetrics:
+    """Stands in when the metrics package is unavailable."""
+
+    def start(self) -> None: ...
+    def on_step(self, stats: StepStats) -> None: ...
+    def on_eval(self, step: int, loss: float) -> None: ...
+    def on_checkpoint_saved(self, step: int, seconds: float) -> None: ...
+    def on_checkpoint_loaded(self, step: int, seconds: float) -> None: ...
+    def close(self) -> None: ...
+
+
+def make_metrics(cfg: TrainerConfig, world: WorldInfo, num_params: int, seq_len: int) -> Any:
+    try:
+        from .metrics import MetricsProcessor
+    except ImportError as e:
+        log.warning("metrics unavailable (%s); training without them", e)
+        return _NoMetrics()
+    return MetricsProcessor(cfg, world, num_params, seq_len=seq_len)
+
+
+@dataclass
+class Prepared:
+    """Everything checked before the process group exists."""
+
+    cfg: TrainerConfig
+    world: WorldInfo
+    tokenizer: PreTrainedTokenizerBase
+    pretrained: Path | None
+
+
+def prepare(cfg: TrainerConfig, world: WorldInfo | None = None) -> Prepared:
+    world = world or world_from_env()
+    check_config(cfg, world.world_size, world.local_world_size, world.device.type)
+    tokenizer = load_tokenizer(cfg)
+    pretrained = check_pretrained(cfg)
+    return Prepared(cfg, world, tokenizer, pretrained)
+
+
+def build_model(p: Prepared, *, resuming: bool = False) -> nn.Module:
+    """The sharded, initialised model (collective: every rank calls it).
+
+    When a checkpoint will be loaded anyway, pretrained weights are not read
+    (for a large model that is minutes of I/O); the quick random init still
+    runs so no parameter is ever garbage.
+    """
+    cfg, world = p.cfg, p.world
+    config = llama_config(
+        cfg.model,
+        bos_token_id=p.tokenizer.bos_token_id,
+        eos_token_id=p.tokenizer.eos_token_id,
+        pad_token_id=p.tokenizer.pad_token_id,
+    )
+    model = build_meta_model(config)
+    mesh = build_mesh(world, cfg.fsdp) if uses_fsdp(world.world_size, cfg) else None
+    parallelize(model, mesh, cfg)
+    materialize(model, "cpu" if cfg.fsdp.cpu_offload else world.device)
+    if p.pretrained is not None and not resuming:
+        load_pretrained(model, p.pretrained)
+        reset_buffers(model)
+    else:
+        init_weights(model, cfg.training.seed, world.device)
+    check_tied(model)
+    model.train()
+    return model
+
+
+def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Summed next-token cross-entropy, computed in fp32 whatever the compute dtype."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), reduction="sum")
+
+
+def state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[int, int]:
+    """Bytes of this rank's parameter shards and optimizer state."""
+    params = sum(local_tensor(p).numel() * local_tensor(p).element_size() for _, p in unique_parameters(model))
+    optim = 0
+    for state in optimizer.state.values():
+        for value in state.values():
+            if isinstance(value, torch.Tensor):
+                t = local_tensor(value)
+                optim += t.numel() * t.element_size()
+    return params, optim
+
+
+class Trainer:
+    def __init__(self, p: Prepared, trace_dir: Path | None = None) -> None:
+        self.cfg, self.world, self.tokenizer = p.cfg, p.world, p.tokenizer
+        cfg, world = self.cfg, self.world
+        self.seq_len = cfg.seq_len()
+        self.device = world.device
+        torch.manual_seed(cfg.training.seed)
+        self.resume_point = find_resume_point(cfg.checkpoint, world)
+        self.model = build_model(p, resuming=self.resume_point is not None)
+        self.num_params = count_parameters(self.model)
+        self.optimizer = build_optimizer(self.model, cfg.training, self.device)
+        self.scheduler = build_scheduler(self.optimizer, cfg.training)
+        self.data = PrefetchedData(
+            TrainData(
+                cfg.data,
+                self.tokenizer,
+                seq_len=self.seq_len,
+                micro_batch_size=cfg.training.micro_batch_size,
+                rank=world.rank,
+                world_size=world.world_size,
+                seed=cfg.training.seed,
+            )
+        )
+        self.checkpointer = Checkpointer(
+            cfg.checkpoint, world, self.model, self.optimizer, self.data, self._write_assets
+        )
+        self.trace = Trace(trace_dir, world.rank)
+        self.metrics = make_metrics(cfg, world, self.num_params, self.seq_len)
+        self._validation: list[Batch] | None = None
+        self.stop_signal: int | None = None
+        accum = cfg.training.grad_accum_steps
+        self.tokens_per_rank_step = cfg.training.micro_batch_size * self.seq_len * accum
+        self.step = 0
+        log.info(
+            "model: %s, %.1fM parameters, seq_len %d, global batch %d sequences",
+            cfg.model.preset,
+            self.num_params / 1e6,
+            self.seq_len,
+            cfg.training.micro_batch_size * accum * world.world_size,
+        )
+
+    def _write_assets(self, directory: Path) -> None:
+        """Files export needs besides the weights (rank 0, inside the checkpoint)."""
+        self.tokenizer.save_pretrained(directory / "tokenizer")
+        (directory / "trainer_config.yaml").write_text(self.cfg.to_yaml())
+
+    # -- the loop -------------------------------------------------------------
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        self.stop_signal = signum
+
+    def train(self) -> None:
+        """Train to maxSteps; raises Stopped if SIGTERM arrived (checkpoint saved first).
+
+        Kubernetes sends SIGTERM before deleting a pod (spot interruption,
+        node drain, suspend) and torchrun passes it to the workers, then
+        waits 30 s: the current step finishes, every rank agrees to stop at
+        the same step, and that step is checkpointed, so nothing is lost if
+        the save fits in the grace period (and nothing is corrupted if not).
+        """
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._on_signal)
+        cfg = self.cfg
+        self.metrics.start()
+        if cfg.training.eval_interval_steps:
+            self.validation()  # tokenized now: the prefetch thread owns the tokenizer once it runs
+        if self.resume_point is not None:
+            self.step, path = self.resume_point
+            seconds = self.checkpointer.load(path)
+            restore_schedule(self.optimizer, self.scheduler, cfg.training, self.step)
+            self.metrics.on_checkpoint_loaded(self.step, seconds)
+        self.trace.write("start", step=self.step, world_size=self.world.world_size, num_params=self.num_params)
+        max_steps = cfg.training.max_steps
+        eval_every = cfg.training.eval_interval_steps
+        while self.step < max_steps:
+            self.step += 1
+            stats, samples, stop = self.train_step(self.step)
+            self.metrics.on_step(stats)
+            self.trace.write(
+                "step",
+                step=stats.step,
+                loss=stats.loss,
+                lr=stats.learning_rate,
+                grad_norm=stats.grad_norm,
+                samples=samples,
+            )
+            maybe_fault("after_step", self.step, self.world.rank)
+            if eval_every and (self.step % eval_every == 0 or self.step == max_steps):
+                self.evaluate(self.step)
+            if stop or self.checkpointer.due(self.step, max_steps):
+                seconds = self.checkpointer.save(self.step)
+                self.metrics.on_checkpoint_saved(self.step, seconds)
+            if stop:
+                self.checkpointer.finalize()
+                self.trace.write("stopped", step=self.step)
+                raise Stopped(self.step)
+        self.checkpointer.finalize()
+        if self.trace.enabled:
+            params, optim = state_bytes(self.model, self.optimizer)
+            self.trace.write("memory", param_bytes=params, optim_bytes=optim)
+            self._write_probe()
+        self.trace.write("end", step=self.step)
+
+    def train_step(self, step: int) -> tuple[StepStats, list[str], bool]:
+        """One optimizer step; also returns whether any rank was asked to stop."""
+        t0 = time.perf_counter()
+        accum = self.cfg.training.grad_accum_steps
+        data_seconds = 0.0
+        loss_sum = torch.zeros((), device=self.device, dtype=torch.float32)
+        samples: list[str] = []
+        for micro in range(accum):
+            t_data = time.perf_counter()
+            batch = self.data.next_batch()
+            samples += batch.sample_ids
+            batch = batch.to(self.device)
+            data_seconds += time.perf_counter() - t_data
+            set_gradient_sync(self.model, micro == accum - 1)
+            with compute_context(self.model, self.cfg.training.precision, self.device):
+                logits = self.model(input_ids=batch.inputs).logits
+            loss = token_loss_sum(logits, batch.labels) / self.tokens_per_rank_step
+            del logits
+            loss.backward()
+            loss_sum += loss.detach()
+        grad_norm = clip_gradients(self.model, self.cfg.training.grad_clip_norm)
+        self.optimizer.step()
+        lr = self.scheduler.get_last_lr()[0]
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        # One all-reduce carries the loss (gloo has no AVG: sum the per-rank
+        # means, then divide) and the stop votes, so every rank stops at the
+        # same step whichever of them got the signal first.
+        stop_vote = torch.full((), float(self.stop_signal is not None), device=self.device)
+        reduced = torch.stack([loss_sum, stop_vote])
+        dist.all_reduce(reduced)
+        loss_total, stop_votes, norm_value = torch.cat([reduced, grad_norm.float().reshape(1)]).tolist()
+        loss_value = loss_total / self.world.world_size
+        if not math.isfinite(loss_value):
+            raise FloatingPointError(f"loss is {loss_value} at step {step}; stopping (lower training.learningRate?)")
+        stats = StepStats(
+            step=step,
+            loss=loss_value,
+            learning_rate=lr,
+            grad_norm=norm_value,
+            tokens=self.tokens_per_rank_step * self.world.world_size,
+            step_seconds=time.perf_counter() - t0,
+            data_seconds=data_seconds,
+        )
+        return stats, samples, stop_votes > 0
+
+    # -- validation -------------------------------------------------------------
+
+    def validation(self) -> list[Batch]:
+        if self._validation is None:
+            t = self.cfg.training
+            self._validation = validation_batches(
+                self.cfg.data,
+                self.tokenizer,
+                seq_len=self.seq_len,
+                micro_batch_size=t.micro_batch_size,
+                eval_steps=t.eval_steps,
+                rank=self.world.rank,
+                world_size=self.world.world_size,
+            )
+            if not self._validation:
+                log.warning("no validation data (the held-out slice is shorter than one sequence); skipping eval")
+        return self._validation
+
+    @torch.no_grad()
+    def evaluate(self, step: int) -> float | None:
+        batches = self.validation()
+        if not batches:
+            return None
+        self.model.eval()
+        totals = torch.zeros(2, device=self.device, dtype=torch.float64)
+        for batch in batches:
+            batch = batch.to(self.device)
+            with compute_context(self.model, self.cfg.training.precision, self.device):
+                logits = self.model(input_ids=batch.inputs).logits
+            totals[0] += token_loss_sum(logits, batch.labels).double()
+            totals[1] += batch.num_tokens
+        self.model.train()
+        self._reshard()
+        dist.all_reduce(totals)
+        loss = (totals[0] / totals[1]).item()
+        self.metrics.on_eval(step, loss)
+        self.trace.write("eval", step=step, loss=loss, perplexity=math.exp(min(loss, 700.0)), batches=len(batches))
+        return loss
+
+    def _reshard(self) -> None:
+        """Free parameters a no-grad forward left gathered (the root, shard_grad_op layers)."""
+        if is_fsdp(self.model):
+            for module in self.model.modules():
+                if is_fsdp(module):
+                    module.reshard()
+
+    @torch.no_grad()
+    def _write_probe(self) -> None:
+        """Logits of a fixed input (rank 0 saves them): export must reproduce them."""
+        vocab = self.model.config.vocab_size
+        inputs = (torch.arange(2 * 16, device=self.device).view(2, 16) * 37 + 11) % vocab
+        self.model.eval()
+        with compute_context(self.model, self.cfg.training.precision, self.device):
+            logits = self.model(input_ids=inputs).logits.float().cpu()
+        self.model.train()
+        self._reshard()
+        if self.world.is_main:
+            torch.save({"input_ids": inputs.cpu(), "logits": logits}, self.trace.directory / "probe.pt")
+
+    def close(self, *, clean: bool = True) -> None:
+        """Release everything; ``clean=False`` after an error skips the collectives of
+        a pending save (another rank may be gone), leaving it unmarked and thus unused."""
+        if clean:
+            self.checkpointer.close()
+        self.data.close()
+        self.metrics.close()
+        self.trace.close()
+
+
+def run(cfg: TrainerConfig, trace_dir: Path | None = None) -> None:
+    """Train from the config to ``training.maxSteps`` (resuming if a checkpoint exists)."""
+    prepared = prepare(cfg)
+    init_distributed(prepared.world)
+    try:
+        trainer = Trainer(prepared, trace_dir)
+        try:
+            trainer.train()
+        except Stopped:
+            trainer.close()
+            raise
+        except BaseException:
+            trainer.close(clean=False)
+            raise
+        trainer.close()
+    finally:
+        destroy_distributed()
