@@ -1,0 +1,253 @@
+"""Tokens/s of our trainer against a minimal FSDP2 loop, same model, ranks, batch and steps.
+
+CPU (default; what `make bench` runs): the tiny preset on 2 gloo ranks. Each
+repeat runs our trainer (torchrun -m fsdp_trainer, metrics endpoint on, data
+from the embedded corpus) and then bench/minimal_fsdp2.py, alternating so
+that background load hits both alike. Throughput is steady state: wall clock
+from the end of the first 3 steps to the last step, so start-up and warm-up
+are excluded from both. The result is printed as the ratio trainer/minimal
+(target >= 0.95).
+
+GPU (``--gpu``, on a machine with CUDA GPUs): llama3.2-1b, bf16, one rank per
+GPU, seqLen 2048 and 4096, with and without full activation checkpointing and
+torch.compile: tokens/s, TFLOP/s and MFU per GPU, peak memory; plus the
+minimal loop at seqLen 2048 for the ratio.
+
+    python bench/trainer_throughput.py [--steps 30] [--repeats 2] [--nproc 2]
+    python bench/trainer_throughput.py --gpu [--steps 30] [--micro-batch-size 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import re
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+WARMUP_STEPS = 3  # the trainer's MetricsProcessor.SUMMARY_WARMUP_STEPS
+# The end-of-run line of the trainer's MetricsProcessor (fsdp_trainer.metrics.logline.summary_line).
+SUMMARY = re.compile(
+    r"^summary: steps \d+-\d+ \((?P<n>\d+) steps in (?P<seconds>[\d.]+) s wall, (?P<cpu>[\d.]+) s CPU.*$", re.MULTILINE
+)
+MFU = re.compile(r"MFU (?P<mfu>[\d.]+)%")
+PEAK_MEM = re.compile(r"peak mem (?P<mem>[\d.]+ \w+)")
+
+
+@dataclass(frozen=True)
+class Setup:
+    preset: str
+    nproc: int
+    seq_len: int
+    micro_batch_size: int
+    steps: int
+    precision: str
+    activation_checkpointing: bool = False
+    compile: bool = False
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.micro_batch_size * self.seq_len * self.nproc
+
+    def label(self) -> str:
+        ac = "AC full" if self.activation_checkpointing else "no AC"
+        return f"{self.preset} seq {self.seq_len} mbs {self.micro_batch_size} {ac}{' compile' if self.compile else ''}"
+
+
+@dataclass(frozen=True)
+class Result:
+    tokens_per_second: float
+    # Tokens per second of rank 0's process CPU time: what the code costs,
+    # largely independent of other load on a shared machine.
+    tokens_per_cpu_second: float
+    mfu: float | None = None
+    peak_memory: str = ""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _env(gpu: bool, workdir: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env["FSDP_METRICS_ADDR"] = "127.0.0.1"
+    env["FSDP_METRICS_DIR"] = str(workdir / "metrics-files")
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(REPO / "operator"), str(REPO / "trainer"), env.get("PYTHONPATH")])
+    )
+    if not gpu:
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    return env
+
+
+def _torchrun(nproc: int) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
+
+
+def _run(cmd: list[str], env: dict[str, str], log: Path) -> str:
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    log.write_text(done.stdout + "\n--- stderr ---\n" + done.stderr)
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} exited {done.returncode}; output in {log}")
+    return done.stdout
+
+
+def trainer_config(s: Setup, workdir: Path) -> dict:
+    return {
+        "job": {"name": "bench", "namespace": "bench"},
+        "model": {"preset": s.preset},
+        "training": {
+            "maxSteps": s.steps,
+            "seqLen": s.seq_len,
+            "microBatchSize": s.micro_batch_size,
+            "precision": s.precision,
+            "activationCheckpointing": "full" if s.activation_checkpointing else "none",
+            "compile": s.compile,
+            "logIntervalSteps": 10,
+            "evalIntervalSteps": 0,
+        },
+        # Only the final save, after the timed steps.
+        "checkpoint": {"dir": str(workdir / "checkpoints"), "intervalSteps": s.steps * 10, "resume": "never"},
+        "metrics": {"enabled": True, "port": _free_port()},
+    }
+
+
+def run_trainer(s: Setup, workdir: Path, gpu: bool, tag: str) -> Result:
+    config = workdir / f"train-{tag}.yaml"
+    cfg = trainer_config(s, workdir / tag)
+    config.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    try:
+        out = _run(
+            [*_torchrun(s.nproc), "-m", "fsdp_trainer", "--config", str(config)],
+            _env(gpu, workdir),
+            workdir / f"{tag}.log",
+        )
+    finally:
+        # The final checkpoint (written after the timed steps) is ~15 GB for 1B: drop it.
+        shutil.rmtree(workdir / tag, ignore_errors=True)
+    m = SUMMARY.search(out)
+    if m is None:
+        raise SystemExit(f"no summary line in the trainer's output ({workdir / f'{tag}.log'})")
+    n, seconds, cpu = int(m["n"]), float(m["seconds"]), float(m["cpu"])
+    mfu, mem = MFU.search(m[0]), PEAK_MEM.search(m[0])
+    tokens = n * s.tokens_per_step
+    return Result(tokens / seconds, tokens / cpu, float(mfu["mfu"]) / 100 if mfu else None, mem["mem"] if mem else "")
+
+
+def run_minimal(s: Setup, workdir: Path, gpu: bool, tag: str) -> Result:
+    cmd = [*_torchrun(s.nproc), str(REPO / "bench" / "minimal_fsdp2.py")]
+    cmd += ["--preset", s.preset, "--seq-len", str(s.seq_len), "--micro-batch-size", str(s.micro_batch_size)]
+    cmd += ["--steps", str(s.steps), "--precision", s.precision, "--warmup-steps", str(WARMUP_STEPS)]
+    if s.activation_checkpointing:
+        cmd.append("--activation-checkpointing")
+    if s.compile:
+        cmd.append("--compile")
+    out = _run(cmd, _env(gpu, workdir), workdir / f"{tag}.log")
+    line = next((x for x in out.splitlines() if x.startswith("BENCH_RESULT ")), None)
+    if line is None:
+        raise SystemExit(f"no BENCH_RESULT in the minimal loop's output ({workdir / f'{tag}.log'})")
+    r = json.loads(line.removeprefix("BENCH_RESULT "))
+    tokens = r["steps"] * s.tokens_per_step
+    return Result(tokens / r["seconds"], tokens / r["cpu_seconds"], None, f"{r['peak_memory_bytes'] / 2**30:.1f} GiB")
+
+
+def compare(s: Setup, repeats: int, workdir: Path, gpu: bool) -> tuple[list[Result], list[Result]]:
+    ours: list[Result] = []
+    minimal: list[Result] = []
+    for i in range(repeats):
+        ours.append(run_trainer(s, workdir, gpu, f"trainer-{i}"))
+        minimal.append(run_minimal(s, workdir, gpu, f"minimal-{i}"))
+        o, m = ours[-1], minimal[-1]
+        print(
+            f"  repeat {i + 1}: trainer {o.tokens_per_second:,.0f} tok/s ({o.tokens_per_cpu_second:,.0f} per CPU-s), "
+            f"minimal {m.tokens_per_second:,.0f} tok/s ({m.tokens_per_cpu_second:,.0f} per CPU-s)",
+            flush=True,
+        )
+    return ours, minimal
+
+
+def report_ratio(ours: list[Result], minimal: list[Result], *, cpu_time: bool) -> None:
+    wall_o = statistics.median(r.tokens_per_second for r in ours)
+    wall_m = statistics.median(r.tokens_per_second for r in minimal)
+    cpu_o = statistics.median(r.tokens_per_cpu_second for r in ours)
+    cpu_m = statistics.median(r.tokens_per_cpu_second for r in minimal)
+    print(
+        f"trainer {wall_o:,.0f} tok/s | minimal FSDP2 {wall_m:,.0f} tok/s | ratio {wall_o / wall_m:.3f} (target 0.95)"
+    )
+    if cpu_time:  # on a GPU the host's CPU time says nothing about speed
+        print(f"per CPU-second of rank 0: trainer {cpu_o:,.0f} | minimal {cpu_m:,.0f} | ratio {cpu_o / cpu_m:.3f}")
+
+
+def cpu_bench(args: argparse.Namespace, workdir: Path) -> None:
+    s = Setup("tiny", args.nproc, args.seq_len or 256, args.micro_batch_size or 8, args.steps, "fp32")
+    print(f"CPU: {s.label()}, {s.nproc} ranks (gloo), {s.steps} steps, timed after {WARMUP_STEPS}", flush=True)
+    report_ratio(*compare(s, args.repeats, workdir, gpu=False), cpu_time=True)
+
+
+def gpu_bench(args: argparse.Namespace, workdir: Path) -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SystemExit("--gpu needs CUDA GPUs")
+    nproc = args.nproc if args.nproc_given else torch.cuda.device_count()
+    mbs = args.micro_batch_size or 1
+    print(f"GPU: {torch.cuda.get_device_name(0)} x {nproc}, llama3.2-1b bf16, micro-batch {mbs}", flush=True)
+    print("| seqLen | activation ckpt | compile | tokens/s/GPU | MFU | peak memory |")
+    print("| ---: | --- | --- | ---: | ---: | ---: |")
+    for seq_len, ac, comp in itertools.product((2048, 4096), (False, True), (False, True)):
+        s = Setup("llama3.2-1b", nproc, seq_len, mbs, args.steps, "bf16", ac, comp)
+        tag = f"gpu-{seq_len}-{'ac' if ac else 'noac'}-{'compile' if comp else 'eager'}"
+        try:
+            r = run_trainer(s, workdir, gpu=True, tag=tag)
+        except SystemExit as e:  # e.g. out of memory at 4096 without checkpointing
+            print(f"| {seq_len} | {'full' if ac else 'none'} | {'on' if comp else 'off'} | failed: {e} | | |")
+            continue
+        mfu = f"{r.mfu:.1%}" if r.mfu is not None else "n/a"
+        cells = [str(seq_len), "full" if ac else "none", "on" if comp else "off"]
+        cells += [f"{r.tokens_per_second / nproc:,.0f}", mfu, r.peak_memory]
+        print("| " + " | ".join(cells) + " |")
+    s = Setup("llama3.2-1b", nproc, 2048, mbs, args.steps, "bf16")
+    print("seqLen 2048, no checkpointing, eager: trainer vs minimal FSDP2 loop")
+    report_ratio(*compare(s, args.repeats, workdir, gpu=True), cpu_time=False)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--gpu", action="store_true", help="llama3.2-1b on the GPUs of this machine")
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--nproc", type=int, default=None, help="ranks (CPU default 2, GPU default: all GPUs)")
+    p.add_argument("--seq-len", type=int, default=None, help="CPU only (default 256, the example's)")
+    p.add_argument("--micro-batch-size", type=int, default=None, help="default: 8 on CPU (the example's), 1 on GPU")
+    p.add_argument("--keep", action="store_true", help="keep the work directory with the runs' logs")
+    args = p.parse_args()
+    if args.steps <= WARMUP_STEPS:
+        p.error(f"--steps must exceed the {WARMUP_STEPS} warm-up steps")
+    args.nproc_given = args.nproc is not None
+    args.nproc = args.nproc or 2
+    workdir = Path(tempfile.mkdtemp(prefix="fsdp-bench-"))
+    try:
+        (gpu_bench if args.gpu else cpu_bench)(args, workdir)
+    finally:
+        if args.keep:
+            print(f"logs in {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

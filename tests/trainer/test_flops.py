@@ -1,0 +1,161 @@
+"""FLOPs per token, the peak table and MFU: the numbers behind fsdp_train_tflops/mfu_ratio."""
+
+from __future__ import annotations
+
+import io
+from types import SimpleNamespace
+
+import pytest
+import torch
+from fsdp_operator.api import PRESETS
+from fsdp_operator.api.trainer_config import TrainerConfig
+from fsdp_trainer.metrics import MetricsProcessor, StepStats
+from fsdp_trainer.metrics.flops import (
+    PEAK_OVERRIDE_ENV,
+    attention_flops_per_token,
+    flops_per_token,
+    lookup_peak,
+    matmul_params,
+    mfu,
+    peak_tflops,
+)
+
+
+def test_llama32_1b_at_2048_counts_the_tied_head_once() -> None:
+    dims = PRESETS["llama3.2-1b"]
+    # 1.24B parameters, embeddings tied: the table is the output projection.
+    assert dims.num_params() == 1_235_814_400
+    assert matmul_params(dims) == 1_235_814_400
+    assert attention_flops_per_token(dims, 2048) == 12 * 16 * 2048 * 2048 == 805_306_368
+    assert flops_per_token(dims, 2048) == 6 * 1_235_814_400 + 805_306_368 == 8_220_192_768
+
+
+def test_untied_model_excludes_the_embedding_lookup() -> None:
+    dims = PRESETS["llama3.1-8b"]
+    assert dims.num_params() == 8_030_261_248
+    assert matmul_params(dims) == 8_030_261_248 - 128_256 * 4096
+    assert flops_per_token(dims, 8192) == 6 * 7_504_924_672 + 12 * 32 * 4096 * 8192
+
+
+def test_real_parameter_count_overrides_the_formula() -> None:
+    dims = PRESETS["tiny"]
+    assert flops_per_token(dims, 256, num_params=1000) == 6 * 1000 + 12 * 4 * 256 * 256
+
+
+def test_attention_term_grows_with_sequence_length() -> None:
+    dims = PRESETS["llama3.2-1b"]
+    assert flops_per_token(dims, 4096) - flops_per_token(dims, 2048) == 12 * 16 * 2048 * 2048
+
+
+@pytest.mark.parametrize(
+    ("nvml_name", "row", "bf16"),
+    [
+        ("NVIDIA H100 80GB HBM3", "H100 SXM", 989.4),
+        ("NVIDIA H100 PCIe", "H100 PCIe", 756.5),
+        ("NVIDIA H100 NVL", "H100 NVL", 835.5),
+        ("NVIDIA H200", "H200", 989.4),
+        ("NVIDIA H200 NVL", "H200 NVL", 835.5),
+        ("NVIDIA GH200 480GB", "GH200", 989.4),
+        ("NVIDIA A100-SXM4-80GB", "A100", 312.0),
+        ("NVIDIA A100-SXM4-40GB", "A100", 312.0),
+        ("NVIDIA A100 80GB PCIe", "A100", 312.0),
+        ("NVIDIA L4", "L4", 121.0),
+        ("NVIDIA L40S", "L40S", 362.1),
+        ("NVIDIA A10G", "A10G", 125.0),
+    ],
+)
+def test_peak_table_matches_nvml_names(nvml_name: str, row: str, bf16: float) -> None:
+    found = lookup_peak(nvml_name)
+    assert found is not None and found[0] == row
+    assert peak_tflops(nvml_name, "bf16") == bf16
+
+
+def test_fp32_uses_tf32_peak_only_when_enabled() -> None:
+    assert peak_tflops("NVIDIA H100 80GB HBM3", "fp32") == 66.9
+    assert peak_tflops("NVIDIA H100 80GB HBM3", "fp32", tf32=True) == 494.7
+
+
+def test_unknown_device_and_cpu_have_no_peak(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(PEAK_OVERRIDE_ENV, raising=False)
+    assert lookup_peak("Tesla T4") is None
+    assert peak_tflops("Tesla T4", "bf16") == 0.0
+    assert peak_tflops(None, "bf16") == 0.0
+    assert mfu(12.5, 0.0) is None
+
+
+def test_peak_override_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(PEAK_OVERRIDE_ENV, "100")
+    assert peak_tflops(None, "bf16") == 100.0
+    assert peak_tflops("NVIDIA H100 80GB HBM3", "bf16") == 100.0
+
+
+def test_mfu_of_a_1b_step_on_h100() -> None:
+    # 40k tokens/s per device of llama3.2-1b at 2048 = 328.8 TFLOP/s = 33.2% of 989.4.
+    tflops = 40_000 * flops_per_token(PRESETS["llama3.2-1b"], 2048) / 1e12
+    assert tflops == pytest.approx(328.8077, rel=1e-5)
+    assert mfu(tflops, 989.4) == pytest.approx(0.33233, rel=1e-4)
+
+
+def _processor(monkeypatch: pytest.MonkeyPatch, peak: str | None) -> tuple[MetricsProcessor, io.StringIO]:
+    if peak is None:
+        monkeypatch.delenv(PEAK_OVERRIDE_ENV, raising=False)
+    else:
+        monkeypatch.setenv(PEAK_OVERRIDE_ENV, peak)
+    cfg = TrainerConfig.model_validate(
+        {
+            "job": {"name": "flops"},
+            "model": {"preset": "tiny"},
+            "training": {"maxSteps": 100, "seqLen": 256, "logIntervalSteps": 1},
+            "metrics": {"enabled": False},
+        }
+    )
+    world = SimpleNamespace(
+        rank=0, world_size=4, local_rank=0, local_world_size=2, node_rank=0, num_nodes=2, device=torch.device("cpu")
+    )
+    out = io.StringIO()
+    return MetricsProcessor(cfg, world, num_params=10_000_000, seq_len=256, stream=out), out  # type: ignore[arg-type]
+
+
+def test_processor_log_line_numbers_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    proc, out = _processor(monkeypatch, peak=None)
+    proc.start()
+    # 4 ranks, 8192 tokens in 0.5 s: 16384 tok/s for the job, 4096 per device.
+    proc.on_step(
+        StepStats(step=1, loss=5.0, learning_rate=1e-4, grad_norm=2.0, tokens=8192, step_seconds=0.5, data_seconds=0.1)
+    )
+    proc.on_step(
+        StepStats(step=2, loss=4.5, learning_rate=2e-4, grad_norm=1.5, tokens=8192, step_seconds=0.5, data_seconds=0.0)
+    )
+    proc.close()
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("step 1/100 | loss 5.0000 | lr 1.00e-04 | gnorm 2.00 | 16,384 tok/s (4,096/dev)")
+    # FLOPs/token = 6e7 + 12*4*256*256 = 63,145,728; x 4096 tok/s = 0.2586 TFLOP/s.
+    assert proc.flops_per_token == 63_145_728
+    assert "0.259 TFLOP/s/dev" in lines[0]
+    assert "MFU" not in lines[0]  # no peak on the CPU
+    assert "data 20.0%" in lines[0]
+    # ETA from the mean step time of recent steps: 98 steps left x 0.5 s.
+    assert lines[1].endswith("ETA 49s")
+
+
+def test_processor_reports_mfu_with_a_known_peak(monkeypatch: pytest.MonkeyPatch) -> None:
+    proc, out = _processor(monkeypatch, peak="1.0")
+    proc.on_step(
+        StepStats(step=1, loss=5.0, learning_rate=1e-4, grad_norm=2.0, tokens=8192, step_seconds=0.5, data_seconds=0.0)
+    )
+    assert "MFU 25.9%" in out.getvalue()
+
+
+def test_processor_prints_a_steady_state_summary_at_close(monkeypatch: pytest.MonkeyPatch) -> None:
+    proc, out = _processor(monkeypatch, peak=None)
+    for step in range(1, 6):
+        proc.on_step(
+            StepStats(
+                step=step, loss=5.0, learning_rate=1e-4, grad_norm=1.0, tokens=8192, step_seconds=0.5, data_seconds=0
+            )
+        )
+    proc.close()
+    summary = out.getvalue().splitlines()[-1]
+    # The first SUMMARY_WARMUP_STEPS (3) steps are excluded: steps 4 and 5 remain.
+    assert summary.startswith("summary: steps 4-5 (2 steps in "), summary
+    assert "s CPU of rank 0)" in summary and "peak mem" in summary and "MFU" not in summary

@@ -1,0 +1,94 @@
+"""run_local: the embedded default trains, checkpoints and resumes on the CPU."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+from fsdp_operator.api import FSDPTraining
+from fsdp_operator.render import render
+from fsdp_trainer.checkpoint import latest_checkpoint
+from fsdp_trainer.local import LocalRunError, load_training, local_config, run_local
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "fsdptraining-tiny.yaml"
+STEP_LINE = re.compile(r"^step (\d+)/(\d+) \| loss ([\d.]+)", re.MULTILINE)
+
+
+def example_copy(tmp_path: Path, **checkpoint: int) -> Path:
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["spec"]["checkpoint"].update(checkpoint)
+    # Validation and the example's micro-batch of 8 cost time this test needs
+    # not spend: half the batch still learns clearly within 30 steps.
+    doc["spec"]["training"]["evalIntervalSteps"] = 0
+    doc["spec"]["training"]["microBatchSize"] = 4
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def test_train_yaml_is_the_operators_configmap_with_local_paths(tmp_path: Path) -> None:
+    training = load_training(EXAMPLE)
+    cfg = local_config(training, tmp_path / "out", steps=20)
+    configmap = next(o for o in render(training) if o["kind"] == "ConfigMap")
+    rendered = yaml.safe_load(configmap["data"]["train.yaml"])
+    local = cfg.to_dict()
+    assert local["checkpoint"].pop("dir") == str((tmp_path / "out" / "checkpoints").resolve())
+    assert local["training"].pop("maxSteps") == 20
+    rendered["checkpoint"].pop("dir")
+    rendered["training"].pop("maxSteps")
+    local["metrics"].pop("port")  # a free port if the spec's is taken
+    rendered["metrics"].pop("port")
+    assert local == rendered
+
+
+def test_short_step_override_keeps_warmup_below_max_steps(tmp_path: Path) -> None:
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["spec"]["training"]["warmupSteps"] = 50
+    cfg = local_config(FSDPTraining.model_validate(doc), tmp_path, steps=20)
+    assert cfg.training.max_steps == 20
+    assert cfg.training.warmup_steps == 2
+
+
+def test_invalid_spec_is_reported_with_the_field(tmp_path: Path) -> None:
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["spec"]["training"]["seqLen"] = 4096  # beyond tiny's maxSeqLen 1024
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(doc))
+    with pytest.raises(LocalRunError, match=r"training.seqLen must not exceed the model's maxSeqLen"):
+        run_local(bad, output_dir=tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_trains_checkpoints_and_resumes(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    spec = example_copy(tmp_path, intervalSteps=10)
+    out = tmp_path / "run"
+
+    assert run_local(spec, nproc=2, output_dir=out, steps=30) == 0
+    first = capfd.readouterr()
+    steps = [(int(s), float(loss)) for s, _, loss in STEP_LINE.findall(first.out)]
+    assert steps[0][0] == 1 and steps[-1][0] == 30, first.out
+    start_loss, end_loss = steps[0][1], steps[-1][1]
+    # Random init starts near ln(vocab) = 8.3; 30 steps at lr 1e-3 learn well below it.
+    assert start_loss > 7.5
+    assert end_loss < start_loss - 1.0, steps
+    assert "run-local: metrics at http://127.0.0.1:" in first.out
+    latest = latest_checkpoint(out / "checkpoints")
+    assert latest is not None and latest[0] == 30
+
+    # Same output dir, more steps: resumes from step 30 instead of starting over.
+    assert run_local(spec, nproc=2, output_dir=out, steps=40) == 0
+    second = capfd.readouterr()
+    assert "(resuming from them)" in second.out
+    assert re.search(r"resumed from .*step-0*30 at step 30", second.err), second.err
+    resumed = [(int(s), int(m), float(loss)) for s, m, loss in STEP_LINE.findall(second.out)]
+    assert resumed[0][:2] == (31, 40), second.out
+    assert resumed[-1][:2] == (40, 40)
+    assert all(step > 30 for step, _, _ in resumed)
+    # The resumed model continues from the trained weights, not from scratch.
+    assert resumed[0][2] < start_loss - 1.0
+    latest = latest_checkpoint(out / "checkpoints")
+    assert latest is not None and latest[0] == 40

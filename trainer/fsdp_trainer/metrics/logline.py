@@ -1,0 +1,133 @@
+"""Rank 0's human-readable progress: log lines, and a progress bar on a terminal."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TextIO
+
+
+def format_duration(seconds: float) -> str:
+    """Compact h/m/s: 3h02m, 4m05s, 42s."""
+    if not math.isfinite(seconds) or seconds < 0:
+        return "?"
+    s = round(seconds)
+    hours, rest = divmod(s, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    if minutes:
+        return f"{minutes}m{secs:02d}s"
+    return f"{secs}s"
+
+
+def format_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+@dataclass(frozen=True)
+class IntervalSummary:
+    """Averages over the steps since the previous log line."""
+
+    step: int
+    max_steps: int
+    loss: float
+    learning_rate: float
+    grad_norm: float
+    global_tokens_per_second: float
+    tokens_per_second_per_device: float
+    tflops_per_device: float
+    mfu: float | None
+    memory_peak_bytes: int
+    data_share: float
+    eta_seconds: float
+
+
+def step_line(s: IntervalSummary) -> str:
+    """One log line; ``step N/M | loss X`` stays first so scripts can parse it."""
+    parts = [
+        f"step {s.step}/{s.max_steps}",
+        f"loss {s.loss:.4f}",
+        f"lr {s.learning_rate:.2e}",
+        f"gnorm {s.grad_norm:.2f}",
+        f"{s.global_tokens_per_second:,.0f} tok/s ({s.tokens_per_second_per_device:,.0f}/dev)",
+        f"{s.tflops_per_device:.3g} TFLOP/s/dev",
+    ]
+    if s.mfu is not None:
+        parts.append(f"MFU {s.mfu:.1%}")
+    parts += [
+        f"mem {format_bytes(s.memory_peak_bytes)}",
+        f"data {s.data_share:.1%}",
+        f"ETA {format_duration(s.eta_seconds)}",
+    ]
+    return " | ".join(parts)
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """Steady-state throughput of a process's run: wall clock from the end of warm-up to the last step."""
+
+    first_step: int
+    last_step: int
+    seconds: float
+    cpu_seconds: float
+    global_tokens_per_second: float
+    tokens_per_second_per_device: float
+    tflops_per_device: float
+    mfu: float | None
+    memory_peak_bytes: int
+
+
+def summary_line(s: RunSummary) -> str:
+    """The end-of-run line; bench/trainer_throughput.py parses its first part."""
+    steps = s.last_step - s.first_step + 1
+    parts = [
+        f"summary: steps {s.first_step}-{s.last_step} ({steps} steps in {s.seconds:.3f} s wall, "
+        f"{s.cpu_seconds:.3f} s CPU of rank 0)",
+        f"{s.global_tokens_per_second:,.0f} tok/s ({s.tokens_per_second_per_device:,.0f}/dev)",
+        f"{s.tflops_per_device:.3g} TFLOP/s/dev",
+    ]
+    if s.mfu is not None:
+        parts.append(f"MFU {s.mfu:.1%}")
+    parts.append(f"peak mem {format_bytes(s.memory_peak_bytes)}")
+    return " | ".join(parts)
+
+
+class ProgressBar:
+    """A one-line bar redrawn in place; log lines are printed above it."""
+
+    WIDTH = 30
+
+    def __init__(self, stream: TextIO, total: int) -> None:
+        self.stream = stream
+        self.total = max(1, total)
+        self._shown = False
+
+    def update(self, step: int, tokens_per_second: float, eta_seconds: float) -> None:
+        frac = min(1.0, step / self.total)
+        filled = int(frac * self.WIDTH)
+        bar = "#" * filled + "." * (self.WIDTH - filled)
+        line = (
+            f"[{bar}] {step}/{self.total} {frac:4.0%} | {tokens_per_second:,.0f} tok/s | "
+            f"ETA {format_duration(eta_seconds)}"
+        )
+        self.stream.write(f"\r\x1b[2K{line}")
+        self.stream.flush()
+        self._shown = True
+
+    def print_above(self, text: str) -> None:
+        if self._shown:
+            self.stream.write("\r\x1b[2K")
+        self.stream.write(text + "\n")
+        self.stream.flush()
+        self._shown = False
+
+    def close(self) -> None:
+        if self._shown:
+            self.stream.write("\n")
+            self.stream.flush()
+            self._shown = False

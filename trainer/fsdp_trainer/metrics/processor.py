@@ -1,0 +1,330 @@
+"""MetricsProcessor: the one place that turns step statistics into numbers people read.
+
+The train loop measures (loss, tokens, seconds) and calls the hooks; this
+class derives tokens/s, TFLOP/s, MFU, memory and ETA, updates the Prometheus
+series of this rank and writes rank 0's log line (plus a progress bar when
+stdout is a terminal). It does no collective communication: the loop already
+hands in job-level numbers, so metrics can never deadlock or slow a step.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, TextIO
+
+import torch
+
+from .flops import flops_per_token, mfu, peak_tflops
+from .logline import IntervalSummary, ProgressBar, RunSummary, step_line, summary_line
+from .memory import memory_bytes
+from .nvml import GpuSampler
+from .prometheus import (
+    MetricsServer,
+    TrainerMetrics,
+    enable_multiprocess,
+    multiproc_dir,
+    remove_dead_agents,
+    remove_stale_generations,
+    serve,
+)
+from .stats import StepStats
+
+if TYPE_CHECKING:
+    from fsdp_operator.api.trainer_config import TrainerConfig
+
+    from ..distributed import WorldInfo
+
+log = logging.getLogger(__name__)
+
+# Bind address of the endpoint: all interfaces in a pod (Prometheus scrapes the
+# pod IP); run-local narrows it to loopback.
+ADDR_ENV = "FSDP_METRICS_ADDR"
+
+
+def _tf32_enabled() -> bool:
+    return torch.backends.cuda.matmul.allow_tf32 or torch.get_float32_matmul_precision() != "highest"
+
+
+class MetricsProcessor:
+    """Per-rank metrics and rank 0's progress output; see docs/metrics.md."""
+
+    # Throughput gauges average the last steps: single steps are noisy, and a
+    # scrape every 15-30 s should see a stable figure.
+    WINDOW_STEPS = 10
+    # NVML calls cost ~1 ms each; a dashboard needs no more than this.
+    GPU_SAMPLE_SECONDS = 5.0
+    # Steps a process runs before its speed is representative (allocator
+    # warm-up, torch.compile); the end-of-run summary starts after them.
+    SUMMARY_WARMUP_STEPS = 3
+
+    def __init__(
+        self,
+        cfg: TrainerConfig,
+        world: WorldInfo,
+        num_params: int,
+        *,
+        seq_len: int,
+        stream: TextIO | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.world = world
+        self.num_params = num_params
+        self.seq_len = seq_len
+        self.flops_per_token = flops_per_token(cfg.model.dims(), seq_len, num_params)
+        self.device_name = torch.cuda.get_device_name(world.device) if world.device.type == "cuda" else None
+        self.peak_tflops = peak_tflops(self.device_name, cfg.training.precision, tf32=_tf32_enabled())
+        self.max_steps = cfg.training.max_steps
+        self.restart_count = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+        self.labels = {
+            "job_name": cfg.job.name,
+            "node_rank": str(world.node_rank),
+            "local_rank": str(world.local_rank),
+        }
+        self.stream = stream if stream is not None else sys.stdout
+        self.is_logger = world.rank == 0
+        self.metrics: TrainerMetrics | None = None
+        self.server: MetricsServer | None = None
+        self.gpu: GpuSampler | None = None
+        self._window: deque[StepStats] = deque(maxlen=self.WINDOW_STEPS)
+        self._interval: list[StepStats] = []
+        self._steps_seen = 0
+        self._steady_start = 0.0
+        self._steady_end = 0.0
+        # Process CPU time over the same window: a speed figure that other
+        # load on a shared machine disturbs far less than wall time.
+        self._steady_cpu_start = 0.0
+        self._steady_cpu_end = 0.0
+        self._steady_tokens = 0
+        self._steady_steps: list[int] = []
+        self._last_gpu_sample = -math.inf
+        self._bar: ProgressBar | None = None
+        if self.is_logger and self.stream.isatty():
+            self._bar = ProgressBar(self.stream, self.max_steps)
+
+    # --- hooks -------------------------------------------------------------
+
+    def start(self) -> None:
+        """Create this rank's series; local rank 0 also serves the pod's endpoint."""
+        if not self.cfg.metrics.enabled:
+            return
+        path = multiproc_dir()
+        enable_multiprocess(path)
+        if self.world.local_rank == 0:
+            for stale in remove_stale_generations(path) + remove_dead_agents(path):
+                log.info("removed stale metrics files: %s", stale)
+            self.server = self._serve(path)
+        self.metrics = m = TrainerMetrics()
+        m.info.labels(
+            **self.labels,
+            model_preset=self.cfg.model.preset,
+            sharding_strategy=self.cfg.fsdp.sharding_strategy,
+            precision=self.cfg.training.precision,
+            world_size=str(self.world.world_size),
+        ).set(1)
+        m.max_steps.labels(**self.labels).set(self.max_steps)
+        m.restart_count.labels(**self.labels).set(self.restart_count)
+        m.peak_tflops.labels(**self.labels).set(self.peak_tflops)
+        # Touch the counters so they export 0 before the first step, not nothing.
+        m.tokens.labels(**self.labels)
+        m.data_wait.labels(**self.labels)
+        self.gpu = GpuSampler.open(self.world.device)
+
+    def _serve(self, path: Path) -> MetricsServer | None:
+        port = self.cfg.metrics.port
+        addr = os.environ.get(ADDR_ENV, "0.0.0.0")
+        try:
+            server = serve(port, path=path, addr=addr)
+        except OSError as e:
+            # Losing the endpoint must not lose the training run.
+            log.warning("cannot serve metrics on %s:%d (%s); training continues without them", addr, port, e)
+            return None
+        shown = "127.0.0.1" if addr in ("0.0.0.0", "") else addr
+        self._print(
+            f"metrics: serving http://{shown}:{server.port}/metrics "
+            f"(node {self.world.node_rank}, {self.world.local_world_size} local ranks)",
+            force=True,
+        )
+        return server
+
+    def on_step(self, stats: StepStats) -> None:
+        self._window.append(stats)
+        self._interval.append(stats)
+        self._steps_seen += 1
+        self._track_steady_state(stats)
+        rates = self._rates(self._window)
+        if self.metrics is not None:
+            self._export_step(stats, rates)
+        if not self.is_logger:
+            return
+        if self._bar is not None:
+            self._bar.update(stats.step, rates.global_tokens_per_second, rates.eta(stats.step, self.max_steps))
+        if self._should_log(stats.step):
+            self._print(step_line(self._summarise(stats)))
+            self._interval.clear()
+
+    def on_eval(self, step: int, loss: float) -> None:
+        ppl = math.exp(loss) if loss < 700 else math.inf
+        if self.metrics is not None:
+            self.metrics.eval_loss.labels(**self.labels).set(loss)
+            self.metrics.eval_perplexity.labels(**self.labels).set(ppl)
+        self._print(f"eval step {step} | loss {loss:.4f} | perplexity {ppl:.2f}")
+
+    # The checkpointer logs saves and resumes itself; these only feed metrics.
+    def on_checkpoint_saved(self, step: int, seconds: float) -> None:
+        if self.metrics is not None:
+            m = self.metrics
+            m.checkpoint_save.labels(**self.labels).observe(seconds)
+            m.checkpoint_last_step.labels(**self.labels).set(step)
+            m.checkpoint_last_save.labels(**self.labels).set(time.time())
+
+    def on_checkpoint_loaded(self, step: int, seconds: float) -> None:
+        if self.metrics is not None:
+            self.metrics.checkpoint_load.labels(**self.labels).set(seconds)
+            self.metrics.checkpoint_last_step.labels(**self.labels).set(step)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+        summary = self._summary()
+        if summary is not None:
+            self._print(summary_line(summary))
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+        if self.gpu is not None:
+            self.gpu.close()
+            self.gpu = None
+
+    # --- derived numbers ---------------------------------------------------
+
+    def _rates(self, steps: deque[StepStats] | list[StepStats]) -> _Rates:
+        seconds = sum(s.step_seconds for s in steps)
+        tokens = sum(s.tokens for s in steps)
+        global_tps = tokens / seconds if seconds > 0 else 0.0
+        per_device = global_tps / self.world.world_size
+        tflops = per_device * self.flops_per_token / 1e12
+        data = sum(s.data_seconds for s in steps)
+        return _Rates(
+            global_tokens_per_second=global_tps,
+            tokens_per_second_per_device=per_device,
+            tflops_per_device=tflops,
+            mfu=mfu(tflops, self.peak_tflops),
+            seconds_per_step=seconds / len(steps) if steps else 0.0,
+            data_share=data / seconds if seconds > 0 else 0.0,
+        )
+
+    def _track_steady_state(self, stats: StepStats) -> None:
+        now, cpu = time.perf_counter(), time.process_time()
+        if self._steps_seen == self.SUMMARY_WARMUP_STEPS:
+            self._steady_start, self._steady_cpu_start = now, cpu
+        elif self._steps_seen > self.SUMMARY_WARMUP_STEPS:
+            self._steady_end, self._steady_cpu_end = now, cpu
+            self._steady_tokens += stats.tokens
+            self._steady_steps.append(stats.step)
+
+    def _summary(self) -> RunSummary | None:
+        seconds = self._steady_end - self._steady_start
+        if not self._steady_steps or seconds <= 0:
+            return None
+        global_tps = self._steady_tokens / seconds
+        per_device = global_tps / self.world.world_size
+        tflops = per_device * self.flops_per_token / 1e12
+        return RunSummary(
+            first_step=self._steady_steps[0],
+            last_step=self._steady_steps[-1],
+            seconds=seconds,
+            cpu_seconds=self._steady_cpu_end - self._steady_cpu_start,
+            global_tokens_per_second=global_tps,
+            tokens_per_second_per_device=per_device,
+            tflops_per_device=tflops,
+            mfu=mfu(tflops, self.peak_tflops),
+            memory_peak_bytes=memory_bytes(self.world.device)[0],
+        )
+
+    def _should_log(self, step: int) -> bool:
+        # The first step of a process shows at once where a (resumed) run starts.
+        return step % self.cfg.training.log_interval_steps == 0 or step >= self.max_steps or self._steps_seen == 1
+
+    def _summarise(self, last: StepStats) -> IntervalSummary:
+        interval = self._rates(self._interval)
+        recent = self._rates(self._window)
+        return IntervalSummary(
+            step=last.step,
+            max_steps=self.max_steps,
+            loss=last.loss,
+            learning_rate=last.learning_rate,
+            grad_norm=last.grad_norm,
+            global_tokens_per_second=interval.global_tokens_per_second,
+            tokens_per_second_per_device=interval.tokens_per_second_per_device,
+            tflops_per_device=interval.tflops_per_device,
+            mfu=interval.mfu,
+            memory_peak_bytes=memory_bytes(self.world.device)[0],
+            data_share=interval.data_share,
+            eta_seconds=recent.eta(last.step, self.max_steps),
+        )
+
+    def _export_step(self, stats: StepStats, rates: _Rates) -> None:
+        m, lb = self.metrics, self.labels
+        assert m is not None
+        m.step.labels(**lb).set(stats.step)
+        m.loss.labels(**lb).set(stats.loss)
+        m.learning_rate.labels(**lb).set(stats.learning_rate)
+        m.grad_norm.labels(**lb).set(stats.grad_norm)
+        m.tokens.labels(**lb).inc(stats.tokens / self.world.world_size)
+        m.tokens_per_second.labels(**lb).set(rates.tokens_per_second_per_device)
+        m.global_tokens_per_second.labels(**lb).set(rates.global_tokens_per_second)
+        m.tflops.labels(**lb).set(rates.tflops_per_device)
+        if rates.mfu is not None:
+            m.mfu.labels(**lb).set(rates.mfu)
+        m.step_duration.labels(**lb).observe(stats.step_seconds)
+        m.data_wait.labels(**lb).inc(max(0.0, stats.data_seconds))
+        peak, reserved = memory_bytes(self.world.device)
+        m.memory_peak.labels(**lb).set(peak)
+        m.memory_reserved.labels(**lb).set(reserved)
+        m.last_step_timestamp.labels(**lb).set(time.time())
+        self._export_gpu()
+
+    def _export_gpu(self) -> None:
+        now = time.monotonic()
+        if self.gpu is None or self.metrics is None or now - self._last_gpu_sample < self.GPU_SAMPLE_SECONDS:
+            return
+        self._last_gpu_sample = now
+        sample = self.gpu.sample()
+        if sample is None:
+            return
+        m, lb = self.metrics, {**self.labels, "gpu": str(self.gpu.gpu)}
+        m.gpu_utilization.labels(**lb).set(sample.utilization_ratio)
+        m.gpu_memory_used.labels(**lb).set(sample.memory_used_bytes)
+        m.gpu_memory_total.labels(**lb).set(sample.memory_total_bytes)
+        m.gpu_power.labels(**lb).set(sample.power_watts)
+        m.gpu_temperature.labels(**lb).set(sample.temperature_celsius)
+
+    def _print(self, text: str, *, force: bool = False) -> None:
+        if not (self.is_logger or force):
+            return
+        if self._bar is not None:
+            self._bar.print_above(text)
+        else:
+            print(text, file=self.stream, flush=True)
+
+
+@dataclass(frozen=True, slots=True)
+class _Rates:
+    """Throughput over a run of steps."""
+
+    global_tokens_per_second: float
+    tokens_per_second_per_device: float
+    tflops_per_device: float
+    mfu: float | None
+    seconds_per_step: float
+    data_share: float
+
+    def eta(self, step: int, max_steps: int) -> float:
+        return max(0, max_steps - step) * self.seconds_per_step

@@ -1,0 +1,213 @@
+"""The trainer's Prometheus metrics: one scrape endpoint per pod for all local ranks.
+
+torchrun starts one process per GPU, but a pod exposes one metrics port. So
+every local rank writes its samples to memory-mapped files in a directory
+shared by the pod (prometheus_client's multiprocess mode) and local rank 0
+serves the merged view. Each series carries ``local_rank``, so nothing is
+summed across ranks by accident.
+
+The directory is per torchrun *agent* (its pid and start time) and per
+*restart generation* (``TORCHELASTIC_RESTART_COUNT``): a worker group that
+torchrun restarts, or a restarted container whose /tmp emptyDir survived,
+writes to a fresh directory, so files of dead workers never leak into the
+scrape (their counters would add up, their gauges freeze at their last
+values). The new local rank 0 deletes the directories of earlier generations
+and of agents that are gone.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import threading
+from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass
+from pathlib import Path
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server, values
+from prometheus_client.multiprocess import MultiProcessCollector
+
+log = logging.getLogger(__name__)
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+# Where the per-agent directories go; default: the system temp dir (/tmp, an
+# emptyDir in the pod).
+BASE_DIR_ENV = "FSDP_METRICS_DIR"
+
+RANK_LABELS = ("job_name", "node_rank", "local_rank")
+INFO_LABELS = (*RANK_LABELS, "model_preset", "sharding_strategy", "precision", "world_size")
+GPU_LABELS = (*RANK_LABELS, "gpu")
+
+# From a tiny CPU model (tens of ms) to a 70B step on many nodes (minutes).
+STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
+CHECKPOINT_BUCKETS = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
+
+
+def process_start_time(pid: int) -> str | None:
+    """When ``pid`` started (clock ticks since boot, from /proc), or None if it is gone.
+
+    With the pid it names one process instance: a restarted container reuses
+    pids, and its /tmp emptyDir keeps the files of the previous instance.
+    """
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # Field 22; the command name (field 2) may contain spaces, so count after ')'.
+    return stat.rpartition(")")[2].split()[19]
+
+
+def _agent_key(pid: int) -> str:
+    started = process_start_time(pid)
+    if started is None and sys.platform != "linux":
+        started = "0"  # no /proc: the pid alone
+    return f"{pid}-{started}"
+
+
+def multiproc_dir(env: Mapping[str, str] = os.environ) -> Path:
+    """This worker's directory: the same for all local ranks of one torchrun agent and restart."""
+    base = Path(env.get(BASE_DIR_ENV) or tempfile.gettempdir()) / "fsdp-trainer-metrics"
+    # torchrun's workers are children of the agent; the agent's identity
+    # separates concurrent runs that share a run id (a fixed rdzv id) and a
+    # restarted container from its predecessor.
+    agent = f"{env.get('TORCHELASTIC_RUN_ID', 'none')}.{_agent_key(os.getppid())}"
+    return base / agent / f"restart-{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+
+
+def enable_multiprocess(path: Path, env: MutableMapping[str, str] = os.environ) -> None:
+    """Make every metric created from now on write to ``path``.
+
+    prometheus_client picks its value class when first imported, which may
+    happen before the trainer runs (any import of prometheus_client in the
+    process). Swapping the class here makes the mode independent of import
+    order; metrics created before this call keep their in-memory values.
+    """
+    path.mkdir(parents=True, exist_ok=True)
+    env[MULTIPROC_ENV] = str(path)
+    if not getattr(values.ValueClass, "_multiprocess", False):
+        values.ValueClass = values.MultiProcessValue()
+
+
+def remove_stale_generations(current: Path) -> list[Path]:
+    """Delete the directories of this agent's earlier restarts; local rank 0 calls this."""
+    removed = []
+    for sibling in current.parent.glob("restart-*"):
+        if sibling != current:
+            shutil.rmtree(sibling, ignore_errors=True)
+            removed.append(sibling)
+    return removed
+
+
+def remove_dead_agents(current: Path) -> list[Path]:
+    """Delete the directories of torchrun agents that are gone (earlier runs, a restarted container)."""
+    removed = []
+    agent_dir = current.parent
+    for sibling in agent_dir.parent.iterdir():
+        pid, _, started = sibling.name.rpartition(".")[2].partition("-")
+        if sibling == agent_dir or not pid.isdigit():
+            continue
+        if started != "0" and process_start_time(int(pid)) != started:
+            shutil.rmtree(sibling, ignore_errors=True)
+            removed.append(sibling)
+    return removed
+
+
+@dataclass
+class MetricsServer:
+    server: WSGIServer
+    thread: threading.Thread
+
+    @property
+    def port(self) -> int:
+        return int(self.server.server_address[1])
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=5)
+
+
+def serve(port: int, path: Path, addr: str = "0.0.0.0") -> MetricsServer:
+    """Serve the merged samples of every process writing to ``path``."""
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=str(path))
+    server, thread = start_http_server(port, addr=addr, registry=registry)
+    return MetricsServer(server, thread)
+
+
+def _gauge(name: str, doc: str, labels: tuple[str, ...] = RANK_LABELS) -> Gauge:
+    # livemostrecent: one writer per label set (the rank), no pid label added.
+    return Gauge(name, doc, labels, registry=None, multiprocess_mode="livemostrecent")
+
+
+class TrainerMetrics:
+    """The metric objects of the shared contract (see docs/metrics.md).
+
+    Created unregistered: in multiprocess mode the values live in the files,
+    and the endpoint reads them through ``MultiProcessCollector``.
+    """
+
+    def __init__(self) -> None:
+        self.info = _gauge("fsdp_trainer_info", "Static facts about the job; always 1.", INFO_LABELS)
+        self.step = _gauge("fsdp_train_step", "Last completed optimizer step.")
+        self.max_steps = _gauge("fsdp_train_max_steps", "Optimizer steps the job trains for.")
+        self.loss = _gauge("fsdp_train_loss", "Training loss of the last step, averaged over all ranks.")
+        self.learning_rate = _gauge("fsdp_train_learning_rate", "Learning rate of the last step.")
+        self.grad_norm = _gauge("fsdp_train_grad_norm", "Global gradient norm of the last step, before clipping.")
+        self.tokens = Counter("fsdp_train_tokens", "Tokens processed by this rank.", RANK_LABELS, registry=None)
+        self.tokens_per_second = _gauge(
+            "fsdp_train_tokens_per_second", "Tokens per second of this rank (device), recent steps."
+        )
+        self.global_tokens_per_second = _gauge(
+            "fsdp_train_global_tokens_per_second", "Tokens per second of the whole job, recent steps."
+        )
+        self.tflops = _gauge("fsdp_train_tflops", "Achieved model TFLOP/s per device, recent steps.")
+        self.mfu = _gauge("fsdp_train_mfu_ratio", "Model FLOPs utilisation (0..1); absent when the peak is unknown.")
+        self.peak_tflops = _gauge(
+            "fsdp_train_peak_tflops", "Dense peak TFLOP/s of the device for the training dtype; 0 when unknown."
+        )
+        self.step_duration = Histogram(
+            "fsdp_train_step_duration_seconds",
+            "Wall time of one optimizer step, data loading included.",
+            RANK_LABELS,
+            registry=None,
+            buckets=STEP_BUCKETS,
+        )
+        self.data_wait = Counter(
+            "fsdp_train_data_wait_seconds", "Time this rank waited for input batches.", RANK_LABELS, registry=None
+        )
+        self.memory_peak = _gauge(
+            "fsdp_train_memory_peak_bytes", "Peak memory: CUDA max allocated on GPU, process peak RSS on CPU."
+        )
+        self.memory_reserved = _gauge(
+            "fsdp_train_memory_reserved_bytes", "Reserved memory: CUDA max reserved on GPU, current RSS on CPU."
+        )
+        self.eval_loss = _gauge("fsdp_train_eval_loss", "Loss of the last validation run.")
+        self.eval_perplexity = _gauge("fsdp_train_eval_perplexity", "Perplexity (exp of loss) of the last validation.")
+        self.checkpoint_save = Histogram(
+            "fsdp_checkpoint_save_duration_seconds",
+            "Time the train loop was blocked saving a checkpoint.",
+            RANK_LABELS,
+            registry=None,
+            buckets=CHECKPOINT_BUCKETS,
+        )
+        self.checkpoint_load = _gauge("fsdp_checkpoint_load_duration_seconds", "Time the resume load took.")
+        self.checkpoint_last_step = _gauge(
+            "fsdp_checkpoint_last_step", "Step of the newest checkpoint saved or loaded."
+        )
+        self.checkpoint_last_save = _gauge(
+            "fsdp_checkpoint_last_save_timestamp_seconds", "Unix time of the last checkpoint save."
+        )
+        self.last_step_timestamp = _gauge(
+            "fsdp_train_last_step_timestamp_seconds", "Unix time the last optimizer step completed."
+        )
+        self.restart_count = _gauge("fsdp_train_restart_count", "Worker-group restarts by torchrun so far.")
+        self.gpu_utilization = _gauge("fsdp_gpu_utilization_ratio", "GPU busy ratio (NVML), 0..1.", GPU_LABELS)
+        self.gpu_memory_used = _gauge("fsdp_gpu_memory_used_bytes", "GPU memory in use (NVML).", GPU_LABELS)
+        self.gpu_memory_total = _gauge("fsdp_gpu_memory_total_bytes", "GPU memory size (NVML).", GPU_LABELS)
+        self.gpu_power = _gauge("fsdp_gpu_power_watts", "GPU power draw (NVML).", GPU_LABELS)
+        self.gpu_temperature = _gauge("fsdp_gpu_temperature_celsius", "GPU temperature (NVML).", GPU_LABELS)
