@@ -118,7 +118,7 @@ IMMUTABILITY = (
         ({"data__streaming": True}, "spec.data"),
         ({"training__seqLen": 512}, "spec.training.seqLen"),
         ({"training__precision": "bf16"}, "spec.training.precision"),
-        ({"training__microBatchSize": 4}, "spec.training.microBatchSize"),
+        ({"training__microBatchSize": 16}, "spec.training.microBatchSize"),
         ({"checkpoint__claimName": "ckpt"}, "spec.checkpoint.claimName"),
         ({"checkpoint__dir": "/data/ckpt"}, "spec.checkpoint.dir"),
     ],
