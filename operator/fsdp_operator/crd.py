@@ -155,9 +155,7 @@ class _Converter:
             if owner is not None:
                 rule = immutable_rule(owner, key)
                 if rule is not None:
-                    prop.setdefault("x-kubernetes-validations", []).append(
-                        {"rule": rule.cel, "message": rule.message}
-                    )
+                    prop.setdefault("x-kubernetes-validations", []).append({"rule": rule.cel, "message": rule.message})
             out[key] = prop
         return out
 
@@ -171,7 +169,9 @@ def _schema_of(model: type[BaseModel]) -> Schema:
 def open_api_schema() -> Schema:
     return {
         "type": "object",
-        "description": "FSDPTraining runs a PyTorch FSDP2 training job as a Kubeflow PyTorchJob on Karpenter GPU nodes.",
+        "description": (
+            "FSDPTraining runs a PyTorch FSDP2 training job as a Kubeflow PyTorchJob on Karpenter GPU nodes."
+        ),
         "required": ["spec"],
         "properties": {
             "apiVersion": {"type": "string", "description": "APIVersion of this object: training.fsdp.dev/v1alpha1."},

@@ -39,9 +39,7 @@ class Rule:
         return out
 
     def violation(self) -> PydanticCustomError:
-        return PydanticCustomError(
-            "fsdp_rule", self.message, {"field_path": self.field_path or ""}
-        )
+        return PydanticCustomError("fsdp_rule", self.message, {"field_path": self.field_path or ""})
 
 
 @dataclass(frozen=True)

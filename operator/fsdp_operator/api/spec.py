@@ -50,9 +50,7 @@ class Spec(BaseModel):
     validation), so a typo fails loudly instead of being pruned silently.
     """
 
-    model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, extra="forbid", validate_default=True
-    )
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", validate_default=True)
     rules: ClassVar[tuple[Rule, ...]] = ()
 
     @model_validator(mode="after")
@@ -252,9 +250,14 @@ class FSDPSpec(Spec):
             "no_shard: replicate (DDP-like); hybrid: shard within a node, replicate across nodes (needs nodes >= 2)."
         ),
     )
-    cpu_offload: bool = Field(False, description="Keep sharded parameters, gradients and optimizer state in CPU memory.")
+    cpu_offload: bool = Field(
+        False, description="Keep sharded parameters, gradients and optimizer state in CPU memory."
+    )
     prefetch: int = Field(
-        0, ge=0, le=8, description="Explicit forward/backward prefetch depth in layers; 0 leaves FSDP's implicit prefetch."
+        0,
+        ge=0,
+        le=8,
+        description="Explicit forward/backward prefetch depth in layers; 0 leaves FSDP's implicit prefetch.",
     )
     shard_group_size: int | None = Field(
         None,
@@ -435,7 +438,9 @@ class FSDPTrainingSpec(Spec):
     service_account_name: str | None = Field(
         None, pattern=DNS_LABEL, description="ServiceAccount of the training pods (e.g. for IRSA access to S3)."
     )
-    suspend: bool = Field(False, description="Suspend the job: its pods are deleted; unsuspending resumes from checkpoint.")
+    suspend: bool = Field(
+        False, description="Suspend the job: its pods are deleted; unsuspending resumes from checkpoint."
+    )
 
     rules: ClassVar[tuple[Rule, ...]] = (
         Rule(
@@ -445,7 +450,10 @@ class FSDPTrainingSpec(Spec):
             check=lambda s: not s.image.endswith(":latest"),
         ),
         Rule(
-            cel="!has(self.fsdp) || self.fsdp.shardingStrategy != 'hybrid' || (has(self.resources) && self.resources.nodes >= 2)",
+            cel=(
+                "!has(self.fsdp) || self.fsdp.shardingStrategy != 'hybrid'"
+                " || (has(self.resources) && self.resources.nodes >= 2)"
+            ),
             message="hybrid sharding needs at least 2 nodes",
             field_path=".fsdp.shardingStrategy",
             check=lambda s: s.fsdp.sharding_strategy != "hybrid" or s.resources.nodes >= 2,
@@ -475,6 +483,7 @@ class FSDPTrainingSpec(Spec):
             check=lambda s: s.resources.efa_per_node == 0 or s.resources.gpus_per_node > 0,
         ),
     )
+
     def seq_len(self) -> int:
         if self.training.seq_len is not None:
             return self.training.seq_len

@@ -66,4 +66,6 @@ class FSDPTrainingStatus(Spec):
     step: int | None = Field(None, ge=0, description="Latest optimizer step reported by the trainer's metrics.")
     loss: float | None = Field(None, description="Latest training loss reported by the trainer's metrics.")
     tokens_per_second: float | None = Field(None, ge=0, description="Latest global training throughput in tokens/s.")
-    checkpoint: CheckpointStatus = Field(default_factory=CheckpointStatus, description="Checkpoint location and durability.")
+    checkpoint: CheckpointStatus = Field(
+        default_factory=CheckpointStatus, description="Checkpoint location and durability."
+    )

@@ -24,7 +24,6 @@ from .spec import (
     TrainingSpec,
 )
 
-
 _DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 
