@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tests.bundle.manifests import DASHBOARD, metric_names
-from tests.bundle.metrics_contract import GPU_ONLY
+from tests.support.metrics_contract import GPU_ONLY
 
 
 @dataclass(frozen=True)

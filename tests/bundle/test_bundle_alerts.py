@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from tests.bundle.manifests import PROMETHEUS_RULE, metric_names
-from tests.bundle.metrics_contract import KNOWN
+from tests.support.metrics_contract import KNOWN
 
 HERE = Path(__file__).resolve().parent
 EXPECTED_ALERTS = {

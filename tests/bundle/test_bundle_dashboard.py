@@ -13,7 +13,7 @@ import yaml
 
 from tests.bundle import dashboard
 from tests.bundle.manifests import DASHBOARD, kustomize
-from tests.bundle.metrics_contract import DCGM_METRICS, KNOWN, TRAINER_METRICS
+from tests.support.metrics_contract import DCGM_METRICS, KNOWN, TRAINER_METRICS
 
 SHARED_DCGM = Path("/work/shared/crds/dcgm-exporter")
 

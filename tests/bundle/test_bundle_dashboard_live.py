@@ -25,7 +25,7 @@ import yaml
 
 from tests.bundle import dashboard
 from tests.bundle.manifests import PROMETHEUS_RULE, metric_names
-from tests.bundle.metrics_contract import GPU_ONLY
+from tests.support.metrics_contract import GPU_ONLY
 from tests.support.prometheus import PrometheusServer
 from tests.support.trainer_run import TrainerRun
 

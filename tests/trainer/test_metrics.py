@@ -25,33 +25,17 @@ from fsdp_trainer.metrics.prometheus import (
     remove_stale_generations,
 )
 
+from tests.support.metrics_contract import TRAINER_METRICS
 from tests.support.prometheus import free_port
 from tests.support.trainer_run import Sample, TrainerRun, parse_metrics
 
 STEPS = 30
 RANK_LABELS = {"job_name", "node_rank", "local_rank"}
-# Per the shared contract; on the CPU the MFU gauge and the NVML series are absent.
+# Per the shared contract; on the CPU the MFU gauge and the NVML series are
+# absent, and eval/checkpoint series appear only once those have happened.
 EXPECTED = {
-    "fsdp_trainer_info",
-    "fsdp_train_step",
-    "fsdp_train_max_steps",
-    "fsdp_train_loss",
-    "fsdp_train_learning_rate",
-    "fsdp_train_grad_norm",
-    "fsdp_train_tokens_total",
-    "fsdp_train_tokens_per_second",
-    "fsdp_train_global_tokens_per_second",
-    "fsdp_train_tflops",
-    "fsdp_train_peak_tflops",
-    "fsdp_train_step_duration_seconds_bucket",
-    "fsdp_train_step_duration_seconds_count",
-    "fsdp_train_step_duration_seconds_sum",
-    "fsdp_train_data_wait_seconds_total",
-    "fsdp_train_memory_peak_bytes",
-    "fsdp_train_memory_reserved_bytes",
-    "fsdp_train_last_step_timestamp_seconds",
-    "fsdp_train_restart_count",
-}
+    m for m in TRAINER_METRICS if not m.startswith(("fsdp_checkpoint_", "fsdp_train_eval_"))
+} - {"fsdp_train_mfu_ratio"}
 CHECKPOINT = {
     "fsdp_checkpoint_save_duration_seconds_count",
     "fsdp_checkpoint_last_step",
