@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 EXAMPLE ?= examples/fsdptraining-tiny.yaml
 
-.PHONY: setup system-deps tools run test test-fast lint crd manifests bench clean
+.PHONY: setup system-deps tools run test test-fast lint crd manifests bench demo-cluster clean
 
 # Python environment: the project with the trainer (torch) and dev extras.
 setup: $(VENV)/.installed
@@ -18,9 +18,9 @@ $(VENV)/.installed: pyproject.toml
 system-deps:
 	bash tools/install-system-deps.sh
 
-# kube-apiserver, etcd, kubectl, helm... built from Go modules, cached in ~/.cache/fsdp-k8s.
+# Every binary the tests run, built from Go modules once and cached in ~/.cache/fsdp-k8s.
 tools:
-	bash tools/build-binaries.sh
+	bash tools/build-binaries.sh etcd kube-apiserver kubectl helm kube-scheduler kube-controller-manager training-operator
 
 # The embedded default: a real FSDP2 training job on the CPU (2 ranks, gloo), no cluster, no GPU, no internet.
 run: setup
@@ -52,6 +52,13 @@ manifests: setup
 bench: setup tools
 	$(BIN)/python bench/operator_latency.py
 	$(BIN)/python bench/trainer_throughput.py
+
+# The whole flow on your laptop: etcd, kube-apiserver, kube-scheduler, kube-controller-manager,
+# the Kubeflow training operator and Karpenter-shaped nodes running pods as local processes;
+# the operator from kustomize/default; the example FSDPTraining to Succeeded; teardown.
+DEMO_STEPS ?= 30
+demo-cluster: setup system-deps tools
+	$(BIN)/python tools/demo_cluster.py -f $(EXAMPLE) --steps $(DEMO_STEPS)
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,97 @@
+"""FSDPTraining end to end: the operator (installed from kustomize/default, running as a pod), the real
+training operator and scheduler, and the trainer running for real (CPU, gloo) on two Karpenter GPU nodes."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+
+import pytest
+
+from tests.e2e.training import (
+    TERMINAL,
+    checkpoint_steps,
+    conditions,
+    create_claim,
+    dump,
+    fsdptraining,
+    last_step,
+    status,
+    step_sampler,
+    steps_per_second,
+    wait_phase,
+)
+from tests.e2e.whole_cluster import WholeCluster, record, wait_for
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+
+@pytest.fixture
+def ns(operator: WholeCluster, request: pytest.FixtureRequest) -> str:
+    name = "ft-" + request.node.name.removeprefix("test_").replace("_", "-")[:40].rstrip("-")
+    operator.cluster.create_namespace(name)
+    return name
+
+
+def test_happy_path_succeeds_with_checkpoints_status_and_prometheus(operator: WholeCluster, ns: str) -> None:
+    whole, name, max_steps = operator, "happy", 30
+    create_claim(whole, ns)
+    t0 = time.monotonic()
+    whole.cluster.apply(fsdptraining(name, ns, max_steps=max_steps, interval=10))
+    pod_monitor = wait_for(lambda: whole.get("podmonitor", name, ns), 60, "the operator's PodMonitor")
+
+    with whole.prometheus_for(pod_monitor, scrape_interval="1s") as prom:
+        wait_for(lambda: last_step(whole, name, ns) >= 1, 240, "the first training step")
+        record("job_start_to_first_step_s", time.monotonic() - t0)
+        with step_sampler(whole, name, ns) as samples:
+            # The operator's own progress figures appear while it runs.
+            running = wait_for(lambda: (st := status(whole, name, ns)).get("step") and st, 120, "status.step")
+            assert running["phase"] in ("Running", "Succeeded"), dump(running)
+            assert wait_phase(whole, name, ns, TERMINAL, 300) == "Succeeded"
+        record("job_total_s", time.monotonic() - t0)
+        record("trainer_steps_per_s", steps_per_second([(t, float(s)) for t, s in samples]))
+
+        # Scraped by a real Prometheus while it ran: every trainer pod was up, the step moved.
+        pods = f'namespace="{ns}",pod=~"{name}-worker-.*"'
+        up = prom.query(f"max_over_time(up{{{pods}}}[10m])")
+        assert sorted(r["metric"]["pod"] for r in up) == [f"{name}-worker-0", f"{name}-worker-1"], up
+        assert all(float(r["value"][1]) == 1 for r in up), up
+        end = time.time()
+        series = prom.query_range(f"max(fsdp_train_step{{{pods}}})", end - 600, end, "1s")
+        seen = sorted({int(float(v)) for _, v in series[0]["values"]}) if series else []
+        assert len(seen) >= 3 and seen[-1] >= max_steps // 2, seen
+        loss = prom.query(f"max_over_time(fsdp_train_loss{{{pods}}}[10m])")
+        assert loss and all(math.isfinite(float(r["value"][1])) for r in loss), loss
+
+    final = status(whole, name, ns)
+    job = whole.get("pytorchjob", name, ns)
+    assert job is not None
+    # The FSDPTraining mirrors the PyTorchJob's conditions.
+    mirrored = conditions(final)
+    for cond in job["status"]["conditions"]:
+        assert cond["type"] in mirrored, dump(final)
+        assert mirrored[cond["type"]]["status"] == cond["status"], dump(final)
+    assert mirrored["Succeeded"]["status"] == "True"
+    assert final["jobName"] == name and final["nodes"] == 2
+    assert final["step"] >= 1 and math.isfinite(final["loss"]), dump(final)
+    # Checkpoints every 10 steps plus the last, all complete, on the claim's volume.
+    assert checkpoint_steps(whole, ns) == [10, 20, 30]
+    record("checkpoint_steps_seen", json.dumps(checkpoint_steps(whole, ns)))
+
+
+def test_unschedulable_job_says_why_in_its_status(operator: WholeCluster, ns: str) -> None:
+    whole, name = operator, "nofit"
+    # No node of this instance type exists (nor can Karpenter make one here).
+    whole.cluster.apply(fsdptraining(name, ns, max_steps=5, interval=5, claim=None, instance_types=["p4d.24xlarge"]))
+    t0 = time.monotonic()
+
+    def explained() -> dict | None:
+        st = status(whole, name, ns)
+        text = json.dumps(st)
+        return st if ("Unschedulable" in text or "didn't match Pod's node affinity/selector" in text) else None
+
+    st = wait_for(explained, 90, "the FSDPTraining status to say why its pods cannot be scheduled")
+    record("unschedulable_reported_s", time.monotonic() - t0)
+    assert st["phase"] not in ("Running", "Succeeded"), dump(st)
+    assert "node affinity/selector" in json.dumps(st), dump(st)

@@ -1,0 +1,167 @@
+"""The pod network of the test node agent, on loopback: pod IPs, cluster DNS, and the Python shim.
+
+Each pod gets its own 127/8 address. Service names resolve to the address of
+the pod the Service selects: the agent writes them into command lines and
+environments (``PodNetwork.rewrite``), and an ``nslookup`` shim answers from
+the same table. ``SITECUSTOMIZE`` gives Python processes the rest of a pod's
+network identity (wildcard binds, their own name, "is this address mine").
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+from tests.support.node_agent_client import Obj
+
+POD_IP_ENV = "NODE_AGENT_POD_IP"
+
+
+class PodNetwork:
+    """Pod IPs on loopback and the cluster-DNS table (Service names -> pod IPs).
+
+    Each agent draws its own 127.N.0.0/16 so that two agents on one machine do
+    not hand out the same addresses. IPs are stable per pod *name*: a pod that
+    a controller deletes and recreates under the same name keeps its address,
+    so peers holding the old address (in their environment) still reach it.
+    """
+
+    def __init__(self, hosts_file: Path) -> None:
+        self.prefix = f"127.{random.randint(2, 254)}"
+        self.hosts_file = hosts_file
+        self._ips: dict[tuple[str, str], str] = {}
+        self._lock = threading.Lock()
+        self.table: dict[str, str] = {}
+
+    def ip_for(self, namespace: str, name: str) -> str:
+        with self._lock:
+            key = (namespace, name)
+            if key not in self._ips:
+                n = len(self._ips) + 1
+                self._ips[key] = f"{self.prefix}.{n // 250}.{n % 250 + 1}"
+            return self._ips[key]
+
+    def refresh(self, services: Sequence[Obj], pods: Sequence[Obj]) -> None:
+        """Rebuild the DNS table: each Service name resolves to the first live pod it selects."""
+        table: dict[str, str] = {}
+        for svc in services:
+            meta, spec = svc["metadata"], svc.get("spec") or {}
+            selector = spec.get("selector") or {}
+            if not selector:
+                continue
+            ns = meta["namespace"]
+            selected = sorted(
+                (
+                    p["metadata"]["name"]
+                    for p in pods
+                    if p["metadata"]["namespace"] == ns
+                    and not p["metadata"].get("deletionTimestamp")
+                    and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+                    and all((p["metadata"].get("labels") or {}).get(k) == v for k, v in selector.items())
+                ),
+            )
+            if not selected:
+                continue
+            ip = self.ip_for(ns, selected[0])
+            name = meta["name"]
+            for alias in (f"{name}.{ns}.svc.cluster.local", f"{name}.{ns}.svc", f"{name}.{ns}"):
+                table[alias] = ip
+            table.setdefault(f"{ns}/{name}", ip)  # namespace-local short name, resolved per pod
+        with self._lock:
+            self.table = table
+        lines = [f"{ip} {name}" for name, ip in sorted(table.items()) if "/" not in name]
+        with self._lock:  # several threads refresh; the hosts file is replaced whole
+            tmp = self.hosts_file.with_suffix(".tmp")
+            tmp.write_text("\n".join(lines) + "\n")
+            tmp.replace(self.hosts_file)
+
+    def names_for(self, namespace: str) -> dict[str, str]:
+        """Resolvable names as seen from ``namespace``: short names plus qualified ones, longest first."""
+        with self._lock:
+            table = dict(self.table)
+        names = {k.split("/", 1)[1]: v for k, v in table.items() if k.startswith(f"{namespace}/")}
+        names |= {k: v for k, v in table.items() if "/" not in k}
+        return dict(sorted(names.items(), key=lambda kv: -len(kv[0])))
+
+    def rewrite(self, text: str, namespace: str) -> str:
+        """Replace resolvable host names in ``text`` by their IPs (what DNS would have answered)."""
+        for name, ip in self.names_for(namespace).items():
+            if name in text:
+                # A whole host name: after "//" (a URL) or not inside another name or path.
+                text = re.sub(rf"(?:(?<=//)|(?<![\w./-])){re.escape(name)}(?![\w-])", ip, text)
+        return text
+
+
+# The pod network for Python processes (imported at start-up via PYTHONPATH).
+SITECUSTOMIZE = '''\
+"""Installed by the test node agent (tests/support/node_agent.py) for its pods' processes.
+
+What the pod's own network namespace would give a Python process, emulated on loopback.
+"""
+import os
+import socket
+import sys
+
+_POD_IP = os.environ.get("@POD_IP_ENV@")
+if _POD_IP:
+    # A wildcard bind is a bind to the pod's address, so two pods can serve one port.
+    _bind = socket.socket.bind
+
+    def _pod_bind(self, address):
+        if self.family == socket.AF_INET and isinstance(address, tuple) and address[0] in ("", "0.0.0.0"):
+            address = (_POD_IP, *address[1:])
+        return _bind(self, address)
+
+    socket.socket.bind = _pod_bind
+
+    # The pod's own name stands for its address: what it tells peers to dial.
+    _getfqdn = socket.getfqdn
+
+    def _pod_getfqdn(name=""):
+        return _POD_IP if name in ("", socket.gethostname()) else _getfqdn(name)
+
+    socket.getfqdn = _pod_getfqdn
+
+    # torch elastic hosts the rendezvous store when the endpoint "is this machine",
+    # and every 127/8 address would qualify; in its own namespace only the pod's
+    # address (or localhost) is the pod.
+    def _is_this_pod(host):
+        return host in ("localhost", "127.0.0.1", _POD_IP)
+
+    class _PatchRendezvousBackend:
+        target = "torch.distributed.elastic.rendezvous.c10d_rendezvous_backend"
+
+        def find_spec(self, name, path=None, target=None):
+            if name != self.target:
+                return None
+            from importlib.machinery import PathFinder
+
+            spec = PathFinder.find_spec(name, path)
+            if spec is None or spec.loader is None:
+                return spec
+            exec_module = spec.loader.exec_module
+
+            def exec_and_patch(module):
+                exec_module(module)
+                module._matches_machine_hostname = _is_this_pod
+
+            spec.loader.exec_module = exec_and_patch
+            return spec
+
+    sys.meta_path.insert(0, _PatchRendezvousBackend())
+'''.replace("@POD_IP_ENV@", POD_IP_ENV)
+
+# ``nslookup NAME``: succeeds when the agent's DNS table resolves NAME.
+NSLOOKUP = """\
+#!/bin/sh
+# nslookup for pods of the test node agent: answers from its DNS table.
+name="$1"
+# Names in the command line were already replaced by addresses (see PodNetwork.rewrite).
+case "$name" in *[!0-9.]*) ;; *) echo "Name: $name"; echo "Address: $name"; exit 0 ;; esac
+line=$(grep -E "[[:space:]]${name}(\\.[a-z0-9.-]*)?$" "{hosts}" | head -n 1)
+[ -n "$line" ] || { echo "** server can't find $name: NXDOMAIN"; exit 1; }
+echo "Name: $name"; echo "Address: ${line%% *}"
+"""

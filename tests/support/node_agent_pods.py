@@ -1,0 +1,759 @@
+"""One pod of the test node agent: volumes, environment, processes, restarts, status, deletion.
+
+``PodWorker`` plays the kubelet's part for one pod (one thread per pod);
+``ContainerRun`` is one container's process and history. The helpers below
+are the translation rules between a container's view (mount paths, ``$(VAR)``,
+Service names) and this machine's.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import copy
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import traceback
+import urllib.parse
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tests.support.node_agent_client import ApiError, Obj, now
+from tests.support.node_agent_network import POD_IP_ENV
+
+if TYPE_CHECKING:
+    from tests.support.node_agent import NodeAgent
+
+log = logging.getLogger("node-agent")
+
+VENV_BIN = Path(sys.executable).parent
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+# Every process of a container carries this variable, so that the whole
+# container can be found and killed even after its processes re-parent or start
+# new sessions (torchrun starts its workers in their own sessions).
+CONTAINER_MARKER = "NODE_AGENT_CONTAINER"
+# How long a container start may wait for the Services its command names.
+DNS_WAIT_SECONDS = 30.0
+
+
+def expand(text: str, env: Mapping[str, str]) -> str:
+    """Kubernetes ``$(VAR)`` expansion: defined variables are substituted, ``$$`` escapes, the rest stays."""
+
+    def sub(m: re.Match[str]) -> str:
+        if m.group(0) == "$$":
+            return "$"
+        name = m.group(1)
+        return env[name] if name in env else m.group(0)
+
+    return re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)", sub, text)
+
+
+def rewrite_paths(text: str, mounts: Sequence[tuple[str, Path]]) -> str:
+    """Replace container paths under a mount by the local folder backing it."""
+    for mount_path, local in sorted(mounts, key=lambda m: -len(m[0])):
+        if mount_path in ("/", "") or mount_path not in text:
+            continue
+        text = re.sub(rf"(?<![\w./-]){re.escape(mount_path.rstrip('/'))}(?=/|$|[^\w.-])", str(local), text)
+    return text
+
+
+def parse_quantity(q: str) -> float:
+    suffixes = {
+        "Ki": 2**10,
+        "Mi": 2**20,
+        "Gi": 2**30,
+        "Ti": 2**40,
+        "Pi": 2**50,
+        "Ei": 2**60,
+        "n": 1e-9,
+        "u": 1e-6,
+        "m": 1e-3,
+        "k": 1e3,
+        "M": 1e6,
+        "G": 1e9,
+        "T": 1e12,
+        "P": 1e15,
+        "E": 1e18,
+    }
+    for suffix, mult in sorted(suffixes.items(), key=lambda kv: -len(kv[0])):
+        if q.endswith(suffix):
+            return float(q[: -len(suffix)]) * mult
+    return float(q)
+
+
+def container_pids(marker: str) -> list[int]:
+    """PIDs of every live process whose environment carries ``CONTAINER_MARKER=marker``."""
+    needle = f"{CONTAINER_MARKER}={marker}\0".encode()
+    pids = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/environ", "rb") as f:
+                if needle in f.read():
+                    pids.append(int(entry.name))
+        except OSError:
+            continue
+    return pids
+
+
+class NotReady(Exception):
+    """A pod or container cannot start yet (missing ConfigMap, unbound claim...); retried."""
+
+    def __init__(self, message: str, reason: str = "ContainerCreating") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass
+class ContainerRun:
+    """One container of a pod: its current process and the history the status needs."""
+
+    spec: Obj
+    init: bool
+    log_dir: Path
+    marker_base: str
+    restart_count: int = 0
+    proc: subprocess.Popen[bytes] | None = None
+    started_at: str | None = None
+    last_terminated: Obj | None = None
+    terminated: Obj | None = None
+    waiting: tuple[str, str] | None = ("ContainerCreating", "")
+    next_start: float = 0.0
+    attempts: int = 0
+    dns_wait_since: float | None = None
+
+    @property
+    def name(self) -> str:
+        return str(self.spec["name"])
+
+    @property
+    def marker(self) -> str:
+        return f"{self.marker_base}/{self.name}/{self.attempts}"
+
+    def log_path(self, attempt: int | None = None) -> Path:
+        return self.log_dir / f"{self.name}.{self.attempts if attempt is None else attempt}.log"
+
+    def start(self, argv: list[str], env: dict[str, str], cwd: Path) -> None:
+        self.attempts += 1
+        env = {**env, CONTAINER_MARKER: self.marker}
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        with self.log_path().open("ab") as out:
+            self.proc = subprocess.Popen(
+                argv,
+                env=env,
+                cwd=cwd,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        self.started_at, self.terminated, self.waiting = now(), None, None
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def reap(self) -> Obj | None:
+        """If the main process exited: kill the rest of the container, record and return its termination."""
+        if self.proc is None or self.proc.poll() is None:
+            return None
+        rc = self.proc.returncode
+        self.kill_all()
+        code = 128 - rc if rc < 0 else rc
+        self.terminated = {
+            "exitCode": code,
+            "reason": "Completed" if code == 0 else "Error",
+            "startedAt": self.started_at,
+            "finishedAt": now(),
+            "containerID": f"local://{self.proc.pid}",
+        }
+        if rc < 0:
+            self.terminated["signal"] = -rc
+        self.proc = None
+        return self.terminated
+
+    def signal_main(self, sig: int) -> None:
+        if self.running:
+            assert self.proc is not None
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.proc.pid, sig)
+
+    def kill_all(self) -> None:
+        """SIGKILL every process of this container (a container's processes die with it)."""
+        for _ in range(3):
+            pids = container_pids(self.marker)
+            if not pids:
+                break
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.05)
+        if self.proc is not None:
+            self.proc.wait()
+
+    def status(self, image: str) -> Obj:
+        st: Obj = {
+            "name": self.name,
+            "image": image,
+            "imageID": "",
+            "ready": self.running and not self.init,
+            "restartCount": self.restart_count,
+            "started": self.running,
+        }
+        if self.running:
+            assert self.proc is not None
+            st["containerID"] = f"local://{self.proc.pid}"
+            st["state"] = {"running": {"startedAt": self.started_at}}
+        elif self.terminated is not None:
+            st["containerID"] = self.terminated["containerID"]
+            st["state"] = {"terminated": self.terminated}
+        else:
+            reason, message = self.waiting or ("ContainerCreating", "")
+            st["state"] = {"waiting": {"reason": reason, **({"message": message} if message else {})}}
+        if self.last_terminated is not None:
+            st["lastState"] = {"terminated": self.last_terminated}
+        return st
+
+
+class PodWorker(threading.Thread):
+    """Runs one pod: volumes, init containers, containers, restarts, status, deletion."""
+
+    def __init__(self, agent: NodeAgent, pod: Obj) -> None:
+        meta = pod["metadata"]
+        super().__init__(name=f"pod-{meta['namespace']}/{meta['name']}", daemon=True)
+        self.agent = agent
+        self.pod = pod
+        self.namespace, self.pod_name, self.uid = meta["namespace"], meta["name"], meta["uid"]
+        self.dir = agent.workdir / "pods" / f"{self.namespace}_{self.pod_name}_{self.uid[:8]}"
+        self.ip = agent.network.ip_for(self.namespace, self.pod_name)
+        self.gone = False
+        self._wake = threading.Event()
+        self._lock = threading.Lock()
+        spec = pod["spec"]
+        marker = f"{agent.id}/{self.uid}"
+        self.init_containers = [
+            ContainerRun(c, True, self.dir / "logs", marker) for c in spec.get("initContainers", [])
+        ]
+        self.containers = [ContainerRun(c, False, self.dir / "logs", marker) for c in spec["containers"]]
+        self.volumes: dict[str, Path] | None = None
+        self.sa_dir: Path | None = None
+        self.started = now()
+        self.conditions: dict[str, Obj] = {}
+        self.phase = "Pending"
+        self._published: Obj | None = None
+        self.terminal = False
+
+    # --- called by the agent's watch thread ---------------------------------
+
+    def update(self, pod: Obj) -> None:
+        with self._lock:
+            self.pod = pod
+        self._wake.set()
+
+    def mark_gone(self) -> None:
+        self.gone = True
+        self._wake.set()
+
+    # --- the loop --------------------------------------------------------------
+
+    @property
+    def deleting(self) -> bool:
+        return self.gone or bool(self.pod["metadata"].get("deletionTimestamp"))
+
+    def run(self) -> None:
+        while not self.deleting and not self.agent.stopping.is_set():
+            try:
+                self._step()
+                self._publish()
+            except Exception:  # an API hiccup, a bug: keep the pod's processes, try again
+                log.error("pod %s/%s: agent error\n%s", self.namespace, self.pod_name, traceback.format_exc())
+                time.sleep(1)
+            self._wake.wait(0.25)
+            self._wake.clear()
+        try:
+            self._terminate()
+        finally:
+            self._kill_all()
+
+    def _step(self) -> None:
+        if self.terminal:
+            return
+        if self.volumes is None:
+            try:
+                self._prepare()
+            except NotReady as e:
+                for c in self.init_containers + self.containers:
+                    c.waiting = ("ContainerCreating", str(e))
+                return
+        restart_policy = self.pod["spec"].get("restartPolicy", "Always")
+        # Init containers run one at a time, in order, each to success.
+        for c in self.init_containers:
+            if c.terminated is not None and c.terminated["exitCode"] == 0 and not c.running:
+                continue
+            self._drive(c, "OnFailure" if restart_policy == "Always" else restart_policy)
+            if c.terminated is not None and c.terminated["exitCode"] != 0 and restart_policy == "Never":
+                self._finish("Failed")
+            return
+        self._set_condition("Initialized", True)
+        for c in self.containers:
+            self._drive(c, restart_policy)
+        if all(c.terminated is not None and not c.running and c.next_start == 0 for c in self.containers):
+            failed = any(c.terminated and c.terminated["exitCode"] != 0 for c in self.containers)
+            self._finish("Failed" if failed else "Succeeded")
+        else:
+            self.phase = "Running" if any(c.attempts for c in self.containers) else "Pending"
+
+    def _drive(self, c: ContainerRun, restart_policy: str) -> None:
+        """Start, reap or restart one container according to the restart policy."""
+        if c.running:
+            return
+        if c.proc is not None:
+            term = c.reap()
+            assert term is not None
+            log.info("pod %s/%s container %s exited %s", self.namespace, self.pod_name, c.name, term["exitCode"])
+            if restart_policy == "Always" or (restart_policy == "OnFailure" and term["exitCode"] != 0):
+                # A short, capped exponential back-off (the kubelet's starts at 10 s).
+                delay = min(self.agent.restart_backoff[1], self.agent.restart_backoff[0] * 2 ** min(c.restart_count, 6))
+                c.next_start = time.monotonic() + delay
+                c.last_terminated, c.terminated = term, None
+                c.waiting = ("CrashLoopBackOff", f"back-off {delay:.0f}s restarting failed container={c.name}")
+            else:
+                c.next_start = 0
+            return
+        if c.terminated is not None and c.next_start == 0:
+            return  # done for good
+        if c.next_start and time.monotonic() < c.next_start:
+            return
+        if c.next_start:
+            c.restart_count += 1
+            c.next_start = 0
+        try:
+            argv, env, cwd = self._command(c)
+        except NotReady as e:
+            c.waiting = (e.reason, str(e))
+            return
+        log.info("pod %s/%s starting %s: %s", self.namespace, self.pod_name, c.name, " ".join(argv))
+        c.start(argv, env, cwd)
+
+    def _finish(self, phase: str) -> None:
+        self.phase = phase
+        self.terminal = True
+        self._set_condition("Ready", False, "PodCompleted")
+        self._set_condition("ContainersReady", False, "PodCompleted")
+        self._set_condition("PodReadyToStartContainers", False)
+
+    def _terminate(self) -> None:
+        """Graceful stop: SIGTERM the main processes, wait the grace period, SIGKILL, remove the pod."""
+        grace = self.pod["metadata"].get("deletionGracePeriodSeconds")
+        grace = self.agent.max_grace if grace is None else min(float(grace), self.agent.max_grace)
+        live = [c for c in self.init_containers + self.containers if c.running]
+        for c in live:
+            c.signal_main(signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while any(c.running for c in live) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        self._kill_all()
+        for c in live:
+            c.reap()
+        for path in (self.volumes or {}).values():
+            if path.is_relative_to(self.dir / "volumes"):  # emptyDirs and projections, not claims
+                shutil.rmtree(path, ignore_errors=True)
+        if not self.gone and not self.agent.stopping.is_set():
+            # The kubelet's last word: remove the object now that nothing runs.
+            body = {
+                "kind": "DeleteOptions",
+                "apiVersion": "v1",
+                "gracePeriodSeconds": 0,
+                "preconditions": {"uid": self.uid},
+            }
+            with contextlib.suppress(ApiError):
+                self.agent.api.request("DELETE", f"/api/v1/namespaces/{self.namespace}/pods/{self.pod_name}", body)
+        log.info("pod %s/%s terminated", self.namespace, self.pod_name)
+
+    def _kill_all(self) -> None:
+        for c in self.init_containers + self.containers:
+            c.kill_all()
+
+    # --- set-up ---------------------------------------------------------------
+
+    def _mounts(self, c: Obj) -> list[tuple[str, Path]]:
+        assert self.volumes is not None
+        mounts = []
+        for m in c.get("volumeMounts", []):
+            local = self.volumes[m["name"]]
+            if m.get("subPath"):
+                local = local / m["subPath"]
+            mounts.append((m["mountPath"], local))
+        if self.sa_dir is not None and not any(p == SERVICE_ACCOUNT_DIR for p, _ in mounts):
+            mounts.append((SERVICE_ACCOUNT_DIR, self.sa_dir))
+        return mounts
+
+    def _prepare(self) -> None:
+        """Materialise the pod's volumes as local folders (raises NotReady while a source is missing)."""
+        ns, spec = self.namespace, self.pod["spec"]
+        vol_root = self.dir / "volumes"
+        volumes: dict[str, Path] = {}
+        projected_files: list[Path] = []
+        for v in spec.get("volumes", []):
+            name, path = v["name"], vol_root / v["name"]
+            if "emptyDir" in v:
+                path.mkdir(parents=True, exist_ok=True)
+            elif "persistentVolumeClaim" in v:
+                claim = v["persistentVolumeClaim"]["claimName"]
+                path = self.agent.claim_path(ns, claim)
+            elif "hostPath" in v:
+                path = Path(v["hostPath"]["path"])
+                if v["hostPath"].get("type") in ("DirectoryOrCreate", None, ""):
+                    path.mkdir(parents=True, exist_ok=True)
+            elif "configMap" in v or "secret" in v or "projected" in v or "downwardAPI" in v:
+                path.mkdir(parents=True, exist_ok=True)
+                projected_files += self._project(v, path)
+            else:
+                raise NotReady(f"volume {name!r}: unsupported volume type {sorted(set(v) - {'name'})}")
+            volumes[name] = path
+        self.volumes = volumes
+        if self._automount():
+            self.sa_dir = self.dir / "serviceaccount"
+            self.sa_dir.mkdir(parents=True, exist_ok=True)
+            self._write_service_account(self.sa_dir)
+        # Files from ConfigMaps/Secrets name container paths: map them like the command line.
+        mounts = [m for c in spec.get("initContainers", []) + spec["containers"] for m in self._mounts(c)]
+        for f in projected_files:
+            try:
+                text = f.read_text()
+            except (UnicodeDecodeError, OSError):
+                continue
+            new = rewrite_paths(text, mounts)
+            if new != text:
+                f.write_text(new)
+        self._set_condition("PodReadyToStartContainers", True)
+
+    def _project(self, v: Obj, path: Path) -> list[Path]:
+        """Write a configMap / secret / downwardAPI / projected volume's files; returns them."""
+        sources = v["projected"]["sources"] if "projected" in v else [v]
+        written = []
+        for src in sources:
+            files: dict[str, bytes] = {}
+            if "configMap" in src:
+                ref = src["configMap"]
+                cm = self.agent.api.get_or_none(f"/api/v1/namespaces/{self.namespace}/configmaps/{ref['name']}")
+                if cm is None:
+                    if ref.get("optional"):
+                        continue
+                    raise NotReady(f'configmap "{ref["name"]}" not found')
+                data = {k: s.encode() for k, s in (cm.get("data") or {}).items()}
+                data |= {k: base64.b64decode(b) for k, b in (cm.get("binaryData") or {}).items()}
+                files = self._select(data, ref.get("items"))
+            elif "secret" in src:
+                ref = src["secret"]
+                sname = ref.get("secretName") or ref.get("name")
+                sec = self.agent.api.get_or_none(f"/api/v1/namespaces/{self.namespace}/secrets/{sname}")
+                if sec is None:
+                    if ref.get("optional"):
+                        continue
+                    raise NotReady(f'secret "{sname}" not found')
+                files = self._select(
+                    {k: base64.b64decode(b) for k, b in (sec.get("data") or {}).items()}, ref.get("items")
+                )
+            elif "downwardAPI" in src:
+                for item in src["downwardAPI"].get("items", []):
+                    if "fieldRef" in item:
+                        files[item["path"]] = self._field(item["fieldRef"]["fieldPath"]).encode()
+            elif "serviceAccountToken" in src:
+                t = src["serviceAccountToken"]
+                token = self._token(t.get("audience"), t.get("expirationSeconds", 3600))
+                files[t["path"]] = token.encode()
+            for rel, content in files.items():
+                out = path / rel
+                out.parent.mkdir(parents=True, exist_ok=True)
+                out.write_bytes(content)
+                written.append(out)
+        return written
+
+    @staticmethod
+    def _select(data: dict[str, bytes], items: list[Obj] | None) -> dict[str, bytes]:
+        if not items:
+            return data
+        return {i["path"]: data[i["key"]] for i in items if i["key"] in data}
+
+    def _automount(self) -> bool:
+        spec = self.pod["spec"]
+        if spec.get("automountServiceAccountToken") is False:
+            return False
+        mounted = any(
+            m["mountPath"] == SERVICE_ACCOUNT_DIR for c in spec["containers"] for m in c.get("volumeMounts", [])
+        )
+        return not mounted
+
+    def _token(self, audience: str | None = None, expiration: int = 3600) -> str:
+        sa = self.pod["spec"].get("serviceAccountName") or "default"
+        body: Obj = {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {
+                "expirationSeconds": max(expiration, 3600),
+                "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": self.pod_name, "uid": self.uid},
+                **({"audiences": [audience]} if audience else {}),
+            },
+        }
+        try:
+            out = self.agent.api.request(
+                "POST", f"/api/v1/namespaces/{self.namespace}/serviceaccounts/{sa}/token", body
+            )
+        except ApiError as e:
+            raise NotReady(f"cannot get a token for serviceaccount {self.namespace}/{sa}: {e}") from e
+        return str(out["status"]["token"])
+
+    def _write_service_account(self, d: Path) -> None:
+        token = self._token(expiration=24 * 3600)
+        (d / "token").write_text(token)
+        (d / "ca.crt").write_bytes(self.agent.api.ca_file.read_bytes())
+        (d / "namespace").write_text(self.namespace)
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "current-context": "in-cluster",
+            "clusters": [
+                {
+                    "name": "in-cluster",
+                    "cluster": {"server": self.agent.api.server, "certificate-authority": str(d / "ca.crt")},
+                }
+            ],
+            # Inline, not tokenFile: minimal kubeconfig readers (kopf's) only take a literal token.
+            "users": [{"name": "sa", "user": {"token": token}}],
+            "contexts": [
+                {"name": "in-cluster", "context": {"cluster": "in-cluster", "user": "sa", "namespace": self.namespace}}
+            ],
+        }
+        (d / "kubeconfig").write_text(json.dumps(config, indent=2))
+
+    # --- command and environment ----------------------------------------------------
+
+    def _field(self, path: str) -> str:
+        pod, meta = self.pod, self.pod["metadata"]
+        m = re.fullmatch(r"metadata\.(labels|annotations)\['(.+)'\]", path)
+        if m:
+            return str((meta.get(m.group(1)) or {}).get(m.group(2), ""))
+        simple = {
+            "metadata.name": meta["name"],
+            "metadata.namespace": meta["namespace"],
+            "metadata.uid": meta["uid"],
+            "spec.nodeName": pod["spec"].get("nodeName", ""),
+            "spec.serviceAccountName": pod["spec"].get("serviceAccountName", "default"),
+            "status.hostIP": self.agent.node_ip,
+            "status.hostIPs": self.agent.node_ip,
+            "status.podIP": self.ip,
+            "status.podIPs": self.ip,
+        }
+        if path == "metadata.labels":
+            return "\n".join(f'{k}="{v}"' for k, v in sorted((meta.get("labels") or {}).items()))
+        if path == "metadata.annotations":
+            return "\n".join(f'{k}="{v}"' for k, v in sorted((meta.get("annotations") or {}).items()))
+        return str(simple.get(path, ""))
+
+    def _resource(self, c: Obj, ref: Obj) -> str:
+        res = ref["resource"]
+        kind, _, name = res.partition(".")
+        value = ((c.get("resources") or {}).get(kind) or {}).get(name)
+        if value is None:  # unset limits default to the node's allocatable
+            value = self.agent.nodes[self.pod["spec"]["nodeName"]].capacity.get(name, "0")
+        divisor = parse_quantity(str(ref.get("divisor", "1")))
+        return str(int(-(-parse_quantity(str(value)) // divisor)))
+
+    def _lookup(self, kind: str, ref: Obj) -> str | None:
+        obj = self.agent.api.get_or_none(f"/api/v1/namespaces/{self.namespace}/{kind}/{ref['name']}")
+        data = (obj or {}).get("data") or {}
+        if ref["key"] not in data:
+            if ref.get("optional"):
+                return None
+            raise NotReady(f'{kind[:-1]} "{ref["name"]}" has no key {ref["key"]!r}')
+        v = data[ref["key"]]
+        return base64.b64decode(v).decode() if kind == "secrets" else str(v)
+
+    def _env(self, c: Obj, mounts: Sequence[tuple[str, Path]]) -> tuple[dict[str, str], dict[str, str]]:
+        """The container's environment: as the container sees it (for ``$(VAR)``), and as run here."""
+        home = self.dir / "home"
+        home.mkdir(parents=True, exist_ok=True)
+        api = urllib.parse.urlsplit(self.agent.api.server)
+        # What the image and the kubelet would provide, before the pod's own variables.
+        env: dict[str, str] = {
+            "PATH": f"{self.agent.shim_dir}:{VENV_BIN}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "HOME": str(home),
+            "LANG": os.environ.get("LANG", "C.UTF-8"),
+            "HOSTNAME": self.pod_name,
+            "KUBERNETES_SERVICE_HOST": api.hostname or "127.0.0.1",
+            "KUBERNETES_SERVICE_PORT": str(api.port or 443),
+            "KUBERNETES_SERVICE_PORT_HTTPS": str(api.port or 443),
+            # The pod network is loopback; gloo must not pick another interface.
+            "GLOO_SOCKET_IFNAME": "lo",
+            # This machine reaches package registries only.
+            "HF_HUB_OFFLINE": "1",
+            **self.agent.extra_env,
+        }
+        base = dict(env)
+        for src in c.get("envFrom", []):
+            prefix = src.get("prefix", "")
+            kind, ref = ("configmaps", src["configMapRef"]) if "configMapRef" in src else ("secrets", src["secretRef"])
+            obj = self.agent.api.get_or_none(f"/api/v1/namespaces/{self.namespace}/{kind}/{ref['name']}")
+            if obj is None and not ref.get("optional"):
+                raise NotReady(f'{kind[:-1]} "{ref["name"]}" not found')
+            for k, v in ((obj or {}).get("data") or {}).items():
+                env[prefix + k] = base64.b64decode(v).decode() if kind == "secrets" else v
+        for e in c.get("env", []):
+            if "value" in e:
+                env[e["name"]] = expand(e["value"], env)
+            elif "valueFrom" in e:
+                src = e["valueFrom"]
+                value: str | None
+                if "fieldRef" in src:
+                    value = self._field(src["fieldRef"]["fieldPath"])
+                elif "resourceFieldRef" in src:
+                    value = self._resource(c, src["resourceFieldRef"])
+                elif "configMapKeyRef" in src:
+                    value = self._lookup("configmaps", src["configMapKeyRef"])
+                else:
+                    value = self._lookup("secrets", src["secretKeyRef"])
+                if value is not None:
+                    env[e["name"]] = value
+            else:
+                env[e["name"]] = ""
+        # The pod's own values name container paths and Service hosts: map them
+        # once, after expansion (``env`` keeps the container's view for $(VAR)).
+        raw = env
+        env = {k: v if base.get(k) == v else self._localize(v, mounts) for k, v in raw.items()}
+        for mount_path, local in mounts:
+            if mount_path.rstrip("/") == "/tmp":
+                env.setdefault("TMPDIR", str(local))
+        if self.sa_dir is not None:
+            env.setdefault("KUBECONFIG", str(self.sa_dir / "kubeconfig"))
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(self.agent.site_dir), env.get("PYTHONPATH", "")) if p)
+        env[POD_IP_ENV] = self.ip
+        return raw, env
+
+    def _localize(self, text: str, mounts: Sequence[tuple[str, Path]]) -> str:
+        return rewrite_paths(self.agent.network.rewrite(text, self.namespace), mounts)
+
+    def _command(self, run: ContainerRun) -> tuple[list[str], dict[str, str], Path]:
+        c = run.spec
+        self.agent.refresh_dns()  # the peers' addresses as of now, not as of the last tick
+        mounts = self._mounts(c)
+        raw_env, env = self._env(c, mounts)
+        command, args = c.get("command"), c.get("args")
+        if not command:
+            entry = self.agent.image_command(c.get("image", ""))
+            if entry is None:
+                raise NotReady(
+                    f"image {c.get('image')!r} has no command and no entry in the agent's image_commands",
+                    "CreateContainerError",
+                )
+            command = entry
+        raw_argv = [expand(a, raw_env) for a in [*command, *(args or [])]]
+        # Literal values only: a fieldRef (e.g. the pod's own name) is identity, not a host to reach.
+        literals = [raw_env[e["name"]] for e in c.get("env", []) if "value" in e and e["name"] in raw_env]
+        self._await_peer_names(run, [*raw_argv, *literals])
+        argv = [self._localize(a, mounts) for a in raw_argv]
+        argv[0] = self.agent.resolve_executable(argv[0], env["PATH"])
+        cwd = self.dir / "root"
+        if c.get("workingDir"):
+            mapped = Path(rewrite_paths(c["workingDir"], mounts))
+            cwd = mapped if mapped != Path(c["workingDir"]) else cwd
+        cwd.mkdir(parents=True, exist_ok=True)
+        return argv, env, cwd
+
+    def _await_peer_names(self, run: ContainerRun, texts: Sequence[str]) -> None:
+        """Hold the start while the command names a pod of this namespace that DNS cannot resolve yet.
+
+        The training operator creates each pod's headless Service just after the
+        pod. Real DNS would answer once the Service exists, and the process'
+        retries would then succeed; here names are resolved once, when the
+        process starts, so the start waits (at most DNS_WAIT_SECONDS) instead.
+        """
+        known = self.agent.network.names_for(self.namespace)
+        pending = [
+            n
+            for n in self.agent.pod_names(self.namespace)
+            if n not in known and any(re.search(rf"(?<![\w.-]){re.escape(n)}(?![\w-])", t) for t in texts)
+        ]
+        if not pending:
+            return
+        if run.dns_wait_since is None:
+            run.dns_wait_since = time.monotonic()
+        if time.monotonic() - run.dns_wait_since < DNS_WAIT_SECONDS:
+            raise NotReady(f"waiting for the Service (DNS name) of {', '.join(pending)}")
+
+    # --- status -----------------------------------------------------------------------
+
+    def _set_condition(self, ctype: str, status: bool, reason: str | None = None) -> None:
+        value = "True" if status else "False"
+        old = self.conditions.get(ctype)
+        if old is None or old["status"] != value:
+            self.conditions[ctype] = {
+                "type": ctype,
+                "status": value,
+                "lastTransitionTime": now(),
+                "lastProbeTime": None,
+            }
+            if reason:
+                self.conditions[ctype]["reason"] = reason
+
+    def _status(self) -> Obj:
+        if not self.terminal:
+            ready = all(c.running for c in self.containers)
+            self._set_condition("ContainersReady", ready, None if ready else "ContainersNotReady")
+            self._set_condition("Ready", ready, None if ready else "ContainersNotReady")
+            if "Initialized" not in self.conditions:
+                self._set_condition("Initialized", not self.init_containers, "ContainersNotInitialized")
+            self._set_condition("PodReadyToStartContainers", self.volumes is not None)
+        self._set_condition("PodScheduled", True)
+        images = {
+            c["name"]: c.get("image", "")
+            for c in self.pod["spec"].get("initContainers", []) + self.pod["spec"]["containers"]
+        }
+        status: Obj = {
+            "phase": self.phase,
+            "conditions": list(self.conditions.values()),
+            "hostIP": self.agent.node_ip,
+            "hostIPs": [{"ip": self.agent.node_ip}],
+            "podIP": self.ip,
+            "podIPs": [{"ip": self.ip}],
+            "startTime": self.started,
+            "containerStatuses": [c.status(images[c.name]) for c in self.containers],
+        }
+        if self.init_containers:
+            status["initContainerStatuses"] = [c.status(images[c.name]) for c in self.init_containers]
+        return status
+
+    def _publish(self) -> None:
+        status = self._status()
+        if status == self._published:
+            return
+        try:
+            self.agent.api.merge_patch(
+                f"/api/v1/namespaces/{self.namespace}/pods/{self.pod_name}/status",
+                {"metadata": {"uid": self.uid}, "status": status},
+            )
+            self._published = copy.deepcopy(status)
+        except ApiError as e:
+            # Gone, or replaced by a new pod of the same name (whose uid differs from ours).
+            if e.status in (404, 409) or (e.status == 422 and "uid" in str(e)):
+                self.gone = True
+            else:
+                log.warning("pod %s/%s: status update failed: %s", self.namespace, self.pod_name, e)
+
+    # --- for tests -------------------------------------------------------------
+
+    def container(self, name: str | None = None) -> ContainerRun:
+        if name is None:
+            return self.containers[0]
+        return next(c for c in self.init_containers + self.containers if c.name == name)

@@ -1,0 +1,149 @@
+#!/usr/bin/env python3
+"""The whole flow on your laptop: a cluster on loopback, the operator, one FSDPTraining to Succeeded.
+
+    make demo-cluster                      # examples/fsdptraining-tiny.yaml
+    .venv/bin/python tools/demo_cluster.py -f examples/fsdptraining-tiny.yaml --steps 60 --keep
+
+What runs (all local processes, nothing leaves the machine): etcd and
+kube-apiserver, kube-scheduler, kube-controller-manager and the Kubeflow
+training operator (built from Go modules, cached), three Karpenter-shaped
+nodes whose pods the node agent runs as processes (tests/support/node_agent.py),
+the fsdp-operator installed with ``kubectl apply -k kustomize/default``, and
+the trainer itself on the CPU. Progress comes from the FSDPTraining's status,
+which the operator fills from the trainer's metrics. Everything is torn down
+at the end (``--keep`` waits for Ctrl-C first, with a kubeconfig to poke at).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.e2e.whole_cluster import WholeCluster, machine_lock  # noqa: E402
+
+
+def say(msg: str) -> None:
+    print(f"[demo {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def load_training(path: Path, steps: int | None, namespace: str) -> dict[str, Any]:
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d and d.get("kind") == "FSDPTraining"]
+    if len(docs) != 1:
+        raise SystemExit(f"{path}: expected exactly one FSDPTraining, found {len(docs)}")
+    training = docs[0]
+    training["metadata"].setdefault("namespace", namespace)
+    if steps is not None:
+        training["spec"]["training"]["maxSteps"] = steps
+        warmup = training["spec"]["training"].get("warmupSteps")
+        if warmup is not None and warmup >= steps:
+            training["spec"]["training"]["warmupSteps"] = steps // 10
+    return training
+
+
+def progress_line(st: dict[str, Any], max_steps: int) -> str:
+    parts = [f"phase={st.get('phase', '-')}"]
+    if st.get("step") is not None:
+        parts.append(f"step={st['step']}/{max_steps}")
+    if st.get("loss") is not None and math.isfinite(st["loss"]):
+        parts.append(f"loss={st['loss']:.4f}")
+    if st.get("tokensPerSecond") is not None:
+        parts.append(f"tokens/s={st['tokensPerSecond']:.0f}")
+    if st.get("message"):
+        parts.append(f"({st['message']})")
+    return " ".join(parts)
+
+
+def interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("-f", "--file", type=Path, default=REPO / "examples" / "fsdptraining-tiny.yaml")
+    p.add_argument("--steps", type=int, default=None, help="override spec.training.maxSteps (a shorter demo)")
+    p.add_argument("--namespace", default="default")
+    p.add_argument("--timeout", type=float, default=1200, help="seconds to wait for the training to finish")
+    p.add_argument("--quiet", action="store_true", help="do not stream the trainer's output")
+    p.add_argument("--keep", action="store_true", help="leave the cluster up until Ctrl-C")
+    args = p.parse_args(argv)
+
+    training = load_training(args.file, args.steps, args.namespace)
+    name, ns = training["metadata"]["name"], training["metadata"]["namespace"]
+    max_steps = training["spec"]["training"]["maxSteps"]
+
+    def echo(line: str) -> None:
+        # The trainer pods' output (rank 0 logs a line every logIntervalSteps).
+        if not args.quiet and line.startswith(f"[{name}-worker-"):
+            print(f"    {line}", flush=True)
+
+    signal.signal(signal.SIGTERM, interrupt)  # e.g. from `timeout`: tear down as on Ctrl-C
+    t_start = time.monotonic()
+    with machine_lock(timeout=60):
+        whole = WholeCluster(echo_logs=echo)
+        say("starting etcd, kube-apiserver, kube-scheduler, kube-controller-manager, the training operator, 3 nodes")
+        try:
+            whole.start()
+            phases = ", ".join(f"{k} {v:.1f}s" for k, v in whole.timings.items())
+            say(f"cluster up in {sum(whole.timings.values()):.1f}s ({phases})")
+            say(
+                whole.kubectl(
+                    "get", "nodes", "-L", "karpenter.sh/nodepool,node.kubernetes.io/instance-type"
+                ).stdout.rstrip()
+            )
+            say("installing the operator: kubectl apply -k kustomize/default")
+            took = whole.install_operator(env={"FSDP_OPERATOR_SCRAPE_INTERVAL": "5"})
+            say(f"operator Ready in {took:.1f}s")
+            whole.cluster.create_namespace(ns)
+            shown = args.file.relative_to(REPO) if args.file.is_relative_to(REPO) else args.file
+            say(f"applying {shown} ({max_steps} steps)")
+            t_apply = time.monotonic()
+            whole.cluster.apply(training)
+            last, first_step_at = "", None
+            deadline = time.monotonic() + args.timeout
+            st: dict[str, Any] = {}
+            while time.monotonic() < deadline:
+                st = ((whole.get("fsdptraining", name, ns) or {}).get("status")) or {}
+                line = progress_line(st, max_steps)
+                if line != last:
+                    say(line)
+                    last = line
+                if first_step_at is None and st.get("step"):
+                    first_step_at = time.monotonic() - t_apply
+                if st.get("phase") in ("Succeeded", "Failed"):
+                    break
+                time.sleep(2)
+            else:
+                say(f"timed out after {args.timeout:.0f}s")
+            say(whole.kubectl("get", "fsdptraining,pytorchjob,pods", f"--namespace={ns}", "-o", "wide").stdout.rstrip())
+            total = time.monotonic() - t_apply
+            say(
+                f"{name}: {st.get('phase')} in {total:.0f}s after apply"
+                + (f" (first step reported after {first_step_at:.0f}s)" if first_step_at else "")
+                + f"; last figures: {progress_line(st, max_steps)}"
+            )
+            if args.keep:
+                say(f"cluster kept: KUBECONFIG={whole.cluster.kubeconfig} kubectl get pods -A   (Ctrl-C to tear down)")
+                while True:
+                    time.sleep(3600)
+            return 0 if st.get("phase") == "Succeeded" else 1
+        except KeyboardInterrupt:
+            say("interrupted")
+            return 130
+        finally:
+            say("tearing down")
+            whole.stop()
+            say(f"done in {time.monotonic() - t_start:.0f}s")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
