@@ -188,6 +188,14 @@ def test_worker_only_layout_with_c10d_rendezvous_on_worker_0() -> None:
     assert "elasticPolicy" not in job["spec"]
 
 
+@pytest.mark.parametrize("gpus", [0, 8])
+def test_a_restarted_pod_gets_its_own_rendezvous_store(gpus: int) -> None:
+    # Without it a worker whose container restarts alone never rejoins
+    # (pytorch/pytorch#135712; tests/e2e/test_faults.py kills one to prove it).
+    job = job_of(resources={"nodes": 2, "gpusPerNode": gpus})
+    assert env_values(job)["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
+
+
 def test_elastic_policy() -> None:
     job = job_of(resources={"nodes": 3, "gpusPerNode": 8}, elastic={"minNodes": 2, "maxNodes": 4, "maxRestarts": 5})
     assert job["spec"]["elasticPolicy"] == {

@@ -57,6 +57,12 @@ def container_env(spec: FSDPTrainingSpec, name: str) -> Env:
         # torch/triton compile caches under ~/.cache) goes to the HOME emptyDir.
         {"name": "HOME", "value": names.HOME_DIR},
         {"name": "HF_HOME", "value": names.HF_HOME},
+        # torchrun's agent on the rendezvous host shares its TCP store with
+        # the workers; when another pod's container restarts alone, the fresh
+        # agent then waits forever for rendezvous info the survivor never
+        # rewrites for the new round (pytorch/pytorch#135712, reproduced by
+        # tests/e2e/test_faults.py). A separate store per round avoids it.
+        {"name": "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "value": "1"},
     ]
     if spec.metrics.enabled:
         env.append({"name": "FSDP_METRICS_PORT", "value": str(spec.metrics.port)})
