@@ -14,6 +14,7 @@ import http.server
 import json
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -88,6 +89,12 @@ class Env:
             "-p",
             json.dumps({"status": status}),
         )
+
+    def patch_pod_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        self.cluster.kubectl(
+            "patch", "pod", name, "-n", namespace, "--subresource=status", "--type=merge", "-p",
+            json.dumps({"status": status}),
+        )  # fmt: skip
 
     def wait_job(self, namespace: str, name: str, timeout: float = JOB_TIMEOUT) -> dict[str, Any]:
         return dict(wait_for(lambda: self.get("pytorchjob", namespace, name), timeout, what=f"PyTorchJob {name}"))
@@ -397,7 +404,7 @@ TRAINER_METRICS = """\
 # TYPE fsdp_train_step gauge
 fsdp_train_step{{job_name="prog",node_rank="0",local_rank="0"}} {step}
 # TYPE fsdp_train_loss gauge
-fsdp_train_loss{{job_name="prog",node_rank="0",local_rank="0"}} 2.75
+fsdp_train_loss{{job_name="prog",node_rank="0",local_rank="0"}} {loss}
 # TYPE fsdp_train_global_tokens_per_second gauge
 fsdp_train_global_tokens_per_second{{job_name="prog",node_rank="0",local_rank="0"}} 5120.5
 # TYPE fsdp_checkpoint_last_step gauge
@@ -407,9 +414,10 @@ fsdp_checkpoint_last_step{{job_name="prog",node_rank="0",local_rank="0"}} 100
 
 class _FakeTrainer(http.server.BaseHTTPRequestHandler):
     step = 120
+    loss = 2.75
 
     def do_GET(self) -> None:
-        body = TRAINER_METRICS.format(step=type(self).step).encode()
+        body = TRAINER_METRICS.format(step=type(self).step, loss=type(self).loss).encode()
         self.send_response(200 if self.path == "/metrics" else 404)
         self.send_header("Content-Type", "text/plain; version=0.0.4")
         self.send_header("Content-Length", str(len(body)))
@@ -444,10 +452,9 @@ def test_step_loss_and_throughput_come_from_the_rank0_pod(env: Env) -> None:
             "spec": {"containers": [{"name": "pytorch", "image": "ghcr.io/fsdp-k8s/trainer:0.1.0"}]},
         }
         env.cluster.apply(pod)
-        env.cluster.kubectl(
-            "patch", "pod", pod["metadata"]["name"], "-n", ns, "--subresource=status", "--type=merge", "-p",
-            json.dumps({"status": {"phase": "Running", "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}]}}),
-        )  # fmt: skip
+        env.patch_pod_status(
+            ns, pod["metadata"]["name"], {"phase": "Running", "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}]}
+        )
         env.patch_job_status(ns, name, {"conditions": [{"type": "Running", "status": "True", "reason": "Running"}]})
         s = env.wait_status(ns, name, "scraped progress", step=120, loss=2.75, tokensPerSecond=5120.5)
         assert s["checkpoint"]["lastStep"] == 100
@@ -457,9 +464,64 @@ def test_step_loss_and_throughput_come_from_the_rank0_pod(env: Env) -> None:
         env.wait_status(ns, name, "the next step", step=121)
         row = env.cluster.kubectl("get", "fsdptraining", name, "-n", ns, "--no-headers").stdout.split()
         assert row[:6] == [name, "Running", "2", "0", "121", "2.75"]  # NAME PHASE NODES GPUS STEP LOSS
+
+        # The job finishes. The pod is done (the periodic scrape skips it), its endpoint
+        # still answers with the last step's figures, which only the final read can see.
+        env.patch_pod_status(ns, pod["metadata"]["name"], {"phase": "Succeeded"})
+        time.sleep(1.5)  # three scrape intervals: a scrape that listed the pod as Running is over
+        _FakeTrainer.step, _FakeTrainer.loss = 50, 1.5  # maxSteps is 50
+        env.patch_job_status(ns, name, {"conditions": [{"type": "Succeeded", "status": "True", "reason": "Done"}]})
+        s = env.wait_status(ns, name, "the final figures", phase="Succeeded", step=50, loss=1.5)
+        assert s["checkpoint"]["lastStep"] == 50  # the trainer always checkpoints its last step
     finally:
         server.shutdown()
         server.server_close()
+
+
+# --- pods the scheduler cannot place ------------------------------------------------------------
+
+NO_FIT = "0/2 nodes are available: 2 node(s) didn't match Pod's node affinity/selector."
+
+
+def test_unschedulable_pods_are_explained_in_the_status(env: Env) -> None:
+    ns, name = "e2e-unschedulable", "nofit"
+    env.apply_training(ns, name, resources={"nodes": 1, "gpusPerNode": 0, "nodePool": "default"})
+    env.wait_job(ns, name)
+    env.wait_status(ns, name, "phase Created", phase="Created")
+    # What the training operator creates and the scheduler then marks, as they would.
+    pod_name = f"{name}-worker-0"
+    env.cluster.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": pod_name,
+                "namespace": ns,
+                "labels": {
+                    "training.kubeflow.org/job-name": name,
+                    "training.kubeflow.org/replica-type": "worker",
+                    "training.kubeflow.org/replica-index": "0",
+                },
+            },
+            "spec": {"containers": [{"name": "pytorch", "image": "ghcr.io/fsdp-k8s/trainer:0.1.0"}]},
+        }
+    )
+    unschedulable = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": NO_FIT}
+    env.patch_pod_status(ns, pod_name, {"phase": "Pending", "conditions": [unschedulable]})
+
+    explained = f"the pod cannot be scheduled: {pod_name}: {NO_FIT}"
+    s = env.wait_status(ns, name, "the scheduler's reason", phase="Created", message=explained)
+    cond = next(c for c in s["conditions"] if c["type"] == "Schedulable")
+    assert (cond["status"], cond["reason"], cond["message"]) == ("False", "Unschedulable", explained)
+    env.wait_events(ns, name, "Unschedulable")
+
+    # A node turns up and the pod is bound: the explanation goes.
+    env.patch_pod_status(ns, pod_name, {"conditions": [{"type": "PodScheduled", "status": "True"}]})
+    s = env.wait_status(
+        ns, name, "the pod scheduled", phase="Created", message=f"PyTorchJob {name} created; waiting for its pods"
+    )
+    cond = next(c for c in s["conditions"] if c["type"] == "Schedulable")
+    assert (cond["status"], cond["reason"]) == ("True", "Scheduled")
 
 
 # --- restarts ------------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -12,13 +13,17 @@ from fsdp_operator.controller.kube import KubeClient
 from fsdp_operator.controller.metrics import OperatorMetrics
 from fsdp_operator.controller.peering import is_active
 from fsdp_operator.controller.progress import parse_trainer_metrics, rank0_pod
-from fsdp_operator.controller.reconcile import Runtime, newest_job
+from fsdp_operator.controller.reconcile import Runtime, newest_job, record_progress, record_scheduling
+from fsdp_operator.controller.scraper import waiting_trainings
 from fsdp_operator.controller.status import (
     GENERATION_ANNOTATION,
+    EventSpec,
     ReconcileOutcome,
+    Scheduling,
     TrainingFacts,
     compute_status,
     merge_patch,
+    pod_scheduling,
     status_document,
     status_patch,
     transition_events,
@@ -247,6 +252,110 @@ def test_conditions_have_a_stable_order() -> None:
     assert types == ["Reconciled", "CheckpointsPersistent", "Created", "Running", "Succeeded"]
 
 
+# --- final figures of a finished job --------------------------------------------------------
+
+SCRAPED_MID_RUN = {"phase": "Running", "step": 6, "loss": 3.5, "tokensPerSecond": 800.0, "checkpoint": {"lastStep": 5}}
+
+
+def test_succeeded_job_reports_max_steps_however_late_the_last_scrape() -> None:
+    s = compute_status(facts(), job(cond("Succeeded")), SCRAPED_MID_RUN, now=NOW)  # maxSteps 10
+    assert (s.phase, s.step, s.checkpoint.last_step) == ("Succeeded", 10, 10)
+    # Loss and throughput cannot be derived: the last figures read stay.
+    assert (s.loss, s.tokens_per_second) == (3.5, 800.0)
+
+
+def test_failed_job_keeps_the_last_scraped_step() -> None:
+    s = compute_status(facts(), job(cond("Failed")), SCRAPED_MID_RUN, now=NOW)
+    assert (s.phase, s.step, s.checkpoint.last_step) == ("Failed", 6, 5)
+
+
+def test_succeeded_job_of_an_older_spec_keeps_the_scraped_step() -> None:
+    # The job ran generation 1; the spec (maybe maxSteps) changed since and is not applied yet.
+    s = compute_status(facts(generation=2), job(cond("Succeeded"), generation=1), SCRAPED_MID_RUN, now=NOW)
+    assert (s.step, s.checkpoint.last_step) == (6, 5)
+
+
+# --- scheduling --------------------------------------------------------------------------
+
+NO_FIT = "0/2 nodes are available: 2 node(s) didn't match Pod's node affinity/selector."
+
+
+def job_pod(name: str, scheduled: str | None, reason: str = "", message: str = "", **meta: Any) -> dict[str, Any]:
+    conditions = [] if scheduled is None else [
+        {"type": "PodScheduled", "status": scheduled, "reason": reason, "message": message}
+    ]  # fmt: skip
+    return {"metadata": {"name": name, **meta}, "status": {"phase": "Pending", "conditions": conditions}}
+
+
+def test_an_unschedulable_pod_explains_the_job() -> None:
+    pods = [job_pod("llama-worker-1", "False", "Unschedulable", NO_FIT), job_pod("llama-worker-0", "True")]
+    assert pod_scheduling(pods, expected=2) == Scheduling(
+        False, "Unschedulable", f"1 of 2 pods cannot be scheduled: llama-worker-1: {NO_FIT}"
+    )
+    # Several: the first by name speaks for them.
+    both = [job_pod(f"llama-worker-{i}", "False", "Unschedulable", f"{NO_FIT} ({i})") for i in (1, 0)]
+    assert pod_scheduling(both, expected=2).message == f"2 of 2 pods cannot be scheduled: llama-worker-0: {NO_FIT} (0)"  # type: ignore[union-attr]
+    lone = pod_scheduling([job_pod("x", "False", "SchedulingGated", "")], expected=1)
+    assert lone == Scheduling(False, "SchedulingGated", "the pod cannot be scheduled: x: SchedulingGated")
+
+
+def test_scheduled_needs_every_expected_pod_bound() -> None:
+    bound = [job_pod("w0", "True"), job_pod("w1", "True")]
+    assert pod_scheduling(bound, expected=2) == Scheduling(True, "Scheduled", "all 2 pods are scheduled")
+    assert pod_scheduling(bound[:1], expected=2) is None  # the other pod is not created yet
+    assert pod_scheduling([job_pod("w0", "True"), job_pod("w1", None)], expected=2) is None  # not tried yet
+    assert pod_scheduling([], expected=2) is None
+    # A pod on its way out does not count either way.
+    gone = job_pod("w9", "False", "Unschedulable", NO_FIT, deletionTimestamp=NOW)
+    assert pod_scheduling([*bound, gone], expected=2) == Scheduling(True, "Scheduled", "all 2 pods are scheduled")
+
+
+UNSCHEDULABLE = Scheduling(False, "Unschedulable", f"2 of 2 pods cannot be scheduled: llama-worker-0: {NO_FIT}")
+SCHEDULED = Scheduling(True, "Scheduled", "all 2 pods are scheduled")
+
+
+def test_unschedulable_pods_are_the_message_of_a_waiting_training() -> None:
+    s = compute_status(facts(), job(cond("Created")), None, outcome=APPLIED, scheduling=UNSCHEDULABLE, now=NOW)
+    assert s.phase == "Created"
+    assert s.message == UNSCHEDULABLE.message
+    c = conditions_of(s)["Schedulable"]
+    assert (c.status, c.reason, c.message, c.last_transition_time) == ("False", "Unschedulable", c.message, NOW)
+    types = [c.type for c in s.conditions]
+    assert types == ["Reconciled", "CheckpointsPersistent", "Schedulable", "Created"]
+    # A job event (no pod information) keeps it, and the explanation.
+    again = compute_status(facts(), job(cond("Created")), status_document(s), now=LATER)
+    assert again.message == UNSCHEDULABLE.message
+    assert conditions_of(again)["Schedulable"].model_dump() == c.model_dump()
+
+
+def test_schedulable_clears_once_the_pods_are_placed() -> None:
+    stuck = status_document(compute_status(facts(), job(cond("Created")), None, scheduling=UNSCHEDULABLE, now=NOW))
+    s = compute_status(facts(), job(cond("Created")), stuck, scheduling=SCHEDULED, now=LATER)
+    c = conditions_of(s)["Schedulable"]
+    assert (c.status, c.reason, c.last_transition_time) == ("True", "Scheduled", LATER)
+    assert s.message == "PyTorchJob llama created; waiting for its pods"
+
+
+def test_schedulable_after_the_job_ends_or_pauses() -> None:
+    stuck = status_document(compute_status(facts(), job(cond("Created")), None, scheduling=UNSCHEDULABLE, now=NOW))
+    done = compute_status(facts(), job(cond("Succeeded", message="done")), stuck, now=LATER)
+    assert (conditions_of(done)["Schedulable"].status, done.message) == ("True", "done")
+    # Failing while unschedulable: that may well be why, so it stays.
+    failed = compute_status(facts(), job(cond("Failed", message="deadline")), stuck, now=LATER)
+    assert (conditions_of(failed)["Schedulable"].status, failed.message) == ("False", "deadline")
+    # Suspended: no pods, nothing to schedule.
+    assert "Schedulable" not in conditions_of(compute_status(facts(), job(suspend=True), stuck, now=LATER))
+    # Never looked at: no condition at all.
+    assert "Schedulable" not in conditions_of(compute_status(facts(), job(cond("Running")), None, now=NOW))
+
+
+def test_unschedulable_is_a_warning_event_once() -> None:
+    first = compute_status(facts(), job(cond("Created")), None, scheduling=UNSCHEDULABLE, now=NOW)
+    assert EventSpec("Warning", "Unschedulable", UNSCHEDULABLE.message) in transition_events(None, first)
+    later = compute_status(facts(), job(cond("Created")), status_document(first), scheduling=UNSCHEDULABLE, now=LATER)
+    assert [e.reason for e in transition_events(status_document(first), later)] == []
+
+
 # --- patches ---------------------------------------------------------------------------
 
 
@@ -399,6 +508,10 @@ def test_rank0_pod_is_worker_zero_or_the_master() -> None:
     assert rank0_pod([*workers, pod("m0", "master", 0)])["metadata"]["name"] == "m0"  # type: ignore[index]
     # Not running, or no IP yet: nothing to scrape.
     assert rank0_pod([pod("w0", "worker", 0, phase="Pending"), pod("w1", "worker", 1, ip=None)]) is None
+    # The last read after the job finished takes a completed pod that still has its IP.
+    done = [pod("w0", "worker", 0, phase="Succeeded"), pod("w1", "worker", 1, phase="Succeeded", ip=None)]
+    assert rank0_pod(done) is None
+    assert rank0_pod(done, running_only=False)["metadata"]["name"] == "w0"  # type: ignore[index]
 
 
 # --- peering ---------------------------------------------------------------------------------
@@ -447,3 +560,128 @@ def test_newest_job_compares_resource_versions() -> None:
     assert newest_job(watched, applied) is watched
     assert newest_job(None, watched) is watched
     assert newest_job(applied, None) is applied
+
+
+# --- the writers the pod loop and the job watch use (fake API server) ---------------------------
+
+
+class FakeClient:
+    """Answers status patches like the API server: merges them and bumps the resourceVersion."""
+
+    def __init__(self, status: dict[str, Any]) -> None:
+        self.status = copy.deepcopy(status)
+        self.patches: list[dict[str, Any]] = []
+        self.created: list[dict[str, Any]] = []
+        self.rv = 100
+
+    async def create(self, obj: dict[str, Any]) -> Any:
+        self.created.append(copy.deepcopy(obj))
+        return obj
+
+    async def patch_status(self, api_version: str, kind: str, ns: str, name: str, patch: dict[str, Any]) -> Any:
+        self.patches.append(copy.deepcopy(patch))
+        self.status = _merge(self.status, patch)
+        self.rv += 1
+        return {"metadata": {"resourceVersion": str(self.rv)}, "status": copy.deepcopy(self.status)}
+
+
+def _merge(old: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    out = dict(old)
+    for k, v in patch.items():
+        if v is None:
+            out.pop(k, None)
+        elif isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = _merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def fake_runtime(status: dict[str, Any], job_body: dict[str, Any] | None) -> tuple[Runtime, FakeClient, dict]:
+    client = FakeClient(status)
+    rt = Runtime(client=client, metrics=OperatorMetrics())  # type: ignore[arg-type]
+    body = with_rv({**training(resources={"nodes": 2}), "status": status}, 1)
+    rt.remember(body)
+    if job_body is not None:
+        rt.jobs["u-1"] = job_body
+    return rt, client, rt.trainings[("ml", "llama")]
+
+
+FINISHED = {**SCRAPED_MID_RUN, "phase": "Succeeded", "step": 10, "checkpoint": {"lastStep": 10}}
+
+
+def test_final_read_of_a_succeeded_job_takes_figures_of_its_last_step_only() -> None:
+    rt, client, body = fake_runtime(FINISHED, None)
+    last = {"step": 10, "loss": 2.25, "tokensPerSecond": 900.0, "checkpoint": {"lastStep": 10}}
+    assert asyncio.run(record_progress(rt, body, last, final=True)) is True
+    assert client.patches == [{"loss": 2.25, "tokensPerSecond": 900.0}]
+    # An earlier step's figures (say, a pod from before a restart) are not the final ones.
+    stale = {"step": 7, "loss": 9.0, "tokensPerSecond": 1.0}
+    assert asyncio.run(record_progress(rt, body, stale, final=True)) is False
+    assert len(client.patches) == 1
+
+
+def test_final_read_of_a_failed_job_takes_what_the_trainer_said_last() -> None:
+    rt, client, body = fake_runtime({**SCRAPED_MID_RUN, "phase": "Failed"}, None)
+    assert asyncio.run(record_progress(rt, body, {"step": 8, "loss": 4.0}, final=True)) is True
+    assert client.patches == [{"step": 8, "loss": 4.0}]
+
+
+def test_periodic_scrape_never_overwrites_a_finished_job() -> None:
+    rt, client, body = fake_runtime(FINISHED, None)
+    assert asyncio.run(record_progress(rt, body, {"step": 9, "loss": 2.5})) is False
+    assert client.patches == []
+    running, client, body = fake_runtime(SCRAPED_MID_RUN, None)
+    assert asyncio.run(record_progress(running, body, {"step": 7, "loss": 3.0})) is True
+    assert client.patches == [{"step": 7, "loss": 3.0}]
+
+
+def test_scheduling_is_written_into_the_status_from_the_last_job_seen() -> None:
+    created = status_document(compute_status(facts(resources={"nodes": 2}), job(cond("Created")), None, now=NOW))
+    rt, client, body = fake_runtime(created, job(cond("Created")))
+    assert asyncio.run(record_scheduling(rt, body, UNSCHEDULABLE)) is True
+    (patch,) = client.patches
+    assert patch["message"] == UNSCHEDULABLE.message
+    assert client.status["phase"] == "Created"
+    sched = [c for c in client.status["conditions"] if c["type"] == "Schedulable"]
+    assert [(c["status"], c["reason"]) for c in sched] == [("False", "Unschedulable")]
+    # Posted by the loop itself (kopf's Event queue exists only inside its handlers).
+    (event,) = client.created
+    assert (event["kind"], event["type"], event["reason"], event["message"]) == (
+        "Event",
+        "Warning",
+        "Unschedulable",
+        UNSCHEDULABLE.message,
+    )
+    assert event["involvedObject"] == {
+        "apiVersion": "training.fsdp.dev/v1alpha1",
+        "kind": "FSDPTraining",
+        "name": "llama",
+        "namespace": "ml",
+        "uid": "u-1",
+    }
+    assert event["metadata"] == {"namespace": "ml", "generateName": "fsdp-operator-"}
+    # Same answer next tick: nothing to write.
+    assert asyncio.run(record_scheduling(rt, body, UNSCHEDULABLE)) is False
+    assert len(client.patches) == 1
+    # Without the job (watch not caught up yet) nothing is written.
+    rt.jobs.clear()
+    assert asyncio.run(record_scheduling(rt, body, SCHEDULED)) is False
+    assert len(client.patches) == 1
+
+
+def test_pod_loop_checks_only_trainings_whose_pods_may_be_waiting() -> None:
+    def waiting(phase: str, job_body: dict[str, Any] | None, **status: Any) -> bool:
+        rt, _, _ = fake_runtime({"phase": phase, **status}, job_body)
+        return len(waiting_trainings(rt)) == 1
+
+    assert waiting("Created", job(cond("Created")))
+    assert waiting("Restarting", job(cond("Restarting")))
+    assert not waiting("Created", None)  # the job watch has not delivered it yet
+    # Kubeflow calls a worker-only job Running once one worker runs: check until all do.
+    assert waiting("Running", job(cond("Running"), replicaStatuses={"Worker": {"active": 1}}))
+    assert not waiting("Running", job(cond("Running"), replicaStatuses={"Worker": {"active": 2}}))
+    stuck = [{"type": "Schedulable", "status": "False", "reason": "Unschedulable", "lastTransitionTime": NOW}]
+    assert waiting("Running", job(cond("Running"), replicaStatuses={"Worker": {"active": 2}}), conditions=stuck)
+    for done in ("Succeeded", "Failed", "Suspended"):
+        assert not waiting(done, job(cond(done)))

@@ -3,8 +3,9 @@
 - FSDPTraining create / update / resume → render + server-side apply + status.
 - FSDPTraining events → the in-memory view used by job events and the scraper.
 - PyTorchJob events (owned by an FSDPTraining) → status mirror; a job deleted
-  under a live training is re-applied.
-- start-up: API check, peering object, the progress scraper; probe: liveness.
+  under a live training is re-applied; a job that just finished gets a last
+  read of its trainer's metrics.
+- start-up: API check, peering object, the pod loop (progress, scheduling); probe: liveness.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from .kube import KubeClient, default_login
 from .metrics import OperatorMetrics
 from .peering import ensure_peering_object
 from .reconcile import Runtime, apply_training, handle_job_event, owner_of
-from .scraper import PeeringView, run_scraper
+from .scraper import PeeringView, final_scrape, run_scraper
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,16 @@ class Options:
 
 def _owned(body: kopf.Body, **_: Any) -> bool:
     return owner_of(body) is not None
+
+
+def _forget(tasks: list[asyncio.Task[Any]]) -> Any:
+    def done(task: asyncio.Task[Any]) -> None:
+        with contextlib.suppress(ValueError):
+            tasks.remove(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.debug("final metrics read failed: %r", task.exception())
+
+    return done
 
 
 def build_registry(rt: Runtime, options: Options) -> kopf.OperatorRegistry:
@@ -96,7 +107,12 @@ def build_registry(rt: Runtime, options: Options) -> kopf.OperatorRegistry:
 
     @kopf.on.event(KUBEFLOW_GROUP, KUBEFLOW_VERSION, PYTORCHJOBS, id="job-status", when=_owned, registry=registry)
     async def job_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
-        await handle_job_event(rt, event["type"], body)
+        finished = await handle_job_event(rt, event["type"], body)
+        if finished is not None and options.scrape_interval > 0:
+            # Off the handler: the read may wait out its timeout on a pod that is gone.
+            task = asyncio.create_task(final_scrape(rt, finished))
+            background.append(task)
+            task.add_done_callback(_forget(background))
 
     return registry
 

@@ -1,6 +1,6 @@
 """Step, loss and throughput for the status, read from the trainer's own metrics endpoint.
 
-While a job runs, a kopf timer asks the rank-0 pod for ``/metrics`` (the
+While a job runs, the operator's scrape loop asks the rank-0 pod for ``/metrics`` (the
 same endpoint Prometheus scrapes, so the trainer needs nothing extra) and
 copies four numbers into the status. It is cheap on purpose: one small GET
 per running job per interval, a short timeout, and no status patch unless a
@@ -96,12 +96,16 @@ def parse_trainer_metrics(text: str) -> TrainerProgress:
     )
 
 
-def rank0_pod(pods: Iterable[Mapping[str, Any]]) -> Mapping[str, Any] | None:
-    """The running pod hosting node rank 0: the Master if any, else Worker 0."""
+def rank0_pod(pods: Iterable[Mapping[str, Any]], *, running_only: bool = True) -> Mapping[str, Any] | None:
+    """The running pod hosting node rank 0: the Master if any, else Worker 0.
+
+    ``running_only=False`` also accepts a finished pod that still has its IP
+    (the last read after the job ended: its endpoint may still answer).
+    """
     candidates = []
     for pod in pods:
         status = pod.get("status") or {}
-        if status.get("phase") != "Running" or not status.get("podIP"):
+        if (running_only and status.get("phase") != "Running") or not status.get("podIP"):
             continue
         labels = (pod.get("metadata") or {}).get("labels") or {}
         rtype = str(labels.get(REPLICA_TYPE_LABEL, "")).lower()

@@ -25,12 +25,15 @@ from ..api import API_VERSION, KIND, FSDPTraining, format_errors
 from ..render import render
 from .kube import NETWORK_ERRORS, ApiError, KubeClient
 from .metrics import OperatorMetrics
+from .settings import EVENT_NAME_PREFIX, REPORTING_COMPONENT, reporting_instance
 from .status import (
     APPLY_FAILED,
     GENERATION_ANNOTATION,
     INVALID_SPEC,
+    SCHEDULABLE,
     EventSpec,
     ReconcileOutcome,
+    Scheduling,
     TrainingFacts,
     compute_status,
     declared_subset,
@@ -152,6 +155,48 @@ def post_events(body: Mapping[str, Any], events: list[EventSpec]) -> None:
         kopf.event(target, type=e.type, reason=e.reason, message=e.message)
 
 
+# The API server rejects longer Event messages.
+MAX_EVENT_MESSAGE = 1024
+
+
+def event_object(body: Mapping[str, Any], event: EventSpec, now: datetime | None = None) -> Json:
+    """A core v1 Event on the training, shaped as kopf posts them."""
+    target = event_target(body)
+    stamp = (now or datetime.now(UTC)).isoformat()
+    message = event.message
+    if len(message) > MAX_EVENT_MESSAGE:
+        message = message[: MAX_EVENT_MESSAGE - 3] + "..."
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"namespace": target["metadata"]["namespace"], "generateName": EVENT_NAME_PREFIX},
+        "involvedObject": {**target["metadata"], "apiVersion": target["apiVersion"], "kind": target["kind"]},
+        "type": event.type,
+        "reason": event.reason,
+        "message": message,
+        "action": "Update",
+        "reportingComponent": REPORTING_COMPONENT,
+        "reportingInstance": reporting_instance(),
+        "source": {"component": REPORTING_COMPONENT},
+        "firstTimestamp": stamp,
+        "lastTimestamp": stamp,
+        "eventTime": stamp,
+    }
+
+
+async def create_events(rt: Runtime, body: Mapping[str, Any], events: list[EventSpec]) -> None:
+    """Post Events directly: kopf's queue (post_events) only exists inside its handlers, not in our loop."""
+    meta = body.get("metadata") or {}
+    for e in events:
+        log.info("%s/%s: %s: %s", meta.get("namespace"), meta.get("name"), e.reason, e.message)
+        try:
+            await rt.client.create(event_object(body, e))
+        except (ApiError, *NETWORK_ERRORS) as err:
+            log.warning(
+                "could not post the %s event on %s/%s: %s", e.reason, meta.get("namespace"), meta.get("name"), err
+            )
+
+
 def _seconds_since(timestamp: str | None) -> float | None:
     if not timestamp:
         return None
@@ -194,12 +239,19 @@ async def _sync_locked(
     outcome: ReconcileOutcome | None,
     source: str,
     events: list[EventSpec] | None = None,
-) -> None:
-    """Compute the status from ``body`` and ``job``; patch it if it changed; record transitions."""
+    scheduling: Scheduling | None = None,
+    in_handler: bool = True,
+) -> tuple[str | None, str]:
+    """Compute the status from ``body`` and ``job``; patch it if it changed; record transitions.
+
+    ``in_handler``: called from a kopf handler, whose Event queue posts the
+    transitions in the background; otherwise they are posted here. Returns
+    the phase before and after.
+    """
     meta = body.get("metadata") or {}
     uid = meta.get("uid", "")
     previous = rt.previous_status(body)
-    new = compute_status(TrainingFacts.from_body(body), job, previous, outcome=outcome)
+    new = compute_status(TrainingFacts.from_body(body), job, previous, outcome=outcome, scheduling=scheduling)
     patch = status_patch(previous, new)
     to_post = list(events or []) + transition_events(previous, new)
     if patch:
@@ -207,7 +259,11 @@ async def _sync_locked(
         rt.wrote_status(uid, response, status_document(new))
         rt.metrics.status_updates.labels(source).inc()
     rt.metrics.phases[uid] = new.phase
-    post_events(body, to_post)
+    if in_handler:
+        post_events(body, to_post)
+    else:
+        await create_events(rt, body, to_post)
+    return previous.get("phase"), new.phase
 
 
 async def sync_status(
@@ -363,15 +419,22 @@ async def _owner_body(rt: Runtime, namespace: str, ref: Mapping[str, Any]) -> Js
     return rt.trainings[(namespace, ref["name"])]
 
 
-async def handle_job_event(rt: Runtime, event_type: str | None, job: Mapping[str, Any]) -> None:
-    """Mirror a PyTorchJob change into its FSDPTraining; re-create a job deleted from under a live training."""
+TERMINAL_PHASES = ("Succeeded", "Failed")
+
+
+async def handle_job_event(rt: Runtime, event_type: str | None, job: Mapping[str, Any]) -> Json | None:
+    """Mirror a PyTorchJob change into its FSDPTraining; re-create a job deleted from under a live training.
+
+    Returns the training when this event made it finish (Succeeded or
+    Failed), so the caller can read the trainer's metrics one last time.
+    """
     ref = owner_of(job)
     if ref is None:
-        return
+        return None
     namespace = (job.get("metadata") or {}).get("namespace", "")
     training = await _owner_body(rt, namespace, ref)
     if training is None:
-        return
+        return None
     uid = str(ref.get("uid", ""))
     if event_type == "DELETED":
         rt.jobs.pop(uid, None)
@@ -382,23 +445,60 @@ async def handle_job_event(rt: Runtime, event_type: str | None, job: Mapping[str
             or fresh["metadata"].get("uid") != ref.get("uid")
             or fresh["metadata"].get("deletionTimestamp")
         ):
-            return
+            return None
         log.info("PyTorchJob %s/%s was deleted under a live FSDPTraining; re-applying", namespace, ref["name"])
         await apply_training(rt, fresh)
-        return
+        return None
     rt.jobs[uid] = trim_job(job)
     async with rt.lock(uid):
         if uid in rt.applying:
-            return  # the apply in flight syncs the status with this job when it finishes
-        await _sync_locked(rt, training, rt.jobs[uid], outcome=None, source="job")
+            return None  # the apply in flight syncs the status with this job when it finishes
+        before, after = await _sync_locked(rt, training, rt.jobs[uid], outcome=None, source="job")
+    return training if after in TERMINAL_PHASES and before not in TERMINAL_PHASES else None
 
 
-async def record_progress(rt: Runtime, training: Mapping[str, Any], fields: Mapping[str, Any]) -> bool:
-    """Write scraped step/loss/throughput into the status if any of them changed."""
+async def record_scheduling(rt: Runtime, training: Mapping[str, Any], scheduling: Scheduling) -> bool:
+    """Write what the pods say about their placement; True if the status changed.
+
+    Recomputes the whole status from the last job seen, so the Schedulable
+    condition and status.message stay consistent with the phase. Skipped
+    while an apply is in flight or before the job watch has delivered the job
+    (either will write the status soon, and the next tick retries).
+    """
+    uid = (training.get("metadata") or {}).get("uid", "")
+    async with rt.lock(uid):
+        job = rt.jobs.get(uid)
+        if job is None or uid in rt.applying:
+            return False
+        previous = rt.previous_status(training)
+        before = [c for c in previous.get("conditions") or [] if c.get("type") == SCHEDULABLE]
+        await _sync_locked(rt, training, job, outcome=None, source="pods", scheduling=scheduling, in_handler=False)
+        after = [c for c in rt.previous_status(training).get("conditions") or [] if c.get("type") == SCHEDULABLE]
+        return before != after
+
+
+async def record_progress(
+    rt: Runtime, training: Mapping[str, Any], fields: Mapping[str, Any], *, final: bool = False
+) -> bool:
+    """Write scraped step/loss/throughput into the status if any of them changed.
+
+    A periodic scrape writes only while the training is Running: one started
+    just before the job finished must not overwrite the final figures. The
+    ``final`` read, made once the job has finished, writes what the trainer
+    last reported; for a Succeeded job, whose step is maxSteps by construction,
+    only figures from that very step are taken.
+    """
     meta = training.get("metadata") or {}
     uid = meta.get("uid", "")
     async with rt.lock(uid):
         previous = rt.previous_status(training)
+        phase = previous.get("phase")
+        if not final and phase != "Running":
+            return False
+        if final and phase == "Succeeded":
+            if fields.get("step") != previous.get("step"):
+                return False
+            fields = {k: v for k, v in fields.items() if k in ("loss", "tokensPerSecond")}
         relevant = {k: previous[k] for k in fields if k in previous}
         if "checkpoint" in fields and "checkpoint" in previous:
             relevant["checkpoint"] = {"lastStep": (previous["checkpoint"] or {}).get("lastStep")}

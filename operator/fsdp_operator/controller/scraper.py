@@ -1,10 +1,16 @@
-"""The background loop that copies running jobs' step/loss/throughput into their status.
+"""The background loop that watches over jobs' pods: progress while they run, placement while they wait.
 
 One loop for all trainings (not a kopf timer per object: kopf timers require
 a finalizer on every object, which would make deleting a training depend on
-the operator being up). Per tick: one pod LIST per namespace with running
-trainings, one metrics GET per running training, a status patch only when a
-number moved.
+the operator being up). Per tick:
+
+- running trainings: one pod LIST per namespace, one metrics GET per
+  training, a status patch only when a number moved;
+- trainings whose pods are not all running yet: one pod LIST per training,
+  so that a job the scheduler cannot place says why (the Schedulable
+  condition), a status patch only when that changed.
+
+When a job finishes, ``final_scrape`` reads its trainer's metrics once more.
 """
 
 from __future__ import annotations
@@ -22,7 +28,8 @@ from ..api.spec import MetricsSpec
 from .kube import NETWORK_ERRORS, ApiError
 from .peering import we_are_active
 from .progress import JOB_NAME_LABEL, REPLICA_INDEX_LABEL, rank0_pod, scrape
-from .reconcile import Runtime, record_progress
+from .reconcile import Runtime, record_progress, record_scheduling
+from .status import SCHEDULABLE, TrainingFacts, pod_scheduling
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +53,93 @@ def running_trainings(rt: Runtime) -> list[Mapping[str, Any]]:
         if phase == "Running" and metrics.get("enabled", True):
             out.append(body)
     return out
+
+
+def _active_pods(job: Mapping[str, Any]) -> int:
+    replicas = (job.get("status") or {}).get("replicaStatuses") or {}
+    return sum(int(r.get("active") or 0) for r in replicas.values())
+
+
+def waiting_trainings(rt: Runtime) -> list[Mapping[str, Any]]:
+    """Trainings with a job whose pods may be waiting for a node.
+
+    Created or Restarting jobs; and Running ones with fewer active pods than
+    nodes (Kubeflow calls a worker-only job Running as soon as one worker
+    runs) or still marked unschedulable. A job whose pods all run costs nothing.
+    """
+    out = []
+    for body in list(rt.trainings.values()):
+        job = rt.jobs.get((body.get("metadata") or {}).get("uid", ""))
+        if job is None:
+            continue
+        status = rt.previous_status(body)
+        phase = status.get("phase")
+        if phase in ("Created", "Restarting"):
+            out.append(body)
+        elif phase == "Running":
+            stuck = any(
+                c.get("type") == SCHEDULABLE and c.get("status") == "False" for c in status.get("conditions") or []
+            )
+            if stuck or _active_pods(job) < TrainingFacts.from_body(body).nodes:
+                out.append(body)
+    return out
+
+
+async def check_scheduling_once(rt: Runtime, peering: PeeringView | None) -> int:
+    """One pass over the waiting trainings; returns how many Schedulable conditions changed."""
+    by_namespace: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    for body in waiting_trainings(rt):
+        by_namespace[body["metadata"]["namespace"]].append(body)
+    gate = asyncio.Semaphore(MAX_CONCURRENT_SCRAPES)
+    changed = 0
+
+    async def one(body: Mapping[str, Any]) -> None:
+        nonlocal changed
+        job_name = rt.previous_status(body).get("jobName") or body["metadata"]["name"]
+        async with gate:
+            pods = await rt.client.list("v1", "Pod", body["metadata"]["namespace"], f"{JOB_NAME_LABEL}={job_name}")
+        scheduling = pod_scheduling(pods, TrainingFacts.from_body(body).nodes)
+        if scheduling is not None and await record_scheduling(rt, body, scheduling):
+            changed += 1
+
+    for namespace, bodies in by_namespace.items():
+        if not await _allowed(rt, peering, namespace):
+            continue
+        results = await asyncio.gather(*(one(b) for b in bodies), return_exceptions=True)
+        for r in results:
+            if isinstance(r, Exception):
+                log.debug("scheduling check failed: %r", r)
+    return changed
+
+
+async def final_scrape(rt: Runtime, training: Mapping[str, Any]) -> bool:
+    """Read a finished job's metrics one last time, if its rank-0 pod still answers.
+
+    Best effort: the trainer usually exits before Kubeflow marks the job
+    finished, so this mostly finds nothing. A Succeeded job's step does not
+    depend on it (see status.compute_status).
+    """
+    metrics = (training.get("spec") or {}).get("metrics") or {}
+    if not metrics.get("enabled", True):
+        return False
+    meta = training["metadata"]
+    job_name = rt.previous_status(training).get("jobName") or meta["name"]
+    try:
+        selector = f"{JOB_NAME_LABEL}={job_name},{REPLICA_INDEX_LABEL}=0"
+        pods = await rt.client.list("v1", "Pod", meta["namespace"], selector)
+    except (ApiError, *NETWORK_ERRORS) as e:
+        log.debug("listing pods of %s/%s failed: %s", meta["namespace"], job_name, e)
+        return False
+    pod = rank0_pod(pods, running_only=False)
+    if pod is None:
+        return False
+    port = int(metrics.get("port", MetricsSpec.model_fields["port"].default))
+    async with aiohttp.ClientSession() as session:
+        progress = await scrape(session, pod["status"]["podIP"], port)
+    rt.metrics.scrapes.labels("error" if progress is None else "success").inc()
+    if progress is None or not progress.status_fields():
+        return False
+    return await record_progress(rt, training, progress.status_fields(), final=True)
 
 
 async def _allowed(rt: Runtime, peering: PeeringView | None, namespace: str) -> bool:
@@ -105,13 +199,17 @@ async def scrape_once(rt: Runtime, session: aiohttp.ClientSession, peering: Peer
 
 
 async def run_scraper(rt: Runtime, interval: float, peering: PeeringView | None) -> None:
-    """Forever: scrape, sleep. Errors never end the loop; the next tick retries."""
+    """Forever: scrape, check placement, sleep. Errors never end the loop; the next tick retries."""
     async with aiohttp.ClientSession() as session:
         while True:
-            try:
-                await scrape_once(rt, session, peering)
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("progress scrape pass failed")
+            for name, one_pass in (
+                ("progress scrape", lambda: scrape_once(rt, session, peering)),
+                ("scheduling check", lambda: check_scheduling_once(rt, peering)),
+            ):
+                try:
+                    await one_pass()
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    log.exception("%s pass failed", name)
             await asyncio.sleep(interval)

@@ -15,6 +15,7 @@ STORAGE_PREFIX = GROUP
 FINALIZER = f"{GROUP}/finalizer"
 DEFAULT_PEERING_NAME = "fsdp-operator"
 REPORTING_COMPONENT = "fsdp-operator"
+EVENT_NAME_PREFIX = "fsdp-operator-"
 # Deployed instances run with a higher peering priority than an ad-hoc one
 # (a developer's `fsdp-operator run`), which therefore pauses in their favour.
 PRIORITY_ENV = "FSDP_OPERATOR_PRIORITY"
@@ -33,6 +34,11 @@ WATCH_INACTIVITY_TIMEOUT = 70.0
 # short enough that a lost request is retried within the reconcile's backoff.
 REQUEST_TIMEOUT = 30.0
 CONNECT_TIMEOUT = 10.0
+
+
+def reporting_instance() -> str:
+    """Who posts our Events: the pod's name in a cluster."""
+    return os.environ.get("POD_NAME") or os.environ.get("HOSTNAME") or "local"
 
 
 def configure(
@@ -63,8 +69,8 @@ def configure(
     # "succeeded" chatter would double the API writes per reconcile.
     s.posting.level = logging.WARNING
     s.posting.reporting_component = REPORTING_COMPONENT
-    s.posting.reporting_instance = os.environ.get("POD_NAME") or os.environ.get("HOSTNAME") or "local"
-    s.posting.event_name_prefix = "fsdp-operator-"
+    s.posting.reporting_instance = reporting_instance()
+    s.posting.event_name_prefix = EVENT_NAME_PREFIX
 
     s.peering.name = peering_name
     s.peering.clusterwide = clusterwide

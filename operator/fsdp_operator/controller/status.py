@@ -6,7 +6,7 @@ Nothing here talks to the API server, so every mapping rule is unit-tested
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -23,6 +23,9 @@ KUBEFLOW_CONDITIONS = ("Created", "Running", "Restarting", "Suspended", "Succeed
 # Conditions the operator owns (not copied from the PyTorchJob).
 RECONCILED = "Reconciled"
 CHECKPOINTS_PERSISTENT = "CheckpointsPersistent"
+# Whether the job's pods have been placed on nodes (from the pods' PodScheduled condition).
+SCHEDULABLE = "Schedulable"
+SCHEDULED = "Scheduled"
 # Reconciled=False reasons: a spec the renderer rejects, or an API error applying the objects.
 INVALID_SPEC = "InvalidSpec"
 APPLY_FAILED = "ApplyFailed"
@@ -47,6 +50,7 @@ class TrainingFacts:
     gpus: int
     checkpoint_dir: str
     checkpoint_claim: str | None
+    max_steps: int | None = None
 
     @classmethod
     def from_body(cls, body: Json) -> TrainingFacts:
@@ -59,6 +63,7 @@ class TrainingFacts:
         spec = body.get("spec") or {}
         resources = spec.get("resources") or {}
         checkpoint = spec.get("checkpoint") or {}
+        max_steps = (spec.get("training") or {}).get("maxSteps")
         nodes = int(resources.get("nodes", ResourcesSpec.model_fields["nodes"].default))
         gpus_per_node = int(resources.get("gpusPerNode", ResourcesSpec.model_fields["gpus_per_node"].default))
         return cls(
@@ -71,6 +76,7 @@ class TrainingFacts:
             gpus=nodes * gpus_per_node,
             checkpoint_dir=str(checkpoint.get("dir", CheckpointSpec.model_fields["dir"].default)),
             checkpoint_claim=checkpoint.get("claimName"),
+            max_steps=max_steps if isinstance(max_steps, int) and max_steps > 0 else None,
         )
 
 
@@ -81,6 +87,52 @@ class ReconcileOutcome:
     ok: bool
     reason: str
     message: str = ""
+
+
+@dataclass(frozen=True)
+class Scheduling:
+    """What the job's pods say about their placement (the Schedulable condition)."""
+
+    scheduled: bool
+    reason: str
+    message: str
+
+
+def _pod_scheduled(pod: Json) -> Json | None:
+    for c in (pod.get("status") or {}).get("conditions") or []:
+        if c.get("type") == "PodScheduled":
+            return c
+    return None
+
+
+def pod_scheduling(pods: Iterable[Json], expected: int) -> Scheduling | None:
+    """Scheduling state of a job from its pods; None while it is not known yet.
+
+    The scheduler records every failed attempt on the pod as PodScheduled=False
+    (reason Unschedulable, message "0/N nodes are available: ..."), so any such
+    pod explains why the job cannot start. "Scheduled" needs all ``expected``
+    pods to exist and be bound; pods not yet seen by the scheduler (no
+    condition) or not yet created leave the answer open.
+    """
+    live = [p for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp")]
+    stuck = []
+    bound = 0
+    for pod in live:
+        cond = _pod_scheduled(pod)
+        if cond is not None and cond.get("status") == "False":
+            stuck.append((str((pod.get("metadata") or {}).get("name", "")), cond))
+        elif (cond is not None and cond.get("status") == "True") or (pod.get("spec") or {}).get("nodeName"):
+            bound += 1
+    if stuck:
+        stuck.sort(key=lambda item: item[0])
+        name, cond = stuck[0]
+        reason = str(cond.get("reason") or "Unschedulable")
+        detail = str(cond.get("message") or reason)
+        count = f"{len(stuck)} of {len(live)} pods" if len(live) > 1 else "the pod"
+        return Scheduling(False, reason, f"{count} cannot be scheduled: {name}: {detail}")
+    if live and bound == len(live) and bound >= expected:
+        return Scheduling(True, SCHEDULED, f"all {bound} pods are scheduled")
+    return None
 
 
 def _true_conditions(job: Json) -> dict[str, Json]:
@@ -190,6 +242,40 @@ def _replica_statuses(job: Json) -> dict[str, ReplicaStatus]:
     }
 
 
+# Phases in which pods are expected to be (or become) scheduled: a placement
+# problem is the most useful thing the status can say then.
+_WAITING: tuple[Phase, ...] = ("Pending", "Created", "Restarting", "Running")
+
+
+def _schedulable_condition(
+    phase: Phase, scheduling: Scheduling | None, previous: Mapping[str, Json], generation: int, now: str
+) -> Condition | None:
+    """The Schedulable condition: set from the pods, kept until they say otherwise.
+
+    A suspended job has no pods, so the condition goes (it is re-evaluated on
+    resume). A job that succeeded had all its pods placed. A failed job keeps
+    the last word: "could not be scheduled" may be why it failed.
+    """
+    if phase == "Suspended":
+        return None
+    if scheduling is not None:
+        return _condition(
+            SCHEDULABLE,
+            "True" if scheduling.scheduled else "False",
+            scheduling.reason,
+            scheduling.message,
+            generation,
+            previous,
+            now,
+        )
+    old = previous.get(SCHEDULABLE)
+    if old is None:
+        return None
+    if phase == "Succeeded" and old.get("status") != "True":
+        return _condition(SCHEDULABLE, "True", SCHEDULED, "the job's pods ran", generation, previous, now)
+    return Condition.model_validate(old)
+
+
 def observed_generation(job: Json | None, previous: Json | None) -> int | None:
     if job is not None:
         raw = ((job.get("metadata") or {}).get("annotations") or {}).get(GENERATION_ANNOTATION)
@@ -205,13 +291,17 @@ def compute_status(
     previous: Json | None,
     *,
     outcome: ReconcileOutcome | None = None,
+    scheduling: Scheduling | None = None,
     now: str | None = None,
 ) -> FSDPTrainingStatus:
     """The whole declared status, from the training, its PyTorchJob (None if absent) and the previous status.
 
     ``outcome`` is the result of an apply attempt; None (a job event) keeps
-    the previous Reconciled condition. Metric-derived fields (step, loss,
-    tokens/s, last checkpoint step) are carried over: only the scraper sets them.
+    the previous Reconciled condition. ``scheduling`` is what the pods say
+    about their placement; None keeps the previous Schedulable condition.
+    Metric-derived fields (step, loss, tokens/s, last checkpoint step) are
+    carried over: only the scraper sets them, except that a Succeeded job
+    has by construction trained and checkpointed its last step (below).
     """
     now = now or now_rfc3339()
     prev = previous or {}
@@ -260,15 +350,26 @@ def compute_status(
                 now,
             )
         )
-    if job is not None:
-        conditions += _job_conditions(job, generation, prev_conds, now)
-
     phase, message = job_phase(job)
     if job is None and reconciled is not None and reconciled.status == "False" and reconciled.reason == INVALID_SPEC:
         # Retrying cannot fix a spec the renderer rejects: without a job, the training has failed.
         phase, message = "Failed", reconciled.message
+    schedulable = _schedulable_condition(phase, scheduling, prev_conds, training.generation, now)
+    if schedulable is not None:
+        conditions.append(schedulable)
+        if schedulable.status == "False" and phase in _WAITING:
+            message = schedulable.message
+    if job is not None:
+        conditions += _job_conditions(job, generation, prev_conds, now)
+
     job_status = (job or {}).get("status") or {}
     prev_ckpt = prev.get("checkpoint") or {}
+    step, last_checkpoint = prev.get("step"), prev_ckpt.get("lastStep")
+    if phase == "Succeeded" and training.max_steps is not None and generation == training.generation:
+        # The trainer exits 0 only after training step maxSteps and finishing its
+        # checkpoint (the final one is unconditional), and by then its metrics
+        # endpoint is gone: the last scrape may be several steps behind.
+        step = last_checkpoint = training.max_steps
     return FSDPTrainingStatus(
         phase=phase,
         message=message,
@@ -280,13 +381,13 @@ def compute_status(
         replica_statuses=_replica_statuses(job) if job is not None else {},
         start_time=job_status.get("startTime"),
         completion_time=job_status.get("completionTime"),
-        step=prev.get("step"),
+        step=step,
         loss=prev.get("loss"),
         tokens_per_second=prev.get("tokensPerSecond"),
         checkpoint=CheckpointStatus(
             dir=training.checkpoint_dir,
             ephemeral=training.checkpoint_claim is None,
-            last_step=prev_ckpt.get("lastStep"),
+            last_step=last_checkpoint,
         ),
     )
 
@@ -368,6 +469,10 @@ def transition_events(previous: Json | None, status: FSDPTrainingStatus) -> list
     old_ckpt = old_conds.get(CHECKPOINTS_PERSISTENT)
     if ckpt is not None and ckpt.status == "False" and (old_ckpt is None or old_ckpt.get("status") != "False"):
         events.append(EventSpec("Warning", "EphemeralCheckpoints", ckpt.message))
+    sched = new_conds.get(SCHEDULABLE)
+    old_sched = old_conds.get(SCHEDULABLE)
+    if sched is not None and sched.status == "False" and (old_sched is None or old_sched.get("status") != "False"):
+        events.append(EventSpec("Warning", sched.reason, sched.message))
     rec = new_conds.get(RECONCILED)
     old_rec = old_conds.get(RECONCILED)
     if (
