@@ -3,7 +3,7 @@
 A 2-rank CPU torchrun of a shrunken tiny Llama trains 30 steps (checkpoints
 and validation every 10), then a second run resumes from its checkpoint to
 step 40, so that the resume-only series (checkpoint load time) exist too. A
-real Prometheus scrapes both every second, with the ``namespace`` and ``pod``
+real Prometheus scrapes both every 200 ms, with the ``namespace`` and ``pod``
 target labels prometheus-operator would add. Then each dashboard query (its
 template variables substituted as Grafana would) and each trainer selector of
 the alert rules goes through the HTTP API and must return finite data.
@@ -34,6 +34,10 @@ pytestmark = pytest.mark.slow
 NAMESPACE = "ml-team"
 JOB = "live"
 POD = "live-worker-0"
+# A CPU run serves its endpoint for only 1-4 s (30 steps take 2-3 s, the resume
+# under 1 s): scraped every second, a series may get one sample per run, and
+# rate()/increase()/histogram_quantile() need two in their window.
+SCRAPE_INTERVAL = "200ms"
 # Absent on a CPU by contract (docs/metrics.md): no known peak, no MFU.
 CPU_ABSENT = {"fsdp_train_mfu_ratio": "MFU is absent when the device's peak FLOP/s is unknown (CPU)"}
 
@@ -77,16 +81,34 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     rules = work / "rules.yaml"
     rules.write_text(yaml.safe_dump(yaml.safe_load(PROMETHEUS_RULE.read_text())["spec"]))
     with LabelledPrometheus(
-        [first.target, resumed.target], {"namespace": NAMESPACE, "pod": POD}, rule_files=[rules]
+        [first.target, resumed.target],
+        {"namespace": NAMESPACE, "pod": POD},
+        rule_files=[rules],
+        scrape_interval=SCRAPE_INTERVAL,
     ) as prom:
         start = time.time()
         for run in (first, resumed):
             with run:
                 assert run.wait(timeout=900) == 0, run.output()[-4000:]
+            assert_scraped_while_training(prom, run)
         assert "resum" in resumed.output().lower(), "the second run did not resume from the checkpoint"
         # One more evaluation round for the rules, on the complete data.
         time.sleep(2)
         yield Live(prom, start, time.time())
+
+
+def assert_scraped_while_training(prom: PrometheusServer, run: TrainerRun) -> None:
+    """Each run's counters and histograms were stored at least twice, so rate() has data.
+
+    A failure here (not "no data" in every rate query) means the endpoint was
+    not scraped often enough while the run lived: a loaded machine (scrapes
+    timing out) or a run too short for the scrape interval.
+    """
+    for name in ("fsdp_train_tokens_total", "fsdp_train_step_duration_seconds_count"):
+        rows = prom.query(f'count_over_time({name}{{instance="{run.target}"}}[1h])')
+        counts = {r["metric"].get("local_rank"): float(r["value"][1]) for r in rows}
+        health = [(t["scrapeUrl"], t["health"], t.get("lastError", "")) for t in prom.targets()]
+        assert counts.keys() == {"0", "1"} and min(counts.values()) >= 2, (name, counts, health)
 
 
 def dashboard_cases() -> list[Any]:

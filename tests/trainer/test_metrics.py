@@ -23,6 +23,7 @@ from fsdp_trainer.metrics.prometheus import (
     process_start_time,
     remove_dead_agents,
     remove_stale_generations,
+    scrape_order,
 )
 
 from tests.support.metrics_contract import TRAINER_METRICS
@@ -33,9 +34,9 @@ STEPS = 30
 RANK_LABELS = {"job_name", "node_rank", "local_rank"}
 # Per the shared contract; on the CPU the MFU gauge and the NVML series are
 # absent, and eval/checkpoint series appear only once those have happened.
-EXPECTED = {
-    m for m in TRAINER_METRICS if not m.startswith(("fsdp_checkpoint_", "fsdp_train_eval_"))
-} - {"fsdp_train_mfu_ratio"}
+EXPECTED = {m for m in TRAINER_METRICS if not m.startswith(("fsdp_checkpoint_", "fsdp_train_eval_"))} - {
+    "fsdp_train_mfu_ratio"
+}
 CHECKPOINT = {
     "fsdp_checkpoint_save_duration_seconds_count",
     "fsdp_checkpoint_last_step",
@@ -265,6 +266,91 @@ def test_restarted_workers_leave_no_stale_series(tmp_path: Path) -> None:
     assert set(by_rank(samples, "fsdp_train_step").values()) == {3.0}
     generations = [p.name for p in metrics_dir.glob("fsdp-trainer-metrics/*/restart-*")]
     assert generations == ["restart-1"]
+
+
+# One process, no torchrun: scrape the endpoint before any step or save, then
+# after one of each. A separate interpreter, since multiprocess mode is global.
+BASELINE_WORKER = textwrap.dedent(
+    """
+    import io, sys, urllib.request
+    from types import SimpleNamespace
+    import torch
+    from fsdp_operator.api.trainer_config import TrainerConfig
+    from fsdp_trainer.metrics import MetricsProcessor, StepStats
+
+    port = int(sys.argv[1])
+    cfg = TrainerConfig.model_validate({"job": {"name": "baseline"}, "model": {"preset": "tiny"},
+                                        "training": {"maxSteps": 10}, "metrics": {"port": port}})
+    world = SimpleNamespace(rank=0, world_size=1, local_rank=0, local_world_size=1, node_rank=0,
+                            num_nodes=1, device=torch.device("cpu"))
+    # Its log lines elsewhere: stdout carries only the two scrapes.
+    proc = MetricsProcessor(cfg, world, 1000, seq_len=16, stream=io.StringIO())
+    proc.start()
+
+    def scrape():
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics") as r:
+            return r.read().decode()
+
+    before = scrape()
+    proc.on_step(StepStats(step=1, loss=1.0, learning_rate=0.1, grad_norm=1.0, tokens=64,
+                           step_seconds=0.2, data_seconds=0.05))
+    proc.on_checkpoint_saved(1, 1.5)
+    after = scrape()
+    proc.close()
+    sys.stdout.write(before + "\\n=====\\n" + after)
+    """
+)
+
+
+def test_counters_and_histograms_export_zero_before_their_first_increment(tmp_path: Path) -> None:
+    """rate()/increase() need a sample before the first increment, or they never see it.
+
+    Without a 0 baseline a pod's first checkpoint save (often its only one in
+    an hour) is invisible to the dashboard's increase(...[1h]), and so is the
+    first scrape interval's worth of steps.
+    """
+    worker = tmp_path / "worker.py"
+    worker.write_text(BASELINE_WORKER)
+    env = dict(os.environ, FSDP_METRICS_DIR=str(tmp_path / "metrics-files"), FSDP_METRICS_ADDR="127.0.0.1")
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    done = subprocess.run(
+        [sys.executable, str(worker), str(free_port())], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    before_text, _, after_text = done.stdout.partition("\n=====\n")
+    before, after = parse_metrics(before_text), parse_metrics(after_text)
+    zero_then = {
+        "fsdp_train_tokens_total": 64.0,
+        "fsdp_train_data_wait_seconds_total": 0.05,
+        "fsdp_train_step_duration_seconds_count": 1.0,
+        "fsdp_train_step_duration_seconds_sum": 0.2,
+        "fsdp_checkpoint_save_duration_seconds_count": 1.0,
+        "fsdp_checkpoint_save_duration_seconds_sum": 1.5,
+    }
+    for name, value in zero_then.items():
+        assert by_rank(before, name) == {"0": 0.0}, name
+        assert by_rank(after, name) == {"0": pytest.approx(value)}, name
+
+    def buckets(samples: list[Sample], histogram: str) -> dict[float, float]:
+        return {float(s.labels["le"]): s.value for s in samples if s.name == f"{histogram}_bucket"}
+
+    step, save = "fsdp_train_step_duration_seconds", "fsdp_checkpoint_save_duration_seconds"
+    for histogram in (step, save):
+        assert len(buckets(before, histogram)) >= 10, histogram
+        assert set(buckets(before, histogram).values()) == {0.0}, histogram
+    # The 0.2 s step lands in the buckets from 0.25 s up, the 1.5 s save from 2.5 s up.
+    after_step, after_save = buckets(after, step), buckets(after, save)
+    assert (after_step[0.1], after_step[0.25], after_step[math.inf]) == (0.0, 1.0, 1.0)
+    assert (after_save[1.0], after_save[2.5], after_save[math.inf]) == (0.0, 1.0, 1.0)
+
+
+def test_a_scrape_reads_the_gauge_files_last() -> None:
+    """So tokens and step counts in one scrape never run ahead of its step gauge (see test_values_move...)."""
+    files = ["/m/gauge_livemostrecent_7.db", "/m/histogram_12.db", "/m/counter_12.db", "/m/gauge_livemostrecent_12.db"]
+    files += ["/m/counter_7.db", "/m/histogram_7.db"]
+    ordered = scrape_order(files)
+    assert sorted(ordered) == sorted(files)
+    assert [Path(f).name.split("_")[0] for f in ordered] == ["counter"] * 2 + ["histogram"] * 2 + ["gauge"] * 2
 
 
 def test_metrics_directory_is_per_agent_instance_and_restart(tmp_path: Path) -> None:

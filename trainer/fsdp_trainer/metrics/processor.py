@@ -131,9 +131,12 @@ class MetricsProcessor:
         m.max_steps.labels(**self.labels).set(self.max_steps)
         m.restart_count.labels(**self.labels).set(self.restart_count)
         m.peak_tflops.labels(**self.labels).set(self.peak_tflops)
-        # Touch the counters so they export 0 before the first step, not nothing.
-        m.tokens.labels(**self.labels)
-        m.data_wait.labels(**self.labels)
+        # Touch the counters and histograms so they export 0 before the first
+        # step or save, not nothing: rate()/increase() need a sample before
+        # the first increment, or that increment is never seen. Without it a
+        # pod's first checkpoint save stays invisible until a second one.
+        for series in (m.tokens, m.data_wait, m.step_duration, m.checkpoint_save):
+            series.labels(**self.labels)
         self.gpu = GpuSampler.open(self.world.device)
 
     def _serve(self, path: Path) -> MetricsServer | None:

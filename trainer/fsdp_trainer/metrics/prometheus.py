@@ -131,10 +131,34 @@ class MetricsServer:
         self.thread.join(timeout=5)
 
 
+def scrape_order(files: list[str]) -> list[str]:
+    """Counter and histogram files first, gauge files last.
+
+    A scrape reads the files one after the other while the ranks keep
+    training, and the train loop sets the step gauge before it counts the
+    step's tokens and duration. Reading the gauges last keeps every scrape
+    consistent the way a reader expects: the tokens and step count never run
+    ahead of ``fsdp_train_step``. (glob's order is the directory's, on ext4 a
+    hash of the names, which hold pids: it changed from run to run.)
+    """
+    return sorted(files, key=lambda f: (Path(f).name.startswith("gauge_"), f))
+
+
+class _OrderedCollector(MultiProcessCollector):
+    """MultiProcessCollector reading the files in ``scrape_order``."""
+
+    def __init__(self, registry: CollectorRegistry, path: Path) -> None:
+        super().__init__(registry, path=str(path))
+        self._files_dir = path
+
+    def collect(self):  # type: ignore[no-untyped-def]  # the base class is untyped
+        return self.merge(scrape_order([str(f) for f in self._files_dir.glob("*.db")]), accumulate=True)
+
+
 def serve(port: int, path: Path, addr: str = "0.0.0.0") -> MetricsServer:
     """Serve the merged samples of every process writing to ``path``."""
     registry = CollectorRegistry()
-    MultiProcessCollector(registry, path=str(path))
+    _OrderedCollector(registry, path)
     server, thread = start_http_server(port, addr=addr, registry=registry)
     return MetricsServer(server, thread)
 
