@@ -113,6 +113,8 @@ class TrainerRun:
             OMP_NUM_THREADS="1",
             FSDP_METRICS_ADDR="127.0.0.1",
             FSDP_METRICS_DIR=str(self.workdir / "metrics-files"),
+            # Short CPU runs end within a scrape or two; keep the final values scrapeable.
+            FSDP_METRICS_LINGER_SECONDS="3",
             HF_HUB_OFFLINE="1",
             HF_DATASETS_OFFLINE="1",
         )

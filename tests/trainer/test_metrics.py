@@ -408,3 +408,21 @@ def test_progress_bar_on_a_terminal_with_log_lines_above_it() -> None:
     lines = [line.rpartition("\x1b[2K")[2] for line in out.split("\n")]
     assert [line.split(" |")[0] for line in lines[:3]] == ["step 1/4", "step 2/4", "step 4/4"]
     assert lines[3].startswith("summary: steps 4-4")
+
+
+def test_endpoint_serves_the_final_values_while_lingering(tmp_path: Path) -> None:
+    # TrainerRun sets FSDP_METRICS_LINGER_SECONDS=3: after the last step the
+    # endpoint must still answer with the final step and the last checkpoint.
+    steps = 6
+    with TrainerRun(tmp_path, max_steps=steps, overrides={"checkpoint": {"intervalSteps": 3}}) as run:
+        deadline = time.monotonic() + 300
+        while "serving the final values" not in run.output() and time.monotonic() < deadline:
+            assert run.running(), run.output()
+            time.sleep(0.1)
+        assert "serving the final values for 3 s more" in run.output(), run.output()
+        samples = run.scrape()
+        assert samples is not None, "the endpoint closed before the linger period"
+        final = {(s.name, s.labels["local_rank"]): s.value for s in samples if "local_rank" in s.labels}
+        assert final[("fsdp_train_step", "0")] == steps and final[("fsdp_train_step", "1")] == steps
+        assert final[("fsdp_checkpoint_last_step", "0")] == steps
+        assert run.wait(120) == 0

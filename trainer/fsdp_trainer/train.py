@@ -23,7 +23,6 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -38,6 +37,7 @@ from .data import Batch, PrefetchedData, TrainData, validation_batches
 from .distributed import WorldInfo, build_mesh, destroy_distributed, init_distributed, world_from_env
 from .dtensor_utils import local_tensor
 from .faults import maybe_fault
+from .metrics import MetricsProcessor
 from .metrics.stats import StepStats
 from .model import (
     build_meta_model,
@@ -66,24 +66,6 @@ class Stopped(Exception):
         super().__init__(f"stopped on SIGTERM after step {step}; a checkpoint of it was saved")
 
 
-class _NoMetrics:
-    """Stands in when the metrics package is unavailable."""
-
-    def start(self) -> None: ...
-    def on_step(self, stats: StepStats) -> None: ...
-    def on_eval(self, step: int, loss: float) -> None: ...
-    def on_checkpoint_saved(self, step: int, seconds: float) -> None: ...
-    def on_checkpoint_loaded(self, step: int, seconds: float) -> None: ...
-    def close(self) -> None: ...
-
-
-def make_metrics(cfg: TrainerConfig, world: WorldInfo, num_params: int, seq_len: int) -> Any:
-    try:
-        from .metrics import MetricsProcessor
-    except ImportError as e:
-        log.warning("metrics unavailable (%s); training without them", e)
-        return _NoMetrics()
-    return MetricsProcessor(cfg, world, num_params, seq_len=seq_len)
 
 
 @dataclass
@@ -176,7 +158,7 @@ class Trainer:
             cfg.checkpoint, world, self.model, self.optimizer, self.data, self._write_assets
         )
         self.trace = Trace(trace_dir, world.rank)
-        self.metrics = make_metrics(cfg, world, self.num_params, self.seq_len)
+        self.metrics = MetricsProcessor(cfg, world, self.num_params, seq_len=self.seq_len)
         self._validation: list[Batch] | None = None
         self.stop_signal: int | None = None
         accum = cfg.training.grad_accum_steps
@@ -381,6 +363,7 @@ def run(cfg: TrainerConfig, trace_dir: Path | None = None) -> None:
         except BaseException:
             trainer.close(clean=False)
             raise
+        trainer.metrics.linger()
         trainer.close()
     finally:
         destroy_distributed()

@@ -46,6 +46,11 @@ log = logging.getLogger(__name__)
 # Bind address of the endpoint: all interfaces in a pod (Prometheus scrapes the
 # pod IP); run-local narrows it to loopback.
 ADDR_ENV = "FSDP_METRICS_ADDR"
+# Seconds the endpoint stays up after a completed run, so that Prometheus (and
+# the operator's last read) can collect the final step, loss and checkpoint
+# before the pod exits; a run shorter than one scrape interval is otherwise
+# never seen at all. 0 (the default) exits at once.
+LINGER_ENV = "FSDP_METRICS_LINGER_SECONDS"
 
 
 def _tf32_enabled() -> bool:
@@ -191,6 +196,13 @@ class MetricsProcessor:
         if self.metrics is not None:
             self.metrics.checkpoint_load.labels(**self.labels).set(seconds)
             self.metrics.checkpoint_last_step.labels(**self.labels).set(step)
+
+    def linger(self) -> None:
+        """Keep serving the final values for $FSDP_METRICS_LINGER_SECONDS after a completed run."""
+        seconds = float(os.environ.get(LINGER_ENV, "0") or 0)
+        if self.server is not None and seconds > 0:
+            self._print(f"metrics: serving the final values for {seconds:g} s more", force=True)
+            time.sleep(seconds)
 
     def close(self) -> None:
         if self._bar is not None:
