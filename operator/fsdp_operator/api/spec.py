@@ -412,6 +412,26 @@ class EnvVar(Spec):
 # --- the whole spec --------------------------------------------------------
 
 
+def effective_seq_len(training: TrainingSpec, model: ModelSpec) -> int:
+    """training.seqLen, or its documented default when unset."""
+    if training.seq_len is not None:
+        return training.seq_len
+    return min(2048, model.dims().max_seq_len)
+
+
+# Checked on the spec (CEL + pydantic) and again on the trainer's config, where
+# CLI overrides can change seqLen after kubectl apply has accepted the object.
+SEQ_LEN_RULE = Rule(
+    cel=(
+        "!has(self.training.seqLen) || self.training.seqLen <= "
+        + _preset_cel("maxSeqLen").replace("self.", "self.model.")
+    ),
+    message="training.seqLen must not exceed the model's maxSeqLen",
+    field_path=".training.seqLen",
+    check=lambda s: s.training.seq_len is None or s.training.seq_len <= s.model.dims().max_seq_len,
+)
+
+
 class FSDPTrainingSpec(Spec):
     """Desired state of an FSDP training job."""
 
@@ -467,15 +487,7 @@ class FSDPTrainingSpec(Spec):
             field_path=".resources.nodes",
             check=lambda s: s.elastic is None or s.elastic.min_nodes <= s.resources.nodes <= s.elastic.max_nodes,
         ),
-        Rule(
-            cel=(
-                "!has(self.training.seqLen) || self.training.seqLen <= "
-                + _preset_cel("maxSeqLen").replace("self.", "self.model.")
-            ),
-            message="training.seqLen must not exceed the model's maxSeqLen",
-            field_path=".training.seqLen",
-            check=lambda s: s.training.seq_len is None or s.training.seq_len <= s.model.dims().max_seq_len,
-        ),
+        SEQ_LEN_RULE,
         Rule(
             cel="!has(self.resources) || self.resources.efaPerNode == 0 || self.resources.gpusPerNode > 0",
             message="EFA needs GPU nodes: set resources.gpusPerNode",
@@ -485,9 +497,7 @@ class FSDPTrainingSpec(Spec):
     )
 
     def seq_len(self) -> int:
-        if self.training.seq_len is not None:
-            return self.training.seq_len
-        return min(2048, self.model.dims().max_seq_len)
+        return effective_seq_len(self.training, self.model)
 
     def procs_per_node(self) -> int:
         return max(1, self.resources.gpus_per_node)

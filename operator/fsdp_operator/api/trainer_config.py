@@ -14,6 +14,7 @@ from pydantic import Field
 
 from .rules import Rule
 from .spec import (
+    SEQ_LEN_RULE,
     CheckpointSpec,
     DataSpec,
     FSDPSpec,
@@ -22,6 +23,7 @@ from .spec import (
     ModelSpec,
     Spec,
     TrainingSpec,
+    effective_seq_len,
 )
 
 _DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
@@ -45,15 +47,8 @@ class TrainerConfig(Spec):
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpointing and resume.")
     metrics: MetricsSpec = Field(default_factory=MetricsSpec, description="Prometheus metrics.")
 
-    # Same message as the spec's rule: a CLI override is checked like kubectl apply.
-    rules: ClassVar[tuple[Rule, ...]] = (
-        Rule(
-            cel="",
-            message="training.seqLen must not exceed the model's maxSeqLen",
-            field_path=".training.seqLen",
-            check=lambda c: c.training.seq_len is None or c.training.seq_len <= c.model.dims().max_seq_len,
-        ),
-    )
+    # The spec's own rule: a CLI override is checked like kubectl apply.
+    rules: ClassVar[tuple[Rule, ...]] = (SEQ_LEN_RULE,)
 
     @classmethod
     def from_spec(cls, spec: FSDPTrainingSpec, name: str, namespace: str) -> TrainerConfig:
@@ -68,9 +63,7 @@ class TrainerConfig(Spec):
         )
 
     def seq_len(self) -> int:
-        if self.training.seq_len is not None:
-            return self.training.seq_len
-        return min(2048, self.model.dims().max_seq_len)
+        return effective_seq_len(self.training, self.model)
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(by_alias=True, exclude_none=True, mode="json")
