@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 EXAMPLE ?= examples/fsdptraining-tiny.yaml
 
-.PHONY: setup system-deps tools run test test-fast lint crd manifests bench demo-cluster clean
+.PHONY: setup system-deps tools run test test-fast lint crd manifests bench bench-gpu demo-cluster clean
 
 # Python environment: the project with the trainer (torch) and dev extras.
 setup: $(VENV)/.installed
@@ -52,6 +52,10 @@ manifests: setup
 bench: setup tools
 	$(BIN)/python bench/operator_latency.py
 	$(BIN)/python bench/trainer_throughput.py
+
+# On a GPU machine: llama3.2-1b tokens/s, MFU and peak memory (docs/benchmarks.md).
+bench-gpu: setup
+	$(BIN)/python bench/trainer_throughput.py --gpu
 
 # The whole flow on your laptop: etcd, kube-apiserver, kube-scheduler, kube-controller-manager,
 # the Kubeflow training operator and Karpenter-shaped nodes running pods as local processes;
