@@ -32,7 +32,6 @@ Typical use::
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import shutil
@@ -49,7 +48,16 @@ from typing import IO
 
 import yaml
 
-from tests.support.cluster import BUILD_SCRIPT, TestCluster, ensure_tools, free_port, tool_path
+from tests.support.cluster import (
+    BUILD_SCRIPT,
+    TestCluster,
+    _b64,
+    _openssl,
+    _tail,
+    ensure_tools,
+    free_port,
+    tool_path,
+)
 
 SCHEDULER = "kube-scheduler"
 CONTROLLER_MANAGER = "kube-controller-manager"
@@ -99,10 +107,6 @@ class ComponentError(RuntimeError):
     """A control-plane component exited or did not become healthy; carries its log tail."""
 
 
-def _openssl(*args: str) -> None:
-    subprocess.run(["openssl", *args], check=True, capture_output=True)
-
-
 def _ec_key(path: Path) -> None:
     _openssl("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", str(path))
 
@@ -134,16 +138,6 @@ def _sign(cnf: Path, key: Path, subject: str, profile: str, ca_crt: Path, ca_key
         "-out",
         str(out),
     )
-
-
-def _b64(path: Path) -> str:
-    return base64.b64encode(path.read_bytes()).decode()
-
-
-def _tail(path: Path, lines: int = 40) -> str:
-    if not path.exists():
-        return f"({path} does not exist)"
-    return "".join(path.read_text(errors="replace").splitlines(keepends=True)[-lines:])
 
 
 def training_operator_source() -> Path:
