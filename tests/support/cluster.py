@@ -217,7 +217,7 @@ class TestCluster:
             "client-certificate-data": _b64(self.pki / "admin.crt"),
             "client-key-data": _b64(self.pki / "admin.key"),
         }
-        self._write_kubeconfig(self.kubeconfig, admin)
+        self.write_kubeconfig(self.kubeconfig, admin)
         lap("pki")
         self._start_etcd(timeout)
         lap("etcd")
@@ -469,12 +469,12 @@ class TestCluster:
             "create", "token", name, f"--namespace={namespace}", f"--duration={duration}"
         ).stdout.strip()
         out = Path(path) if path else self.workdir / f"sa-{namespace}-{name}.kubeconfig"
-        self._write_kubeconfig(
+        self.write_kubeconfig(
             out, {"token": token}, user=f"system:serviceaccount:{namespace}:{name}", namespace=namespace
         )
         return out
 
-    def _write_kubeconfig(
+    def write_kubeconfig(
         self, path: Path, user_auth: Mapping[str, str], user: str = "admin", namespace: str = "default"
     ) -> None:
         # JSON is valid YAML, so every kubeconfig reader accepts it; credentials

@@ -319,24 +319,9 @@ class ControlPlane:
             cpki = self.cluster.pki
             _sign(self.pki / "openssl.cnf", key, subject, "client", cpki / "ca.crt", cpki / "ca.key", crt)
         path = self.dir / f"{name}.kubeconfig"
-        config = {
-            "apiVersion": "v1",
-            "kind": "Config",
-            "current-context": "test",
-            "clusters": [
-                {
-                    "name": "test",
-                    "cluster": {
-                        "server": self.cluster.server,
-                        "certificate-authority-data": _b64(self.cluster.pki / "ca.crt"),
-                    },
-                }
-            ],
-            "users": [{"name": name, "user": {"client-certificate-data": _b64(crt), "client-key-data": _b64(key)}}],
-            "contexts": [{"name": "test", "context": {"cluster": "test", "user": name}}],
-        }
-        path.write_text(json.dumps(config, indent=2))
-        path.chmod(0o600)
+        self.cluster.write_kubeconfig(
+            path, {"client-certificate-data": _b64(crt), "client-key-data": _b64(key)}, user=name
+        )
         return path
 
     @staticmethod
