@@ -113,6 +113,12 @@ def test_killed_worker_restarts_and_resumes_from_the_last_checkpoint(operator: W
     assert status(whole, name, ns)["replicaStatuses"]["Worker"]["succeeded"] == 2
 
 
+def operator_restarts(whole: WholeCluster, pod_name: str) -> int:
+    pod = whole.get("pod", pod_name, OPERATOR_NAMESPACE) or {}
+    statuses = (pod.get("status") or {}).get("containerStatuses") or [{}]
+    return int(statuses[0].get("restartCount", 0))
+
+
 def test_operators_killed_mid_reconcile_converge_without_duplicates(operator: WholeCluster, ns: str) -> None:
     whole, name, max_steps = operator, "chaos", 12
     agent, cp = whole.node_agent, whole.control_plane
@@ -141,6 +147,10 @@ def test_operators_killed_mid_reconcile_converge_without_duplicates(operator: Wh
         wait_for(lambda: whole.get("pytorchjob", name, ns), 120, "the PyTorchJob")
         # The training operator dies while creating pods and services; it is restarted by hand.
         cp.kill(TRAINING_OPERATOR)
+        # The second kill must hit a running operator (restarted after the first), or it
+        # lands on a process that is still starting and the injection silently does nothing.
+        wait_for(lambda: operator_restarts(whole, operator_pod) >= 1, 60, "the operator's first restart")
+        whole.wait_operator_ready()
         agent.kill(OPERATOR_NAMESPACE, operator_pod)  # and the operator again, mid status update
         time.sleep(3)
         t = time.monotonic()
@@ -159,8 +169,7 @@ def test_operators_killed_mid_reconcile_converge_without_duplicates(operator: Wh
     st = final["status"]
     assert st["observedGeneration"] == final["metadata"]["generation"], dump(st)
     assert st["jobName"] == name and conditions(st)["Succeeded"]["status"] == "True", dump(st)
-    op = whole.get("pod", operator_pod, OPERATOR_NAMESPACE)
-    assert op is not None and op["status"]["containerStatuses"][0]["restartCount"] >= 2
+    assert operator_restarts(whole, operator_pod) >= 2
 
 
 def test_suspend_removes_the_pods_and_resume_continues_from_the_checkpoint(operator: WholeCluster, ns: str) -> None:
