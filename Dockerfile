@@ -6,10 +6,12 @@
 #   docker build --target operator -t ghcr.io/fsdp-k8s/operator:0.1.0 .
 #
 # Bases are pinned by tag; mirror them and pin by digest in production.
-# The project is installed the way the Makefile installs it, minus the
-# editable flag and the dev extra: `pip install .[trainer]` for the trainer,
-# `pip install .` (no torch) for the operator. tests/bundle/test_dockerfile.py
-# checks that against pyproject.toml, and hadolint lints this file.
+# Each image gets the API package and its own package only: the trainer image
+# copies api/ and trainer/ and installs the `trainer` extra (no kopf, no
+# aiohttp), the operator image copies api/ and operator/ and installs the
+# `operator` extra (no torch, no trainer code).
+# tests/bundle/test_bundle_dockerfile.py checks that against pyproject.toml,
+# and hadolint lints this file.
 
 # The torch wheel pinned in pyproject.toml brings its own CUDA user-space
 # libraries (cuBLAS, cuDNN, NCCL) as pip packages; the base only has to match
@@ -37,7 +39,7 @@ RUN python3 -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /src
 COPY pyproject.toml README.md ./
-COPY operator/ operator/
+COPY api/ api/
 COPY trainer/ trainer/
 # Versions come from pyproject.toml, the project's only pin list (hadolint
 # cannot see them behind the extra).
@@ -90,11 +92,11 @@ RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /src
 COPY pyproject.toml README.md ./
+COPY api/ api/
 COPY operator/ operator/
-COPY trainer/ trainer/
 # Byte-code is compiled here, at build time: the running container cannot
 # write next to the sources (readOnlyRootFilesystem).
-RUN pip install --no-cache-dir . \
+RUN pip install --no-cache-dir '.[operator]' \
  && python -m compileall -q /opt/venv
 
 FROM ${PYTHON_BASE} AS operator

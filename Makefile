@@ -6,12 +6,12 @@ EXAMPLE ?= examples/fsdptraining-tiny.yaml
 
 .PHONY: setup system-deps tools run test test-fast lint crd manifests bench bench-gpu demo-cluster clean
 
-# Python environment: the project with the trainer (torch) and dev extras.
+# Python environment: every package (API, operator, trainer, local cluster) with all extras.
 setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[trainer,dev]'
+	$(BIN)/pip install --quiet -e '.[operator,trainer,dev]'
 	touch $@
 
 # Debian packages the tests use as real components (Prometheus, promtool).

@@ -39,7 +39,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from fsdp_operator.api import FSDPTraining  # noqa: E402
+from fsdp_api import FSDPTraining  # noqa: E402
 from fsdp_operator.render import render  # noqa: E402
 
 from tests.support.cluster import TestCluster  # noqa: E402

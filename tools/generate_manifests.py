@@ -39,7 +39,7 @@ HEADER = (
 
 def load_training(path: Path) -> Any:
     # Imported here so `--help` works without the project installed.
-    from fsdp_operator.api import FSDPTraining
+    from fsdp_api import FSDPTraining
 
     docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
     if len(docs) != 1:

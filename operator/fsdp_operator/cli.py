@@ -1,9 +1,10 @@
 """``fsdp-operator``: the CRD, the renderer and the API checks from a shell, plus the operator itself.
 
 User errors (a missing file, bad YAML, an invalid FSDPTraining) print one
-clear message per problem and exit 1, never a traceback. ``run`` and
-``run-local`` import the operator and the trainer lazily, so ``validate`` and
-``render`` work without kopf's event loop or torch.
+clear message per problem and exit 1, never a traceback. ``run`` imports the
+operator lazily, so ``validate`` and ``render`` work without kopf's event
+loop; ``run-local`` starts the trainer as a separate process (torchrun), so
+nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -12,100 +13,17 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import yaml
-from pydantic import ValidationError
+from fsdp_api import KIND
+from fsdp_api.documents import InputError, load_trainings
 
 from . import __version__
-from .api import API_VERSION, KIND, FSDPTraining, format_errors
 
 EXIT_OK = 0
 EXIT_INVALID = 1
-
-
-class UserError(Exception):
-    """A problem with the user's input, reported as one line without a traceback."""
-
-
-@dataclass(frozen=True)
-class Document:
-    """One YAML document of an input file, with where it came from."""
-
-    source: str
-    index: int  # 1-based, as a user counts documents
-    body: Any
-
-    @property
-    def where(self) -> str:
-        meta = self.body.get("metadata") if isinstance(self.body, dict) else None
-        name = meta.get("name") if isinstance(meta, dict) else None
-        label = f"document {self.index}" + (f" ({name})" if isinstance(name, str) else "")
-        return f"{self.source}: {label}"
-
-
-def read_documents(path: str) -> list[Document]:
-    """The non-empty YAML documents of ``path`` (``-`` is stdin)."""
-    source = "<stdin>" if path == "-" else path
-    try:
-        text = sys.stdin.read() if path == "-" else Path(path).read_text()
-    except OSError as e:
-        raise UserError(f"cannot read {source}: {e.strerror or e}") from e
-    except UnicodeDecodeError as e:
-        raise UserError(f"cannot read {source}: not UTF-8 text ({e.reason} at byte {e.start})") from e
-    try:
-        bodies = list(yaml.safe_load_all(text))
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark or e.context_mark
-        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise UserError(f"{source}: invalid YAML{at}: {e.problem or e.context}") from e
-    except yaml.YAMLError as e:
-        raise UserError(f"{source}: invalid YAML: {e}") from e
-    docs = [Document(source, i, body) for i, body in enumerate(bodies, start=1) if body is not None]
-    if not docs:
-        raise UserError(f"{source}: no YAML documents")
-    return docs
-
-
-def check_kind(doc: Document) -> None:
-    body = doc.body
-    if not isinstance(body, dict):
-        raise UserError(f"{doc.where}: expected a {KIND} mapping, got a {type(body).__name__}")
-    kind, api_version = body.get("kind"), body.get("apiVersion")
-    if kind != KIND or api_version != API_VERSION:
-        raise UserError(
-            f"{doc.where}: kind {kind!r} with apiVersion {api_version!r} is not supported; "
-            f"expected kind {KIND!r} with apiVersion {API_VERSION!r}"
-        )
-
-
-def parse(doc: Document) -> tuple[FSDPTraining | None, list[str]]:
-    """The validated FSDPTraining, or the ``path: message`` lines saying why not."""
-    check_kind(doc)
-    try:
-        return FSDPTraining.model_validate(doc.body), []
-    except ValidationError as e:
-        return None, format_errors(e)
-
-
-def load_trainings(path: str, out: TextIO) -> list[FSDPTraining] | None:
-    """All FSDPTrainings of ``path``, or None after printing every problem to ``out``."""
-    trainings: list[FSDPTraining] = []
-    ok = True
-    docs = read_documents(path)
-    for doc in docs:
-        training, errors = parse(doc)
-        if training is None:
-            ok = False
-            if len(docs) > 1:
-                print(f"# {doc.where}", file=out)
-            for line in errors:
-                print(line, file=out)
-        else:
-            trainings.append(training)
-    return trainings if ok else None
 
 
 # --- output ------------------------------------------------------------------
@@ -165,7 +83,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     objects: list[dict[str, Any]] = []
     for t in trainings:
         if not t.metadata.name:
-            raise UserError(f"{args.file}: every {KIND} needs metadata.name to be rendered")
+            raise InputError(f"{args.file}: every {KIND} needs metadata.name to be rendered")
         if args.namespace:
             t.metadata.namespace = args.namespace
         objects += render(t)
@@ -200,13 +118,10 @@ def cmd_run_local(args: argparse.Namespace) -> int:
     if trainings is None:
         return EXIT_INVALID
     if len(trainings) != 1:
-        raise UserError(f"{args.file}: run-local runs one {KIND}, the file has {len(trainings)}")
-    from fsdp_trainer.local import LocalRunError, run_local
+        raise InputError(f"{args.file}: run-local runs one {KIND}, the file has {len(trainings)}")
+    from .local import run_local
 
-    try:
-        return int(run_local(Path(args.file), nproc=args.nproc, output_dir=args.output_dir, steps=args.steps))
-    except LocalRunError as e:
-        raise UserError(str(e)) from e
+    return run_local(Path(args.file), nproc=args.nproc, output_dir=args.output_dir, steps=args.steps)
 
 
 # --- argument parsing --------------------------------------------------------------
@@ -290,7 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
-    except UserError as e:
+    except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_INVALID
     except KeyboardInterrupt:

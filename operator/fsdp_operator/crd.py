@@ -12,23 +12,14 @@ from __future__ import annotations
 from typing import Any
 
 import yaml
+from fsdp_api import spec as spec_mod
+from fsdp_api import status as status_mod
+from fsdp_api.base import ApiModel
+from fsdp_api.contract import GROUP, KIND, PLURAL, VERSION
+from fsdp_api.rules import immutable
+from fsdp_api.spec import IMMUTABLE_FIELDS, ROOT_RULES, FSDPTrainingSpec, immutable_rule
+from fsdp_api.status import FSDPTrainingStatus
 from pydantic import BaseModel
-
-from .api import spec as spec_mod
-from .api import status as status_mod
-from .api.rules import immutable
-from .api.spec import (
-    GROUP,
-    IMMUTABLE_FIELDS,
-    KIND,
-    PLURAL,
-    ROOT_RULES,
-    VERSION,
-    FSDPTrainingSpec,
-    Spec,
-    immutable_rule,
-)
-from .api.status import FSDPTrainingStatus
 
 Schema = dict[str, Any]
 
@@ -56,7 +47,7 @@ def _model_classes() -> dict[str, type[BaseModel]]:
     classes: dict[str, type[BaseModel]] = {}
     for module in (spec_mod, status_mod):
         for obj in vars(module).values():
-            if isinstance(obj, type) and issubclass(obj, Spec) and obj is not Spec:
+            if isinstance(obj, type) and issubclass(obj, ApiModel) and obj is not ApiModel:
                 classes[obj.__name__] = obj
     return classes
 

@@ -12,7 +12,8 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-from .api import API_VERSION, KIND, PLURAL, PRESETS
+from fsdp_api import API_VERSION, KIND, PLURAL, PRESETS
+
 from .crd import PRINTER_COLUMNS, SHORT_NAMES, open_api_schema
 
 Schema = dict[str, Any]

@@ -6,8 +6,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from fsdp_api.contract import GPU_SERIES as GPU_ONLY
+
 from tests.bundle.manifests import DASHBOARD, metric_names
-from tests.support.metrics_contract import GPU_ONLY
 
 
 @dataclass(frozen=True)

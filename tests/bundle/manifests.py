@@ -90,7 +90,7 @@ def helm_template(
 
 def render_training(path: Path) -> list[Obj]:
     """The renderer's objects for the FSDPTraining(s) in ``path``."""
-    from fsdp_operator.api import FSDPTraining
+    from fsdp_api import FSDPTraining
     from fsdp_operator.render import render
 
     out: list[Obj] = []

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 import yaml
+from fsdp_api.contract import ALL_SERIES as KNOWN
 
 from tests.bundle.manifests import PROMETHEUS_RULE, metric_names
-from tests.support.metrics_contract import KNOWN
 
 HERE = Path(__file__).resolve().parent
 EXPECTED_ALERTS = {

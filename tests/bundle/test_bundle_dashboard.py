@@ -10,10 +10,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from fsdp_api.contract import ALL_SERIES as KNOWN
+from fsdp_api.contract import DCGM_METRICS, exposed_series
 
 from tests.bundle import dashboard
 from tests.bundle.manifests import DASHBOARD, kustomize
-from tests.support.metrics_contract import DCGM_METRICS, KNOWN, TRAINER_METRICS
+
+TRAINER_METRICS = exposed_series(gpu=False)
 
 SHARED_DCGM = Path("/work/shared/crds/dcgm-exporter")
 

@@ -22,10 +22,10 @@ from typing import Any
 
 import pytest
 import yaml
+from fsdp_api.contract import GPU_SERIES as GPU_ONLY
 
 from tests.bundle import dashboard
 from tests.bundle.manifests import PROMETHEUS_RULE, metric_names
-from tests.support.metrics_contract import GPU_ONLY
 from tests.support.prometheus import PrometheusServer
 from tests.support.trainer_run import TrainerRun
 

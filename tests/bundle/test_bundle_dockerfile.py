@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from fsdp_api import contract
 from fsdp_operator.render import names
-from fsdp_operator.render.command import torchrun_command
+from fsdp_operator.render.command import pod_command
 
 from tests.bundle.manifests import FSDP_SOURCE, REPO_ROOT
 
@@ -116,16 +117,22 @@ def test_images_install_the_extras_the_project_defines() -> None:
     installs = {name: [extras_of(t) for t in pip_install_targets(s)] for name, s in stages.items()}
     # The trainer image: the project with exactly the trainer extra (no dev tools).
     assert installs["trainer-build"] == [{"trainer"}]
-    # The operator image: the project with no extra, so no torch.
-    assert installs["operator-build"] == [set()]
+    # The operator image: the operator extra only, so no torch.
+    assert installs["operator-build"] == [{"operator"}]
     for found in installs.values():
         for chosen in found:
             assert chosen <= extras.keys(), f"unknown extras {chosen - extras.keys()}"
     assert not any(d.lower().startswith("torch") for d in project["dependencies"]), "torch leaked into the base deps"
     assert any(d.startswith("torch==") for d in extras["trainer"])
-    # The Makefile's install command uses the same extra (plus dev) and nothing else.
+    # Neither image carries the other side: no kopf/aiohttp in the trainer's
+    # extra, and each build stage copies only the API and its own package.
+    assert not any(d.lower().startswith(("kopf", "aiohttp")) for d in extras["trainer"] + project["dependencies"])
+    copies = {name: " ".join(stages[name].values("COPY")) for name in ("trainer-build", "operator-build")}
+    assert "api/" in copies["trainer-build"] and "operator/" not in copies["trainer-build"]
+    assert "api/" in copies["operator-build"] and "trainer/" not in copies["operator-build"]
+    # The Makefile's install command uses both extras (plus dev) and nothing else.
     makefile = (REPO_ROOT / "Makefile").read_text()
-    assert "pip install --quiet -e '.[trainer,dev]'" in makefile
+    assert "pip install --quiet -e '.[operator,trainer,dev]'" in makefile
 
 
 def test_runtime_stages_copy_the_venv_from_their_build_stage() -> None:
@@ -159,19 +166,19 @@ def test_python_bases_satisfy_requires_python() -> None:
 
 def test_trainer_image_matches_the_rendered_pod() -> None:
     """The rendered pod runs as uid/gid 1000 with HOME on an emptyDir and command torchrun."""
-    from fsdp_operator.api import FSDPTraining
+    from fsdp_api import FSDPTraining
 
     _, stages = parse()
     trainer = stages["trainer"]
     assert trainer.values("USER") == [f"{names.RUN_AS_USER}:{names.RUN_AS_GROUP}"]
     env = " ".join(trainer.values("ENV"))
-    assert f"HOME={names.HOME_DIR}" in env and f"HF_HOME={names.HF_HOME}" in env
-    assert f"--home-dir {names.HOME_DIR}" in " ".join(trainer.values("RUN"))
+    assert f"HOME={contract.HOME_DIR}" in env and f"HF_HOME={contract.HF_HOME}" in env
+    assert f"--home-dir {contract.HOME_DIR}" in " ".join(trainer.values("RUN"))
     training = FSDPTraining.model_validate(yaml.safe_load(FSDP_SOURCE.read_text()))
-    command = torchrun_command(training.spec, training.name)["command"]
+    command = pod_command(training.spec, training.name)["command"]
     assert trainer.values("ENTRYPOINT") == [f'["{command[0]}"]']
     # A bare `docker run` trains the config at the path the ConfigMap is mounted on.
-    assert names.CONFIG_PATH in trainer.values("CMD")[0]
+    assert contract.CONFIG_PATH in trainer.values("CMD")[0]
     # EFA: the installer, and its libraries (libfabric, aws-ofi-nccl) on the loader path.
     run = " ".join(trainer.values("RUN"))
     assert "efa_installer.sh -y --skip-kmod --skip-limit-conf --no-verify" in run

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 import yaml
-from fsdp_operator.api.presets import PRESETS
+from fsdp_api.presets import PRESETS
 
 from tests.bundle.manifests import REPO_ROOT, load_all, run
 from tests.support.cluster import tool_path

@@ -6,7 +6,7 @@ import re
 import typing
 from typing import Any
 
-from fsdp_operator.api.spec import ResourcesSpec
+from fsdp_api.spec import ResourcesSpec
 
 from tests.bundle.manifests import example_files, kustomize, render_training
 

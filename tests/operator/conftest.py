@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import yaml
-from fsdp_operator.api import FSDPTraining
+from fsdp_api import FSDPTraining
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"

@@ -8,8 +8,9 @@ from typing import Any, get_args
 
 import pytest
 import yaml
-from fsdp_operator.api import FSDPTraining, FSDPTrainingSpec, check_update, format_errors
-from fsdp_operator.api.spec import ROOT_RULES, Spec
+from fsdp_api import FSDPTraining, FSDPTrainingSpec, check_update, format_errors
+from fsdp_api.base import ApiModel
+from fsdp_api.spec import ROOT_RULES
 from fsdp_operator.crd import open_api_schema
 from pydantic import BaseModel, ValidationError
 
@@ -40,11 +41,11 @@ def test_invalid_example_names_the_field_with_the_message(invalid_example: Examp
     assert any(invalid_example.message in line for line in matching), lines
 
 
-def _spec_classes() -> list[type[Spec]]:
-    seen: list[type[Spec]] = []
+def _spec_classes() -> list[type[ApiModel]]:
+    seen: list[type[ApiModel]] = []
 
     def visit(cls: type[BaseModel]) -> None:
-        if cls in seen or not issubclass(cls, Spec):
+        if cls in seen or not issubclass(cls, ApiModel):
             return
         seen.append(cls)
         for field in cls.model_fields.values():

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import yaml
-from fsdp_operator.api import FSDPTraining
+from fsdp_api import FSDPTraining
 from fsdp_operator.cli import main
 from fsdp_operator.crd import crd_yaml
 from fsdp_operator.docs import api_reference
@@ -202,19 +202,16 @@ def test_run_needs_exactly_one_scope(capsys: pytest.CaptureFixture[str]) -> None
     assert "--all-namespaces" in capsys.readouterr().err
 
 
-def test_run_local_delegates_to_the_trainer(
+def test_run_local_delegates_to_the_launcher(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls: list[tuple[Any, ...]] = []
-
-    class LocalRunError(ValueError):
-        pass
 
     def run_local(spec_file: Path, nproc: int, output_dir: Path | None, steps: int | None) -> int:
         calls.append((spec_file, nproc, output_dir, steps))
         return 0
 
-    _fake_module(monkeypatch, "fsdp_trainer.local", run_local=run_local, LocalRunError=LocalRunError)
+    _fake_module(monkeypatch, "fsdp_operator.local", run_local=run_local)
     code, _, _ = run_cli(capsys, "run-local", "-f", str(TINY))
     assert code == 0
     assert calls == [(TINY, 2, None, None)]

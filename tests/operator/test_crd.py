@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from fsdp_operator.api.spec import IMMUTABLE_FIELDS, ROOT_RULES, FSDPTrainingSpec
+from fsdp_api.spec import IMMUTABLE_FIELDS, ROOT_RULES, FSDPTrainingSpec
 from fsdp_operator.crd import crd, crd_yaml
 
 REPO = Path(__file__).resolve().parents[2]

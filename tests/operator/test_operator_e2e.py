@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 import yaml
-from fsdp_operator.api import FSDPTraining, FSDPTrainingStatus
+from fsdp_api import FSDPTraining, FSDPTrainingStatus
 from fsdp_operator.render import render
 
 from tests.support.cluster import REPO_ROOT, TestCluster, free_port

@@ -8,9 +8,9 @@ import re
 from typing import Any
 
 import pytest
-from fsdp_operator.api import FSDPTraining
-from fsdp_operator.api.spec import SECRET_ENV_PATTERN
-from fsdp_operator.api.trainer_config import TrainerConfig
+from fsdp_api import FSDPTraining
+from fsdp_api.spec import SECRET_ENV_PATTERN
+from fsdp_api.trainer_config import TrainerConfig
 from fsdp_operator.render import render
 
 Obj = dict[str, Any]

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from fsdp_operator.api.status import FSDPTrainingStatus
+from fsdp_api.status import FSDPTrainingStatus
 from fsdp_operator.controller.kube import KubeClient
 from fsdp_operator.controller.metrics import OperatorMetrics
 from fsdp_operator.controller.peering import is_active

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import yaml
-from fsdp_operator.api import FSDPTraining, check_update, format_errors
+from fsdp_api import FSDPTraining, check_update, format_errors
 from fsdp_operator.render import render
 from pydantic import ValidationError
 

@@ -31,7 +31,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from fsdp_operator.api.trainer_config import TrainerConfig
+from fsdp_api.trainer_config import TrainerConfig
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.prometheus import free_port

@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from fsdp_operator.api import PRESETS
-from fsdp_operator.api.trainer_config import TrainerConfig
+from fsdp_api import PRESETS
+from fsdp_api.trainer_config import TrainerConfig
 from fsdp_trainer.metrics import MetricsProcessor, StepStats
 from fsdp_trainer.metrics.flops import (
     PEAK_OVERRIDE_ENV,

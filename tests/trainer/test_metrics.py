@@ -16,7 +16,8 @@ from typing import NamedTuple
 
 import pytest
 import torch
-from fsdp_operator.api.trainer_config import TrainerConfig
+from fsdp_api.contract import exposed_series
+from fsdp_api.trainer_config import TrainerConfig
 from fsdp_trainer.metrics import MetricsProcessor, StepStats
 from fsdp_trainer.metrics.prometheus import (
     multiproc_dir,
@@ -26,9 +27,10 @@ from fsdp_trainer.metrics.prometheus import (
     scrape_order,
 )
 
-from tests.support.metrics_contract import TRAINER_METRICS
 from tests.support.prometheus import free_port
 from tests.support.trainer_run import Sample, TrainerRun, parse_metrics
+
+TRAINER_METRICS = exposed_series(gpu=False)
 
 STEPS = 30
 RANK_LABELS = {"job_name", "node_rank", "local_rank"}
@@ -211,7 +213,7 @@ RESTART_WORKER = textwrap.dedent(
     import os, sys, time, urllib.request
     from types import SimpleNamespace
     import torch, torch.distributed as dist
-    from fsdp_operator.api.trainer_config import TrainerConfig
+    from fsdp_api.trainer_config import TrainerConfig
     from fsdp_trainer.metrics import MetricsProcessor, StepStats
 
     port, out = int(sys.argv[1]), sys.argv[2]
@@ -275,7 +277,7 @@ BASELINE_WORKER = textwrap.dedent(
     import io, sys, urllib.request
     from types import SimpleNamespace
     import torch
-    from fsdp_operator.api.trainer_config import TrainerConfig
+    from fsdp_api.trainer_config import TrainerConfig
     from fsdp_trainer.metrics import MetricsProcessor, StepStats
 
     port = int(sys.argv[1])

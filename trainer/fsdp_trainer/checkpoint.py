@@ -45,7 +45,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from fsdp_operator.api.spec import CheckpointSpec
+from fsdp_api.contract import CHECKPOINT_COMPLETE_MARKER
+from fsdp_api.spec import CheckpointSpec
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
@@ -60,7 +61,7 @@ from .faults import maybe_fault
 
 log = logging.getLogger(__name__)
 
-MARKER = "COMPLETE"
+MARKER = CHECKPOINT_COMPLETE_MARKER
 STEP_DIR = re.compile(r"^step-(\d{8})$")
 TMP_DIR = re.compile(r"^step-(\d{8})\.tmp-")
 RANKS_DIR = "ranks"

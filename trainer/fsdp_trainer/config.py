@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from fsdp_operator.api.rules import format_errors
-from fsdp_operator.api.trainer_config import TrainerConfig
+from fsdp_api.rules import format_errors
+from fsdp_api.trainer_config import TrainerConfig
 from pydantic import ValidationError
 
 from . import datafiles

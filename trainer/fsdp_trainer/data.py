@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from fsdp_operator.api.spec import DataSpec
+from fsdp_api.spec import DataSpec
 from transformers import PreTrainedTokenizerBase
 
 from . import datafiles

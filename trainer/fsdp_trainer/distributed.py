@@ -17,7 +17,7 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from fsdp_operator.api.spec import FSDPSpec
+from fsdp_api.spec import FSDPSpec
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 log = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed.checkpoint as dcp
-from fsdp_operator.api.trainer_config import TrainerConfig
+from fsdp_api.trainer_config import TrainerConfig
 from transformers import AutoTokenizer
 
 from .checkpoint import MARKER, latest_checkpoint

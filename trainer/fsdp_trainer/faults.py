@@ -13,7 +13,9 @@ from __future__ import annotations
 import os
 import signal
 
-FAULT_ENV = "FSDP_TRAINER_FAULT"
+from fsdp_api.contract import ENV_TRAINER_FAULT
+
+FAULT_ENV = ENV_TRAINER_FAULT
 
 
 def maybe_fault(point: str, step: int, rank: int) -> None:

@@ -17,8 +17,8 @@ import math
 
 import torch
 import torch.distributed.tensor
-from fsdp_operator.api.presets import ModelDims
-from fsdp_operator.api.spec import ModelSpec
+from fsdp_api.presets import ModelDims
+from fsdp_api.spec import ModelSpec
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 

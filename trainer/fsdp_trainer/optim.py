@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 import torch
-from fsdp_operator.api.spec import TrainingSpec
+from fsdp_api.spec import TrainingSpec
 from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.optim.lr_scheduler import LambdaLR

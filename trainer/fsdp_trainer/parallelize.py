@@ -33,7 +33,7 @@ import logging
 from collections.abc import Iterator
 
 import torch
-from fsdp_operator.api.trainer_config import TrainerConfig
+from fsdp_api.trainer_config import TrainerConfig
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
 from torch.distributed.device_mesh import DeviceMesh

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from fsdp_operator.api.trainer_config import TrainerConfig
+from fsdp_api.trainer_config import TrainerConfig
 from torch import nn
 
 from .dtensor_utils import local_slices, local_tensor

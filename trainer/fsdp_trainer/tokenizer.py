@@ -18,7 +18,7 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
-from fsdp_operator.api.trainer_config import TrainerConfig
+from fsdp_api.trainer_config import TrainerConfig
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from .errors import ConfigError

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from fsdp_operator.api.trainer_config import TrainerConfig
+from fsdp_api.trainer_config import TrainerConfig
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
@@ -64,8 +64,6 @@ class Stopped(Exception):
     def __init__(self, step: int) -> None:
         self.step = step
         super().__init__(f"stopped on SIGTERM after step {step}; a checkpoint of it was saved")
-
-
 
 
 @dataclass

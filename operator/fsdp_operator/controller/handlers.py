@@ -17,8 +17,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import kopf
+from fsdp_api.contract import (
+    GROUP,
+    KUBEFLOW_GROUP,
+    KUBEFLOW_VERSION,
+    PLURAL,
+    PYTORCHJOB_PLURAL,
+    VERSION,
+)
 
-from ..api.spec import GROUP, PLURAL, VERSION
 from .kube import KubeClient, default_login
 from .metrics import OperatorMetrics
 from .peering import ensure_peering_object
@@ -26,8 +33,6 @@ from .reconcile import Runtime, apply_training, handle_job_event, owner_of
 from .scraper import PeeringView, final_scrape, run_scraper
 
 log = logging.getLogger(__name__)
-
-KUBEFLOW_GROUP, KUBEFLOW_VERSION, PYTORCHJOBS = "kubeflow.org", "v1", "pytorchjobs"
 
 
 @dataclass(frozen=True)
@@ -66,7 +71,7 @@ def build_registry(rt: Runtime, options: Options) -> kopf.OperatorRegistry:
         served = await rt.client.discover(f"{GROUP}/{VERSION}")
         if PLURAL not in served:
             raise kopf.PermanentError(f"{PLURAL}.{GROUP}/{VERSION} is not served: install the CRD (kustomize/crd)")
-        if PYTORCHJOBS not in await rt.client.discover(f"{KUBEFLOW_GROUP}/{KUBEFLOW_VERSION}"):
+        if PYTORCHJOB_PLURAL not in await rt.client.discover(f"{KUBEFLOW_GROUP}/{KUBEFLOW_VERSION}"):
             raise kopf.PermanentError(
                 "pytorchjobs.kubeflow.org/v1 is not served: install the Kubeflow training operator"
             )
@@ -105,7 +110,7 @@ def build_registry(rt: Runtime, options: Options) -> kopf.OperatorRegistry:
         # A new training has nothing stale to prune: skip that GET on the hot path.
         await apply_training(rt, body, prune=reason != kopf.Reason.CREATE)
 
-    @kopf.on.event(KUBEFLOW_GROUP, KUBEFLOW_VERSION, PYTORCHJOBS, id="job-status", when=_owned, registry=registry)
+    @kopf.on.event(KUBEFLOW_GROUP, KUBEFLOW_VERSION, PYTORCHJOB_PLURAL, id="job-status", when=_owned, registry=registry)
     async def job_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
         finished = await handle_job_event(rt, event["type"], body)
         if finished is not None and options.scrape_interval > 0:

@@ -17,6 +17,7 @@ from urllib.parse import quote, urlencode
 
 import aiohttp
 import kopf
+from fsdp_api.contract import KIND, PLURAL, PODMONITOR_KIND, PODMONITOR_PLURAL, PYTORCHJOB_KIND, PYTORCHJOB_PLURAL
 
 FIELD_MANAGER = "fsdp-operator"
 USER_AGENT = "fsdp-operator"
@@ -26,10 +27,10 @@ PLURALS = {
     "ConfigMap": "configmaps",
     "Event": "events",
     "Pod": "pods",
-    "PyTorchJob": "pytorchjobs",
-    "PodMonitor": "podmonitors",
+    PYTORCHJOB_KIND: PYTORCHJOB_PLURAL,
+    PODMONITOR_KIND: PODMONITOR_PLURAL,
     "ServiceMonitor": "servicemonitors",
-    "FSDPTraining": "fsdptrainings",
+    KIND: PLURAL,
     "KopfPeering": "kopfpeerings",
     "ClusterKopfPeering": "clusterkopfpeerings",
 }

@@ -10,11 +10,10 @@ from __future__ import annotations
 from collections import Counter as Tally
 from collections.abc import Iterable, Iterator
 
+from fsdp_api.status import Phase
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
-
-from ..api.status import Phase
 
 PHASES: tuple[Phase, ...] = ("Pending", "Created", "Running", "Restarting", "Suspended", "Succeeded", "Failed")
 # Reconciles are API round-trips on a healthy cluster (ms) up to retries under load (s).

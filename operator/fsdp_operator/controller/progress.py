@@ -16,20 +16,23 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+from fsdp_api.contract import (
+    CHECKPOINT_LAST_STEP,
+    GLOBAL_TOKENS_PER_SECOND,
+    LABEL_LOCAL_RANK,
+    LABEL_NODE_RANK,
+    LOSS,
+    REPLICA_INDEX_LABEL,
+    REPLICA_TYPE_LABEL,
+    STEP,
+)
 from prometheus_client.parser import text_string_to_metric_families
 
 from .kube import NETWORK_ERRORS
 
-# Pod labels set by the Kubeflow training operator (v1) on every replica pod.
-JOB_NAME_LABEL = "training.kubeflow.org/job-name"
-REPLICA_TYPE_LABEL = "training.kubeflow.org/replica-type"
-REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-index"
-
-STEP = "fsdp_train_step"
-LOSS = "fsdp_train_loss"
-TOKENS_PER_SECOND = "fsdp_train_global_tokens_per_second"
-CHECKPOINT_LAST_STEP = "fsdp_checkpoint_last_step"
-_WANTED = (STEP, LOSS, TOKENS_PER_SECOND, CHECKPOINT_LAST_STEP)
+STEP_SERIES, LOSS_SERIES = STEP.name, LOSS.name
+TOKENS_SERIES, CHECKPOINT_SERIES = GLOBAL_TOKENS_PER_SECOND.name, CHECKPOINT_LAST_STEP.name
+_WANTED = (STEP_SERIES, LOSS_SERIES, TOKENS_SERIES, CHECKPOINT_SERIES)
 
 SCRAPE_TIMEOUT_SECONDS = 3.0
 # A trainer endpoint is a few KB; refuse to buffer something pathological.
@@ -64,7 +67,7 @@ def _rank_key(labels: Mapping[str, str]) -> tuple[int, int]:
         except ValueError:
             return 1 << 30
 
-    return num("node_rank"), num("local_rank")
+    return num(LABEL_NODE_RANK), num(LABEL_LOCAL_RANK)
 
 
 def parse_trainer_metrics(text: str) -> TrainerProgress:
@@ -87,11 +90,11 @@ def parse_trainer_metrics(text: str) -> TrainerProgress:
     def value(name: str) -> float | None:
         return best[name][1] if name in best else None
 
-    step, ckpt = value(STEP), value(CHECKPOINT_LAST_STEP)
+    step, ckpt, tokens = value(STEP_SERIES), value(CHECKPOINT_SERIES), value(TOKENS_SERIES)
     return TrainerProgress(
         step=int(step) if step is not None and step >= 0 else None,
-        loss=value(LOSS),
-        tokens_per_second=value(TOKENS_PER_SECOND) if (value(TOKENS_PER_SECOND) or 0) >= 0 else None,
+        loss=value(LOSS_SERIES),
+        tokens_per_second=tokens if (tokens or 0) >= 0 else None,
         checkpoint_last_step=int(ckpt) if ckpt is not None and ckpt >= 0 else None,
     )
 

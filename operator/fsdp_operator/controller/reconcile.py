@@ -19,9 +19,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 import kopf
+from fsdp_api import API_VERSION, KIND, FSDPTraining, format_errors
+from fsdp_api.contract import PODMONITOR_KIND, PYTORCHJOB_API_VERSION, PYTORCHJOB_KIND
 from pydantic import ValidationError
 
-from ..api import API_VERSION, KIND, FSDPTraining, format_errors
 from ..render import render
 from .kube import NETWORK_ERRORS, ApiError, KubeClient
 from .metrics import OperatorMetrics
@@ -47,9 +48,6 @@ log = logging.getLogger(__name__)
 
 Json = dict[str, Any]
 Key = tuple[str, str]  # (namespace, name)
-
-PYTORCHJOB_API_VERSION = "kubeflow.org/v1"
-PYTORCHJOB_KIND = "PyTorchJob"
 
 
 @dataclass
@@ -205,9 +203,6 @@ def _seconds_since(timestamp: str | None) -> float | None:
     except ValueError:
         return None
     return max(0.0, (datetime.now(UTC) - then).total_seconds())
-
-
-PODMONITOR_KIND = "PodMonitor"
 
 
 def _training_model(body: Mapping[str, Any]) -> FSDPTraining:

@@ -23,11 +23,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+from fsdp_api.contract import JOB_NAME_LABEL, REPLICA_INDEX_LABEL
+from fsdp_api.spec import MetricsSpec
 
-from ..api.spec import MetricsSpec
 from .kube import NETWORK_ERRORS, ApiError
 from .peering import we_are_active
-from .progress import JOB_NAME_LABEL, REPLICA_INDEX_LABEL, rank0_pod, scrape
+from .progress import rank0_pod, scrape
 from .reconcile import Runtime, record_progress, record_scheduling
 from .status import SCHEDULABLE, TrainingFacts, pod_scheduling
 

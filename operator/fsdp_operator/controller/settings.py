@@ -6,8 +6,7 @@ import logging
 import os
 
 import kopf
-
-from ..api.spec import GROUP
+from fsdp_api.contract import GROUP
 
 # Everything kopf writes on our objects is an annotation under our group, so
 # `kubectl get -o yaml` shows who wrote it and no kopf.zalando.org keys appear.

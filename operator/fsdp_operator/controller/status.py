@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from ..api.spec import GROUP, CheckpointSpec, ResourcesSpec
-from ..api.status import CheckpointStatus, Condition, FSDPTrainingStatus, Phase, ReplicaStatus
+from fsdp_api.contract import GROUP
+from fsdp_api.spec import CheckpointSpec, ResourcesSpec
+from fsdp_api.status import CheckpointStatus, Condition, FSDPTrainingStatus, Phase, ReplicaStatus
 
 # The PyTorchJob carries the FSDPTraining generation it was rendered from, so
 # a status computed from a job event knows which spec it reflects.

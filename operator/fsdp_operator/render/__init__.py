@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..api import API_VERSION, KIND, FSDPTraining
+from fsdp_api import API_VERSION, KIND, FSDPTraining
+
 from . import names
 from .configmap import config_map, trainer_config
 from .podmonitor import pod_monitor

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..api import FSDPTrainingSpec
-from . import names
+from fsdp_api import FSDPTrainingSpec, contract
+from fsdp_api.launch import torchrun_rendezvous, trainer_program
 
-TRAINER_MODULE = "fsdp_trainer"
+from . import names
 
 
 def nnodes(spec: FSDPTrainingSpec) -> str:
@@ -46,20 +46,15 @@ def max_restarts(spec: FSDPTrainingSpec) -> int:
     return spec.elastic.max_restarts if spec.elastic is not None else DEFAULT_MAX_RESTARTS
 
 
-def torchrun_command(spec: FSDPTrainingSpec, name: str) -> dict[str, Any]:
-    return {
-        "command": ["torchrun"],
-        "args": [
-            f"--nnodes={nnodes(spec)}",
-            f"--nproc-per-node={spec.procs_per_node()}",
-            "--rdzv-backend=c10d",
-            f"--rdzv-endpoint={names.rendezvous_endpoint(name)}",
-            f"--rdzv-id={name}",
-            f"--rdzv-conf={RDZV_CONF}",
-            f"--max-restarts={max_restarts(spec)}",
-            "-m",
-            TRAINER_MODULE,
-            "--config",
-            names.CONFIG_PATH,
-        ],
-    }
+def pod_command(spec: FSDPTrainingSpec, name: str) -> dict[str, Any]:
+    """The trainer container's ``command`` and ``args``."""
+    cmd = torchrun_rendezvous(
+        nnodes=nnodes(spec),
+        nproc_per_node=spec.procs_per_node(),
+        endpoint=names.rendezvous_endpoint(name),
+        run_id=name,
+        rdzv_conf=RDZV_CONF,
+        max_restarts=max_restarts(spec),
+        program=trainer_program(contract.CONFIG_PATH),
+    )
+    return {"command": cmd[:1], "args": cmd[1:]}

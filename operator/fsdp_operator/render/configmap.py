@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..api import FSDPTrainingSpec
-from ..api.trainer_config import TrainerConfig
+from fsdp_api import FSDPTrainingSpec, contract
+from fsdp_api.trainer_config import TrainerConfig
+
 from . import names
 
 
@@ -23,5 +24,5 @@ def config_map(spec: FSDPTrainingSpec, name: str, namespace: str, annotations: d
             "labels": names.labels(name, names.TRAINER_CONFIG),
             "annotations": dict(annotations),
         },
-        "data": {names.CONFIG_KEY: trainer_config(spec, name, namespace).to_yaml()},
+        "data": {contract.CONFIG_KEY: trainer_config(spec, name, namespace).to_yaml()},
     }

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..api import FSDPTrainingSpec
-from . import names
+from fsdp_api import FSDPTrainingSpec, contract
+from fsdp_api.contract import ENV_CONFIG, ENV_JOB_NAME, ENV_JOB_NAMESPACE, ENV_METRICS_PORT
 
 Env = list[dict[str, Any]]
 
@@ -50,13 +50,13 @@ def container_env(spec: FSDPTrainingSpec, name: str) -> Env:
     User variables come last so they may reference ours with ``$(VAR)``.
     """
     env: Env = [
-        {"name": "FSDP_JOB_NAME", "value": name},
-        {"name": "FSDP_JOB_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
-        {"name": "FSDP_CONFIG", "value": names.CONFIG_PATH},
+        {"name": ENV_JOB_NAME, "value": name},
+        {"name": ENV_JOB_NAMESPACE, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        {"name": ENV_CONFIG, "value": contract.CONFIG_PATH},
         # The root filesystem is read-only: everything that caches (HF hub,
         # torch/triton compile caches under ~/.cache) goes to the HOME emptyDir.
-        {"name": "HOME", "value": names.HOME_DIR},
-        {"name": "HF_HOME", "value": names.HF_HOME},
+        {"name": "HOME", "value": contract.HOME_DIR},
+        {"name": "HF_HOME", "value": contract.HF_HOME},
         # torchrun's agent on the rendezvous host shares its TCP store with
         # the workers; when another pod's container restarts alone, the fresh
         # agent then waits forever for rendezvous info the survivor never
@@ -65,7 +65,7 @@ def container_env(spec: FSDPTrainingSpec, name: str) -> Env:
         {"name": "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "value": "1"},
     ]
     if spec.metrics.enabled:
-        env.append({"name": "FSDP_METRICS_PORT", "value": str(spec.metrics.port)})
+        env.append({"name": ENV_METRICS_PORT, "value": str(spec.metrics.port)})
     if spec.resources.gpus_per_node > 0:
         env += _literal(GPU_ENV)
     if spec.resources.efa_per_node > 0:

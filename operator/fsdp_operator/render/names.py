@@ -6,8 +6,13 @@ rendezvous host can never disagree about how a job's objects are named.
 
 from __future__ import annotations
 
-from ..api import FSDPTraining
-from ..api.spec import GROUP
+from fsdp_api import FSDPTraining
+from fsdp_api.contract import (
+    GROUP,
+    PYTORCHJOB_CONTAINER,
+    PYTORCHJOB_PORT_NAME,
+    WORKER_REPLICA,
+)
 
 MANAGED_BY = "fsdp-operator"
 APP_NAME = "fsdptraining"
@@ -22,20 +27,13 @@ TRAINER_CONFIG = "trainer-config"
 TRAINING_JOB = "training-job"
 METRICS = "metrics"
 
-# Kubeflow training operator v1 contract (pkg/apis/kubeflow.org/v1/pytorch_types.go):
-# the webhook requires a container with this name, and the controller reads
-# the rendezvous/master port from the container port with this name.
-CONTAINER_NAME = "pytorch"
-RDZV_PORT_NAME = "pytorchjob-port"
+# The Kubeflow training operator's names (see fsdp_api.contract).
+CONTAINER_NAME = PYTORCHJOB_CONTAINER
+RDZV_PORT_NAME = PYTORCHJOB_PORT_NAME
 # torchrun's own default c10d port, so a job reads like the PyTorch docs.
 RDZV_PORT = 29400
-REPLICA_TYPE = "Worker"
+REPLICA_TYPE = WORKER_REPLICA
 
-CONFIG_DIR = "/etc/fsdp"
-CONFIG_KEY = "train.yaml"
-CONFIG_PATH = f"{CONFIG_DIR}/{CONFIG_KEY}"
-HOME_DIR = "/home/trainer"
-HF_HOME = f"{HOME_DIR}/.cache/huggingface"
 TMP_DIR = "/tmp"
 SHM_DIR = "/dev/shm"
 # A fixed non-root identity: the image needs no matching /etc/passwd entry

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..api import FSDPTrainingSpec
+from fsdp_api import FSDPTrainingSpec, contract
+
 from . import names
-from .command import torchrun_command
+from .command import pod_command
 from .env import container_env
 
 Obj = dict[str, Any]
@@ -87,11 +88,11 @@ def volumes(spec: FSDPTrainingSpec, name: str) -> tuple[list[Obj], list[Obj]]:
         {"name": "home", "emptyDir": {}},
     ]
     mounts = [
-        {"name": "config", "mountPath": names.CONFIG_DIR, "readOnly": True},
+        {"name": "config", "mountPath": contract.CONFIG_DIR, "readOnly": True},
         {"name": "dshm", "mountPath": names.SHM_DIR},
         {"name": "checkpoints", "mountPath": spec.checkpoint.dir},
         {"name": "tmp", "mountPath": names.TMP_DIR},
-        {"name": "home", "mountPath": names.HOME_DIR},
+        {"name": "home", "mountPath": contract.HOME_DIR},
     ]
     return vols, mounts
 
@@ -146,7 +147,7 @@ def pod_template(spec: FSDPTrainingSpec, name: str, annotations: dict[str, str])
         "name": names.CONTAINER_NAME,
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
-        **torchrun_command(spec, name),
+        **pod_command(spec, name),
         "env": container_env(spec, name),
         "ports": ports(spec),
         "resources": resources(spec),

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..api import FSDPTrainingSpec
+from fsdp_api import FSDPTrainingSpec
+from fsdp_api.contract import MONITORING_API_VERSION, PODMONITOR_KIND
+
 from . import names
 
-API_VERSION = "monitoring.coreos.com/v1"
-KIND = "PodMonitor"
+API_VERSION = MONITORING_API_VERSION
+KIND = PODMONITOR_KIND
 SCRAPE_INTERVAL = "15s"
 
 

@@ -12,13 +12,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..api import FSDPTrainingSpec
+from fsdp_api import FSDPTrainingSpec
+from fsdp_api.contract import PYTORCHJOB_API_VERSION, PYTORCHJOB_KIND
+
 from . import names
 from .command import max_restarts
 from .pod import pod_template
 
-API_VERSION = "kubeflow.org/v1"
-KIND = "PyTorchJob"
+API_VERSION = PYTORCHJOB_API_VERSION
+KIND = PYTORCHJOB_KIND
 
 
 def backoff_limit(spec: FSDPTrainingSpec) -> int:

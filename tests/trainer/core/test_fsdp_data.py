@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from fsdp_operator.api.spec import DataSpec
+from fsdp_api.spec import DataSpec
 from fsdp_trainer.data import (
     Batch,
     Packer,

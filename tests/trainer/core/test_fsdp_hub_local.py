@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from fsdp_operator.api.spec import DataSpec
+from fsdp_api.spec import DataSpec
 from fsdp_trainer.config import load_config
 from fsdp_trainer.data import TrainData, validation_batches
 from fsdp_trainer.errors import ConfigError

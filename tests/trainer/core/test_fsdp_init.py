@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from fsdp_operator.api.spec import ModelSpec
-from fsdp_operator.api.trainer_config import TrainerConfig
+from fsdp_api.spec import ModelSpec
+from fsdp_api.trainer_config import TrainerConfig
 from fsdp_trainer.model import build_meta_model, init_weights, llama_config, materialize
 from fsdp_trainer.names import unique_parameters
 from transformers import LlamaConfig, LlamaForCausalLM

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from fsdp_operator.api.spec import FSDPSpec
+from fsdp_api.spec import FSDPSpec
 from fsdp_trainer import datafiles
 from fsdp_trainer.checkpoint import MARKER, complete_checkpoints, latest_checkpoint, remove_stale
 from fsdp_trainer.corpus import build_documents_cleanly, embedded_documents

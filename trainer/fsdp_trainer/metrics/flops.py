@@ -30,9 +30,10 @@ import os
 import re
 from dataclasses import dataclass
 
-from fsdp_operator.api.presets import ModelDims
+from fsdp_api.contract import ENV_PEAK_TFLOPS
+from fsdp_api.presets import ModelDims
 
-PEAK_OVERRIDE_ENV = "FSDP_PEAK_TFLOPS"
+PEAK_OVERRIDE_ENV = ENV_PEAK_TFLOPS
 
 
 def matmul_params(dims: ModelDims, num_params: int | None = None) -> int:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 import torch
+from fsdp_api.contract import ENV_METRICS_ADDR, ENV_METRICS_LINGER_SECONDS
 
 from .flops import flops_per_token, mfu, peak_tflops
 from .logline import IntervalSummary, ProgressBar, RunSummary, step_line, summary_line
@@ -37,7 +38,7 @@ from .prometheus import (
 from .stats import StepStats
 
 if TYPE_CHECKING:
-    from fsdp_operator.api.trainer_config import TrainerConfig
+    from fsdp_api.trainer_config import TrainerConfig
 
     from ..distributed import WorldInfo
 
@@ -45,12 +46,12 @@ log = logging.getLogger(__name__)
 
 # Bind address of the endpoint: all interfaces in a pod (Prometheus scrapes the
 # pod IP); run-local narrows it to loopback.
-ADDR_ENV = "FSDP_METRICS_ADDR"
+ADDR_ENV = ENV_METRICS_ADDR
 # Seconds the endpoint stays up after a completed run, so that Prometheus (and
 # the operator's last read) can collect the final step, loss and checkpoint
 # before the pod exits; a run shorter than one scrape interval is otherwise
 # never seen at all. 0 (the default) exits at once.
-LINGER_ENV = "FSDP_METRICS_LINGER_SECONDS"
+LINGER_ENV = ENV_METRICS_LINGER_SECONDS
 
 
 def _tf32_enabled() -> bool:

@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from wsgiref.simple_server import WSGIServer
 
+from fsdp_api import contract
+from fsdp_api.contract import Metric
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server, values
 from prometheus_client.multiprocess import MultiProcessCollector
 
@@ -36,11 +38,10 @@ log = logging.getLogger(__name__)
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 # Where the per-agent directories go; default: the system temp dir (/tmp, an
 # emptyDir in the pod).
-BASE_DIR_ENV = "FSDP_METRICS_DIR"
+BASE_DIR_ENV = contract.ENV_METRICS_DIR
 
-RANK_LABELS = ("job_name", "node_rank", "local_rank")
-INFO_LABELS = (*RANK_LABELS, "model_preset", "sharding_strategy", "precision", "world_size")
-GPU_LABELS = (*RANK_LABELS, "gpu")
+RANK_LABELS = contract.RANK_LABELS
+GPU_LABELS = contract.GPU_LABELS
 
 # From a tiny CPU model (tens of ms) to a 70B step on many nodes (minutes).
 STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
@@ -163,75 +164,54 @@ def serve(port: int, path: Path, addr: str = "0.0.0.0") -> MetricsServer:
     return MetricsServer(server, thread)
 
 
-def _gauge(name: str, doc: str, labels: tuple[str, ...] = RANK_LABELS) -> Gauge:
+def _create(metric: Metric) -> Gauge | Counter | Histogram:
+    labels = contract.INFO_LABELS if metric is contract.TRAINER_INFO else RANK_LABELS
+    if metric.gpu_only:
+        labels = GPU_LABELS
+    if metric.type == "counter":
+        return Counter(metric.name, metric.help, labels, registry=None)
+    if metric.type == "histogram":
+        buckets = CHECKPOINT_BUCKETS if metric is contract.CHECKPOINT_SAVE_DURATION else STEP_BUCKETS
+        return Histogram(metric.name, metric.help, labels, registry=None, buckets=buckets)
     # livemostrecent: one writer per label set (the rank), no pid label added.
-    return Gauge(name, doc, labels, registry=None, multiprocess_mode="livemostrecent")
+    return Gauge(metric.name, metric.help, labels, registry=None, multiprocess_mode="livemostrecent")
 
 
 class TrainerMetrics:
-    """The metric objects of the shared contract (see docs/metrics.md).
+    """The metric objects of the shared contract (fsdp_api.contract; docs/metrics.md).
 
     Created unregistered: in multiprocess mode the values live in the files,
     and the endpoint reads them through ``MultiProcessCollector``.
     """
 
     def __init__(self) -> None:
-        self.info = _gauge("fsdp_trainer_info", "Static facts about the job; always 1.", INFO_LABELS)
-        self.step = _gauge("fsdp_train_step", "Last completed optimizer step.")
-        self.max_steps = _gauge("fsdp_train_max_steps", "Optimizer steps the job trains for.")
-        self.loss = _gauge("fsdp_train_loss", "Training loss of the last step, averaged over all ranks.")
-        self.learning_rate = _gauge("fsdp_train_learning_rate", "Learning rate of the last step.")
-        self.grad_norm = _gauge("fsdp_train_grad_norm", "Global gradient norm of the last step, before clipping.")
-        self.tokens = Counter("fsdp_train_tokens", "Tokens processed by this rank.", RANK_LABELS, registry=None)
-        self.tokens_per_second = _gauge(
-            "fsdp_train_tokens_per_second", "Tokens per second of this rank (device), recent steps."
-        )
-        self.global_tokens_per_second = _gauge(
-            "fsdp_train_global_tokens_per_second", "Tokens per second of the whole job, recent steps."
-        )
-        self.tflops = _gauge("fsdp_train_tflops", "Achieved model TFLOP/s per device, recent steps.")
-        self.mfu = _gauge("fsdp_train_mfu_ratio", "Model FLOPs utilisation (0..1); absent when the peak is unknown.")
-        self.peak_tflops = _gauge(
-            "fsdp_train_peak_tflops", "Dense peak TFLOP/s of the device for the training dtype; 0 when unknown."
-        )
-        self.step_duration = Histogram(
-            "fsdp_train_step_duration_seconds",
-            "Wall time of one optimizer step, data loading included.",
-            RANK_LABELS,
-            registry=None,
-            buckets=STEP_BUCKETS,
-        )
-        self.data_wait = Counter(
-            "fsdp_train_data_wait_seconds", "Time this rank waited for input batches.", RANK_LABELS, registry=None
-        )
-        self.memory_peak = _gauge(
-            "fsdp_train_memory_peak_bytes", "Peak memory: CUDA max allocated on GPU, process peak RSS on CPU."
-        )
-        self.memory_reserved = _gauge(
-            "fsdp_train_memory_reserved_bytes", "Reserved memory: CUDA max reserved on GPU, current RSS on CPU."
-        )
-        self.eval_loss = _gauge("fsdp_train_eval_loss", "Loss of the last validation run.")
-        self.eval_perplexity = _gauge("fsdp_train_eval_perplexity", "Perplexity (exp of loss) of the last validation.")
-        self.checkpoint_save = Histogram(
-            "fsdp_checkpoint_save_duration_seconds",
-            "Time the train loop was blocked saving a checkpoint.",
-            RANK_LABELS,
-            registry=None,
-            buckets=CHECKPOINT_BUCKETS,
-        )
-        self.checkpoint_load = _gauge("fsdp_checkpoint_load_duration_seconds", "Time the resume load took.")
-        self.checkpoint_last_step = _gauge(
-            "fsdp_checkpoint_last_step", "Step of the newest checkpoint saved or loaded."
-        )
-        self.checkpoint_last_save = _gauge(
-            "fsdp_checkpoint_last_save_timestamp_seconds", "Unix time of the last checkpoint save."
-        )
-        self.last_step_timestamp = _gauge(
-            "fsdp_train_last_step_timestamp_seconds", "Unix time the last optimizer step completed."
-        )
-        self.restart_count = _gauge("fsdp_train_restart_count", "Worker-group restarts by torchrun so far.")
-        self.gpu_utilization = _gauge("fsdp_gpu_utilization_ratio", "GPU busy ratio (NVML), 0..1.", GPU_LABELS)
-        self.gpu_memory_used = _gauge("fsdp_gpu_memory_used_bytes", "GPU memory in use (NVML).", GPU_LABELS)
-        self.gpu_memory_total = _gauge("fsdp_gpu_memory_total_bytes", "GPU memory size (NVML).", GPU_LABELS)
-        self.gpu_power = _gauge("fsdp_gpu_power_watts", "GPU power draw (NVML).", GPU_LABELS)
-        self.gpu_temperature = _gauge("fsdp_gpu_temperature_celsius", "GPU temperature (NVML).", GPU_LABELS)
+        c = contract
+        self.info = _create(c.TRAINER_INFO)
+        self.step = _create(c.STEP)
+        self.max_steps = _create(c.MAX_STEPS)
+        self.loss = _create(c.LOSS)
+        self.learning_rate = _create(c.LEARNING_RATE)
+        self.grad_norm = _create(c.GRAD_NORM)
+        self.tokens = _create(c.TOKENS)
+        self.tokens_per_second = _create(c.TOKENS_PER_SECOND)
+        self.global_tokens_per_second = _create(c.GLOBAL_TOKENS_PER_SECOND)
+        self.tflops = _create(c.TFLOPS)
+        self.mfu = _create(c.MFU)
+        self.peak_tflops = _create(c.PEAK_TFLOPS)
+        self.step_duration = _create(c.STEP_DURATION)
+        self.data_wait = _create(c.DATA_WAIT)
+        self.memory_peak = _create(c.MEMORY_PEAK)
+        self.memory_reserved = _create(c.MEMORY_RESERVED)
+        self.eval_loss = _create(c.EVAL_LOSS)
+        self.eval_perplexity = _create(c.EVAL_PERPLEXITY)
+        self.checkpoint_save = _create(c.CHECKPOINT_SAVE_DURATION)
+        self.checkpoint_load = _create(c.CHECKPOINT_LOAD_DURATION)
+        self.checkpoint_last_step = _create(c.CHECKPOINT_LAST_STEP)
+        self.checkpoint_last_save = _create(c.CHECKPOINT_LAST_SAVE)
+        self.last_step_timestamp = _create(c.LAST_STEP_TIMESTAMP)
+        self.restart_count = _create(c.RESTART_COUNT)
+        self.gpu_utilization = _create(c.GPU_UTILIZATION)
+        self.gpu_memory_used = _create(c.GPU_MEMORY_USED)
+        self.gpu_memory_total = _create(c.GPU_MEMORY_TOTAL)
+        self.gpu_power = _create(c.GPU_POWER)
+        self.gpu_temperature = _create(c.GPU_TEMPERATURE)

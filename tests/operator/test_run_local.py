@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from fsdp_operator.api import FSDPTraining
+from fsdp_api import FSDPTraining
+from fsdp_api.documents import InputError, load_one
+from fsdp_operator.local import local_config, run_local
 from fsdp_operator.render import render
 from fsdp_trainer.checkpoint import latest_checkpoint
-from fsdp_trainer.local import LocalRunError, load_training, local_config, run_local
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "fsdptraining-tiny.yaml"
@@ -30,7 +31,7 @@ def example_copy(tmp_path: Path, **checkpoint: int) -> Path:
 
 
 def test_train_yaml_is_the_operators_configmap_with_local_paths(tmp_path: Path) -> None:
-    training = load_training(EXAMPLE)
+    training = load_one(EXAMPLE)
     cfg = local_config(training, tmp_path / "out", steps=20)
     configmap = next(o for o in render(training) if o["kind"] == "ConfigMap")
     rendered = yaml.safe_load(configmap["data"]["train.yaml"])
@@ -57,7 +58,7 @@ def test_invalid_spec_is_reported_with_the_field(tmp_path: Path) -> None:
     doc["spec"]["training"]["seqLen"] = 4096  # beyond tiny's maxSeqLen 1024
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump(doc))
-    with pytest.raises(LocalRunError, match=r"training.seqLen must not exceed the model's maxSeqLen"):
+    with pytest.raises(InputError, match=r"training.seqLen must not exceed the model's maxSeqLen"):
         run_local(bad, output_dir=tmp_path / "out")
     assert not (tmp_path / "out").exists()
 

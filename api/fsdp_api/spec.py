@@ -8,20 +8,15 @@ description because it becomes ``kubectl explain`` output.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-from pydantic.alias_generators import to_camel
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
+from .base import ApiModel
+from .contract import API_VERSION, KIND
 from .presets import PRESETS, ModelDims, PresetName
-from .rules import Rule, TransitionRule, immutable, run_rules
-
-GROUP = "training.fsdp.dev"
-VERSION = "v1alpha1"
-API_VERSION = f"{GROUP}/{VERSION}"
-KIND = "FSDPTraining"
-PLURAL = "fsdptrainings"
+from .rules import Rule, TransitionRule, immutable
 
 # PyTorchJob pods and services are named <name>-worker-<index>; with up to
 # 1000 nodes the index has 3 digits, and the whole must stay a 63-char label.
@@ -43,34 +38,10 @@ Quantity = Annotated[
 ]
 
 
-class Spec(BaseModel):
-    """Base of every API object: camelCase in YAML, unknown fields rejected.
-
-    The API server rejects unknown fields too (kubectl's strict field
-    validation), so a typo fails loudly instead of being pruned silently.
-    """
-
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", validate_default=True)
-    rules: ClassVar[tuple[Rule, ...]] = ()
-
-    @model_validator(mode="after")
-    def _run_rules(self) -> Spec:
-        run_rules(self, self.rules)
-        return self
-
-
-def _has(obj: Any, *path: str) -> bool:
-    for part in path:
-        obj = getattr(obj, part, None)
-        if obj is None:
-            return False
-    return True
-
-
 # --- model -----------------------------------------------------------------
 
 
-class ModelOverrides(Spec):
+class ModelOverrides(ApiModel):
     """Architecture overrides applied on top of the preset."""
 
     hidden_size: int | None = Field(None, ge=64, le=65536, description="Width of the residual stream (d_model).")
@@ -100,7 +71,7 @@ def _preset_cel(field: str) -> str:
     return f"(has(self.config) && has(self.config.{field}) ? self.config.{field} : {{{table}}}[self.preset])"
 
 
-class ModelSpec(Spec):
+class ModelSpec(ApiModel):
     """Which model to train: a Llama preset, optional overrides, optional pretrained weights."""
 
     preset: PresetName = Field(
@@ -142,7 +113,7 @@ class ModelSpec(Spec):
 # --- data ------------------------------------------------------------------
 
 
-class DataSpec(Spec):
+class DataSpec(ApiModel):
     """Training data: a Hugging Face dataset, local files, or the embedded corpus."""
 
     dataset: str | None = Field(
@@ -190,7 +161,7 @@ class DataSpec(Spec):
 # --- training --------------------------------------------------------------
 
 
-class TrainingSpec(Spec):
+class TrainingSpec(ApiModel):
     """Optimisation settings: steps, batch, learning rate, precision."""
 
     max_steps: int = Field(ge=1, le=100_000_000, description="Number of optimizer steps to train for.")
@@ -239,7 +210,7 @@ class TrainingSpec(Spec):
 # --- fsdp ------------------------------------------------------------------
 
 
-class FSDPSpec(Spec):
+class FSDPSpec(ApiModel):
     """How FSDP2 shards the model."""
 
     sharding_strategy: Literal["full", "shard_grad_op", "no_shard", "hybrid"] = Field(
@@ -273,7 +244,7 @@ class FSDPSpec(Spec):
 # --- resources -------------------------------------------------------------
 
 
-class ResourcesSpec(Spec):
+class ResourcesSpec(ApiModel):
     """Where the job runs: node count, GPUs, EFA and Karpenter capacity."""
 
     nodes: int = Field(1, ge=1, le=MAX_NODES, description="Number of nodes (pods); one pod per node.")
@@ -308,7 +279,7 @@ class ResourcesSpec(Spec):
 # --- checkpoint ------------------------------------------------------------
 
 
-class CheckpointSpec(Spec):
+class CheckpointSpec(ApiModel):
     """Distributed checkpoints (torch.distributed.checkpoint) and resume."""
 
     dir: str = Field("/checkpoints", pattern=r"^/", description="Absolute directory for checkpoints inside the pod.")
@@ -328,7 +299,7 @@ class CheckpointSpec(Spec):
     async_save: bool = Field(False, description="Save checkpoints asynchronously, overlapping the next steps.")
 
 
-class ElasticSpec(Spec):
+class ElasticSpec(ApiModel):
     """Elastic training: torchrun tolerates node loss between minNodes and maxNodes."""
 
     min_nodes: int = Field(ge=1, le=MAX_NODES, description="Fewest nodes to keep training with.")
@@ -345,7 +316,7 @@ class ElasticSpec(Spec):
     )
 
 
-class MetricsSpec(Spec):
+class MetricsSpec(ApiModel):
     """The trainer's Prometheus endpoint (one per pod, covering all local ranks)."""
 
     enabled: bool = Field(True, description="Serve Prometheus metrics and emit a PodMonitor.")
@@ -355,7 +326,7 @@ class MetricsSpec(Spec):
 # --- env -------------------------------------------------------------------
 
 
-class KeySelector(Spec):
+class KeySelector(ApiModel):
     """A key of a Secret or ConfigMap."""
 
     name: str = Field(min_length=1, description="Name of the Secret or ConfigMap.")
@@ -363,13 +334,13 @@ class KeySelector(Spec):
     optional: bool | None = Field(None, description="Whether the reference may be missing.")
 
 
-class FieldSelector(Spec):
+class FieldSelector(ApiModel):
     """A field of the pod (downward API)."""
 
     field_path: str = Field(min_length=1, description="Path of the field, e.g. metadata.name.")
 
 
-class EnvVarSource(Spec):
+class EnvVarSource(ApiModel):
     """Where the value of an environment variable comes from."""
 
     secret_key_ref: KeySelector | None = Field(None, description="A key of a Secret (use this for tokens).")
@@ -385,7 +356,7 @@ class EnvVarSource(Spec):
     )
 
 
-class EnvVar(Spec):
+class EnvVar(ApiModel):
     """An extra environment variable for the trainer container."""
 
     # maxLength bounds the cost of the credential-name regex (CEL cost budget).
@@ -432,7 +403,7 @@ SEQ_LEN_RULE = Rule(
 )
 
 
-class FSDPTrainingSpec(Spec):
+class FSDPTrainingSpec(ApiModel):
     """Desired state of an FSDP training job."""
 
     image: str = Field(
@@ -505,14 +476,11 @@ class FSDPTrainingSpec(Spec):
     def world_size(self) -> int:
         return self.resources.nodes * self.procs_per_node()
 
-    def total_gpus(self) -> int:
-        return self.resources.nodes * self.resources.gpus_per_node
-
 
 # Changing these on a live job would silently invalidate its checkpoints, its
 # data position or its pods' placement, so the API server refuses the update
 # (a `self == oldSelf` rule on the field) and check_update() mirrors it.
-IMMUTABLE_FIELDS: dict[type[Spec], tuple[str, tuple[str, ...]]] = {
+IMMUTABLE_FIELDS: dict[type[ApiModel], tuple[str, tuple[str, ...]]] = {
     FSDPTrainingSpec: ("spec", ("model", "data", "fsdp", "resources")),
     TrainingSpec: ("spec.training", ("seqLen", "microBatchSize", "gradAccumSteps", "precision", "seed")),
     CheckpointSpec: ("spec.checkpoint", ("dir", "claimName")),

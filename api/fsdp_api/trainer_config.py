@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 import yaml
 from pydantic import Field
 
+from .base import ApiModel
 from .rules import Rule
 from .spec import (
     SEQ_LEN_RULE,
@@ -21,7 +22,6 @@ from .spec import (
     FSDPTrainingSpec,
     MetricsSpec,
     ModelSpec,
-    Spec,
     TrainingSpec,
     effective_seq_len,
 )
@@ -29,14 +29,14 @@ from .spec import (
 _DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 
-class JobInfo(Spec):
+class JobInfo(ApiModel):
     """Identity of the job, used in metric labels and log lines."""
 
     name: str = Field("local", min_length=1, description="FSDPTraining name.")
     namespace: str = Field("default", min_length=1, description="Namespace of the FSDPTraining.")
 
 
-class TrainerConfig(Spec):
+class TrainerConfig(ApiModel):
     """Everything ``python -m fsdp_trainer --config train.yaml`` reads."""
 
     job: JobInfo = Field(default_factory=JobInfo, description="Job identity.")

@@ -7,7 +7,7 @@ the table) and for status columns, the trainer uses them to build a
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Literal
 
 PresetName = Literal["tiny", "llama3.2-1b", "llama3.2-3b", "llama3.1-8b", "llama3.1-70b"]
@@ -45,9 +45,6 @@ class ModelDims:
 
     def with_overrides(self, **overrides: int | None) -> ModelDims:
         return replace(self, **{k: v for k, v in overrides.items() if v is not None})
-
-    def as_dict(self) -> dict[str, int | float | bool]:
-        return asdict(self)
 
 
 # tiny is sized for the embedded default: a few hundred steps on 2 CPU cores

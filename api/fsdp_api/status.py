@@ -10,12 +10,12 @@ from typing import Literal
 
 from pydantic import Field
 
-from .spec import Spec
+from .base import ApiModel
 
 Phase = Literal["Pending", "Created", "Running", "Restarting", "Suspended", "Succeeded", "Failed"]
 
 
-class Condition(Spec):
+class Condition(ApiModel):
     """A condition in the metav1.Condition shape."""
 
     type: str = Field(min_length=1, description="Condition type, e.g. Created, Running, Succeeded, Failed, Suspended.")
@@ -28,7 +28,7 @@ class Condition(Spec):
     message: str = Field("", description="Human-readable details.")
 
 
-class ReplicaStatus(Spec):
+class ReplicaStatus(ApiModel):
     """Pod counts of one PyTorchJob replica type."""
 
     active: int = Field(0, ge=0, description="Running pods.")
@@ -36,7 +36,7 @@ class ReplicaStatus(Spec):
     failed: int = Field(0, ge=0, description="Pods that failed.")
 
 
-class CheckpointStatus(Spec):
+class CheckpointStatus(ApiModel):
     """Where checkpoints go and whether they survive the pods."""
 
     dir: str | None = Field(None, description="Checkpoint directory in the pods.")
@@ -46,7 +46,7 @@ class CheckpointStatus(Spec):
     last_step: int | None = Field(None, ge=0, description="Step of the newest complete checkpoint seen in metrics.")
 
 
-class FSDPTrainingStatus(Spec):
+class FSDPTrainingStatus(ApiModel):
     """Observed state of the job, mirrored from its PyTorchJob and its metrics."""
 
     phase: Phase = Field("Pending", description="Summary of the job's state.")

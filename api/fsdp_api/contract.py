@@ -1,0 +1,185 @@
+"""The names every side shares: written here once, imported everywhere else.
+
+The renderer writes them into pods, the trainer reads them from its
+environment and exports them as metrics, the operator reads them back from
+the trainer's endpoint, and the bundle's dashboard and alerts query them
+(tests check the bundle against :func:`exposed_series`). A rename is one edit
+here; a name typed anywhere else is a bug.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+# --- our API group -----------------------------------------------------------
+
+GROUP = "training.fsdp.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "FSDPTraining"
+PLURAL = "fsdptrainings"
+
+# --- Kubeflow training operator v1 (pkg/apis/kubeflow.org/v1/pytorch_types.go) -
+
+KUBEFLOW_GROUP = "kubeflow.org"
+KUBEFLOW_VERSION = "v1"
+PYTORCHJOB_API_VERSION = f"{KUBEFLOW_GROUP}/{KUBEFLOW_VERSION}"
+PYTORCHJOB_KIND = "PyTorchJob"
+PYTORCHJOB_PLURAL = "pytorchjobs"
+# The webhook requires a container with this name, and the controller reads
+# the rendezvous/master port from the container port with this name.
+PYTORCHJOB_CONTAINER = "pytorch"
+PYTORCHJOB_PORT_NAME = "pytorchjob-port"
+# Our jobs have one replica type (see render/pytorchjob.py for why no Master).
+WORKER_REPLICA = "Worker"
+# Labels the training operator sets on every replica pod.
+JOB_NAME_LABEL = "training.kubeflow.org/job-name"
+REPLICA_TYPE_LABEL = "training.kubeflow.org/replica-type"
+REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-index"
+
+# --- Prometheus operator ---------------------------------------------------------
+
+MONITORING_API_VERSION = "monitoring.coreos.com/v1"
+PODMONITOR_KIND = "PodMonitor"
+PODMONITOR_PLURAL = "podmonitors"
+
+# --- the trainer's process contract -------------------------------------------------
+
+# What torchrun starts (``-m``) and how it is told where its config is.
+TRAINER_MODULE = "fsdp_trainer"
+CONFIG_FLAG = "--config"
+# The job's ConfigMap is mounted at CONFIG_DIR; its one key is the trainer config.
+CONFIG_DIR = "/etc/fsdp"
+CONFIG_KEY = "train.yaml"
+CONFIG_PATH = f"{CONFIG_DIR}/{CONFIG_KEY}"
+# The root filesystem is read-only: caches go to an emptyDir on HOME.
+HOME_DIR = "/home/trainer"
+HF_HOME = f"{HOME_DIR}/.cache/huggingface"
+# A checkpoint directory counts only once this file exists in it (written last).
+CHECKPOINT_COMPLETE_MARKER = "COMPLETE"
+CHECKPOINT_DIR_PREFIX = "step-"
+
+# Environment variables: set by the renderer (pods) or the local launcher,
+# read by the trainer.
+ENV_JOB_NAME = "FSDP_JOB_NAME"
+ENV_JOB_NAMESPACE = "FSDP_JOB_NAMESPACE"
+ENV_CONFIG = "FSDP_CONFIG"
+ENV_METRICS_PORT = "FSDP_METRICS_PORT"
+# Local runs: serve metrics on loopback only, and keep the per-rank files in a
+# private directory instead of the shared temp dir.
+ENV_METRICS_ADDR = "FSDP_METRICS_ADDR"
+ENV_METRICS_DIR = "FSDP_METRICS_DIR"
+# Keep serving the final figures this long after a completed run (the
+# operator's last read and Prometheus' last scrape get the end state).
+ENV_METRICS_LINGER_SECONDS = "FSDP_METRICS_LINGER_SECONDS"
+# Dense peak TFLOP/s of the device when the trainer's table does not know it.
+ENV_PEAK_TFLOPS = "FSDP_PEAK_TFLOPS"
+# Fault injection for the fault tests (never set in production).
+ENV_TRAINER_FAULT = "FSDP_TRAINER_FAULT"
+
+# --- the trainer's metrics ---------------------------------------------------------
+
+# Every trainer series carries these labels; GPU series add ``gpu``.
+LABEL_JOB_NAME = "job_name"
+LABEL_NODE_RANK = "node_rank"
+LABEL_LOCAL_RANK = "local_rank"
+RANK_LABELS = (LABEL_JOB_NAME, LABEL_NODE_RANK, LABEL_LOCAL_RANK)
+INFO_LABELS = (*RANK_LABELS, "model_preset", "sharding_strategy", "precision", "world_size")
+GPU_LABELS = (*RANK_LABELS, "gpu")
+
+MetricType = Literal["gauge", "counter", "histogram"]
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One trainer metric: its name as created, type and help text."""
+
+    name: str
+    type: MetricType
+    help: str
+    gpu_only: bool = False
+
+    def series(self) -> tuple[str, ...]:
+        """The names it appears under in the text exposition."""
+        if self.type == "counter":
+            return (f"{self.name}_total",)
+        if self.type == "histogram":
+            return (f"{self.name}_bucket", f"{self.name}_sum", f"{self.name}_count")
+        return (self.name,)
+
+
+TRAINER_INFO = Metric("fsdp_trainer_info", "gauge", "Static facts about the job; always 1.")
+STEP = Metric("fsdp_train_step", "gauge", "Last completed optimizer step.")
+MAX_STEPS = Metric("fsdp_train_max_steps", "gauge", "Optimizer steps the job trains for.")
+LOSS = Metric("fsdp_train_loss", "gauge", "Training loss of the last step, averaged over all ranks.")
+LEARNING_RATE = Metric("fsdp_train_learning_rate", "gauge", "Learning rate of the last step.")
+GRAD_NORM = Metric("fsdp_train_grad_norm", "gauge", "Global gradient norm of the last step, before clipping.")
+TOKENS = Metric("fsdp_train_tokens", "counter", "Tokens processed by this rank.")
+TOKENS_PER_SECOND = Metric(
+    "fsdp_train_tokens_per_second", "gauge", "Tokens per second of this rank (device), recent steps."
+)
+GLOBAL_TOKENS_PER_SECOND = Metric(
+    "fsdp_train_global_tokens_per_second", "gauge", "Tokens per second of the whole job, recent steps."
+)
+TFLOPS = Metric("fsdp_train_tflops", "gauge", "Achieved model TFLOP/s per device, recent steps.")
+MFU = Metric("fsdp_train_mfu_ratio", "gauge", "Model FLOPs utilisation (0..1); absent when the peak is unknown.")
+PEAK_TFLOPS = Metric(
+    "fsdp_train_peak_tflops", "gauge", "Dense peak TFLOP/s of the device for the training dtype; 0 when unknown."
+)
+STEP_DURATION = Metric(
+    "fsdp_train_step_duration_seconds", "histogram", "Wall time of one optimizer step, data loading included."
+)
+DATA_WAIT = Metric("fsdp_train_data_wait_seconds", "counter", "Time this rank waited for input batches.")
+MEMORY_PEAK = Metric(
+    "fsdp_train_memory_peak_bytes", "gauge", "Peak memory: CUDA max allocated on GPU, process peak RSS on CPU."
+)
+MEMORY_RESERVED = Metric(
+    "fsdp_train_memory_reserved_bytes", "gauge", "Reserved memory: CUDA max reserved on GPU, current RSS on CPU."
+)
+EVAL_LOSS = Metric("fsdp_train_eval_loss", "gauge", "Loss of the last validation run.")
+EVAL_PERPLEXITY = Metric("fsdp_train_eval_perplexity", "gauge", "Perplexity (exp of loss) of the last validation.")
+CHECKPOINT_SAVE_DURATION = Metric(
+    "fsdp_checkpoint_save_duration_seconds", "histogram", "Time the train loop was blocked saving a checkpoint."
+)
+CHECKPOINT_LOAD_DURATION = Metric("fsdp_checkpoint_load_duration_seconds", "gauge", "Time the resume load took.")
+CHECKPOINT_LAST_STEP = Metric("fsdp_checkpoint_last_step", "gauge", "Step of the newest checkpoint saved or loaded.")
+CHECKPOINT_LAST_SAVE = Metric(
+    "fsdp_checkpoint_last_save_timestamp_seconds", "gauge", "Unix time of the last checkpoint save."
+)
+LAST_STEP_TIMESTAMP = Metric(
+    "fsdp_train_last_step_timestamp_seconds", "gauge", "Unix time the last optimizer step completed."
+)
+RESTART_COUNT = Metric("fsdp_train_restart_count", "gauge", "Worker-group restarts by torchrun so far.")
+GPU_UTILIZATION = Metric("fsdp_gpu_utilization_ratio", "gauge", "GPU busy ratio (NVML), 0..1.", gpu_only=True)
+GPU_MEMORY_USED = Metric("fsdp_gpu_memory_used_bytes", "gauge", "GPU memory in use (NVML).", gpu_only=True)
+GPU_MEMORY_TOTAL = Metric("fsdp_gpu_memory_total_bytes", "gauge", "GPU memory size (NVML).", gpu_only=True)
+GPU_POWER = Metric("fsdp_gpu_power_watts", "gauge", "GPU power draw (NVML).", gpu_only=True)
+GPU_TEMPERATURE = Metric("fsdp_gpu_temperature_celsius", "gauge", "GPU temperature (NVML).", gpu_only=True)
+
+TRAINER_METRICS: tuple[Metric, ...] = tuple(v for v in dict(globals()).values() if isinstance(v, Metric))
+
+
+def exposed_series(*, gpu: bool | None = None) -> frozenset[str]:
+    """Series names in the trainer's exposition; ``gpu``: only GPU-only (True) or only the rest (False)."""
+    return frozenset(name for m in TRAINER_METRICS if gpu is None or m.gpu_only == gpu for name in m.series())
+
+
+# dcgm-exporter fields the bundle's dashboard and alerts read (its
+# default-counters.csv, plus the profiling field for tensor-core activity
+# from dcp-metrics-included.csv).
+DCGM_METRICS = frozenset(
+    {
+        "DCGM_FI_DEV_GPU_UTIL",
+        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+        "DCGM_FI_DEV_FB_USED",
+        "DCGM_FI_DEV_POWER_USAGE",
+        "DCGM_FI_DEV_XID_ERRORS",
+        "DCGM_FI_DEV_GPU_TEMP",
+    }
+)
+
+# What the bundle's queries may name: every trainer series, and the subset
+# that only a GPU node produces (a CPU test run cannot show those).
+GPU_SERIES = exposed_series(gpu=True) | DCGM_METRICS
+ALL_SERIES = exposed_series() | DCGM_METRICS

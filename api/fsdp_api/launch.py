@@ -1,0 +1,101 @@
+"""How the trainer is started: the torchrun command lines and the local environment.
+
+One builder for every launch: the pods' command (the renderer), the
+embedded default (``fsdp-operator run-local``), the tests and the benchmarks.
+Pure functions of their arguments; nothing here starts a process.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from .contract import CONFIG_FLAG, ENV_METRICS_ADDR, ENV_METRICS_DIR, TRAINER_MODULE
+
+TORCHRUN = "torchrun"
+LOOPBACK = "127.0.0.1"
+
+
+def trainer_program(config_path: str | Path, *extra: str) -> list[str]:
+    """What torchrun runs on each rank: the trainer module on ``config_path``."""
+    return ["-m", TRAINER_MODULE, CONFIG_FLAG, str(config_path), *extra]
+
+
+def torchrun_rendezvous(
+    *,
+    nnodes: str,
+    nproc_per_node: int,
+    endpoint: str,
+    run_id: str,
+    rdzv_conf: str,
+    max_restarts: int,
+    program: Sequence[str],
+) -> list[str]:
+    """A multi-node launch through a c10d rendezvous (the pods' command; ``torchrun`` from PATH)."""
+    return [
+        TORCHRUN,
+        f"--nnodes={nnodes}",
+        f"--nproc-per-node={nproc_per_node}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={endpoint}",
+        f"--rdzv-id={run_id}",
+        f"--rdzv-conf={rdzv_conf}",
+        f"--max-restarts={max_restarts}",
+        *program,
+    ]
+
+
+def torchrun_standalone(
+    nproc: int, program: Sequence[str], *, max_restarts: int | None = None, python: str = sys.executable
+) -> list[str]:
+    """A single-node launch on this machine, with this interpreter's torch (no reliance on PATH)."""
+    cmd = [python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
+    if max_restarts is not None:
+        cmd += ["--max-restarts", str(max_restarts)]
+    return [*cmd, *program]
+
+
+def local_env(
+    nproc: int,
+    *,
+    metrics_dir: str | Path | None = None,
+    base: Mapping[str, str] | None = None,
+    cpu: bool = True,
+    threads: int | None = None,
+) -> dict[str, str]:
+    """The environment of a local run: CPU only, metrics on loopback, a fair share of the cores.
+
+    ``threads`` pins OMP_NUM_THREADS; otherwise one inherited from ``base``
+    is kept, and the cores are split between the ranks.
+    """
+    env = dict(os.environ if base is None else base)
+    if cpu:
+        # The local path is the CPU path, even on a GPU workstation.
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
+    else:
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // max(1, nproc))))
+    env[ENV_METRICS_ADDR] = LOOPBACK
+    if metrics_dir is not None:
+        env[ENV_METRICS_DIR] = str(metrics_dir)
+    return env
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    """A TCP port nothing listens on right now (the kernel's choice)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def port_is_free(port: int, host: str = LOOPBACK) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True

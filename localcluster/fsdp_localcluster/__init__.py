@@ -1,0 +1,1 @@
+"""A whole Kubernetes cluster on one machine, for tests, the demo and benchmarks."""

@@ -1,0 +1,100 @@
+"""Imports point down: API at the bottom; renderer, controller and CLI on it; the trainer beside them.
+
+Read from the source (every ``import`` statement, lazy ones inside functions
+included), so a forbidden import fails here even on a code path no other test
+runs; and checked again by importing each layer in a fresh interpreter.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+PACKAGES = {
+    "fsdp_api": REPO / "api" / "fsdp_api",
+    "fsdp_operator": REPO / "operator" / "fsdp_operator",
+    "fsdp_trainer": REPO / "trainer" / "fsdp_trainer",
+    "fsdp_localcluster": REPO / "localcluster" / "fsdp_localcluster",
+}
+
+# What each package must never import, directly or lazily.
+FORBIDDEN = {
+    "fsdp_api": {"torch", "kopf", "aiohttp", "transformers", "fsdp_operator", "fsdp_trainer", "fsdp_localcluster"},
+    "fsdp_operator": {"torch", "transformers", "fsdp_trainer", "fsdp_localcluster"},
+    "fsdp_trainer": {"kopf", "aiohttp", "fsdp_operator", "fsdp_localcluster"},
+    # The local cluster runs the operator and the trainer as processes.
+    "fsdp_localcluster": {"torch", "kopf", "fsdp_trainer"},
+}
+
+
+def imported_roots(path: Path) -> set[str]:
+    roots = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            roots |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            roots.add(node.module.split(".")[0])
+    return roots
+
+
+def violations(package: str) -> list[str]:
+    out = []
+    for path in sorted(PACKAGES[package].rglob("*.py")):
+        bad = imported_roots(path) & FORBIDDEN[package]
+        if bad:
+            out.append(f"{path.relative_to(REPO)} imports {', '.join(sorted(bad))}")
+    return out
+
+
+@pytest.mark.parametrize("package", sorted(PACKAGES))
+def test_no_import_points_up_or_across(package: str) -> None:
+    assert PACKAGES[package].is_dir()
+    assert violations(package) == []
+
+
+def test_the_checker_sees_a_lazy_import(tmp_path: Path) -> None:
+    module = tmp_path / "m.py"
+    module.write_text("def f():\n    from fsdp_operator.render import render\n    import torch.nn as nn\n")
+    assert imported_roots(module) == {"fsdp_operator", "torch"}
+
+
+# Every module of a layer, imported in a fresh interpreter; then what got loaded.
+_PROBE = """
+import importlib, pkgutil, sys
+pkg = importlib.import_module(sys.argv[1])
+for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + "."):
+    if not m.name.endswith("__main__"):
+        importlib.import_module(m.name)
+print(" ".join(sorted({name.split(".")[0] for name in sys.modules})))
+"""
+
+
+@pytest.mark.parametrize(
+    ("package", "absent"),
+    [
+        ("fsdp_api", {"torch", "kopf", "aiohttp", "fsdp_operator", "fsdp_trainer"}),
+        ("fsdp_operator", {"torch", "fsdp_trainer"}),
+    ],
+)
+def test_importing_a_layer_loads_nothing_above_it(package: str, absent: set[str]) -> None:
+    done = subprocess.run([sys.executable, "-c", _PROBE, package], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    loaded = set(done.stdout.split())
+    assert package in loaded
+    assert loaded & absent == set()
+
+
+def test_trainer_imports_without_the_operator_or_kopf() -> None:
+    # The trainer's modules need torch, which is installed here; what must not
+    # come along is anything of the operator side.
+    done = subprocess.run([sys.executable, "-c", _PROBE, "fsdp_trainer"], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    loaded = set(done.stdout.split())
+    assert "torch" in loaded
+    assert loaded & {"kopf", "aiohttp", "fsdp_operator", "fsdp_localcluster"} == set()
