@@ -11,7 +11,7 @@ object into ``kustomize/overlays/fsdp/generated/``.
     python tools/generate_manifests.py           # (re)write the files
     python tools/generate_manifests.py --check   # exit 1 and show a diff if they drifted
 
-tests/bundle/test_fsdp_overlay.py runs the check, so a renderer change that
+tests/bundle/test_bundle_fsdp_overlay.py runs the check, so a renderer change that
 is not followed by a regeneration fails the test suite.
 """
 

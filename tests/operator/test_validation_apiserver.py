@@ -91,7 +91,7 @@ def test_valid_example_and_its_rendered_objects_are_accepted(api: Any, valid_exa
 
 
 def rule_messages(body: dict[str, Any], field: str) -> list[str]:
-    """Messages of the rules (CEL + Python, api/rules.py) that pydantic reports on ``field``."""
+    """Messages of the rules (CEL + Python, api/fsdp_api/rules.py) that pydantic reports on ``field``."""
     try:
         FSDPTraining.model_validate(body)
     except ValidationError as e:

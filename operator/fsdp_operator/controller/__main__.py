@@ -28,12 +28,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--verbose", action="store_true")
     a = p.parse_args(argv)
     run_operator(
-        a.namespace,
-        a.all_namespaces,
-        a.liveness_endpoint,
-        a.metrics_port,
-        a.peering_name,
-        a.standalone,
+        namespaces=[a.namespace] if a.namespace else None,
+        all_namespaces=a.all_namespaces,
+        liveness_endpoint=a.liveness_endpoint,
+        metrics_port=a.metrics_port,
+        peering_name=a.peering_name,
+        standalone=a.standalone,
         priority=a.priority,
         scrape_interval=a.scrape_interval,
         verbose=a.verbose,

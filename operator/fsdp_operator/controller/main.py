@@ -19,49 +19,31 @@ DEFAULT_SCRAPE_INTERVAL = 30.0
 SCRAPE_INTERVAL_ENV = "FSDP_OPERATOR_SCRAPE_INTERVAL"
 
 
-def _namespaces(namespace: str | Sequence[str] | None, namespaces: Sequence[str] | None) -> tuple[str, ...]:
-    items: list[str] = []
-    for value in (namespace, namespaces):
-        if isinstance(value, str):
-            items.append(value)
-        elif value:
-            items += list(value)
-    return tuple(dict.fromkeys(n for n in items if n))
-
-
 def run_operator(
-    namespace: str | Sequence[str] | None = None,
+    *,
+    namespaces: Sequence[str] | None = None,
     all_namespaces: bool = False,
     liveness_endpoint: str | None = None,
     metrics_port: int | None = None,
-    peering_name: str | None = operator_settings.DEFAULT_PEERING_NAME,
+    peering_name: str | None = None,
     standalone: bool = False,
-    *,
     priority: int | None = None,
     scrape_interval: float | None = None,
     verbose: bool = False,
-    namespaces: Sequence[str] | None = None,
-    liveness: str | None = None,
-    peering: str | None = None,
 ) -> None:
-    """Run until SIGTERM/SIGINT: namespaced (``namespace``) or cluster-wide (``all_namespaces``).
+    """Run until SIGTERM/SIGINT: in ``namespaces`` (globs work) or cluster-wide (``all_namespaces``).
 
     ``liveness_endpoint`` is kopf's (e.g. ``http://0.0.0.0:8080/healthz``);
     ``metrics_port`` serves the operator's Prometheus metrics; instances with
-    the same ``peering_name`` pause all but the highest-priority one unless
-    ``standalone``. ``priority`` defaults to $FSDP_OPERATOR_PRIORITY (0) and
-    ``scrape_interval`` (seconds between reads of running trainers' metrics,
-    0 disables) to $FSDP_OPERATOR_SCRAPE_INTERVAL (30).
-
-    ``namespaces``/``liveness``/``peering`` are accepted as spellings of the
-    first arguments (a list of namespaces, as ``fsdp-operator run -n a -n b``
-    collects them).
+    the same ``peering_name`` (default ``fsdp-operator``) pause all but the
+    highest-priority one unless ``standalone``. ``priority`` defaults to
+    $FSDP_OPERATOR_PRIORITY (0) and ``scrape_interval`` (seconds between reads
+    of running trainers' metrics, 0 disables) to $FSDP_OPERATOR_SCRAPE_INTERVAL (30).
     """
-    served = _namespaces(namespace, namespaces)
-    liveness_endpoint = liveness_endpoint or liveness
-    peering_name = peering or peering_name or operator_settings.DEFAULT_PEERING_NAME
+    served = tuple(dict.fromkeys(n for n in namespaces or () if n))
+    peering_name = peering_name or operator_settings.DEFAULT_PEERING_NAME
     if bool(served) == bool(all_namespaces):
-        raise ValueError("pass exactly one of: namespace(s) to serve, or all_namespaces=True")
+        raise ValueError("pass exactly one of: namespaces to serve, or all_namespaces=True")
     clusterwide = bool(all_namespaces)
     if scrape_interval is None:
         scrape_interval = float(os.environ.get(SCRAPE_INTERVAL_ENV, DEFAULT_SCRAPE_INTERVAL))

@@ -24,9 +24,9 @@ from fsdp_api.contract import PODMONITOR_KIND, PYTORCHJOB_API_VERSION, PYTORCHJO
 from pydantic import ValidationError
 
 from ..render import render
+from .events import create_events, post_events
 from .kube import NETWORK_ERRORS, ApiError, KubeClient
 from .metrics import OperatorMetrics
-from .settings import EVENT_NAME_PREFIX, REPORTING_COMPONENT, reporting_instance
 from .status import (
     APPLY_FAILED,
     GENERATION_ANNOTATION,
@@ -135,66 +135,6 @@ def trim_job(job: Mapping[str, Any]) -> Json:
     }
 
 
-def event_target(body: Mapping[str, Any]) -> Json:
-    meta = body.get("metadata") or {}
-    return {
-        "apiVersion": API_VERSION,
-        "kind": KIND,
-        "metadata": {"name": meta.get("name"), "namespace": meta.get("namespace"), "uid": meta.get("uid")},
-    }
-
-
-def post_events(body: Mapping[str, Any], events: list[EventSpec]) -> None:
-    """Queue Events on the FSDPTraining; kopf posts them in the background, off the reconcile path."""
-    target = event_target(body)
-    meta = target["metadata"]
-    for e in events:
-        log.info("%s/%s: %s: %s", meta["namespace"], meta["name"], e.reason, e.message)
-        kopf.event(target, type=e.type, reason=e.reason, message=e.message)
-
-
-# The API server rejects longer Event messages.
-MAX_EVENT_MESSAGE = 1024
-
-
-def event_object(body: Mapping[str, Any], event: EventSpec, now: datetime | None = None) -> Json:
-    """A core v1 Event on the training, shaped as kopf posts them."""
-    target = event_target(body)
-    stamp = (now or datetime.now(UTC)).isoformat()
-    message = event.message
-    if len(message) > MAX_EVENT_MESSAGE:
-        message = message[: MAX_EVENT_MESSAGE - 3] + "..."
-    return {
-        "apiVersion": "v1",
-        "kind": "Event",
-        "metadata": {"namespace": target["metadata"]["namespace"], "generateName": EVENT_NAME_PREFIX},
-        "involvedObject": {**target["metadata"], "apiVersion": target["apiVersion"], "kind": target["kind"]},
-        "type": event.type,
-        "reason": event.reason,
-        "message": message,
-        "action": "Update",
-        "reportingComponent": REPORTING_COMPONENT,
-        "reportingInstance": reporting_instance(),
-        "source": {"component": REPORTING_COMPONENT},
-        "firstTimestamp": stamp,
-        "lastTimestamp": stamp,
-        "eventTime": stamp,
-    }
-
-
-async def create_events(rt: Runtime, body: Mapping[str, Any], events: list[EventSpec]) -> None:
-    """Post Events directly: kopf's queue (post_events) only exists inside its handlers, not in our loop."""
-    meta = body.get("metadata") or {}
-    for e in events:
-        log.info("%s/%s: %s: %s", meta.get("namespace"), meta.get("name"), e.reason, e.message)
-        try:
-            await rt.client.create(event_object(body, e))
-        except (ApiError, *NETWORK_ERRORS) as err:
-            log.warning(
-                "could not post the %s event on %s/%s: %s", e.reason, meta.get("namespace"), meta.get("name"), err
-            )
-
-
 def _seconds_since(timestamp: str | None) -> float | None:
     if not timestamp:
         return None
@@ -257,7 +197,7 @@ async def _sync_locked(
     if in_handler:
         post_events(body, to_post)
     else:
-        await create_events(rt, body, to_post)
+        await create_events(rt.client, body, to_post)
     return previous.get("phase"), new.phase
 
 
