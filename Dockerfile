@@ -95,7 +95,9 @@ COPY pyproject.toml README.md ./
 COPY api/ api/
 COPY operator/ operator/
 # Byte-code is compiled here, at build time: the running container cannot
-# write next to the sources (readOnlyRootFilesystem).
+# write next to the sources (readOnlyRootFilesystem). Versions come from
+# pyproject.toml, as in the trainer stage.
+# hadolint ignore=DL3013
 RUN pip install --no-cache-dir '.[operator]' \
  && python -m compileall -q /opt/venv
 

@@ -24,8 +24,6 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 REPO_ROOT = Path(__file__).resolve().parents[1]
 OVERLAY = REPO_ROOT / "kustomize" / "overlays" / "fsdp"
 SOURCE = OVERLAY / "source" / "fsdptraining.yaml"
@@ -39,12 +37,12 @@ HEADER = (
 
 def load_training(path: Path) -> Any:
     # Imported here so `--help` works without the project installed.
-    from fsdp_api import FSDPTraining
+    from fsdp_api.documents import InputError, load_one
 
-    docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
-    if len(docs) != 1:
-        raise SystemExit(f"{path}: expected one FSDPTraining, found {len(docs)} documents")
-    return FSDPTraining.model_validate(docs[0])
+    try:
+        return load_one(path)
+    except InputError as e:
+        raise SystemExit(str(e)) from None
 
 
 def file_name(obj: dict[str, Any]) -> str:
