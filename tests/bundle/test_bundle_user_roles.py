@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.bundle.manifests import kustomize
+from tests.bundle.manifests import kustomize, kustomize_text
 from tests.support.cluster import TestCluster
 
 pytestmark = pytest.mark.cluster
@@ -28,7 +28,11 @@ def user_roles() -> dict[str, dict]:
 
 
 @pytest.fixture(scope="module")
-def roles_cluster(cluster: TestCluster) -> TestCluster:
+def roles_cluster(cluster: TestCluster, tmp_path_factory: pytest.TempPathFactory) -> TestCluster:
+    # kubectl resolves the resource through discovery: without the CRD it asks about nothing.
+    crds = tmp_path_factory.mktemp("crds") / "crds.yaml"
+    crds.write_text(kustomize_text("crd"))
+    cluster.install_crds(crds)
     cluster.create_namespace(NAMESPACE)
     cluster.apply({"apiVersion": "v1", "kind": "List", "items": list(user_roles().values())})
     bindings = [
@@ -45,8 +49,12 @@ def roles_cluster(cluster: TestCluster) -> TestCluster:
     return cluster
 
 
-def can(cluster: TestCluster, role: str, verb: str, resource: str, namespace: str = NAMESPACE) -> bool:
-    res = cluster.kubectl("auth", "can-i", verb, resource, "-n", namespace, "--as", f"{role}-user", check=False)
+def can(
+    cluster: TestCluster, role: str, verb: str, resource: str, namespace: str = NAMESPACE, subresource: str = ""
+) -> bool:
+    # TYPE/NAME in can-i names an object: a subresource needs its own flag.
+    extra = [f"--subresource={subresource}"] if subresource else []
+    res = cluster.kubectl("auth", "can-i", verb, resource, *extra, "-n", namespace, "--as", f"{role}-user", check=False)
     answer = res.stdout.strip()
     assert answer in ("yes", "no"), res.stdout + res.stderr
     return answer == "yes"
@@ -85,8 +93,8 @@ def test_role_grants_fsdptrainings(roles_cluster: TestCluster, role: str, verb: 
 @pytest.mark.parametrize("role", ROLES)
 def test_no_user_role_writes_the_status_or_reaches_other_namespaces(roles_cluster: TestCluster, role: str) -> None:
     # The status is the operator's: users read it, never write it.
-    assert can(roles_cluster, role, "get", "fsdptrainings.training.fsdp.dev/status")
-    assert not can(roles_cluster, role, "patch", "fsdptrainings.training.fsdp.dev/status")
+    assert can(roles_cluster, role, "get", "fsdptrainings.training.fsdp.dev", subresource="status")
+    assert not can(roles_cluster, role, "patch", "fsdptrainings.training.fsdp.dev", subresource="status")
     # A RoleBinding grants nothing outside its namespace.
     assert not can(roles_cluster, role, "get", "fsdptrainings.training.fsdp.dev", namespace="default")
     # And nothing beyond FSDPTrainings (e.g. the PyTorchJobs the operator creates).
