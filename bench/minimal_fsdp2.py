@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from fsdp_api.presets import PRESETS
 from fsdp_api.spec import ModelSpec
-from fsdp_trainer.model import llama_config
+from fsdp_trainer.model.llama import llama_config
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from transformers import LlamaForCausalLM
 

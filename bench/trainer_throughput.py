@@ -25,15 +25,14 @@ import json
 import os
 import re
 import shutil
-import socket
 import statistics
 import subprocess
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+from fsdp_api.launch import free_port, local_env, torchrun_standalone, trainer_program
 
 REPO = Path(__file__).resolve().parents[1]
 WARMUP_STEPS = 3  # the trainer's MetricsProcessor.SUMMARY_WARMUP_STEPS
@@ -75,27 +74,10 @@ class Result:
     peak_memory: str = ""
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _env(gpu: bool, workdir: Path) -> dict[str, str]:
-    env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", "1")
-    env["FSDP_METRICS_ADDR"] = "127.0.0.1"
-    env["FSDP_METRICS_DIR"] = str(workdir / "metrics-files")
-    env["PYTHONPATH"] = os.pathsep.join(
-        filter(None, [str(REPO / "operator"), str(REPO / "trainer"), env.get("PYTHONPATH")])
-    )
-    if not gpu:
-        env["CUDA_VISIBLE_DEVICES"] = ""
-    return env
-
-
-def _torchrun(nproc: int) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
+def _env(nproc: int, gpu: bool, workdir: Path) -> dict[str, str]:
+    # One thread per rank unless OMP_NUM_THREADS says otherwise, for both loops alike.
+    threads = None if "OMP_NUM_THREADS" in os.environ else 1
+    return local_env(nproc, metrics_dir=workdir / "metrics-files", cpu=not gpu, threads=threads)
 
 
 def _run(cmd: list[str], env: dict[str, str], log: Path) -> str:
@@ -122,7 +104,7 @@ def trainer_config(s: Setup, workdir: Path) -> dict:
         },
         # Only the final save, after the timed steps.
         "checkpoint": {"dir": str(workdir / "checkpoints"), "intervalSteps": s.steps * 10, "resume": "never"},
-        "metrics": {"enabled": True, "port": _free_port()},
+        "metrics": {"enabled": True, "port": free_port()},
     }
 
 
@@ -132,9 +114,7 @@ def run_trainer(s: Setup, workdir: Path, gpu: bool, tag: str) -> Result:
     config.write_text(yaml.safe_dump(cfg, sort_keys=False))
     try:
         out = _run(
-            [*_torchrun(s.nproc), "-m", "fsdp_trainer", "--config", str(config)],
-            _env(gpu, workdir),
-            workdir / f"{tag}.log",
+            torchrun_standalone(s.nproc, trainer_program(config)), _env(s.nproc, gpu, workdir), workdir / f"{tag}.log"
         )
     finally:
         # The final checkpoint (written after the timed steps) is ~15 GB for 1B: drop it.
@@ -149,14 +129,14 @@ def run_trainer(s: Setup, workdir: Path, gpu: bool, tag: str) -> Result:
 
 
 def run_minimal(s: Setup, workdir: Path, gpu: bool, tag: str) -> Result:
-    cmd = [*_torchrun(s.nproc), str(REPO / "bench" / "minimal_fsdp2.py")]
-    cmd += ["--preset", s.preset, "--seq-len", str(s.seq_len), "--micro-batch-size", str(s.micro_batch_size)]
-    cmd += ["--steps", str(s.steps), "--precision", s.precision, "--warmup-steps", str(WARMUP_STEPS)]
+    program = [str(REPO / "bench" / "minimal_fsdp2.py")]
+    program += ["--preset", s.preset, "--seq-len", str(s.seq_len), "--micro-batch-size", str(s.micro_batch_size)]
+    program += ["--steps", str(s.steps), "--precision", s.precision, "--warmup-steps", str(WARMUP_STEPS)]
     if s.activation_checkpointing:
-        cmd.append("--activation-checkpointing")
+        program.append("--activation-checkpointing")
     if s.compile:
-        cmd.append("--compile")
-    out = _run(cmd, _env(gpu, workdir), workdir / f"{tag}.log")
+        program.append("--compile")
+    out = _run(torchrun_standalone(s.nproc, program), _env(s.nproc, gpu, workdir), workdir / f"{tag}.log")
     line = next((x for x in out.splitlines() if x.startswith("BENCH_RESULT ")), None)
     if line is None:
         raise SystemExit(f"no BENCH_RESULT in the minimal loop's output ({workdir / f'{tag}.log'})")

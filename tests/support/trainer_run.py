@@ -25,16 +25,15 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from fsdp_api.contract import ENV_METRICS_LINGER_SECONDS
+from fsdp_api.launch import LOOPBACK, free_port, local_env, torchrun_standalone, trainer_program
 from fsdp_api.trainer_config import TrainerConfig
 from prometheus_client.parser import text_string_to_metric_families
-
-from tests.support.prometheus import free_port
 
 # Small enough for ~20-50 ms steps on one CPU core per rank; the vocabulary
 # stays the preset's so the embedded tokenizer fits.
@@ -104,32 +103,14 @@ class TrainerRun:
 
     @property
     def target(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{LOOPBACK}:{self.port}"
 
     def start(self) -> TrainerRun:
-        env = dict(os.environ)
-        env.update(
-            CUDA_VISIBLE_DEVICES="",
-            OMP_NUM_THREADS="1",
-            FSDP_METRICS_ADDR="127.0.0.1",
-            FSDP_METRICS_DIR=str(self.workdir / "metrics-files"),
-            # Short CPU runs end within a scrape or two; keep the final values scrapeable.
-            FSDP_METRICS_LINGER_SECONDS="3",
-            HF_HUB_OFFLINE="1",
-            HF_DATASETS_OFFLINE="1",
-        )
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node",
-            str(self.nproc),
-            "-m",
-            "fsdp_trainer",
-            "--config",
-            str(self.config_path),
-        ]
+        env = local_env(self.nproc, metrics_dir=self.workdir / "metrics-files", threads=1)
+        # Short CPU runs end within a scrape or two; keep the final values scrapeable.
+        env[ENV_METRICS_LINGER_SECONDS] = "3"
+        env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+        cmd = torchrun_standalone(self.nproc, trainer_program(self.config_path))
         with open(self._log_path, "wb") as log:
             # Own process group, so stop() reaches torchrun's workers too.
             self._proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)

@@ -22,7 +22,7 @@ end of training, whichever comes first.
 Model and optimizer states go through ``get_state_dict``/``set_state_dict``,
 so a checkpoint can be loaded on a different world size or sharding strategy
 (DCP reshards); the per-rank data position then cannot be mapped exactly and
-the data continues at a fresh epoch (see data.TrainData).
+the data continues at a fresh epoch (see ``TrainData`` in data/loader.py).
 """
 
 from __future__ import annotations
@@ -56,8 +56,8 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.checkpoint.stateful import Stateful
 
-from .distributed import WorldInfo, barrier, broadcast_object
 from .faults import maybe_fault
+from .parallel.distributed import WorldInfo, barrier, broadcast_object
 
 log = logging.getLogger(__name__)
 

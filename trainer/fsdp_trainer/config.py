@@ -21,9 +21,10 @@ from fsdp_api.rules import format_errors
 from fsdp_api.trainer_config import TrainerConfig
 from pydantic import ValidationError
 
-from . import datafiles
+from .data import files
 from .errors import ConfigError
-from .hub import local_path
+from .model.hub import local_path
+from .parallel.plan import ParallelPlan
 
 
 def _camel(kebab: str) -> str:
@@ -86,15 +87,10 @@ def load_config(path: str | os.PathLike[str], overrides: list[str] | None = None
         raise ConfigError(format_errors(e)) from None
 
 
-def shard_group_size(cfg: TrainerConfig, world_size: int, local_world_size: int) -> int:
-    """Ranks per shard group of the hybrid mesh: fsdp.shardGroupSize or one node's processes."""
-    return cfg.fsdp.shard_group_size or local_world_size
-
-
-def check_config(cfg: TrainerConfig, world_size: int, local_world_size: int, device_type: str = "cuda") -> None:
+def check_config(cfg: TrainerConfig, plan: ParallelPlan, device_type: str = "cuda") -> None:
     """Everything that can be known wrong before training starts; raises ConfigError naming fields."""
     errors: list[str] = []
-    errors += _check_mesh(cfg, world_size, local_world_size)
+    errors += plan.errors()
     if cfg.fsdp.cpu_offload and device_type != "cuda":
         errors.append("fsdp.cpuOffload: needs GPUs; without them the parameters already live in CPU memory")
     errors += _check_data(cfg)
@@ -104,28 +100,13 @@ def check_config(cfg: TrainerConfig, world_size: int, local_world_size: int, dev
         raise ConfigError(errors)
 
 
-def _check_mesh(cfg: TrainerConfig, world_size: int, local_world_size: int) -> list[str]:
-    if cfg.fsdp.sharding_strategy != "hybrid":
-        return []
-    group = shard_group_size(cfg, world_size, local_world_size)
-    source = "fsdp.shardGroupSize" if cfg.fsdp.shard_group_size else "fsdp.shardGroupSize (unset: processes per node)"
-    if group > world_size:
-        return [f"{source}: shard group of {group} ranks is larger than the world size {world_size}"]
-    if world_size % group:
-        return [
-            f"{source}: the world size {world_size} is not a multiple of the shard group size {group}, "
-            "so the hybrid mesh (replicate x shard) cannot be built"
-        ]
-    return []
-
-
 def _check_data(cfg: TrainerConfig) -> list[str]:
     errors = []
     data = cfg.data
     if data.path:
         try:
-            datafiles.resolve(data.path)
-        except datafiles.DataFilesError as e:
+            files.resolve(data.path)
+        except files.DataFilesError as e:
             errors.append(f"data.path: {e}")
         if data.validation_split:
             errors.append(

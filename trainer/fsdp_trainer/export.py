@@ -27,7 +27,7 @@ from transformers import AutoTokenizer
 
 from .checkpoint import MARKER, latest_checkpoint
 from .errors import ConfigError
-from .model import build_meta_model, llama_config, materialize, reset_buffers
+from .model.llama import build_meta_model, llama_config, materialize, reset_buffers
 
 log = logging.getLogger(__name__)
 

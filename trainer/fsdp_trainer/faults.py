@@ -15,11 +15,9 @@ import signal
 
 from fsdp_api.contract import ENV_TRAINER_FAULT
 
-FAULT_ENV = ENV_TRAINER_FAULT
-
 
 def maybe_fault(point: str, step: int, rank: int) -> None:
-    spec = os.environ.get(FAULT_ENV)
+    spec = os.environ.get(ENV_TRAINER_FAULT)
     if not spec or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
         return
     parts = spec.split(":")

@@ -33,13 +33,14 @@ from transformers import PreTrainedTokenizerBase
 
 from .checkpoint import Checkpointer, find_resume_point
 from .config import check_config
-from .data import Batch, PrefetchedData, TrainData, validation_batches
-from .distributed import WorldInfo, build_mesh, destroy_distributed, init_distributed, world_from_env
-from .dtensor_utils import local_tensor
+from .data.loader import TrainData, validation_batches
+from .data.packing import Batch
+from .data.prefetch import PrefetchedData
+from .data.tokenizer import load_tokenizer
 from .faults import maybe_fault
 from .metrics import MetricsProcessor
 from .metrics.stats import StepStats
-from .model import (
+from .model.llama import (
     build_meta_model,
     check_tied,
     count_parameters,
@@ -48,11 +49,13 @@ from .model import (
     materialize,
     reset_buffers,
 )
-from .names import unique_parameters
+from .model.param_names import unique_parameters
+from .model.pretrained import check_pretrained, load_pretrained
+from .model.shards import local_tensor
 from .optim import build_optimizer, build_scheduler, clip_gradients, restore_schedule
-from .parallelize import compute_context, is_fsdp, parallelize, set_gradient_sync, uses_fsdp
-from .pretrained import check_pretrained, load_pretrained
-from .tokenizer import load_tokenizer
+from .parallel.distributed import WorldInfo, build_mesh, destroy_distributed, init_distributed, world_from_env
+from .parallel.parallelize import compute_context, is_fsdp, parallelize, set_gradient_sync
+from .parallel.plan import ParallelPlan
 from .trace import Trace
 
 log = logging.getLogger(__name__)
@@ -72,16 +75,18 @@ class Prepared:
 
     cfg: TrainerConfig
     world: WorldInfo
+    plan: ParallelPlan
     tokenizer: PreTrainedTokenizerBase
     pretrained: Path | None
 
 
 def prepare(cfg: TrainerConfig, world: WorldInfo | None = None) -> Prepared:
     world = world or world_from_env()
-    check_config(cfg, world.world_size, world.local_world_size, world.device.type)
+    plan = ParallelPlan(cfg.fsdp, world.world_size, world.local_world_size)
+    check_config(cfg, plan, world.device.type)
     tokenizer = load_tokenizer(cfg)
     pretrained = check_pretrained(cfg)
-    return Prepared(cfg, world, tokenizer, pretrained)
+    return Prepared(cfg, world, plan, tokenizer, pretrained)
 
 
 def build_model(p: Prepared, *, resuming: bool = False) -> nn.Module:
@@ -91,7 +96,7 @@ def build_model(p: Prepared, *, resuming: bool = False) -> nn.Module:
     (for a large model that is minutes of I/O); the quick random init still
     runs so no parameter is ever garbage.
     """
-    cfg, world = p.cfg, p.world
+    cfg, world, plan = p.cfg, p.world, p.plan
     config = llama_config(
         cfg.model,
         bos_token_id=p.tokenizer.bos_token_id,
@@ -99,9 +104,9 @@ def build_model(p: Prepared, *, resuming: bool = False) -> nn.Module:
         pad_token_id=p.tokenizer.pad_token_id,
     )
     model = build_meta_model(config)
-    mesh = build_mesh(world, cfg.fsdp) if uses_fsdp(world.world_size, cfg) else None
-    parallelize(model, mesh, cfg)
-    materialize(model, "cpu" if cfg.fsdp.cpu_offload else world.device)
+    mesh = build_mesh(world, plan) if plan.uses_fsdp else None
+    parallelize(model, cfg, plan, mesh)
+    materialize(model, "cpu" if plan.fsdp.cpu_offload else world.device)
     if p.pretrained is not None and not resuming:
         load_pretrained(model, p.pretrained)
         reset_buffers(model)

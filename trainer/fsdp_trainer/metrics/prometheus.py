@@ -17,7 +17,6 @@ and of agents that are gone.
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 import sys
@@ -32,8 +31,6 @@ from fsdp_api import contract
 from fsdp_api.contract import Metric
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server, values
 from prometheus_client.multiprocess import MultiProcessCollector
-
-log = logging.getLogger(__name__)
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 # Where the per-agent directories go; default: the system temp dir (/tmp, an

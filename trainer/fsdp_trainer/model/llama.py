@@ -12,7 +12,6 @@ is what makes a sharded run comparable with a single-process one.
 from __future__ import annotations
 
 import hashlib
-import logging
 import math
 
 import torch
@@ -22,10 +21,8 @@ from fsdp_api.spec import ModelSpec
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from .dtensor_utils import copy_full_into
-from .names import unique_parameters
-
-log = logging.getLogger(__name__)
+from .param_names import unique_parameters
+from .shards import copy_full_into
 
 INIT_STD = 0.02
 RMS_NORM_EPS = 1e-5

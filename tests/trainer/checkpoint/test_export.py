@@ -11,8 +11,7 @@ import torch
 from fsdp_trainer.__main__ import main as cli
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from tests.trainer.core.conftest import ParityRuns
-from tests.trainer.core.harness import SMALL_MODEL
+from tests.trainer.harness import SMALL_MODEL, ParityRuns
 
 pytestmark = pytest.mark.slow
 

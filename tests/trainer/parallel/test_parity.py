@@ -14,9 +14,9 @@ import math
 import re
 
 import pytest
-from fsdp_trainer.data import holdout_mask
+from fsdp_trainer.data.sources import holdout_mask
 
-from tests.trainer.core.conftest import VARIANTS, ParityRuns
+from tests.trainer.harness import VARIANTS, ParityRuns
 
 pytestmark = pytest.mark.slow
 

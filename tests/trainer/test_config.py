@@ -1,4 +1,5 @@
-"""Configuration errors name the field and stop the trainer before any process group exists."""
+"""Configuration errors name the field and stop the trainer before any process group exists;
+the package and its config import without torch."""
 
 from __future__ import annotations
 
@@ -8,35 +9,22 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 import torch.distributed as dist
 import yaml
+from fsdp_api.launch import trainer_program
 from fsdp_trainer.config import load_config, parse_overrides
-from fsdp_trainer.distributed import WorldInfo
 from fsdp_trainer.errors import ConfigError
+from fsdp_trainer.parallel.distributed import WorldInfo
 from fsdp_trainer.train import prepare
 
-from tests.trainer.core.harness import SMALL_MODEL, base_config, offline_env
-
-
-def _world(world_size: int = 2, local_world_size: int = 2) -> WorldInfo:
-    return WorldInfo(
-        rank=0,
-        world_size=world_size,
-        local_rank=0,
-        local_world_size=local_world_size,
-        node_rank=0,
-        num_nodes=max(1, world_size // local_world_size),
-        device=torch.device("cpu"),
-        backend="gloo",
-    )
+from tests.trainer.harness import SMALL_MODEL, base_config, cpu_world, offline_env
 
 
 def _errors(tmp_path: Path, config: dict, world: WorldInfo | None = None, overrides: list[str] | None = None) -> str:
     path = tmp_path / "train.yaml"
     path.write_text(yaml.safe_dump(config))
     with pytest.raises(ConfigError) as info:
-        prepare(load_config(path, overrides), world or _world())
+        prepare(load_config(path, overrides), world or cpu_world())
     assert not dist.is_initialized(), "the process group must not exist when a config error is raised"
     return "\n".join(info.value.lines)
 
@@ -49,7 +37,7 @@ def config(tmp_path: Path, inputs: dict[str, Path]) -> dict:
 def test_valid_config_prepares(tmp_path: Path, config: dict) -> None:
     path = tmp_path / "train.yaml"
     path.write_text(yaml.safe_dump(config))
-    prepared = prepare(load_config(path), _world())
+    prepared = prepare(load_config(path), cpu_world())
     assert len(prepared.tokenizer) == 204 and not dist.is_initialized()
 
 
@@ -60,10 +48,10 @@ def test_seq_len_longer_than_the_model(tmp_path: Path, config: dict) -> None:
 
 def test_hybrid_mesh_that_does_not_divide_the_world(tmp_path: Path, config: dict) -> None:
     config["fsdp"] = {"shardingStrategy": "hybrid"}
-    text = _errors(tmp_path, config, world=_world(world_size=4, local_world_size=3))
+    text = _errors(tmp_path, config, world=cpu_world(world_size=4, local_world_size=3))
     assert text.startswith("fsdp.shardGroupSize (unset: processes per node): the world size 4 is not a multiple")
     config["fsdp"]["shardGroupSize"] = 8
-    text = _errors(tmp_path, config, world=_world(world_size=4))
+    text = _errors(tmp_path, config, world=cpu_world(world_size=4))
     assert text == "fsdp.shardGroupSize: shard group of 8 ranks is larger than the world size 4"
 
 
@@ -133,7 +121,7 @@ def test_cli_reports_errors_on_every_rank_without_a_rendezvous(tmp_path: Path, c
     )
     env["MASTER_PORT"] = "1"
     proc = subprocess.run(
-        [sys.executable, "-m", "fsdp_trainer", "--config", str(path)],
+        [sys.executable, *trainer_program(path)],
         env=env,
         capture_output=True,
         text=True,
@@ -143,3 +131,14 @@ def test_cli_reports_errors_on_every_rank_without_a_rendezvous(tmp_path: Path, c
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "fsdp.shardGroupSize (unset: processes per node): the world size 4 is not a multiple" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_package_and_config_import_without_torch() -> None:
+    """The operator image installs fsdp_trainer without torch."""
+    code = (
+        "import sys, fsdp_trainer, fsdp_trainer.config, fsdp_trainer.errors; "
+        "assert 'torch' not in sys.modules, 'torch imported'; print(fsdp_trainer.__version__)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "0.1.0"

@@ -1,4 +1,4 @@
-"""Run under torchrun by test_fsdp_init.py: build the sharded model exactly as the
+"""Run under torchrun by model/test_init.py: build the sharded model exactly as the
 trainer does, then gather every parameter and save them (rank 0) with the
 logits of a probe input, so the test can compare with a single process.
 
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import torch
 from fsdp_trainer.config import load_config
-from fsdp_trainer.distributed import destroy_distributed, init_distributed
-from fsdp_trainer.dtensor_utils import full_tensor
-from fsdp_trainer.names import unique_parameters
+from fsdp_trainer.model.param_names import unique_parameters
+from fsdp_trainer.model.shards import full_tensor
+from fsdp_trainer.parallel.distributed import destroy_distributed, init_distributed
 from fsdp_trainer.train import build_model, prepare
 
 

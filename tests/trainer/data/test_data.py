@@ -13,18 +13,14 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from fsdp_api.spec import DataSpec
-from fsdp_trainer.data import (
-    Batch,
-    Packer,
-    PrefetchedData,
-    TrainData,
-    holdout_mask,
-    is_holdout_text,
-    validation_batches,
-)
+from fsdp_trainer.data import files as datafiles
+from fsdp_trainer.data.loader import TrainData, validation_batches
+from fsdp_trainer.data.packing import Batch, Packer
+from fsdp_trainer.data.prefetch import PrefetchedData
+from fsdp_trainer.data.sources import holdout_mask, is_holdout_text
 from transformers import AutoTokenizer
 
-from tests.trainer.core.harness import SEQ_LEN
+from tests.trainer.harness import SEQ_LEN
 
 SEQ = 16
 
@@ -215,3 +211,16 @@ def test_too_little_data_for_one_sequence_is_an_error_not_a_hang(tmp_path: Path,
     data = _data(DataSpec(path=str(path)), tokenizer, seq=64)
     with pytest.raises(ValueError, match="fewer tokens than one sequence"):
         data.next_batch()
+
+
+def test_data_file_resolution(tmp_path: Path) -> None:
+    (tmp_path / "a.jsonl").write_text("{}\n")
+    (tmp_path / "b.JSONL").write_text("{}\n")
+    (tmp_path / "readme.md").write_text("x")
+    assert datafiles.resolve(str(tmp_path)) == datafiles.DataFiles(
+        "json", (str(tmp_path / "a.jsonl"), str(tmp_path / "b.JSONL"))
+    )
+    (tmp_path / "c.parquet").write_bytes(b"")
+    with pytest.raises(datafiles.DataFilesError, match="mixes file formats"):
+        datafiles.resolve(str(tmp_path))
+    assert datafiles.resolve(str(tmp_path / "*.parquet")).builder == "parquet"

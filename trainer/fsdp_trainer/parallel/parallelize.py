@@ -6,24 +6,10 @@ goes on each layer and then on the root, so every layer is one all-gather /
 reduce-scatter group and the root group holds the embeddings, final norm and
 output head. All of this happens on the meta device, before any storage exists.
 
-``fsdp.shardingStrategy`` maps onto FSDP2 as follows (see distributed.mesh_shape):
-
-- full: 1-D mesh, ``reshard_after_forward=True``: parameters are freed after
-  each layer's forward and re-gathered for backward (ZeRO-3).
-- shard_grad_op: 1-D mesh, ``reshard_after_forward=False``: gathered
-  parameters stay until backward; gradients and optimizer state are sharded
-  (ZeRO-2 memory for parameters during the step, one all-gather fewer).
-- no_shard: 2-D mesh (replicate=W, shard=1): nothing is sharded, gradients are
-  all-reduced, i.e. DDP; kept on FSDP2 so one train loop and one checkpoint
-  format serve every strategy.
-- hybrid: 2-D mesh (replicate=W/G, shard=G), ``reshard_after_forward=True``:
-  ZeRO-3 inside each group of G ranks (a node by default), replication across.
-
-The root module is never resharded after forward: its parameters (embedding
-and head) are the first needed in backward anyway.
-
-A single process with no CPU offload gets no FSDP at all (a plain module):
-that is the non-sharded reference the parity tests compare against.
+What ``fsdp.shardingStrategy`` means (the mesh, ``reshard_after_forward``,
+whether FSDP is used at all) is decided by ``plan.ParallelPlan``; this module
+only applies it. The root module is never resharded after forward: its
+parameters (embedding and head) are the first needed in backward anyway.
 """
 
 from __future__ import annotations
@@ -39,6 +25,8 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import Checkpoi
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from transformers import LlamaForCausalLM
+
+from .plan import ParallelPlan
 
 log = logging.getLogger(__name__)
 
@@ -84,16 +72,14 @@ def mixed_precision(precision: str) -> MixedPrecisionPolicy:
     return MixedPrecisionPolicy()
 
 
-def apply_fsdp(model: LlamaForCausalLM, mesh: DeviceMesh, cfg: TrainerConfig) -> None:
-    strategy = cfg.fsdp.sharding_strategy
-    reshard = strategy != "shard_grad_op"
+def apply_fsdp(model: LlamaForCausalLM, mesh: DeviceMesh, plan: ParallelPlan, precision: str) -> None:
     kwargs = {
         "mesh": mesh,
-        "mp_policy": mixed_precision(cfg.training.precision),
-        "offload_policy": CPUOffloadPolicy() if cfg.fsdp.cpu_offload else OffloadPolicy(),
+        "mp_policy": mixed_precision(precision),
+        "offload_policy": CPUOffloadPolicy() if plan.fsdp.cpu_offload else OffloadPolicy(),
     }
     for layer in decoder_layers(model):
-        fully_shard(layer, reshard_after_forward=reshard, **kwargs)
+        fully_shard(layer, reshard_after_forward=plan.reshard_after_forward, **kwargs)
     fully_shard(model, reshard_after_forward=False, **kwargs)
 
 
@@ -112,20 +98,18 @@ def apply_prefetch(model: LlamaForCausalLM, depth: int) -> None:
             layer.set_modules_to_backward_prefetch(backward)
 
 
-def uses_fsdp(world_size: int, cfg: TrainerConfig) -> bool:
-    return world_size > 1 or cfg.fsdp.cpu_offload
-
-
-def parallelize(model: LlamaForCausalLM, mesh: DeviceMesh | None, cfg: TrainerConfig) -> LlamaForCausalLM:
-    """Everything that wraps the meta model, in the order that works."""
+def parallelize(
+    model: LlamaForCausalLM, cfg: TrainerConfig, plan: ParallelPlan, mesh: DeviceMesh | None
+) -> LlamaForCausalLM:
+    """Everything that wraps the meta model, in the order that works (``mesh``: None without FSDP)."""
     wrapped = apply_activation_checkpointing(model, cfg.training.activation_checkpointing)
     if wrapped:
         log.info("activation checkpointing (%s) on %d layers", cfg.training.activation_checkpointing, wrapped)
     if cfg.training.compile:
         apply_compile(model)
     if mesh is not None:
-        apply_fsdp(model, mesh, cfg)
-        apply_prefetch(model, cfg.fsdp.prefetch)
+        apply_fsdp(model, mesh, plan, cfg.training.precision)
+        apply_prefetch(model, plan.fsdp.prefetch)
     return model
 
 

@@ -1,7 +1,7 @@
 """Resolving ``data.path`` (a file, a directory or a glob) into typed files.
 
 Torch-free and datasets-free so the config checks can run it before any heavy
-import; ``data.py`` hands the result to ``datasets.load_dataset``.
+import; ``sources.open_dataset`` hands the result to ``datasets.load_dataset``.
 """
 
 from __future__ import annotations

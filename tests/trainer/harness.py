@@ -5,7 +5,9 @@ Hugging Face tokenizer directory (so ``AutoTokenizer`` loads it from a local
 path, as it would a hub snapshot) and jsonl documents over its words.
 "Aligned" documents are exactly one packed window long, which makes the
 global batch identical for any world size (each window is one document), so a
-sharded run can be compared step by step with a single process.
+sharded run can be compared step by step with a single process. The
+parity runs (``ParityRuns``, one per sharding variant in ``VARIANTS``) are
+launched on first use and shared by the tests that read them.
 """
 
 from __future__ import annotations
@@ -20,7 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
+from fsdp_api.contract import ENV_TRAINER_FAULT
+from fsdp_api.launch import local_env, torchrun_standalone, trainer_program
+from fsdp_trainer.parallel.distributed import WorldInfo
 from fsdp_trainer.trace import read_trace
 
 NUM_WORDS = 200
@@ -124,15 +130,10 @@ class RunResult:
 
 
 def offline_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(
-        CUDA_VISIBLE_DEVICES="",
-        OMP_NUM_THREADS="1",
-        HF_HUB_OFFLINE="1",
-        HF_DATASETS_OFFLINE="1",
-        TOKENIZERS_PARALLELISM="false",
-    )
-    env.pop("FSDP_TRAINER_FAULT", None)
+    """A local launch's environment (CPU, one thread per rank), with no hub access and no fault injected."""
+    env = local_env(1, threads=1)
+    env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    env.pop(ENV_TRAINER_FAULT, None)
     env.update(extra or {})
     return env
 
@@ -152,21 +153,11 @@ def launch(
     config_path = workdir / "train.yaml"
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
     trace_dir = workdir / "trace"
-    trainer = ["-m", "fsdp_trainer", "--config", str(config_path), "--trace-dir", str(trace_dir), *(args or [])]
+    trainer = trainer_program(config_path, "--trace-dir", str(trace_dir), *(args or []))
     if nproc is None:
         cmd = [sys.executable, *trainer]
     else:
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node",
-            str(nproc),
-            "--max-restarts",
-            str(max_restarts),
-            *trainer,
-        ]
+        cmd = torchrun_standalone(nproc, trainer, max_restarts=max_restarts)
     # Own session, so a timeout can kill torchrun's workers too, not only torchrun.
     proc = subprocess.Popen(
         cmd,
@@ -184,3 +175,65 @@ def launch(
         output, _ = proc.communicate()
         raise AssertionError(f"trainer still running after {timeout}s:\n{output[-6000:]}") from None
     return RunResult(proc.returncode, output, workdir, trace_dir)
+
+
+def cpu_world(world_size: int = 2, local_world_size: int = 2) -> WorldInfo:
+    """A place in a CPU job, for the checks that run before any process group."""
+    return WorldInfo(
+        rank=0,
+        world_size=world_size,
+        local_rank=0,
+        local_world_size=local_world_size,
+        node_rank=0,
+        num_nodes=max(1, world_size // local_world_size),
+        device=torch.device("cpu"),
+        backend="gloo",
+    )
+
+
+# Sharding variants compared with the single-process reference: the FSDP
+# section, plus training overrides. The global batch is always 8 windows:
+# 2 ranks x micro batch 2 x 2 accumulation steps (the reference: 1 x 4 x 2).
+VARIANTS: dict[str, dict[str, dict]] = {
+    "full": {"fsdp": {"shardingStrategy": "full"}},
+    "shard_grad_op": {"fsdp": {"shardingStrategy": "shard_grad_op"}},
+    "no_shard": {"fsdp": {"shardingStrategy": "no_shard"}},
+    "hybrid_2x1": {"fsdp": {"shardingStrategy": "hybrid", "shardGroupSize": 1}},
+    "hybrid_1x2": {"fsdp": {"shardingStrategy": "hybrid", "shardGroupSize": 2}},
+    "full_ac_prefetch": {
+        "fsdp": {"shardingStrategy": "full", "prefetch": 1},
+        "training": {"activationCheckpointing": "selective"},
+    },
+}
+
+
+class ParityRuns:
+    """20-step runs on the aligned data, launched on first use and shared by the tests."""
+
+    def __init__(self, root: Path, inputs: dict[str, Path]) -> None:
+        self.root, self.inputs = root, inputs
+        self._done: dict[str, RunResult] = {}
+
+    def config(self, name: str) -> dict:
+        variant = VARIANTS.get(name, {})
+        training = {
+            "microBatchSize": 4 if name == "reference" else 2,
+            "gradAccumSteps": 2,
+            "evalIntervalSteps": 10,
+            "evalSteps": 2,
+            **variant.get("training", {}),
+        }
+        return base_config(
+            self.root / name,
+            self.inputs["aligned"],
+            self.inputs["tokenizer"],
+            training=training,
+            fsdp=variant.get("fsdp", {}),
+            checkpoint={"intervalSteps": 10},
+        )
+
+    def get(self, name: str) -> RunResult:
+        if name not in self._done:
+            nproc = None if name == "reference" else 2
+            self._done[name] = launch(self.root / name, self.config(name), nproc=nproc).check()
+        return self._done[name]

@@ -100,7 +100,7 @@ def build_documents_cleanly() -> list[str]:
     some appear only after use (``copy``/``pickle`` add ``__slotnames__``), so
     rendering inside a process that has done other things is not reproducible.
     """
-    code = "import json, sys; from fsdp_trainer.corpus import build_documents; json.dump(build_documents(), sys.stdout)"
+    code = f"import json, sys; from {__name__} import build_documents; json.dump(build_documents(), sys.stdout)"
     env = {**os.environ, "PYTHONHASHSEED": "0"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
     return json.loads(out.stdout)

@@ -17,14 +17,11 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from fsdp_api.spec import FSDPSpec
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-log = logging.getLogger(__name__)
+from .plan import ParallelPlan
 
-# Mesh dimension names: FSDP shards along "shard" and replicates along "replicate".
-REPLICATE = "replicate"
-SHARD = "shard"
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -132,34 +129,10 @@ def destroy_distributed() -> None:
         dist.destroy_process_group()
 
 
-def mesh_shape(fsdp: FSDPSpec, world_size: int, local_world_size: int) -> tuple[tuple[int, ...], tuple[str, ...]]:
-    """The data-parallel mesh for a sharding strategy: (shape, dim names).
-
-    full / shard_grad_op: 1-D ``(shard=W)``, parameters sharded over all ranks.
-    no_shard: 2-D ``(replicate=W, shard=1)``: every rank holds whole parameters
-    and gradients are all-reduced over the replicate dim, i.e. DDP semantics on
-    the same FSDP2 machinery (so checkpoints and the train loop do not change).
-    hybrid: 2-D ``(replicate=W/G, shard=G)`` with G the shard group (a node's
-    ranks by default): reduce-scatter inside a node, all-reduce across nodes.
-    """
-    strategy = fsdp.sharding_strategy
-    if strategy in ("full", "shard_grad_op"):
-        return (world_size,), (SHARD,)
-    if strategy == "no_shard":
-        return (world_size, 1), (REPLICATE, SHARD)
-    group = fsdp.shard_group_size or local_world_size
-    return (world_size // group, group), (REPLICATE, SHARD)
-
-
-def build_mesh(world: WorldInfo, fsdp: FSDPSpec) -> DeviceMesh:
-    shape, names = mesh_shape(fsdp, world.world_size, world.local_world_size)
-    mesh = init_device_mesh(world.device.type, shape, mesh_dim_names=names)
-    log.info(
-        "device mesh %s over %d ranks (%s)",
-        dict(zip(names, shape, strict=True)),
-        world.world_size,
-        fsdp.sharding_strategy,
-    )
+def build_mesh(world: WorldInfo, plan: ParallelPlan) -> DeviceMesh:
+    """The device mesh the plan describes, over every rank (collective)."""
+    mesh = init_device_mesh(world.device.type, plan.mesh_shape, mesh_dim_names=plan.mesh_dim_names)
+    log.info("device mesh %s over %d ranks (%s)", plan.describe(), world.world_size, plan.strategy)
     return mesh
 
 

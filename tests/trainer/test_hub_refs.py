@@ -3,7 +3,7 @@
 ``data.dataset`` goes through ``datasets.load_dataset(id, config, split=...)``
 exactly as a hub id would; a local dataset directory takes the same call.
 Hub ids that are not local fail fast and clearly when offline, before any
-process group.
+process group. Which references count as local paths: ``model/hub.py``.
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ import torch
 import yaml
 from fsdp_api.spec import DataSpec
 from fsdp_trainer.config import load_config
-from fsdp_trainer.data import TrainData, validation_batches
+from fsdp_trainer.data.loader import TrainData, validation_batches
 from fsdp_trainer.errors import ConfigError
+from fsdp_trainer.model.hub import local_path
 from fsdp_trainer.train import prepare
 from transformers import AutoTokenizer
 
-from tests.trainer.core.harness import SEQ_LEN, base_config
-from tests.trainer.core.test_fsdp_config import _world
+from tests.trainer.harness import SEQ_LEN, base_config, cpu_world
 
 
 @pytest.fixture
@@ -54,7 +54,7 @@ def test_dataset_splits_through_load_dataset(dataset_dir: Path, inputs: dict[str
 def _prepare(tmp_path: Path, config: dict) -> None:
     path = tmp_path / "train.yaml"
     path.write_text(yaml.safe_dump(config))
-    prepare(load_config(path), _world())
+    prepare(load_config(path), cpu_world())
 
 
 def test_hub_ids_fail_clearly_when_offline(tmp_path: Path, inputs: dict[str, Path]) -> None:
@@ -80,3 +80,12 @@ def test_missing_local_dataset_directory(tmp_path: Path, inputs: dict[str, Path]
     assert info.value.lines == [
         f"data.dataset: {tmp_path / 'gone'} does not exist (a local dataset directory or a hub id)"
     ]
+
+
+def test_local_paths_and_hub_ids(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert local_path("meta-llama/Llama-3.2-1B") is None
+    assert local_path("./meta-llama/Llama-3.2-1B") == Path("./meta-llama/Llama-3.2-1B")
+    assert local_path("/models/llama") == Path("/models/llama")
+    (tmp_path / "org" / "model").mkdir(parents=True)
+    assert local_path("org/model") == Path("org/model")  # an existing directory wins

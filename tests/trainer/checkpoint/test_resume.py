@@ -12,17 +12,18 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from fsdp_api.contract import ENV_TRAINER_FAULT
+from fsdp_api.launch import torchrun_standalone, trainer_program
 from fsdp_trainer.checkpoint import MARKER, complete_checkpoints
 from fsdp_trainer.trace import read_trace
 
-from tests.trainer.core.harness import RunResult, base_config, launch, offline_env
+from tests.trainer.harness import RunResult, base_config, launch, offline_env
 
 pytestmark = pytest.mark.slow
 
@@ -59,7 +60,7 @@ def test_killed_run_resumes_with_identical_losses_and_data(tmp_path: Path, input
 
     straight = launch(tmp_path / "straight", config("straight")).check()
     killed = launch(
-        tmp_path / "killed", config("killed"), env={"FSDP_TRAINER_FAULT": "after_step:13"}, max_restarts=1
+        tmp_path / "killed", config("killed"), env={ENV_TRAINER_FAULT: "after_step:13"}, max_restarts=1
     ).check()
 
     attempts = _attempts(killed, 0)
@@ -99,7 +100,7 @@ def test_an_interrupted_save_is_never_picked_by_resume(
     )
     ckpt_dir = work / "checkpoints"
 
-    crashed = launch(work, cfg, env={"FSDP_TRAINER_FAULT": "during_save:4"})
+    crashed = launch(work, cfg, env={ENV_TRAINER_FAULT: "during_save:4"})
     assert crashed.returncode != 0
     tmp_dirs = [p for p in ckpt_dir.iterdir() if p.name.startswith("step-00000004.tmp-")]
     assert len(tmp_dirs) == 1, sorted(p.name for p in ckpt_dir.iterdir())
@@ -135,8 +136,7 @@ def test_sigterm_checkpoints_the_current_step_and_resume_starts_there(tmp_path: 
     work.mkdir()
     (work / "train.yaml").write_text(yaml.safe_dump(cfg))
     trace = work / "trace" / "trace-rank0.jsonl"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    cmd += ["-m", "fsdp_trainer", "--config", str(work / "train.yaml"), "--trace-dir", str(work / "trace")]
+    cmd = torchrun_standalone(2, trainer_program(work / "train.yaml", "--trace-dir", str(work / "trace")))
     proc = subprocess.Popen(
         cmd, env=offline_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
     )

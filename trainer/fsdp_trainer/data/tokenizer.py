@@ -4,8 +4,8 @@
 ``AutoTokenizer``; unset, the pretrained model's tokenizer is used; with
 neither, the embedded tokenizer: a byte-level BPE with a 4096-token
 vocabulary (the tiny preset's), trained with the ``tokenizers`` library on the
-embedded corpus (``corpus.py``) and shipped in ``assets/tokenizer``.
-``python -m fsdp_trainer.tokenizer OUTPUT_DIR`` rebuilds it; if the asset is
+embedded corpus (``corpus.py``) and shipped in the package's ``assets/tokenizer``.
+``python -m fsdp_trainer.data.tokenizer OUTPUT_DIR`` rebuilds it; if the asset is
 missing the trainer builds it into the user cache on first use.
 """
 
@@ -21,13 +21,13 @@ from pathlib import Path
 from fsdp_api.trainer_config import TrainerConfig
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 log = logging.getLogger(__name__)
 
 EMBEDDED_VOCAB_SIZE = 4096
 BOS, EOS, PAD = "<|begin_of_text|>", "<|end_of_text|>", "<|pad|>"
-ASSET_DIR = Path(__file__).parent / "assets" / "tokenizer"
+ASSET_DIR = Path(__file__).parents[1] / "assets" / "tokenizer"
 
 
 def build_bpe_tokenizer(documents: Iterable[str], vocab_size: int = EMBEDDED_VOCAB_SIZE) -> PreTrainedTokenizerFast:

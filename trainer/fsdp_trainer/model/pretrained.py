@@ -24,10 +24,10 @@ import torch
 from fsdp_api.trainer_config import TrainerConfig
 from torch import nn
 
-from .dtensor_utils import local_slices, local_tensor
-from .errors import ConfigError
+from ..errors import ConfigError
 from .hub import local_path, snapshot
-from .names import unique_parameters
+from .param_names import unique_parameters
+from .shards import local_slices, local_tensor
 
 log = logging.getLogger(__name__)
 

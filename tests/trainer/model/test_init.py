@@ -5,20 +5,20 @@ from __future__ import annotations
 
 import math
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
+from fsdp_api.launch import torchrun_standalone
 from fsdp_api.spec import ModelSpec
 from fsdp_api.trainer_config import TrainerConfig
-from fsdp_trainer.model import build_meta_model, init_weights, llama_config, materialize
-from fsdp_trainer.names import unique_parameters
+from fsdp_trainer.model.llama import build_meta_model, init_weights, llama_config, materialize
+from fsdp_trainer.model.param_names import unique_parameters
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from tests.trainer.core.harness import SMALL_MODEL, base_config, offline_env
+from tests.trainer.harness import SMALL_MODEL, base_config, offline_env
 
 HERE = Path(__file__).parent
 
@@ -78,9 +78,8 @@ def test_rotary_frequencies_are_recomputed() -> None:
 def _dist_check(tmp_path: Path, config: dict) -> dict:
     cfg_path, out = tmp_path / "train.yaml", tmp_path / "result.pt"
     cfg_path.write_text(yaml.safe_dump(config))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
     proc = subprocess.run(
-        [*cmd, str(HERE / "dist_check.py"), str(cfg_path), str(out)],
+        torchrun_standalone(2, [str(HERE / "dist_check.py"), str(cfg_path), str(out)]),
         env=offline_env(),
         capture_output=True,
         text=True,

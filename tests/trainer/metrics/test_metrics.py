@@ -17,6 +17,7 @@ from typing import NamedTuple
 import pytest
 import torch
 from fsdp_api.contract import exposed_series
+from fsdp_api.launch import free_port, local_env, torchrun_standalone
 from fsdp_api.trainer_config import TrainerConfig
 from fsdp_trainer.metrics import MetricsProcessor, StepStats
 from fsdp_trainer.metrics.prometheus import (
@@ -27,7 +28,6 @@ from fsdp_trainer.metrics.prometheus import (
     scrape_order,
 )
 
-from tests.support.prometheus import free_port
 from tests.support.trainer_run import Sample, TrainerRun, parse_metrics
 
 TRAINER_METRICS = exposed_series(gpu=False)
@@ -255,10 +255,8 @@ def test_restarted_workers_leave_no_stale_series(tmp_path: Path) -> None:
     worker.write_text(RESTART_WORKER)
     scrape = tmp_path / "scrape.txt"
     metrics_dir = tmp_path / "metrics-files"
-    env = dict(os.environ, FSDP_METRICS_DIR=str(metrics_dir), FSDP_METRICS_ADDR="127.0.0.1", OMP_NUM_THREADS="1")
-    env["CUDA_VISIBLE_DEVICES"] = ""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    cmd += ["--max-restarts", "1", str(worker), str(free_port()), str(scrape)]
+    env = local_env(2, metrics_dir=metrics_dir, threads=1)
+    cmd = torchrun_standalone(2, [str(worker), str(free_port()), str(scrape)], max_restarts=1)
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     samples = parse_metrics(scrape.read_text())
@@ -313,8 +311,7 @@ def test_counters_and_histograms_export_zero_before_their_first_increment(tmp_pa
     """
     worker = tmp_path / "worker.py"
     worker.write_text(BASELINE_WORKER)
-    env = dict(os.environ, FSDP_METRICS_DIR=str(tmp_path / "metrics-files"), FSDP_METRICS_ADDR="127.0.0.1")
-    env["CUDA_VISIBLE_DEVICES"] = ""
+    env = local_env(1, metrics_dir=tmp_path / "metrics-files")
     done = subprocess.run(
         [sys.executable, str(worker), str(free_port())], env=env, capture_output=True, text=True, timeout=120
     )
