@@ -1,8 +1,9 @@
 """Operator latency: FSDPTraining created → PyTorchJob created, against a real API server.
 
-Starts a throwaway etcd + kube-apiserver (tests/support/cluster.py), installs
-kustomize/crd and kustomize/rbac, runs the operator as a child process with
-its ServiceAccount's token (as in tests/operator/test_operator_e2e.py), then:
+Starts a throwaway etcd + kube-apiserver (fsdp_localcluster.apiserver), installs
+kustomize/default but its Deployment, runs the operator as a child process with
+the Deployment's command line and its ServiceAccount's token
+(fsdp_localcluster.operator_install, as in tests/operator/test_operator_e2e.py), then:
 
 - ``single``: N trainings one after the other, each waiting for its job;
 - ``burst``: M trainings created at once (concurrent POSTs).
@@ -36,14 +37,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from fsdp_api import FSDPTraining  # noqa: E402
-from fsdp_operator.render import render  # noqa: E402
-
-from tests.support.cluster import TestCluster  # noqa: E402
-from tests.support.operator_proc import OperatorProcess, install_operator  # noqa: E402
+from fsdp_api import FSDPTraining
+from fsdp_localcluster.apiserver import TestCluster
+from fsdp_localcluster.binaries import REPO_ROOT as REPO
+from fsdp_localcluster.operator_install import OperatorProcess, install_operator
+from fsdp_operator.render import render
 
 OPERATOR_NS = "fsdp-system"
 DOC = REPO / "docs" / "benchmarks.md"
@@ -127,7 +125,7 @@ class Watch(threading.Thread):
             with self.lock:
                 self.seen[key] = now
 
-    def wait_for(self, keys: list[tuple[str, str]], timeout: float) -> None:
+    def wait_seen(self, keys: list[tuple[str, str]], timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             with self.lock:
@@ -190,8 +188,8 @@ def run_single(api: Api, jobs: Watch, created: Watch, n: int) -> tuple[list[floa
     for i in range(n):
         key = (ns, f"single-{i}")
         sent = create(api, training(key[1], ns))
-        jobs.wait_for([key], 30)
-        created.wait_for([key], 30)
+        jobs.wait_seen([key], 30)
+        created.wait_seen([key], 30)
         to_job.append(jobs.seen[key] - sent)
         to_status.append(created.seen[key] - sent)
     return to_job, to_status
@@ -205,8 +203,8 @@ def run_burst(api: Api, jobs: Watch, created: Watch, m: int, threads: int) -> tu
     with concurrent.futures.ThreadPoolExecutor(threads) as pool:
         sent = list(pool.map(lambda b: create(api, b), bodies))
     keys = [(ns, b["metadata"]["name"]) for b in bodies]
-    jobs.wait_for(keys, 300)
-    created.wait_for(keys, 300)
+    jobs.wait_seen(keys, 300)
+    created.wait_seen(keys, 300)
     wall = max(created.seen[k] for k in keys) - t0
     return (
         [jobs.seen[k] - s for k, s in zip(keys, sent, strict=True)],
@@ -286,7 +284,8 @@ def markdown(results: dict[str, Any]) -> str:
         "",
         f"`bench/operator_latency.py`, {results['date']}, on {results['machine']}. A real etcd +",
         "kube-apiserver on loopback (shared with the operator and this script on the same cores), the",
-        "operator as a child process with kustomize/rbac's ServiceAccount. Latency is measured from",
+        "operator as a child process with the Deployment's command line and kustomize/rbac's",
+        "ServiceAccount (kustomize/default, fsdp_localcluster.operator_install). Latency is measured from",
         "just before the FSDPTraining POST to the PyTorchJob's ADDED event on a watch (and to the",
         "training's first status write, phase Created), so it includes the API server's work.",
         f"The machine was shared with other work: 1-minute load average {results['load_avg_1m'][0]} before the",
@@ -368,8 +367,8 @@ def main() -> int:
     cluster.start()
     op: OperatorProcess | None = None
     try:
-        kubeconfig = install_operator(cluster, OPERATOR_NS, workdir)
-        op = OperatorProcess(kubeconfig, workdir / "operator.log", priority=100, env={"POD_NAME": "bench-operator"})
+        install = install_operator(cluster, OPERATOR_NS, deploy=False)
+        op = install.process(workdir / "operator.log", priority=100, pod_name="bench-operator")
         op.start()
         api = Api(cluster)
         jobs = Watch(api, "/apis/kubeflow.org/v1/pytorchjobs", lambda e: e["type"] == "ADDED")

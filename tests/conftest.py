@@ -1,17 +1,12 @@
-"""Shared pytest fixtures. Keep this file small: logic lives in tests/support/."""
+"""Shared pytest fixtures. Keep this file small: the cluster machinery lives in fsdp_localcluster."""
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-
-# `tests.support` must be importable whatever pytest's rootdir/import mode;
-# harmless once pyproject.toml sets `pythonpath = ["."]`.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.support.cluster import TestCluster
+from fsdp_localcluster.apiserver import TestCluster
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -7,7 +7,7 @@
 What runs (all local processes, nothing leaves the machine): etcd and
 kube-apiserver, kube-scheduler, kube-controller-manager and the Kubeflow
 training operator (built from Go modules, cached), three Karpenter-shaped
-nodes whose pods the node agent runs as processes (tests/support/node_agent.py),
+nodes whose pods the node agent runs as processes (fsdp_localcluster.node_agent),
 the fsdp-operator installed with ``kubectl apply -k kustomize/default``, and
 the trainer itself on the CPU. Progress comes from the FSDPTraining's status,
 which the operator fills from the trainer's metrics. Everything is torn down
@@ -25,11 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from tests.e2e.whole_cluster import WholeCluster, machine_lock  # noqa: E402
+from fsdp_localcluster.binaries import REPO_ROOT as REPO
+from fsdp_localcluster.whole_cluster import WholeCluster, machine_lock
 
 
 def say(msg: str) -> None:

@@ -16,8 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
-from tests.support.cluster import tool_path
+from fsdp_localcluster.binaries import tool_path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 KUSTOMIZE = REPO_ROOT / "kustomize"

@@ -8,6 +8,7 @@ import subprocess
 from typing import Any
 
 import yaml
+from fsdp_localcluster.binaries import tool_path
 from fsdp_operator.crd import crd
 
 from tests.bundle.manifests import (
@@ -20,7 +21,6 @@ from tests.bundle.manifests import (
     load_all,
     strip_helm,
 )
-from tests.support.cluster import tool_path
 
 NAMESPACE = "fsdp-system"
 

@@ -12,6 +12,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from fsdp_localcluster.apiserver import TestCluster
+from fsdp_localcluster.binaries import tool_path
 
 from tests.bundle.manifests import (
     CHART,
@@ -25,7 +27,6 @@ from tests.bundle.manifests import (
     render_training,
     run,
 )
-from tests.support.cluster import TestCluster, tool_path
 
 pytestmark = pytest.mark.cluster
 

@@ -23,10 +23,10 @@ from typing import Any
 import pytest
 import yaml
 from fsdp_api.contract import GPU_SERIES as GPU_ONLY
+from fsdp_localcluster.prometheus import PrometheusServer
 
 from tests.bundle import dashboard
 from tests.bundle.manifests import PROMETHEUS_RULE, metric_names
-from tests.support.prometheus import PrometheusServer
 from tests.support.trainer_run import TrainerRun
 
 pytestmark = pytest.mark.slow

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import yaml
 from fsdp_api.presets import PRESETS
+from fsdp_localcluster.binaries import tool_path
 
 from tests.bundle.manifests import REPO_ROOT, load_all, run
-from tests.support.cluster import tool_path
 
 GIB = 2**30
 DOCS = REPO_ROOT / "docs"

@@ -4,25 +4,21 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import yaml
+from fsdp_localcluster.binaries import tool_path
 
 from tests.bundle.manifests import (
     FSDP_SOURCE,
     KUSTOMIZE,
-    REPO_ROOT,
     by_ident,
     kustomize,
     load_all,
     render_training,
     run,
 )
-from tests.support.cluster import tool_path
-
-sys.path.insert(0, str(REPO_ROOT / "tools"))
-import generate_manifests
+from tools import generate_manifests
 
 OVERLAY = KUSTOMIZE / "overlays" / "fsdp"
 

@@ -8,9 +8,9 @@ user of the cluster gets.
 from __future__ import annotations
 
 import pytest
+from fsdp_localcluster.apiserver import TestCluster
 
 from tests.bundle.manifests import kustomize, kustomize_text
-from tests.support.cluster import TestCluster
 
 pytestmark = pytest.mark.cluster
 

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-from tests.support.cluster import TestCluster
+from fsdp_localcluster.apiserver import TestCluster
+from fsdp_localcluster.wait import wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -31,15 +30,6 @@ def pytorchjob(name: str, run_policy: dict[str, Any] | None = None) -> dict[str,
     if run_policy is not None:
         spec["runPolicy"] = run_policy
     return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": name}, "spec": spec}
-
-
-def eventually(check: Any, timeout: float = 15.0) -> Any:
-    """Retry ``check`` until it returns a truthy value (RBAC caches update asynchronously)."""
-    deadline = time.monotonic() + timeout
-    while not (result := check()):
-        assert time.monotonic() < deadline, f"condition not met within {timeout}s"
-        time.sleep(0.2)
-    return result
 
 
 def test_readyz_ok(cluster: TestCluster) -> None:
@@ -170,7 +160,13 @@ def test_rbac_is_enforced_for_serviceaccounts(cluster: TestCluster) -> None:
             "subjects": [{"kind": "ServiceAccount", "name": "worker", "namespace": "rbac"}],
         }
     )
-    eventually(lambda: cluster.kubectl("get", "pods", "-n", "rbac", kubeconfig=kubeconfig, check=False).returncode == 0)
+    # RBAC caches update asynchronously.
+    wait_for(
+        lambda: cluster.kubectl("get", "pods", "-n", "rbac", kubeconfig=kubeconfig, check=False).returncode == 0,
+        15,
+        "the RoleBinding to take effect",
+        interval=0.2,
+    )
     # The Role grants exactly what it says: still no pods elsewhere, no writes.
     assert "Forbidden" in cluster.kubectl("get", "pods", "-n", "default", kubeconfig=kubeconfig, check=False).stderr
     can_delete = cluster.kubectl("auth", "can-i", "delete", "pods", "-n", "rbac", kubeconfig=kubeconfig, check=False)

@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fsdp_localcluster.whole_cluster import WholeCluster, machine_lock
 
-from tests.e2e.whole_cluster import TIMINGS, WholeCluster, machine_lock, record
+from tests.e2e.timings import TIMINGS, record
 
 
 @pytest.fixture(scope="session")

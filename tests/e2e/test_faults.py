@@ -11,7 +11,13 @@ import time
 from typing import Any
 
 import pytest
+from fsdp_localcluster.control_plane import TRAINING_OPERATOR
+from fsdp_localcluster.node_agent import container_pids
+from fsdp_localcluster.operator_install import OPERATOR_NAMESPACE
+from fsdp_localcluster.wait import wait_for
+from fsdp_localcluster.whole_cluster import WholeCluster
 
+from tests.e2e.timings import record
 from tests.e2e.training import (
     TERMINAL,
     checkpoint_steps,
@@ -26,9 +32,6 @@ from tests.e2e.training import (
     trainer_logs,
     wait_phase,
 )
-from tests.e2e.whole_cluster import OPERATOR_NAMESPACE, WholeCluster, record, wait_for
-from tests.support.control_plane import TRAINING_OPERATOR
-from tests.support.node_agent import container_pids
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

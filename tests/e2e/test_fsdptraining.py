@@ -8,7 +8,10 @@ import math
 import time
 
 import pytest
+from fsdp_localcluster.wait import wait_for
+from fsdp_localcluster.whole_cluster import WholeCluster
 
+from tests.e2e.timings import record
 from tests.e2e.training import (
     TERMINAL,
     checkpoint_steps,
@@ -22,7 +25,6 @@ from tests.e2e.training import (
     steps_per_second,
     wait_phase,
 )
-from tests.e2e.whole_cluster import WholeCluster, record, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

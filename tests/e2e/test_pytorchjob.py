@@ -9,10 +9,12 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from fsdp_localcluster.apiserver import KubectlError
+from fsdp_localcluster.node_agent import container_pids
+from fsdp_localcluster.wait import wait_for
+from fsdp_localcluster.whole_cluster import WholeCluster
 
-from tests.e2e.whole_cluster import WholeCluster, record, wait_for
-from tests.support.cluster import KubectlError
-from tests.support.node_agent import container_pids
+from tests.e2e.timings import record
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -12,7 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from tests.e2e.whole_cluster import WholeCluster, wait_for
+from fsdp_localcluster.wait import wait_for
+from fsdp_localcluster.whole_cluster import WholeCluster
 
 TRAINER_IMAGE = "ghcr.io/fsdp-k8s/trainer:0.1.0"
 # Rank 0's progress line, e.g. "step 12/30 | loss 7.6895 | lr 2.42e-04 | ..."

@@ -7,8 +7,8 @@ import time
 from pathlib import Path
 
 import pytest
+from fsdp_localcluster.prometheus import PrometheusServer, value
 
-from tests.support.prometheus import PrometheusServer, value
 from tests.support.trainer_run import TrainerRun
 
 pytestmark = pytest.mark.slow

@@ -1,11 +1,14 @@
-"""The operator against a real API server, with exactly the RBAC of kustomize/rbac.
+"""The operator against a real API server, with exactly the RBAC of kustomize/default.
 
-The CRDs come from kustomize/crd and the permissions from kustomize/rbac (built
-with the test cluster's ``kubectl kustomize``); the operator runs as a child
-process whose only credentials are that ServiceAccount's token. There is no
-training operator: tests write PyTorchJob status by hand, as it would.
+kustomize/default (CRDs, RBAC, all but the Deployment; built with the test
+cluster's ``kubectl kustomize``) is installed in a namespace of its own, and
+the operator runs as a child process with the Deployment's command line and
+the ServiceAccount's token as its only credentials (``fsdp_localcluster.
+operator_install``). There is no training operator: tests write PyTorchJob
+status by hand, as it would.
 
-Tests run in file order and share one operator; each uses its own namespace.
+The tests share one operator (module scope); each uses its own namespace and
+sets up what it reads (fixtures), so any subset runs in any order.
 """
 
 from __future__ import annotations
@@ -23,18 +26,21 @@ from typing import Any
 import pytest
 import yaml
 from fsdp_api import FSDPTraining, FSDPTrainingStatus
-from fsdp_operator.render import render
-
-from tests.support.cluster import REPO_ROOT, TestCluster, free_port
-from tests.support.operator_proc import (
+from fsdp_api.launch import free_port
+from fsdp_localcluster.apiserver import TestCluster
+from fsdp_localcluster.binaries import REPO_ROOT
+from fsdp_localcluster.control_plane import CONTROLLER_MANAGER, ControlPlane
+from fsdp_localcluster.operator_install import (
     FSDPTRAININGS,
     OPERATOR_SERVICE_ACCOUNT,
+    OperatorInstall,
     OperatorProcess,
     can_i,
     install_operator,
     kustomize,
-    wait_for,
 )
+from fsdp_localcluster.wait import wait_for
+from fsdp_operator.render import render
 
 pytestmark = pytest.mark.cluster
 
@@ -43,11 +49,13 @@ SERVICE_ACCOUNT = OPERATOR_SERVICE_ACCOUNT
 PEERING = "fsdp-operator"
 KOPF_PREFIXES = ("kopf.zalando.org", "kopf.dev")
 JOB_TIMEOUT = 30.0
+POLL = 0.1  # seconds between checks: the operator answers within tens of milliseconds
 
 
 @dataclass
 class Env:
     cluster: TestCluster
+    install: OperatorInstall
     operator: OperatorProcess
     kubeconfig: Path
     workdir: Path
@@ -97,7 +105,9 @@ class Env:
         )  # fmt: skip
 
     def wait_job(self, namespace: str, name: str, timeout: float = JOB_TIMEOUT) -> dict[str, Any]:
-        return dict(wait_for(lambda: self.get("pytorchjob", namespace, name), timeout, what=f"PyTorchJob {name}"))
+        return dict(
+            wait_for(lambda: self.get("pytorchjob", namespace, name), timeout, what=f"PyTorchJob {name}", interval=POLL)
+        )
 
     def status(self, namespace: str, name: str) -> dict[str, Any]:
         return dict((self.get("fsdptraining", namespace, name) or {}).get("status") or {})
@@ -108,7 +118,7 @@ class Env:
             assert all(s.get(k) == v for k, v in expected.items()), f"status is {s}"
             return s
 
-        return dict(wait_for(check, timeout, what=what))
+        return dict(wait_for(check, timeout, what=what, interval=POLL))
 
     def event_reasons(self, namespace: str, name: str) -> list[str]:
         res = self.cluster.kubectl(
@@ -123,7 +133,7 @@ class Env:
             assert not missing, f"events so far: {got}"
             return got
 
-        return list(wait_for(check, JOB_TIMEOUT, what=f"events {reasons} on {name}"))
+        return list(wait_for(check, JOB_TIMEOUT, what=f"events {reasons} on {name}", interval=POLL))
 
 
 def training(name: str, namespace: str, **spec: Any) -> dict[str, Any]:
@@ -144,17 +154,12 @@ def training(name: str, namespace: str, **spec: Any) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def env(cluster: TestCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     workdir = tmp_path_factory.mktemp("operator-e2e")
-    kubeconfig = install_operator(cluster, OPERATOR_NS, workdir)
-    # POD_NAME: a stable peer identity across restarts, as in a pod.
-    op = OperatorProcess(
-        kubeconfig,
-        workdir / "operator.log",
-        priority=100,
-        scrape_interval=0.5,
-        env={"POD_NAME": "fsdp-operator-e2e-0"},
-    )
+    install = install_operator(cluster, OPERATOR_NS, deploy=False)
+    assert install.kubeconfig is not None
+    # pod_name: a stable peer identity across restarts, as in a pod.
+    op = install.process(workdir / "operator.log", priority=100, scrape_interval=0.5, pod_name="fsdp-operator-e2e-0")
     op.start()
-    e = Env(cluster, op, kubeconfig, workdir)
+    e = Env(cluster, install, op, install.kubeconfig, workdir)
     try:
         yield e
     finally:
@@ -186,9 +191,19 @@ def test_operator_runs_with_only_its_service_account(env: Env) -> None:
 # --- create -----------------------------------------------------------------------------
 
 
-def test_create_applies_the_rendered_objects_owned_by_the_training(env: Env) -> None:
+@pytest.fixture(scope="module")
+def created(env: Env) -> tuple[str, str]:
+    """A new training the operator has handled: its job, status and events written."""
     ns, name = "e2e-create", "llama"
     env.apply_training(ns, name)
+    env.wait_job(ns, name)
+    env.wait_status(ns, name, "status of a new training", phase="Created", observedGeneration=1)
+    env.wait_events(ns, name, "JobCreated", "EphemeralCheckpoints")
+    return ns, name
+
+
+def test_create_applies_the_rendered_objects_owned_by_the_training(env: Env, created: tuple[str, str]) -> None:
+    ns, name = created
     job = env.wait_job(ns, name)
     body = env.get("fsdptraining", ns, name)
     assert body is not None
@@ -233,8 +248,9 @@ def test_create_applies_the_rendered_objects_owned_by_the_training(env: Env) -> 
     env.wait_events(ns, name, "JobCreated", "EphemeralCheckpoints")
 
 
-def test_kopf_state_is_stored_under_our_api_group(env: Env) -> None:
-    body = env.get("fsdptraining", "e2e-create", "llama")
+def test_kopf_state_is_stored_under_our_api_group(env: Env, created: tuple[str, str]) -> None:
+    ns, name = created
+    body = env.get("fsdptraining", ns, name)
     assert body is not None
     annotations = body["metadata"].get("annotations") or {}
     assert "training.fsdp.dev/last-handled-configuration" in annotations
@@ -249,24 +265,78 @@ def test_kopf_state_is_stored_under_our_api_group(env: Env) -> None:
 
 # --- status -----------------------------------------------------------------------------
 
+STARTED, FINISHED = "2026-03-01T10:00:00Z", "2026-03-01T12:30:00Z"
+
+
+def running_job_status(name: str) -> dict[str, Any]:
+    """A PyTorchJob's status once both workers run, as the training operator writes it."""
+    return {
+        "conditions": [
+            {"type": "Created", "status": "True", "reason": "PyTorchJobCreated", "lastTransitionTime": STARTED},
+            {"type": "Running", "status": "True", "reason": "PyTorchJobRunning", "lastTransitionTime": STARTED},
+        ],
+        "startTime": STARTED,
+        "replicaStatuses": {"Worker": {"active": 2, "selector": f"training.kubeflow.org/job-name={name}"}},
+    }
+
+
+def succeeded_job_status(name: str) -> dict[str, Any]:
+    """The same job's status once it completed (merged into the running one: startTime stays)."""
+    return {
+        "conditions": [
+            {"type": "Created", "status": "True", "reason": "PyTorchJobCreated", "lastTransitionTime": STARTED},
+            {"type": "Running", "status": "False", "reason": "PyTorchJobSucceeded", "lastTransitionTime": FINISHED},
+            {
+                "type": "Succeeded",
+                "status": "True",
+                "reason": "PyTorchJobSucceeded",
+                "message": f"PyTorchJob {name} is successfully completed.",
+                "lastTransitionTime": FINISHED,
+            },
+        ],
+        "completionTime": FINISHED,
+        "replicaStatuses": {"Worker": {"active": 0, "succeeded": 2}},
+    }
+
+
+FAILED_JOB_STATUS = {
+    "conditions": [
+        {"type": "Created", "status": "True", "reason": "PyTorchJobCreated"},
+        {"type": "Failed", "status": "True", "reason": "PyTorchJobFailed", "message": "Worker 1 OOMKilled"},
+    ]
+}
+
+
+@pytest.fixture(scope="module")
+def succeeded(env: Env) -> tuple[str, str]:
+    """A training whose job ran and succeeded."""
+    ns, name = "e2e-finished", "run"
+    env.apply_training(ns, name)
+    env.wait_job(ns, name)
+    env.patch_job_status(ns, name, running_job_status(name))
+    env.wait_status(ns, name, "phase Running", phase="Running", startTime=STARTED)
+    env.patch_job_status(ns, name, succeeded_job_status(name))
+    env.wait_status(ns, name, "phase Succeeded", phase="Succeeded", completionTime=FINISHED)
+    return ns, name
+
+
+@pytest.fixture(scope="module")
+def failed(env: Env) -> tuple[str, str]:
+    """A training whose job failed."""
+    ns, name = "e2e-finished", "crash"
+    env.apply_training(ns, name)
+    env.wait_job(ns, name)
+    env.patch_job_status(ns, name, FAILED_JOB_STATUS)
+    env.wait_status(ns, name, "phase Failed", phase="Failed")
+    return ns, name
+
 
 def test_status_follows_the_pytorchjob(env: Env) -> None:
     ns, name = "e2e-status", "run"
     env.apply_training(ns, name)
     env.wait_job(ns, name)
-    started, finished = "2026-03-01T10:00:00Z", "2026-03-01T12:30:00Z"
-    env.patch_job_status(
-        ns,
-        name,
-        {
-            "conditions": [
-                {"type": "Created", "status": "True", "reason": "PyTorchJobCreated", "lastTransitionTime": started},
-                {"type": "Running", "status": "True", "reason": "PyTorchJobRunning", "lastTransitionTime": started},
-            ],
-            "startTime": started,
-            "replicaStatuses": {"Worker": {"active": 2, "selector": "training.kubeflow.org/job-name=run"}},
-        },
-    )
+    started, finished = STARTED, FINISHED
+    env.patch_job_status(ns, name, running_job_status(name))
     s = env.wait_status(ns, name, "phase Running", phase="Running", startTime=started)
     assert s["replicaStatuses"] == {"Worker": {"active": 2, "succeeded": 0, "failed": 0}}
     running = next(c for c in s["conditions"] if c["type"] == "Running")
@@ -279,34 +349,16 @@ def test_status_follows_the_pytorchjob(env: Env) -> None:
         "lastTransitionTime": started,
     }
 
-    env.patch_job_status(
-        ns,
-        name,
-        {
-            "conditions": [
-                {"type": "Created", "status": "True", "reason": "PyTorchJobCreated", "lastTransitionTime": started},
-                {"type": "Running", "status": "False", "reason": "PyTorchJobSucceeded", "lastTransitionTime": finished},
-                {
-                    "type": "Succeeded",
-                    "status": "True",
-                    "reason": "PyTorchJobSucceeded",
-                    "message": "PyTorchJob run is successfully completed.",
-                    "lastTransitionTime": finished,
-                },
-            ],
-            "completionTime": finished,
-            "replicaStatuses": {"Worker": {"active": 0, "succeeded": 2}},
-        },
-    )
+    env.patch_job_status(ns, name, succeeded_job_status(name))
     s = env.wait_status(ns, name, "phase Succeeded", phase="Succeeded", completionTime=finished)
     assert s["message"] == "PyTorchJob run is successfully completed."
     assert s["replicaStatuses"]["Worker"] == {"active": 0, "succeeded": 2, "failed": 0}
     env.wait_events(ns, name, "JobCreated", "Running", "Succeeded")
 
 
-def test_written_status_survives_schema_pruning(env: Env) -> None:
+def test_written_status_survives_schema_pruning(env: Env, succeeded: tuple[str, str]) -> None:
     """Every field the operator writes is declared in the CRD, so what it wrote is what is stored."""
-    s = env.status("e2e-status", "run")
+    s = env.status(*succeeded)
     model = FSDPTrainingStatus.model_validate(s)  # extra="forbid": nothing unexpected either
     for key in ("phase", "message", "observedGeneration", "conditions", "jobName", "nodes", "gpus"):
         assert key in s, key
@@ -321,16 +373,7 @@ def test_failed_job_is_a_failed_training_with_a_warning(env: Env) -> None:
     ns, name = "e2e-status", "crash"
     env.apply_training(ns, name)
     env.wait_job(ns, name)
-    env.patch_job_status(
-        ns,
-        name,
-        {
-            "conditions": [
-                {"type": "Created", "status": "True", "reason": "PyTorchJobCreated"},
-                {"type": "Failed", "status": "True", "reason": "PyTorchJobFailed", "message": "Worker 1 OOMKilled"},
-            ]
-        },
-    )
+    env.patch_job_status(ns, name, FAILED_JOB_STATUS)
     s = env.wait_status(ns, name, "phase Failed", phase="Failed")
     assert s["message"] == "Worker 1 OOMKilled"
     env.wait_events(ns, name, "Failed")
@@ -355,6 +398,7 @@ def test_suspend_and_resume(env: Env) -> None:
         lambda: (env.get("pytorchjob", ns, name) or {})["spec"]["runPolicy"].get("suspend") is True,
         JOB_TIMEOUT,
         what="runPolicy.suspend true",
+        interval=POLL,
     )
     s = env.wait_status(ns, name, "phase Suspended", phase="Suspended", observedGeneration=2)
     suspended = next(c for c in s["conditions"] if c["type"] == "Suspended")
@@ -366,6 +410,7 @@ def test_suspend_and_resume(env: Env) -> None:
         lambda: (env.get("pytorchjob", ns, name) or {})["spec"]["runPolicy"].get("suspend") is False,
         JOB_TIMEOUT,
         what="runPolicy.suspend false",
+        interval=POLL,
     )
     env.wait_status(ns, name, "phase Running again", phase="Running", observedGeneration=3)
     env.wait_events(ns, name, "Suspended", "Resumed")
@@ -377,9 +422,11 @@ def test_suspend_and_resume(env: Env) -> None:
 def test_disabling_metrics_removes_the_podmonitor(env: Env) -> None:
     ns, name = "e2e-update", "quiet"
     env.apply_training(ns, name)
-    wait_for(lambda: env.get("podmonitor", ns, name), JOB_TIMEOUT, what="the PodMonitor")
+    wait_for(lambda: env.get("podmonitor", ns, name), JOB_TIMEOUT, what="the PodMonitor", interval=POLL)
     env.patch_spec(ns, name, {"metrics": {"enabled": False}})
-    wait_for(lambda: env.get("podmonitor", ns, name) is None, JOB_TIMEOUT, what="the PodMonitor to be deleted")
+    wait_for(
+        lambda: env.get("podmonitor", ns, name) is None, JOB_TIMEOUT, what="the PodMonitor to be deleted", interval=POLL
+    )
     cm = env.items("configmap", ns, "training.fsdp.dev/job=quiet")
     assert len(cm) == 1
     assert "enabled: false" in cm[0]["data"]["train.yaml"]
@@ -394,6 +441,7 @@ def test_a_deleted_job_is_recreated(env: Env) -> None:
         lambda: (j := env.get("pytorchjob", ns, name)) and j["metadata"]["uid"] != old["metadata"]["uid"] and j,
         JOB_TIMEOUT,
         what="the PyTorchJob to be re-created",
+        interval=POLL,
     )
     assert new["spec"] == old["spec"]
 
@@ -545,7 +593,7 @@ def test_kill_right_after_create_leaves_no_duplicates_and_converges(env: Env) ->
         assert all(s.get("phase") == "Created" and s.get("observedGeneration") == 1 for s in statuses), statuses
         return True
 
-    wait_for(converged, 60, what="every training to converge after the restart")
+    wait_for(converged, 60, what="every training to converge after the restart", interval=POLL)
     jobs = env.items("pytorchjob", ns)
     assert sorted(j["metadata"]["name"] for j in jobs) == sorted(f"t{i}" for i in range(n))
     # Jobs created before the kill are the same objects, not replacements.
@@ -570,6 +618,7 @@ def test_operator_reconnects_after_an_api_server_restart(env: Env) -> None:
         lambda: (env.get("pytorchjob", ns, name) or {})["spec"]["runPolicy"].get("suspend") is True,
         90,
         what="the post-restart change to reach the PyTorchJob",
+        interval=POLL,
     )
     env.wait_status(ns, name, "phase Suspended after the restart", timeout=60, phase="Suspended")
     # A restarted API server answers 403 until its RBAC caches are filled: not the operator's RBAC.
@@ -588,14 +637,16 @@ SUCCESSES = 'fsdp_operator_reconciles_total{result="success"}'
 
 def test_a_second_instance_with_the_same_peering_pauses_until_the_first_leaves(env: Env) -> None:
     first_id = "fsdp-operator-e2e-0"
-    second = OperatorProcess(env.kubeconfig, env.workdir / "second.log", priority=0, scrape_interval=0.5)
+    second = env.install.process(env.workdir / "second.log", priority=0, scrape_interval=0.5)
     second.start()
     try:
 
         def peers() -> dict[str, Any]:
             return dict((env.get("clusterkopfpeering", None, PEERING) or {}).get("status") or {})
 
-        both = wait_for(lambda: len(peers()) == 2 and peers(), 30, what="both instances in the peering object")
+        both = wait_for(
+            lambda: len(peers()) == 2 and peers(), 30, what="both instances in the peering object", interval=POLL
+        )
         assert {k: v["priority"] for k, v in both.items()} == {first_id: 100, **{k: 0 for k in both if k != first_id}}
 
         ns = "e2e-peering"
@@ -610,17 +661,18 @@ def test_a_second_instance_with_the_same_peering_pauses_until_the_first_leaves(e
 
         # The first leaves gracefully (removing itself from the peering): the second takes over.
         env.operator.stop()
-        wait_for(lambda: "Resuming operations" in second.log(), 30, what="the second instance to resume")
+        wait_for(lambda: "Resuming operations" in second.log(), 30, what="the second instance to resume", interval=POLL)
         env.apply_training(ns, "takeover")
         env.wait_job(ns, "takeover")
         assert _sample(second.metrics(), SUCCESSES) >= 1
     finally:
         second.stop()
         env.operator.start()
-    wait_for(lambda: set(peers()) == {first_id}, 30, what="only the first instance left in the peering")
+    wait_for(lambda: set(peers()) == {first_id}, 30, what="only the first instance left in the peering", interval=POLL)
 
 
-def test_operator_metrics_and_liveness(env: Env) -> None:
+def test_operator_metrics_and_liveness(env: Env, succeeded: tuple[str, str], failed: tuple[str, str]) -> None:
+    """Counters and gauges after a create; a Succeeded and a Failed training are among those counted."""
     env.apply_training("e2e-metrics", "counted")
     env.wait_events("e2e-metrics", "counted", "JobCreated")  # posted after the apply's status write
 
@@ -632,7 +684,9 @@ def test_operator_metrics_and_liveness(env: Env) -> None:
                 out[key] = float(value)
         return out
 
-    got = wait_for(lambda: (s := samples())[SUCCESSES] >= 1 and s, 10, what="a successful reconcile in the metrics")
+    got = wait_for(
+        lambda: (s := samples())[SUCCESSES] >= 1 and s, 10, what="a successful reconcile in the metrics", interval=POLL
+    )
     assert got["fsdp_operator_reconcile_duration_seconds_count"] == got[SUCCESSES]
     assert got["fsdp_operator_create_to_job_seconds_count"] >= 1
     assert got['fsdp_operator_status_updates_total{source="apply"}'] >= 1
@@ -646,7 +700,12 @@ def test_operator_metrics_and_liveness(env: Env) -> None:
     assert {k.split('"')[1]: int(v) for k, v in gauge.items() if v} == by_phase
     assert by_phase["Succeeded"] >= 1 and by_phase["Failed"] >= 1
     # kopf caches probe results for 10 s.
-    wait_for(lambda: json.loads(env.operator.liveness())["trainings"] == len(everything), 20, what="the liveness probe")
+    wait_for(
+        lambda: json.loads(env.operator.liveness())["trainings"] == len(everything),
+        20,
+        what="the liveness probe",
+        interval=POLL,
+    )
 
 
 def test_namespaced_mode_needs_only_a_rolebinding(env: Env) -> None:
@@ -664,11 +723,16 @@ def test_namespaced_mode_needs_only_a_rolebinding(env: Env) -> None:
             "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": ns}],
         }
     )
-    wait_for(lambda: can_i(c, kubeconfig, "watch", FSDPTRAININGS, "-n", ns) == "yes", 30, what="the RoleBinding")
+    wait_for(
+        lambda: can_i(c, kubeconfig, "watch", FSDPTRAININGS, "-n", ns) == "yes",
+        30,
+        what="the RoleBinding",
+        interval=POLL,
+    )
     assert can_i(c, kubeconfig, "list", "pytorchjobs.kubeflow.org", "-A") == "no"
     # The cluster-wide instance would serve this namespace too: stop it meanwhile.
     env.operator.stop()
-    namespaced = OperatorProcess(kubeconfig, env.workdir / "namespaced.log", namespace=ns, priority=100)
+    namespaced = env.install.process(env.workdir / "namespaced.log", kubeconfig=kubeconfig, namespace=ns, priority=100)
     try:
         namespaced.start()
         env.apply_training(ns, "local")
@@ -729,17 +793,20 @@ def test_kustomize_default_installs_a_locked_down_single_replica_operator(env: E
 
 
 def test_the_deployments_command_line_runs_the_operator(env: Env) -> None:
-    """`fsdp-operator run` with the Deployment's args and env (ports moved to free ones)."""
+    """`fsdp-operator run` with the Deployment's args and env (ports moved to free ones), nothing added."""
     deploy = manifests(REPO_ROOT / "kustomize" / "default")[("Deployment", "fsdp-operator")]
     (container,) = deploy["spec"]["template"]["spec"]["containers"]
-    env_vars = {e["name"]: e["value"] for e in container["env"] if "value" in e}
-    env_vars["POD_NAME"] = "fsdp-operator-from-deployment"
-    op = OperatorProcess(env.kubeconfig, env.workdir / "deployment-args.log", env=env_vars)
-    args = [
+    op = OperatorProcess(
+        env.kubeconfig,
+        env.workdir / "deployment-args.log",
+        container=container,
+        pod_name="fsdp-operator-from-deployment",
+    )
+    assert op.command()[0] == str(Path(sys.executable).with_name("fsdp-operator"))
+    assert op.command()[1:] == [
         a.replace("0.0.0.0:8080", f"127.0.0.1:{op.liveness_port}").replace("=8081", f"={op.metrics_port}")
         for a in container["args"]
     ]
-    op.argv = [str(Path(sys.executable).with_name("fsdp-operator")), *args]
     env.operator.stop()  # same peering priority: the two would pause each other
     try:
         op.start()
@@ -763,14 +830,14 @@ def test_no_permission_errors_in_the_operator_log(env: Env) -> None:
 
 @pytest.mark.e2e
 def test_deleting_the_training_garbage_collects_its_objects(env: Env) -> None:
-    from tests.support.control_plane import CONTROLLER_MANAGER, ControlPlane
-
     ns, name = "e2e-gc", "gone"
     env.apply_training(ns, name)
     env.wait_job(ns, name)
     with ControlPlane(env.cluster, components=[CONTROLLER_MANAGER]):
         env.cluster.kubectl("delete", "fsdptraining", name, "-n", ns, "--wait=true", timeout=120)
         for kind, obj in (("pytorchjob", name), ("configmap", f"{name}-trainer"), ("podmonitor", name)):
-            wait_for(lambda k=kind, o=obj: env.get(k, ns, o) is None, 60, what=f"{kind} {obj} to be collected")
+            wait_for(
+                lambda k=kind, o=obj: env.get(k, ns, o) is None, 60, what=f"{kind} {obj} to be collected", interval=POLL
+            )
         # The operator must not resurrect the job of a deleted training.
         assert env.get("pytorchjob", ns, name) is None

@@ -3,8 +3,9 @@
 etcd + kube-apiserver (TestCluster), kube-scheduler + kube-controller-manager +
 the Kubeflow training operator (ControlPlane), and Karpenter-shaped nodes whose
 pods run as local processes (NodeAgent). ``install_operator()`` adds the
-fsdp-operator exactly as a user would: ``kubectl apply -k kustomize/default``,
-its Deployment's pod then running on the system node like any other pod.
+fsdp-operator exactly as a user would: ``kubectl apply -k kustomize/default``
+(``operator_install``), its Deployment's pod then running on the system node
+like any other pod.
 """
 
 from __future__ import annotations
@@ -18,40 +19,27 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-import yaml
+from .apiserver import TestCluster
+from .control_plane import ControlPlane
+from .node_agent import NodeAgent, NodeSpec, karpenter_node
+from .operator_install import OPERATOR_ENTRYPOINT, OPERATOR_NAMESPACE, install_operator
+from .prometheus import PrometheusServer
+from .wait import wait_for
 
-from tests.support.cluster import REPO_ROOT, TestCluster
-from tests.support.control_plane import ControlPlane
-from tests.support.node_agent import NodeAgent, NodeSpec, karpenter_node
-from tests.support.prometheus import PrometheusServer
-
-T = TypeVar("T")
 Obj = dict[str, Any]
 
-OPERATOR_NAMESPACE = "fsdp-system"
-OPERATOR_DEPLOYMENT = "fsdp-operator"
-KUSTOMIZE_DEFAULT = REPO_ROOT / "kustomize" / "default"
 # The ENTRYPOINTs of this repository's images (Dockerfile), for containers that
 # only give args: the node agent runs them from the virtualenv.
 IMAGE_COMMANDS = {
-    "ghcr.io/fsdp-k8s/operator*": ["fsdp-operator"],
+    "ghcr.io/fsdp-k8s/operator*": list(OPERATOR_ENTRYPOINT),
     "ghcr.io/fsdp-k8s/trainer*": ["torchrun"],
 }
 # Ports some pods bind on every interface (the rendezvous store, C++ code the
 # agent cannot redirect to the pod's address) are machine-wide: one whole
 # cluster per machine at a time.
 MACHINE_LOCK = Path(os.environ.get("FSDP_WHOLE_CLUSTER_LOCK", "/tmp/fsdp-k8s-whole-cluster.lock"))
-
-# Figures measured by the tests (phase times, steps/s), reported at the end of
-# the session by tests/e2e/conftest.py.
-TIMINGS: dict[str, Any] = {}
-
-
-def record(name: str, value: float | int | str) -> None:
-    """Keep one measured figure for the end-of-session report."""
-    TIMINGS[name] = round(value, 2) if isinstance(value, float) else value
 
 
 def default_nodes() -> list[NodeSpec]:
@@ -63,27 +51,6 @@ def default_nodes() -> list[NodeSpec]:
         karpenter_node("gpu-0", node_pool="gpu", instance_type="p5.48xlarge", zone="us-west-2a"),
         karpenter_node("gpu-1", node_pool="gpu", instance_type="p5.48xlarge", zone="us-west-2a"),
     ]
-
-
-class WaitTimeout(AssertionError):
-    """A bounded wait ran out; the message says what was awaited and what was seen last."""
-
-
-def wait_for(check: Callable[[], T | None], timeout: float, what: str, interval: float = 0.5) -> T:
-    """Poll ``check`` until it returns something truthy; raise WaitTimeout after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while True:
-        try:
-            result = check()
-            if result:
-                return result
-            last = result
-        except Exception as e:  # a transient API error is retried like a falsy answer
-            last = e
-        if time.monotonic() > deadline:
-            raise WaitTimeout(f"timed out after {timeout:.0f}s waiting for {what}; last: {last!r}")
-        time.sleep(interval)
 
 
 @contextlib.contextmanager
@@ -209,15 +176,7 @@ class WholeCluster:
         metrics scrape interval, so that short test runs show progress).
         """
         t = time.monotonic()
-        docs = [d for d in yaml.safe_load_all(self.kubectl("kustomize", str(KUSTOMIZE_DEFAULT)).stdout) if d]
-        for d in docs:
-            if d["kind"] == "Deployment" and d["metadata"]["name"] == OPERATOR_DEPLOYMENT and env:
-                container = d["spec"]["template"]["spec"]["containers"][0]
-                kept = [e for e in container.get("env", []) if e["name"] not in env]
-                container["env"] = kept + [{"name": k, "value": v} for k, v in env.items()]
-        self.cluster.apply(yaml.safe_dump_all(docs))
-        crds = [d["metadata"]["name"] for d in docs if d["kind"] == "CustomResourceDefinition"]
-        self.kubectl("wait", "--for=condition=Established", "--timeout=60s", *[f"crd/{n}" for n in crds])
+        install_operator(self.cluster, OPERATOR_NAMESPACE, deploy=True, env=env)
         self.wait_operator_ready(timeout)
         took = time.monotonic() - t
         self.timings["operator_install_s"] = took

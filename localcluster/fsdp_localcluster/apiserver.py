@@ -1,9 +1,10 @@
-"""A real, throwaway Kubernetes control plane for tests: etcd + kube-apiserver.
+"""A real, throwaway Kubernetes API: etcd + kube-apiserver on loopback (``TestCluster``).
 
 Both run as child processes on loopback ports, built from Go modules by
 ``tools/build-binaries.sh`` (see ``docs/test-cluster.md``). There is no kubelet,
 scheduler or controller-manager: objects are stored and validated for real
-(OpenAPI schemas, CEL rules, RBAC, admission), but nothing runs pods.
+(OpenAPI schemas, CEL rules, RBAC, admission), but nothing runs pods
+(``control_plane`` and ``node_agent`` add that; ``whole_cluster`` has it all).
 
 Typical use (the session fixture ``cluster`` in ``tests/conftest.py`` does this)::
 
@@ -16,35 +17,29 @@ Typical use (the session fixture ``cluster`` in ``tests/conftest.py`` does this)
 from __future__ import annotations
 
 import atexit
-import base64
-import functools
 import json
 import os
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-BUILD_SCRIPT = REPO_ROOT / "tools" / "build-binaries.sh"
-# The binaries a TestCluster needs; helm is included so one build covers the suite.
-CLUSTER_TOOLS = ("etcd", "kube-apiserver", "kubectl", "helm")
+from fsdp_api.launch import free_port
+
+from .binaries import ensure_tools, shared_dir, tool_path
+from .pki import b64, generate_pki
+
 # Third-party CRDs (sub-directories of $FSDP_SHARED_DIR/crds) installed in every cluster.
 DEFAULT_CRD_DIRS = ("kubeflow-training-operator-v1", "karpenter", "prometheus-operator")
 SERVICE_CLUSTER_IP_RANGE = "10.96.0.0/16"
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
-
-
-class ToolBuildError(RuntimeError):
-    """tools/build-binaries.sh failed; the message carries the tail of its output."""
 
 
 class ClusterStartError(RuntimeError):
@@ -58,121 +53,8 @@ class KubectlError(subprocess.CalledProcessError):
         return f"{' '.join(map(str, self.cmd))} exited {self.returncode}\nstdout: {self.stdout}\nstderr: {self.stderr}"
 
 
-def shared_dir() -> Path:
-    """The project's shared data directory (third-party CRDs, seeds, ...)."""
-    return Path(os.environ.get("FSDP_SHARED_DIR", REPO_ROOT.parent / "shared"))
-
-
-def ensure_tools(names: Sequence[str] = CLUSTER_TOOLS) -> None:
-    """Build ``names`` if missing (a fast no-op when cached); raise ToolBuildError on failure.
-
-    All names go to one script run so that tools from the same Go module (for
-    example kube-apiserver and kubectl) are compiled by one ``go build``.
-    """
-    fd, name = tempfile.mkstemp(prefix="fsdp-build-binaries-", suffix=".log")
-    log = Path(name)
-    with os.fdopen(fd, "w") as out:
-        rc = subprocess.call(["bash", str(BUILD_SCRIPT), *names], stdout=out, stderr=subprocess.STDOUT)
-    if rc == 0:
-        log.unlink()
-    else:
-        tail = "".join(log.read_text(errors="replace").splitlines(keepends=True)[-40:])
-        raise ToolBuildError(
-            f"{BUILD_SCRIPT} {' '.join(names)} failed (exit {rc}); it needs the Go toolchain "
-            f"(go on PATH or /usr/local/go/bin/go) and the Go module proxy. Full log: {log}\n{tail}"
-        )
-
-
-@functools.cache
-def tool_path(name: str, build: bool = True) -> Path:
-    """Absolute path of a test binary (``etcd``, ``kube-apiserver``, ``kubectl``, ``helm``, ...).
-
-    The location comes from the build script itself, so versions and the cache
-    layout live in one place (tools/versions.env, tools/build-binaries.sh).
-    With ``build`` (the default) a missing binary is built first.
-    """
-    if build:
-        ensure_tools([name])
-    out = subprocess.run(
-        ["bash", str(BUILD_SCRIPT), "--print-path", name], check=True, capture_output=True, text=True
-    ).stdout.strip()
-    path = Path(out)
-    if not os.access(path, os.X_OK):
-        raise ToolBuildError(f"{name} is not built at {path}; run {BUILD_SCRIPT} {name}")
-    return path
-
-
-def free_port() -> int:
-    """A loopback TCP port that is free right now (the kernel picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _openssl(*args: str) -> None:
-    res = subprocess.run(["openssl", *args], capture_output=True, text=True)
-    if res.returncode != 0:
-        raise ClusterStartError(f"openssl {' '.join(args)} failed:\n{res.stderr}")
-
-
-# One openssl config for all certificates; each [section] is a profile of
-# X.509v3 extensions. Explicit sections keep the result independent of the
-# system's openssl.cnf (e.g. a serving cert must not come out as a CA).
-_OPENSSL_CNF = """\
-[req]
-distinguished_name = dn
-prompt = no
-[dn]
-CN = unused
-[ca]
-basicConstraints = critical, CA:TRUE
-keyUsage = critical, keyCertSign, cRLSign, digitalSignature
-subjectKeyIdentifier = hash
-[server]
-basicConstraints = critical, CA:FALSE
-keyUsage = critical, digitalSignature, keyEncipherment
-extendedKeyUsage = serverAuth
-subjectAltName = IP:127.0.0.1, DNS:localhost
-[client]
-basicConstraints = critical, CA:FALSE
-keyUsage = critical, digitalSignature, keyEncipherment
-extendedKeyUsage = clientAuth
-"""
-
-
-def generate_pki(d: Path) -> None:
-    """Write ca.crt, server.{crt,key}, admin.{crt,key} and sa.{key,pub} into ``d``.
-
-    EC P-256 keys for TLS (fast to generate); an RSA key for service-account
-    tokens (RS256, what every token consumer supports).
-    """
-    d.mkdir(parents=True, exist_ok=True)
-    cnf = d / "openssl.cnf"
-    cnf.write_text(_OPENSSL_CNF)
-    ec = ["-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256"]
-    ca_key, ca_crt = str(d / "ca.key"), str(d / "ca.crt")
-    # fmt: off
-    _openssl("genpkey", *ec, "-out", ca_key)
-    _openssl("req", "-x509", "-new", "-config", str(cnf), "-extensions", "ca", "-key", ca_key,
-             "-subj", "/CN=fsdp-test-ca", "-days", "3650", "-out", ca_crt)
-    # The admin cert's O=system:masters is the group RBAC lets do anything.
-    for name, subj, profile in (("server", "/CN=kube-apiserver", "server"),
-                                ("admin", "/O=system:masters/CN=fsdp-test-admin", "client")):
-        key, csr, crt = (str(d / f"{name}.{ext}") for ext in ("key", "csr", "crt"))
-        _openssl("genpkey", *ec, "-out", key)
-        _openssl("req", "-new", "-config", str(cnf), "-key", key, "-subj", subj, "-out", csr)
-        _openssl("x509", "-req", "-in", csr, "-CA", ca_crt, "-CAkey", ca_key, "-CAcreateserial", "-days", "3650",
-                 "-extfile", str(cnf), "-extensions", profile, "-out", crt)
-    # fmt: on
-    _openssl("genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", str(d / "sa.key"))
-    _openssl("pkey", "-in", str(d / "sa.key"), "-pubout", "-out", str(d / "sa.pub"))
-
-
-def _b64(path: Path) -> str:
-    return base64.b64encode(path.read_bytes()).decode()
-
-
-def _tail(path: Path, lines: int = 60) -> str:
+def tail(path: Path, lines: int = 60) -> str:
+    """The last ``lines`` of a log file (or a note that it does not exist)."""
     if not path.exists():
         return f"({path} does not exist)"
     return "".join(path.read_text(errors="replace").splitlines(keepends=True)[-lines:])
@@ -214,8 +96,8 @@ class TestCluster:
         lap("tools")
         generate_pki(self.pki)
         admin = {
-            "client-certificate-data": _b64(self.pki / "admin.crt"),
-            "client-key-data": _b64(self.pki / "admin.key"),
+            "client-certificate-data": b64(self.pki / "admin.crt"),
+            "client-key-data": b64(self.pki / "admin.key"),
         }
         self.write_kubeconfig(self.kubeconfig, admin)
         lap("pki")
@@ -377,7 +259,7 @@ class TestCluster:
         """The last ``lines`` of the etcd/kube-apiserver logs (both when ``name`` is None)."""
         names = [name] if name else ["etcd", "kube-apiserver"]
         return "\n".join(
-            f"----- {n}.log (last {lines} lines) -----\n{_tail(self.workdir / f'{n}.log', lines)}" for n in names
+            f"----- {n}.log (last {lines} lines) -----\n{tail(self.workdir / f'{n}.log', lines)}" for n in names
         )
 
     # ------------------------------------------------------------------ kubectl
@@ -486,7 +368,7 @@ class TestCluster:
             "clusters": [
                 {
                     "name": "test",
-                    "cluster": {"server": self.server, "certificate-authority-data": _b64(self.pki / "ca.crt")},
+                    "cluster": {"server": self.server, "certificate-authority-data": b64(self.pki / "ca.crt")},
                 }
             ],
             "users": [{"name": user, "user": dict(user_auth)}],

@@ -1,4 +1,4 @@
-"""A real, throwaway Prometheus server for tests (Debian's ``prometheus`` binary).
+"""A real, throwaway Prometheus server (Debian's ``prometheus`` binary), for tests and the local cluster.
 
 It scrapes the static targets you give it every second and answers PromQL over
 its HTTP API, so a test can check what a dashboard or an alert would see::
@@ -33,7 +33,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -45,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from fsdp_api.launch import free_port
 
 Rows = list[dict[str, Any]]
 
@@ -54,12 +54,6 @@ def prometheus_binary() -> str:
     if not path:
         raise FileNotFoundError("prometheus is not installed: run `make system-deps` (tools/install-system-deps.sh)")
     return path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class PrometheusServer:

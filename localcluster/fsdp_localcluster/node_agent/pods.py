@@ -1,9 +1,11 @@
-"""One pod of the test node agent: volumes, environment, processes, restarts, status, deletion.
+"""One pod of the node agent: volumes, environment, processes, restarts, status, deletion.
 
 ``PodWorker`` plays the kubelet's part for one pod (one thread per pod);
-``ContainerRun`` is one container's process and history. The helpers below
-are the translation rules between a container's view (mount paths, ``$(VAR)``,
-Service names) and this machine's.
+``ContainerRun`` is one container's process and history; ``PodContext`` is
+all a worker gets from its agent (the agent depends on this module, never
+the reverse). The helpers below are the translation rules between a
+container's view (mount paths, ``$(VAR)``, Service names, images) and this
+machine's.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import copy
+import fnmatch
 import json
 import logging
 import os
@@ -23,16 +26,12 @@ import threading
 import time
 import traceback
 import urllib.parse
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from tests.support.node_agent_client import ApiError, Obj, now
-from tests.support.node_agent_network import POD_IP_ENV
-
-if TYPE_CHECKING:
-    from tests.support.node_agent import NodeAgent
+from .client import ApiError, KubeAPI, Obj, now
+from .network import POD_IP_ENV, PodNetwork
 
 log = logging.getLogger("node-agent")
 
@@ -107,12 +106,68 @@ def container_pids(marker: str) -> list[int]:
     return pids
 
 
+def image_command(image_commands: Mapping[str, Sequence[str]], image: str) -> list[str] | None:
+    """The ENTRYPOINT standing in for ``image``: the first fnmatch pattern of ``image_commands`` it matches."""
+    for pattern, entry in image_commands.items():
+        if fnmatch.fnmatch(image, pattern):
+            return list(entry)
+    return None
+
+
+def resolve_executable(name: str, path: str) -> str:
+    """The container's executable on this machine: this venv's copy when it has one."""
+    base = os.path.basename(name)
+    if (VENV_BIN / base).exists() and (base.startswith("python") or "/" not in name or not Path(name).exists()):
+        return str(VENV_BIN / base)
+    if "/" in name:
+        return name
+    return shutil.which(name, path=path) or name
+
+
 class NotReady(Exception):
     """A pod or container cannot start yet (missing ConfigMap, unbound claim...); retried."""
 
     def __init__(self, message: str, reason: str = "ContainerCreating") -> None:
         super().__init__(message)
         self.reason = reason
+
+
+def claim_path(api: KubeAPI, namespace: str, claim: str) -> Path:
+    """The local folder behind a PersistentVolumeClaim (raises NotReady while unbound)."""
+    pvc = api.get_or_none(f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/{claim}")
+    if pvc is None:
+        raise NotReady(f'persistentvolumeclaim "{claim}" not found')
+    volume = (pvc.get("spec") or {}).get("volumeName")
+    if not volume or (pvc.get("status") or {}).get("phase") != "Bound":
+        raise NotReady(f'persistentvolumeclaim "{claim}" is not bound')
+    pv = api.get(f"/api/v1/persistentvolumes/{volume}")
+    source = pv["spec"].get("hostPath") or pv["spec"].get("local")
+    if source is None:
+        raise NotReady(f"persistentvolume {volume}: only hostPath and local volumes can be mounted here")
+    path = Path(source["path"])
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@dataclass(frozen=True)
+class PodContext:
+    """What a PodWorker needs from its node agent, and nothing else."""
+
+    api: KubeAPI
+    network: PodNetwork
+    pods_dir: Path  # each pod's folder goes under it
+    agent_id: str  # makes container markers unique per agent
+    node_ip: str
+    node_capacity: Mapping[str, Mapping[str, str]]  # node name -> capacity (resourceFieldRef defaults)
+    shim_dir: Path  # first on PATH: the nslookup shim
+    site_dir: Path  # on PYTHONPATH: the sitecustomize shim
+    extra_env: Mapping[str, str]
+    image_commands: Mapping[str, Sequence[str]]
+    restart_backoff: tuple[float, float]  # (first, max) seconds between container restarts
+    max_grace: float  # cap on termination grace periods, in seconds
+    stopping: threading.Event  # the agent is shutting down
+    refresh_dns: Callable[[], None]  # rebuild the DNS table from the cluster now
+    pod_names: Callable[[str], list[str]]  # live pods of a namespace (any node)
 
 
 @dataclass
@@ -229,19 +284,19 @@ class ContainerRun:
 class PodWorker(threading.Thread):
     """Runs one pod: volumes, init containers, containers, restarts, status, deletion."""
 
-    def __init__(self, agent: NodeAgent, pod: Obj) -> None:
+    def __init__(self, ctx: PodContext, pod: Obj) -> None:
         meta = pod["metadata"]
         super().__init__(name=f"pod-{meta['namespace']}/{meta['name']}", daemon=True)
-        self.agent = agent
+        self.ctx = ctx
         self.pod = pod
         self.namespace, self.pod_name, self.uid = meta["namespace"], meta["name"], meta["uid"]
-        self.dir = agent.workdir / "pods" / f"{self.namespace}_{self.pod_name}_{self.uid[:8]}"
-        self.ip = agent.network.ip_for(self.namespace, self.pod_name)
+        self.dir = ctx.pods_dir / f"{self.namespace}_{self.pod_name}_{self.uid[:8]}"
+        self.ip = ctx.network.ip_for(self.namespace, self.pod_name)
         self.gone = False
         self._wake = threading.Event()
         self._lock = threading.Lock()
         spec = pod["spec"]
-        marker = f"{agent.id}/{self.uid}"
+        marker = f"{ctx.agent_id}/{self.uid}"
         self.init_containers = [
             ContainerRun(c, True, self.dir / "logs", marker) for c in spec.get("initContainers", [])
         ]
@@ -272,7 +327,7 @@ class PodWorker(threading.Thread):
         return self.gone or bool(self.pod["metadata"].get("deletionTimestamp"))
 
     def run(self) -> None:
-        while not self.deleting and not self.agent.stopping.is_set():
+        while not self.deleting and not self.ctx.stopping.is_set():
             try:
                 self._step()
                 self._publish()
@@ -284,7 +339,7 @@ class PodWorker(threading.Thread):
         try:
             self._terminate()
         finally:
-            self._kill_all()
+            self.kill_all()
 
     def _step(self) -> None:
         if self.terminal:
@@ -324,7 +379,7 @@ class PodWorker(threading.Thread):
             log.info("pod %s/%s container %s exited %s", self.namespace, self.pod_name, c.name, term["exitCode"])
             if restart_policy == "Always" or (restart_policy == "OnFailure" and term["exitCode"] != 0):
                 # A short, capped exponential back-off (the kubelet's starts at 10 s).
-                delay = min(self.agent.restart_backoff[1], self.agent.restart_backoff[0] * 2 ** min(c.restart_count, 6))
+                delay = min(self.ctx.restart_backoff[1], self.ctx.restart_backoff[0] * 2 ** min(c.restart_count, 6))
                 c.next_start = time.monotonic() + delay
                 c.last_terminated, c.terminated = term, None
                 c.waiting = ("CrashLoopBackOff", f"back-off {delay:.0f}s restarting failed container={c.name}")
@@ -356,20 +411,20 @@ class PodWorker(threading.Thread):
     def _terminate(self) -> None:
         """Graceful stop: SIGTERM the main processes, wait the grace period, SIGKILL, remove the pod."""
         grace = self.pod["metadata"].get("deletionGracePeriodSeconds")
-        grace = self.agent.max_grace if grace is None else min(float(grace), self.agent.max_grace)
+        grace = self.ctx.max_grace if grace is None else min(float(grace), self.ctx.max_grace)
         live = [c for c in self.init_containers + self.containers if c.running]
         for c in live:
             c.signal_main(signal.SIGTERM)
         deadline = time.monotonic() + grace
         while any(c.running for c in live) and time.monotonic() < deadline:
             time.sleep(0.1)
-        self._kill_all()
+        self.kill_all()
         for c in live:
             c.reap()
         for path in (self.volumes or {}).values():
             if path.is_relative_to(self.dir / "volumes"):  # emptyDirs and projections, not claims
                 shutil.rmtree(path, ignore_errors=True)
-        if not self.gone and not self.agent.stopping.is_set():
+        if not self.gone and not self.ctx.stopping.is_set():
             # The kubelet's last word: remove the object now that nothing runs.
             body = {
                 "kind": "DeleteOptions",
@@ -378,10 +433,10 @@ class PodWorker(threading.Thread):
                 "preconditions": {"uid": self.uid},
             }
             with contextlib.suppress(ApiError):
-                self.agent.api.request("DELETE", f"/api/v1/namespaces/{self.namespace}/pods/{self.pod_name}", body)
+                self.ctx.api.request("DELETE", f"/api/v1/namespaces/{self.namespace}/pods/{self.pod_name}", body)
         log.info("pod %s/%s terminated", self.namespace, self.pod_name)
 
-    def _kill_all(self) -> None:
+    def kill_all(self) -> None:
         for c in self.init_containers + self.containers:
             c.kill_all()
 
@@ -411,7 +466,7 @@ class PodWorker(threading.Thread):
                 path.mkdir(parents=True, exist_ok=True)
             elif "persistentVolumeClaim" in v:
                 claim = v["persistentVolumeClaim"]["claimName"]
-                path = self.agent.claim_path(ns, claim)
+                path = claim_path(self.ctx.api, ns, claim)
             elif "hostPath" in v:
                 path = Path(v["hostPath"]["path"])
                 if v["hostPath"].get("type") in ("DirectoryOrCreate", None, ""):
@@ -447,7 +502,7 @@ class PodWorker(threading.Thread):
             files: dict[str, bytes] = {}
             if "configMap" in src:
                 ref = src["configMap"]
-                cm = self.agent.api.get_or_none(f"/api/v1/namespaces/{self.namespace}/configmaps/{ref['name']}")
+                cm = self.ctx.api.get_or_none(f"/api/v1/namespaces/{self.namespace}/configmaps/{ref['name']}")
                 if cm is None:
                     if ref.get("optional"):
                         continue
@@ -458,7 +513,7 @@ class PodWorker(threading.Thread):
             elif "secret" in src:
                 ref = src["secret"]
                 sname = ref.get("secretName") or ref.get("name")
-                sec = self.agent.api.get_or_none(f"/api/v1/namespaces/{self.namespace}/secrets/{sname}")
+                sec = self.ctx.api.get_or_none(f"/api/v1/namespaces/{self.namespace}/secrets/{sname}")
                 if sec is None:
                     if ref.get("optional"):
                         continue
@@ -508,9 +563,7 @@ class PodWorker(threading.Thread):
             },
         }
         try:
-            out = self.agent.api.request(
-                "POST", f"/api/v1/namespaces/{self.namespace}/serviceaccounts/{sa}/token", body
-            )
+            out = self.ctx.api.request("POST", f"/api/v1/namespaces/{self.namespace}/serviceaccounts/{sa}/token", body)
         except ApiError as e:
             raise NotReady(f"cannot get a token for serviceaccount {self.namespace}/{sa}: {e}") from e
         return str(out["status"]["token"])
@@ -518,7 +571,7 @@ class PodWorker(threading.Thread):
     def _write_service_account(self, d: Path) -> None:
         token = self._token(expiration=24 * 3600)
         (d / "token").write_text(token)
-        (d / "ca.crt").write_bytes(self.agent.api.ca_file.read_bytes())
+        (d / "ca.crt").write_bytes(self.ctx.api.ca_file.read_bytes())
         (d / "namespace").write_text(self.namespace)
         config = {
             "apiVersion": "v1",
@@ -527,7 +580,7 @@ class PodWorker(threading.Thread):
             "clusters": [
                 {
                     "name": "in-cluster",
-                    "cluster": {"server": self.agent.api.server, "certificate-authority": str(d / "ca.crt")},
+                    "cluster": {"server": self.ctx.api.server, "certificate-authority": str(d / "ca.crt")},
                 }
             ],
             # Inline, not tokenFile: minimal kubeconfig readers (kopf's) only take a literal token.
@@ -551,8 +604,8 @@ class PodWorker(threading.Thread):
             "metadata.uid": meta["uid"],
             "spec.nodeName": pod["spec"].get("nodeName", ""),
             "spec.serviceAccountName": pod["spec"].get("serviceAccountName", "default"),
-            "status.hostIP": self.agent.node_ip,
-            "status.hostIPs": self.agent.node_ip,
+            "status.hostIP": self.ctx.node_ip,
+            "status.hostIPs": self.ctx.node_ip,
             "status.podIP": self.ip,
             "status.podIPs": self.ip,
         }
@@ -567,12 +620,12 @@ class PodWorker(threading.Thread):
         kind, _, name = res.partition(".")
         value = ((c.get("resources") or {}).get(kind) or {}).get(name)
         if value is None:  # unset limits default to the node's allocatable
-            value = self.agent.nodes[self.pod["spec"]["nodeName"]].capacity.get(name, "0")
+            value = self.ctx.node_capacity[self.pod["spec"]["nodeName"]].get(name, "0")
         divisor = parse_quantity(str(ref.get("divisor", "1")))
         return str(int(-(-parse_quantity(str(value)) // divisor)))
 
     def _lookup(self, kind: str, ref: Obj) -> str | None:
-        obj = self.agent.api.get_or_none(f"/api/v1/namespaces/{self.namespace}/{kind}/{ref['name']}")
+        obj = self.ctx.api.get_or_none(f"/api/v1/namespaces/{self.namespace}/{kind}/{ref['name']}")
         data = (obj or {}).get("data") or {}
         if ref["key"] not in data:
             if ref.get("optional"):
@@ -585,10 +638,10 @@ class PodWorker(threading.Thread):
         """The container's environment: as the container sees it (for ``$(VAR)``), and as run here."""
         home = self.dir / "home"
         home.mkdir(parents=True, exist_ok=True)
-        api = urllib.parse.urlsplit(self.agent.api.server)
+        api = urllib.parse.urlsplit(self.ctx.api.server)
         # What the image and the kubelet would provide, before the pod's own variables.
         env: dict[str, str] = {
-            "PATH": f"{self.agent.shim_dir}:{VENV_BIN}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "PATH": f"{self.ctx.shim_dir}:{VENV_BIN}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
             "HOME": str(home),
             "LANG": os.environ.get("LANG", "C.UTF-8"),
             "HOSTNAME": self.pod_name,
@@ -599,13 +652,13 @@ class PodWorker(threading.Thread):
             "GLOO_SOCKET_IFNAME": "lo",
             # This machine reaches package registries only.
             "HF_HUB_OFFLINE": "1",
-            **self.agent.extra_env,
+            **self.ctx.extra_env,
         }
         base = dict(env)
         for src in c.get("envFrom", []):
             prefix = src.get("prefix", "")
             kind, ref = ("configmaps", src["configMapRef"]) if "configMapRef" in src else ("secrets", src["secretRef"])
-            obj = self.agent.api.get_or_none(f"/api/v1/namespaces/{self.namespace}/{kind}/{ref['name']}")
+            obj = self.ctx.api.get_or_none(f"/api/v1/namespaces/{self.namespace}/{kind}/{ref['name']}")
             if obj is None and not ref.get("optional"):
                 raise NotReady(f'{kind[:-1]} "{ref["name"]}" not found')
             for k, v in ((obj or {}).get("data") or {}).items():
@@ -637,21 +690,21 @@ class PodWorker(threading.Thread):
                 env.setdefault("TMPDIR", str(local))
         if self.sa_dir is not None:
             env.setdefault("KUBECONFIG", str(self.sa_dir / "kubeconfig"))
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(self.agent.site_dir), env.get("PYTHONPATH", "")) if p)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(self.ctx.site_dir), env.get("PYTHONPATH", "")) if p)
         env[POD_IP_ENV] = self.ip
         return raw, env
 
     def _localize(self, text: str, mounts: Sequence[tuple[str, Path]]) -> str:
-        return rewrite_paths(self.agent.network.rewrite(text, self.namespace), mounts)
+        return rewrite_paths(self.ctx.network.rewrite(text, self.namespace), mounts)
 
     def _command(self, run: ContainerRun) -> tuple[list[str], dict[str, str], Path]:
         c = run.spec
-        self.agent.refresh_dns()  # the peers' addresses as of now, not as of the last tick
+        self.ctx.refresh_dns()  # the peers' addresses as of now, not as of the last tick
         mounts = self._mounts(c)
         raw_env, env = self._env(c, mounts)
         command, args = c.get("command"), c.get("args")
         if not command:
-            entry = self.agent.image_command(c.get("image", ""))
+            entry = image_command(self.ctx.image_commands, c.get("image", ""))
             if entry is None:
                 raise NotReady(
                     f"image {c.get('image')!r} has no command and no entry in the agent's image_commands",
@@ -663,7 +716,7 @@ class PodWorker(threading.Thread):
         literals = [raw_env[e["name"]] for e in c.get("env", []) if "value" in e and e["name"] in raw_env]
         self._await_peer_names(run, [*raw_argv, *literals])
         argv = [self._localize(a, mounts) for a in raw_argv]
-        argv[0] = self.agent.resolve_executable(argv[0], env["PATH"])
+        argv[0] = resolve_executable(argv[0], env["PATH"])
         cwd = self.dir / "root"
         if c.get("workingDir"):
             mapped = Path(rewrite_paths(c["workingDir"], mounts))
@@ -679,10 +732,10 @@ class PodWorker(threading.Thread):
         retries would then succeed; here names are resolved once, when the
         process starts, so the start waits (at most DNS_WAIT_SECONDS) instead.
         """
-        known = self.agent.network.names_for(self.namespace)
+        known = self.ctx.network.names_for(self.namespace)
         pending = [
             n
-            for n in self.agent.pod_names(self.namespace)
+            for n in self.ctx.pod_names(self.namespace)
             if n not in known and any(re.search(rf"(?<![\w.-]){re.escape(n)}(?![\w-])", t) for t in texts)
         ]
         if not pending:
@@ -723,8 +776,8 @@ class PodWorker(threading.Thread):
         status: Obj = {
             "phase": self.phase,
             "conditions": list(self.conditions.values()),
-            "hostIP": self.agent.node_ip,
-            "hostIPs": [{"ip": self.agent.node_ip}],
+            "hostIP": self.ctx.node_ip,
+            "hostIPs": [{"ip": self.ctx.node_ip}],
             "podIP": self.ip,
             "podIPs": [{"ip": self.ip}],
             "startTime": self.started,
@@ -739,7 +792,7 @@ class PodWorker(threading.Thread):
         if status == self._published:
             return
         try:
-            self.agent.api.merge_patch(
+            self.ctx.api.merge_patch(
                 f"/api/v1/namespaces/{self.namespace}/pods/{self.pod_name}/status",
                 {"metadata": {"uid": self.uid}, "status": status},
             )

@@ -1,4 +1,4 @@
-"""A minimal, dependency-free Kubernetes API client: what the test node agent needs.
+"""A minimal, dependency-free Kubernetes API client: what the node agent needs.
 
 Authenticates from a kubeconfig (client certificate or bearer token), keeps
 one keep-alive connection per thread, and streams watches.

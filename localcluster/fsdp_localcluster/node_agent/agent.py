@@ -1,4 +1,4 @@
-"""A local node agent: the kubelet of the test cluster, running pods as local processes.
+"""A local node agent: the kubelet of the local cluster, running pods as local processes.
 
 It registers Node objects shaped like Karpenter-provisioned EC2 nodes (GPU and
 EFA capacity, NodePool / instance-type / capacity-type labels, the GPU taint),
@@ -43,15 +43,13 @@ touch the command line and environment (documented in docs/e2e.md):
   are not enforced; probes are not run (a running container is ready).
 
 This module registers the nodes and dispatches pods; the rest lives next to it:
-``node_agent_pods.py`` (one pod's lifecycle), ``node_agent_network.py`` (pod
-IPs, DNS, the Python shim), ``node_agent_client.py`` (the API client).
-docs/e2e.md describes the whole.
+``pods.py`` (one pod's lifecycle), ``network.py`` (pod IPs, DNS, the Python
+shim), ``client.py`` (the API client). docs/e2e.md describes the whole.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fnmatch
 import logging
 import os
 import platform
@@ -70,33 +68,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from tests.support.node_agent_client import ApiError, KubeAPI, Obj, now, now_micro
-from tests.support.node_agent_network import NSLOOKUP, POD_IP_ENV, SITECUSTOMIZE, PodNetwork
-from tests.support.node_agent_pods import (
-    CONTAINER_MARKER,
-    VENV_BIN,
-    NotReady,
-    PodWorker,
-    container_pids,
-    expand,
-    parse_quantity,
-    rewrite_paths,
-)
-
-# What tests import from here (the agent's public surface).
-__all__ = [
-    "CONTAINER_MARKER",
-    "POD_IP_ENV",
-    "SITECUSTOMIZE",
-    "NodeAgent",
-    "NodeSpec",
-    "PodNetwork",
-    "container_pids",
-    "expand",
-    "karpenter_node",
-    "parse_quantity",
-    "rewrite_paths",
-]
+from .client import ApiError, KubeAPI, Obj, now, now_micro
+from .network import NSLOOKUP, SITECUSTOMIZE, PodNetwork
+from .pods import PodContext, PodWorker, claim_path, container_pids
 
 log = logging.getLogger("node-agent")
 
@@ -195,7 +169,7 @@ class _KubeletHandler(BaseHTTPRequestHandler):
             self._reply(200, b"ok")
             return
         if len(parts) != 4 or parts[0] != "containerLogs":
-            self._reply(404, f"{url.path}: not served by the test node agent (only logs are)\n".encode())
+            self._reply(404, f"{url.path}: not served by the node agent (only logs are)\n".encode())
             return
         worker = self.agent.find_worker(parts[1], parts[2])
         try:
@@ -292,6 +266,23 @@ class NodeAgent:
         self.kubelet_port = 0
         self._started = now()
         self._version = ""
+        self._pod_context = PodContext(
+            api=self.api,
+            network=self.network,
+            pods_dir=self.workdir / "pods",
+            agent_id=self.id,
+            node_ip=self.node_ip,
+            node_capacity={n.name: n.capacity for n in self.nodes.values()},
+            shim_dir=self.shim_dir,
+            site_dir=self.site_dir,
+            extra_env=self.extra_env,
+            image_commands=self.image_commands,
+            restart_backoff=self.restart_backoff,
+            max_grace=self.max_grace,
+            stopping=self.stopping,
+            refresh_dns=self.refresh_dns,
+            pod_names=self.pod_names,
+        )
 
     # --- lifecycle ------------------------------------------------------------------
 
@@ -329,7 +320,7 @@ class NodeAgent:
         while any(c.running for w in workers for c in w.containers) and time.monotonic() < deadline:
             time.sleep(0.1)
         for w in workers:
-            w._kill_all()
+            w.kill_all()
         self.api.close_watches()
         if self._server is not None:
             self._server.shutdown()
@@ -523,7 +514,7 @@ class NodeAgent:
             if finished and not pod["metadata"].get("deletionTimestamp"):
                 return  # done before this agent started: nothing to run or to clean up
             # (A pod that is already being deleted gets a worker that only removes it.)
-            worker = self.workers[uid] = PodWorker(self, pod)
+            worker = self.workers[uid] = PodWorker(self._pod_context, pod)
             worker.start()
 
     def _on_delete(self, pod: Obj) -> None:
@@ -563,19 +554,7 @@ class NodeAgent:
 
     def claim_path(self, namespace: str, claim: str) -> Path:
         """The local folder behind a PersistentVolumeClaim (raises NotReady while unbound)."""
-        pvc = self.api.get_or_none(f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/{claim}")
-        if pvc is None:
-            raise NotReady(f'persistentvolumeclaim "{claim}" not found')
-        volume = (pvc.get("spec") or {}).get("volumeName")
-        if not volume or (pvc.get("status") or {}).get("phase") != "Bound":
-            raise NotReady(f'persistentvolumeclaim "{claim}" is not bound')
-        pv = self.api.get(f"/api/v1/persistentvolumes/{volume}")
-        source = pv["spec"].get("hostPath") or pv["spec"].get("local")
-        if source is None:
-            raise NotReady(f"persistentvolume {volume}: only hostPath and local volumes can be mounted here")
-        path = Path(source["path"])
-        path.mkdir(parents=True, exist_ok=True)
-        return path
+        return claim_path(self.api, namespace, claim)
 
     def _provision_claims(self) -> None:
         """A hostPath PersistentVolume, pre-bound, for each pending claim that has none."""
@@ -613,24 +592,6 @@ class NodeAgent:
             except ApiError as e:
                 if e.status != 409:
                     raise
-
-    # --- executables --------------------------------------------------------------------
-
-    def image_command(self, image: str) -> list[str] | None:
-        for pattern, entry in self.image_commands.items():
-            if fnmatch.fnmatch(image, pattern):
-                return list(entry)
-        return None
-
-    @staticmethod
-    def resolve_executable(name: str, path: str) -> str:
-        """The container's executable on this machine: this venv's copy when it has one."""
-        base = os.path.basename(name)
-        if (VENV_BIN / base).exists() and (base.startswith("python") or "/" not in name or not Path(name).exists()):
-            return str(VENV_BIN / base)
-        if "/" in name:
-            return name
-        return shutil.which(name, path=path) or name
 
     # --- inspection (tests, demo) -----------------------------------------------------
 

@@ -1,6 +1,6 @@
 """The rest of a control plane around a TestCluster: scheduler, controller-manager, training operator.
 
-A TestCluster (``tests/support/cluster.py``) stores and validates objects but
+A TestCluster (``apiserver.py``) stores and validates objects but
 nothing acts on them. ControlPlane adds, as child processes on loopback, built
 from Go modules like the API server (``tools/build-binaries.sh``):
 
@@ -21,7 +21,7 @@ controller-manager with client certificates for ``system:kube-scheduler`` and
 creates), the controllers of the controller-manager with their own
 ServiceAccounts, the training operator with a ServiceAccount token.
 
-Nothing here runs pods: that is the node agent's job (``node_agent.py``).
+Nothing here runs pods: that is the node agent's job (``node_agent/``).
 
 Typical use::
 
@@ -32,9 +32,7 @@ Typical use::
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import signal
 import ssl
 import subprocess
@@ -47,17 +45,11 @@ from pathlib import Path
 from typing import IO
 
 import yaml
+from fsdp_api.launch import free_port
 
-from tests.support.cluster import (
-    BUILD_SCRIPT,
-    TestCluster,
-    _b64,
-    _openssl,
-    _tail,
-    ensure_tools,
-    free_port,
-    tool_path,
-)
+from .apiserver import TestCluster, tail
+from .binaries import ensure_tools, tool_path, training_operator_source
+from .pki import b64, ec_key, openssl, rsa_pkcs1_key, sign
 
 SCHEDULER = "kube-scheduler"
 CONTROLLER_MANAGER = "kube-controller-manager"
@@ -105,60 +97,6 @@ subjectAltName = DNS:{dns_name}, IP:127.0.0.1
 
 class ComponentError(RuntimeError):
     """A control-plane component exited or did not become healthy; carries its log tail."""
-
-
-def _ec_key(path: Path) -> None:
-    _openssl("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", str(path))
-
-
-def _rsa_pkcs1_key(path: Path) -> None:
-    # The training operator's cert rotator parses its CA key as PKCS#1 RSA only.
-    _openssl("genrsa", "-traditional", "-out", str(path), "2048")
-
-
-def _sign(cnf: Path, key: Path, subject: str, profile: str, ca_crt: Path, ca_key: Path, out: Path) -> None:
-    csr = out.with_suffix(".csr")
-    _openssl("req", "-new", "-config", str(cnf), "-key", str(key), "-subj", subject, "-out", str(csr))
-    _openssl(
-        "x509",
-        "-req",
-        "-in",
-        str(csr),
-        "-CA",
-        str(ca_crt),
-        "-CAkey",
-        str(ca_key),
-        "-CAcreateserial",
-        "-days",
-        "3650",
-        "-extfile",
-        str(cnf),
-        "-extensions",
-        profile,
-        "-out",
-        str(out),
-    )
-
-
-def training_operator_source() -> Path:
-    """The training operator's module source at the pinned version (for its upstream manifests).
-
-    Resolved from the build's throwaway module, so it is the version that was
-    built; ``go mod download`` is a no-op when the module cache has it.
-    """
-    binary = subprocess.run(
-        ["bash", str(BUILD_SCRIPT), "--print-path", TRAINING_OPERATOR], check=True, capture_output=True, text=True
-    ).stdout.strip()
-    go = os.environ.get("GO") or shutil.which("go") or "/usr/local/go/bin/go"
-    out = subprocess.run(
-        [go, "mod", "download", "-json", "github.com/kubeflow/training-operator"],
-        cwd=Path(binary).parent.parent / "src",
-        env={**os.environ, "GOFLAGS": "-mod=mod", "GOWORK": "off"},
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return Path(json.loads(out.stdout)["Dir"])
 
 
 @dataclass
@@ -276,14 +214,8 @@ class ControlPlane:
     def logs(self, name: str | None = None, lines: int = 40) -> str:
         names = [name] if name else list(self.components)
         return "\n".join(
-            f"----- {n}.log (last {lines} lines) -----\n{_tail(self.dir / f'{n}.log', lines)}" for n in names
+            f"----- {n}.log (last {lines} lines) -----\n{tail(self.dir / f'{n}.log', lines)}" for n in names
         )
-
-    def check_running(self) -> None:
-        """Raise ComponentError if a component died on its own."""
-        for comp in self.components.values():
-            if comp.proc is not None and comp.proc.poll() is not None:
-                raise ComponentError(f"{comp.name} exited with {comp.proc.returncode}\n{self.logs(comp.name)}")
 
     def _wait_healthy(self, comp: Component, timeout: float) -> None:
         # Their serving certs are self-signed (scheduler, controller-manager) and
@@ -315,12 +247,12 @@ class ControlPlane:
         """A kubeconfig with a client certificate for ``subject``, signed by the cluster CA."""
         key, crt = self.pki / f"{name}.key", self.pki / f"{name}.crt"
         if not crt.exists():
-            _ec_key(key)
+            ec_key(key)
             cpki = self.cluster.pki
-            _sign(self.pki / "openssl.cnf", key, subject, "client", cpki / "ca.crt", cpki / "ca.key", crt)
+            sign(self.pki / "openssl.cnf", key, subject, "client", cpki / "ca.crt", cpki / "ca.key", crt)
         path = self.dir / f"{name}.kubeconfig"
         self.cluster.write_kubeconfig(
-            path, {"client-certificate-data": _b64(crt), "client-key-data": _b64(key)}, user=name
+            path, {"client-certificate-data": b64(crt), "client-key-data": b64(key)}, user=name
         )
         return path
 
@@ -425,8 +357,8 @@ class ControlPlane:
         """
         p, cnf = self.pki, self.pki / "openssl.cnf"
         if not (p / "webhook-tls.crt").exists():
-            _rsa_pkcs1_key(p / "webhook-ca.key")
-            _openssl(
+            rsa_pkcs1_key(p / "webhook-ca.key")
+            openssl(
                 "req",
                 "-x509",
                 "-new",
@@ -443,8 +375,8 @@ class ControlPlane:
                 "-out",
                 str(p / "webhook-ca.crt"),
             )
-            _rsa_pkcs1_key(p / "webhook-tls.key")
-            _sign(
+            rsa_pkcs1_key(p / "webhook-tls.key")
+            sign(
                 cnf,
                 p / "webhook-tls.key",
                 f"/CN={WEBHOOK_DNS_NAME}",
@@ -464,7 +396,7 @@ class ControlPlane:
                 "apiVersion": "v1",
                 "kind": "Secret",
                 "metadata": {"name": WEBHOOK_SECRET, "namespace": OPERATOR_NAMESPACE},
-                "data": {k: _b64(p / v) for k, v in files.items()},
+                "data": {k: b64(p / v) for k, v in files.items()},
             }
         )
         # Only the PyTorchJob webhook of upstream's configuration: the others'
@@ -480,7 +412,7 @@ class ControlPlane:
                         "admissionReviewVersions": ["v1"],
                         "clientConfig": {
                             "url": f"https://127.0.0.1:{port}/validate-kubeflow-org-v1-pytorchjob",
-                            "caBundle": _b64(p / "webhook-ca.crt"),
+                            "caBundle": b64(p / "webhook-ca.crt"),
                         },
                         "failurePolicy": "Fail",
                         "sideEffects": "None",

@@ -1,4 +1,4 @@
-"""The pod network of the test node agent, on loopback: pod IPs, cluster DNS, and the Python shim.
+"""The pod network of the node agent, on loopback: pod IPs, cluster DNS, and the Python shim.
 
 Each pod gets its own 127/8 address. Service names resolve to the address of
 the pod the Service selects: the agent writes them into command lines and
@@ -15,7 +15,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from tests.support.node_agent_client import Obj
+from .client import Obj
 
 POD_IP_ENV = "NODE_AGENT_POD_IP"
 
@@ -97,7 +97,7 @@ class PodNetwork:
 
 # The pod network for Python processes (imported at start-up via PYTHONPATH).
 SITECUSTOMIZE = '''\
-"""Installed by the test node agent (tests/support/node_agent.py) for its pods' processes.
+"""Installed by the node agent (fsdp_localcluster/node_agent/network.py) for its pods' processes.
 
 What the pod's own network namespace would give a Python process, emulated on loopback.
 """
@@ -157,7 +157,7 @@ if _POD_IP:
 # ``nslookup NAME``: succeeds when the agent's DNS table resolves NAME.
 NSLOOKUP = """\
 #!/bin/sh
-# nslookup for pods of the test node agent: answers from its DNS table.
+# nslookup for pods of the node agent: answers from its DNS table.
 name="$1"
 # Names in the command line were already replaced by addresses (see PodNetwork.rewrite).
 case "$name" in *[!0-9.]*) ;; *) echo "Name: $name"; echo "Address: $name"; exit 0 ;; esac

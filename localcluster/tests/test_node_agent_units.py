@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.support.node_agent import (
+from fsdp_localcluster.node_agent import (
     POD_IP_ENV,
     SITECUSTOMIZE,
     PodNetwork,

@@ -1,0 +1,94 @@
+"""Where the local cluster's binaries and data come from: the repository, the build script, the shared dir.
+
+etcd, kube-apiserver, kubectl, helm, kube-scheduler, kube-controller-manager
+and the Kubeflow training operator are built from Go modules by
+``tools/build-binaries.sh`` (versions in ``tools/versions.env``; see
+``docs/test-cluster.md``) into a cache; ``tool_path`` finds (and builds) one.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+# The package is used from its checkout (an editable install): the repository
+# holds the build script, the kustomize bundle and the examples it needs.
+REPO_ROOT = Path(__file__).resolve().parents[2]
+BUILD_SCRIPT = REPO_ROOT / "tools" / "build-binaries.sh"
+# The binaries a TestCluster needs; helm is included so one build covers the suite.
+CLUSTER_TOOLS = ("etcd", "kube-apiserver", "kubectl", "helm")
+
+
+class ToolBuildError(RuntimeError):
+    """tools/build-binaries.sh failed; the message carries the tail of its output."""
+
+
+def shared_dir() -> Path:
+    """The project's shared data directory (third-party CRDs, seeds, ...)."""
+    return Path(os.environ.get("FSDP_SHARED_DIR", REPO_ROOT.parent / "shared"))
+
+
+def ensure_tools(names: Sequence[str] = CLUSTER_TOOLS) -> None:
+    """Build ``names`` if missing (a fast no-op when cached); raise ToolBuildError on failure.
+
+    All names go to one script run so that tools from the same Go module (for
+    example kube-apiserver and kubectl) are compiled by one ``go build``.
+    """
+    fd, name = tempfile.mkstemp(prefix="fsdp-build-binaries-", suffix=".log")
+    log = Path(name)
+    with os.fdopen(fd, "w") as out:
+        rc = subprocess.call(["bash", str(BUILD_SCRIPT), *names], stdout=out, stderr=subprocess.STDOUT)
+    if rc == 0:
+        log.unlink()
+    else:
+        tail = "".join(log.read_text(errors="replace").splitlines(keepends=True)[-40:])
+        raise ToolBuildError(
+            f"{BUILD_SCRIPT} {' '.join(names)} failed (exit {rc}); it needs the Go toolchain "
+            f"(go on PATH or /usr/local/go/bin/go) and the Go module proxy. Full log: {log}\n{tail}"
+        )
+
+
+@functools.cache
+def tool_path(name: str, build: bool = True) -> Path:
+    """Absolute path of a binary (``etcd``, ``kube-apiserver``, ``kubectl``, ``helm``, ...).
+
+    The location comes from the build script itself, so versions and the cache
+    layout live in one place (tools/versions.env, tools/build-binaries.sh).
+    With ``build`` (the default) a missing binary is built first.
+    """
+    if build:
+        ensure_tools([name])
+    out = subprocess.run(
+        ["bash", str(BUILD_SCRIPT), "--print-path", name], check=True, capture_output=True, text=True
+    ).stdout.strip()
+    path = Path(out)
+    if not os.access(path, os.X_OK):
+        raise ToolBuildError(f"{name} is not built at {path}; run {BUILD_SCRIPT} {name}")
+    return path
+
+
+def training_operator_source() -> Path:
+    """The training operator's module source at the pinned version (for its upstream manifests).
+
+    Resolved from the build's throwaway module, so it is the version that was
+    built; ``go mod download`` is a no-op when the module cache has it.
+    """
+    binary = subprocess.run(
+        ["bash", str(BUILD_SCRIPT), "--print-path", "training-operator"], check=True, capture_output=True, text=True
+    ).stdout.strip()
+    go = os.environ.get("GO") or shutil.which("go") or "/usr/local/go/bin/go"
+    out = subprocess.run(
+        [go, "mod", "download", "-json", "github.com/kubeflow/training-operator"],
+        cwd=Path(binary).parent.parent / "src",
+        env={**os.environ, "GOFLAGS": "-mod=mod", "GOWORK": "off"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return Path(json.loads(out.stdout)["Dir"])
