@@ -17,7 +17,9 @@ class ApiModel(BaseModel):
     validation), so a typo fails loudly instead of being pruned silently.
     """
 
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", validate_default=True)
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", validate_default=True, strict=True
+    )
     rules: ClassVar[tuple[Rule, ...]] = ()
 
     @model_validator(mode="after")

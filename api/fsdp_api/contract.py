@@ -56,6 +56,13 @@ CONFIG_PATH = f"{CONFIG_DIR}/{CONFIG_KEY}"
 # The root filesystem is read-only: caches go to an emptyDir on HOME.
 HOME_DIR = "/home/trainer"
 HF_HOME = f"{HOME_DIR}/.cache/huggingface"
+TMP_DIR = "/tmp"
+SHM_DIR = "/dev/shm"
+# Everything the trainer pod mounts besides the checkpoint volume: the
+# checkpoint directory may be none of these, nor a parent of one.
+POD_MOUNTS = (CONFIG_DIR, SHM_DIR, TMP_DIR, HOME_DIR)
+# torchrun's own default c10d port, so a job reads like the PyTorch docs.
+RDZV_PORT = 29400
 # A checkpoint directory counts only once this file exists in it (written last).
 CHECKPOINT_COMPLETE_MARKER = "COMPLETE"
 CHECKPOINT_DIR_PREFIX = "step-"

@@ -14,6 +14,7 @@ from typing import Any, TextIO
 import yaml
 from pydantic import ValidationError
 
+from . import kubeyaml
 from .contract import API_VERSION, KIND
 from .rules import format_errors
 from .spec import FSDPTraining
@@ -49,13 +50,15 @@ def read_documents(path: str) -> list[Document]:
     except UnicodeDecodeError as e:
         raise InputError(f"cannot read {source}: not UTF-8 text ({e.reason} at byte {e.start})") from e
     try:
-        bodies = list(yaml.safe_load_all(text))
+        bodies = list(kubeyaml.load_all(text))
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise InputError(f"{source}: invalid YAML{at}: {e.problem or e.context}") from e
     except yaml.YAMLError as e:
         raise InputError(f"{source}: invalid YAML: {e}") from e
+    except RecursionError:
+        raise InputError(f"{source}: invalid YAML: nested too deeply") from None
     docs = [Document(source, i, body) for i, body in enumerate(bodies, start=1) if body is not None]
     if not docs:
         raise InputError(f"{source}: no YAML documents")
@@ -78,9 +81,15 @@ def parse(doc: Document) -> tuple[FSDPTraining | None, list[str]]:
     """The validated FSDPTraining, or the ``path: message`` lines saying why not."""
     check_kind(doc)
     try:
-        return FSDPTraining.model_validate(doc.body), []
+        training = FSDPTraining.model_validate(doc.body)
     except ValidationError as e:
         return None, format_errors(e)
+    except RecursionError:
+        return None, ["nested too deeply to be an FSDPTraining"]
+    if not training.metadata.name and not training.metadata.generate_name:
+        # What the API server answers to a create without either.
+        return None, ["metadata.name: Required value: name or generateName is required"]
+    return training, []
 
 
 def load_trainings(path: str, out: TextIO) -> list[FSDPTraining] | None:

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
 from .base import ApiModel
-from .contract import API_VERSION, KIND
+from .contract import API_VERSION, KIND, POD_MOUNTS, RDZV_PORT
 from .presets import PRESETS, ModelDims, PresetName
 from .rules import Rule, TransitionRule, immutable
 
@@ -23,18 +23,30 @@ from .rules import Rule, TransitionRule, immutable
 MAX_NODES = 1000
 MAX_NAME_LENGTH = 63 - len("-worker-") - len(str(MAX_NODES - 1))
 
-# Kubernetes resource.Quantity, as the API server parses it.
+# Kubernetes resource.Quantity, as the API server parses it, without the
+# minus sign: no request or limit of ours can be negative.
 QUANTITY_PATTERN = (
-    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
+    r"^\+?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
     r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
 )
 DNS_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
-# Env var names that hold credentials must come from a Secret, never inline.
-SECRET_ENV_PATTERN = r"(?i)^(.*_)?(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|SECRET_KEY|CREDENTIALS?)$"
+# Env var names that look like credentials must come from a Secret, never
+# inline: any name with one of these words between underscores (WANDB_KEY,
+# DB_PASS, GH_PAT, AWS_SESSION_TOKEN, HF_TOKEN ...). A heuristic on the name
+# only: a credential under an innocent name is not caught (docs/renderer.md).
+SECRET_ENV_PATTERN = r"(?i)(^|_)(TOKEN|SECRET|PASSWORD|PASSWD|PASS|PWD|KEY|PAT|CREDENTIALS?|PRIVATE)(_|$)"
+# A reference with a tag (after the last "/") or a digest: an untagged image
+# means :latest, whatever is pushed under it next.
+IMAGE_PINNED_PATTERN = r"(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}|@[A-Za-z0-9_+.-]+:[0-9a-fA-F]{32,})$"
+# The longest image reference the API accepts (bounds the CEL rule's cost).
+MAX_IMAGE_LENGTH = 512
+# EC2 families whose instances have GPUs (p: NVIDIA training, g: NVIDIA graphics/inference).
+GPU_INSTANCE_PATTERN = r"^(p|g)[0-9]"
 
 Quantity = Annotated[
     int | str,
-    Field(json_schema_extra={"x-kubernetes-int-or-string": True, "pattern": QUANTITY_PATTERN}),
+    # pattern checks the strings, minimum the integers.
+    Field(json_schema_extra={"x-kubernetes-int-or-string": True, "pattern": QUANTITY_PATTERN, "minimum": 0}),
 ]
 
 
@@ -251,8 +263,12 @@ class ResourcesSpec(ApiModel):
     gpus_per_node: int = Field(
         8, ge=0, le=16, description="GPUs per node; one training process per GPU. 0 runs one CPU process per node."
     )
-    instance_types: list[Annotated[str, Field(min_length=1, description="An EC2 instance type.")]] = Field(
-        default_factory=list, description="Allowed EC2 instance types (e.g. p5.48xlarge); empty: any in the NodePool."
+    instance_types: list[Annotated[str, Field(min_length=1, max_length=64, description="An EC2 instance type.")]] = (
+        Field(
+            default_factory=list,
+            max_length=64,
+            description="Allowed EC2 instance types (e.g. p5.48xlarge); empty: any in the NodePool.",
+        )
     )
     capacity_type: Literal["on-demand", "spot", "reserved"] = Field(
         "on-demand", description="Karpenter capacity type to run on."
@@ -271,9 +287,26 @@ class ResourcesSpec(ApiModel):
         if v is None:
             return None
         s = str(v)
+        if s.startswith("-") and re.match(QUANTITY_PATTERN, s[1:]):
+            raise ValueError(f"{s!r} is negative: requests and limits must be at least 0")
         if not re.match(QUANTITY_PATTERN, s):
             raise ValueError(f"{s!r} is not a Kubernetes quantity (e.g. 64Gi, 500m)")
         return s
+
+    rules: ClassVar[tuple[Rule, ...]] = (
+        Rule(
+            cel=(
+                "(has(self.gpusPerNode) ? self.gpusPerNode : 8) > 0 || !has(self.instanceTypes)"
+                f" || !self.instanceTypes.exists(t, t.matches('{GPU_INSTANCE_PATTERN}'))"
+            ),
+            message=(
+                "gpusPerNode is 0 but instanceTypes lists GPU instances (p*, g*): the CPU job would hold "
+                "GPU nodes it never uses; set gpusPerNode or list CPU instance types"
+            ),
+            field_path=".instanceTypes",
+            check=lambda r: r.gpus_per_node > 0 or not any(re.match(GPU_INSTANCE_PATTERN, t) for t in r.instance_types),
+        ),
+    )
 
 
 # --- checkpoint ------------------------------------------------------------
@@ -282,7 +315,12 @@ class ResourcesSpec(ApiModel):
 class CheckpointSpec(ApiModel):
     """Distributed checkpoints (torch.distributed.checkpoint) and resume."""
 
-    dir: str = Field("/checkpoints", pattern=r"^/", description="Absolute directory for checkpoints inside the pod.")
+    dir: str = Field(
+        "/checkpoints",
+        max_length=4096,
+        pattern=r"^(/[^/]+)+$",
+        description="Absolute directory for checkpoints inside the pod (no trailing slash).",
+    )
     interval_steps: int = Field(500, ge=1, description="Steps between checkpoints (one is always written at the end).")
     keep_last: int = Field(3, ge=1, le=1000, description="Complete checkpoints to keep; older ones are deleted.")
     claim_name: str | None = Field(
@@ -297,6 +335,29 @@ class CheckpointSpec(ApiModel):
         "auto", description="auto: resume from the newest complete checkpoint in dir; never: always start fresh."
     )
     async_save: bool = Field(False, description="Save checkpoints asynchronously, overlapping the next steps.")
+
+    rules: ClassVar[tuple[Rule, ...]] = (
+        Rule(
+            # has(): the API server also checks the schema's default ({}) before it is filled.
+            cel=r"!has(self.dir) || !self.dir.matches('(^|/)\\.\\.?(/|$)')",
+            message="dir must not contain . or .. segments",
+            field_path=".dir",
+            check=lambda c: re.search(r"(^|/)\.\.?(/|$)", c.dir) is None,
+        ),
+        Rule(
+            cel=(
+                "!has(self.dir) || ![" + ", ".join(f"'{m}'" for m in POD_MOUNTS) + "]"
+                ".exists(m, m == self.dir || m.startsWith(self.dir + '/'))"
+            ),
+            message=(
+                "dir must not be a directory the pod already mounts ("
+                + ", ".join(POD_MOUNTS)
+                + ") nor a parent of one: the checkpoint volume would hide it"
+            ),
+            field_path=".dir",
+            check=lambda c: not any(m == c.dir or m.startswith(c.dir + "/") for m in POD_MOUNTS),
+        ),
+    )
 
 
 class ElasticSpec(ApiModel):
@@ -375,7 +436,7 @@ class EnvVar(ApiModel):
             cel=f"!(has(self.value) && self.name.matches('{SECRET_ENV_PATTERN}'))",
             message="looks like a credential: take it from a Secret with valueFrom.secretKeyRef, not a literal value",
             field_path=".value",
-            check=lambda e: not (e.value is not None and re.match(SECRET_ENV_PATTERN, e.name)),
+            check=lambda e: not (e.value is not None and re.search(SECRET_ENV_PATTERN, e.name)),
         ),
     )
 
@@ -408,6 +469,7 @@ class FSDPTrainingSpec(ApiModel):
 
     image: str = Field(
         min_length=1,
+        max_length=MAX_IMAGE_LENGTH,
         pattern=r"^[^\s]+$",
         description="Trainer container image, pinned by tag or digest (':latest' is rejected).",
     )
@@ -439,6 +501,26 @@ class FSDPTrainingSpec(ApiModel):
             message="image must be pinned to a tag or digest, not :latest",
             field_path=".image",
             check=lambda s: not s.image.endswith(":latest"),
+        ),
+        Rule(
+            cel=f"self.image.matches('{IMAGE_PINNED_PATTERN}')",
+            message="image must name a tag or a digest (e.g. ghcr.io/org/trainer:1.0): an untagged image means :latest",
+            field_path=".image",
+            check=lambda s: re.search(IMAGE_PINNED_PATTERN, s.image) is not None,
+        ),
+        Rule(
+            cel="!has(self.metrics) || self.metrics.port != " + str(RDZV_PORT),
+            message=f"metrics.port must differ from {RDZV_PORT}, the rendezvous port of the trainer pods",
+            field_path=".metrics.port",
+            check=lambda s: s.metrics.port != RDZV_PORT,
+        ),
+        Rule(
+            cel=(
+                "!has(self.fsdp) || !self.fsdp.cpuOffload || (has(self.resources) ? self.resources.gpusPerNode : 8) > 0"
+            ),
+            message="fsdp.cpuOffload needs GPUs: without them the parameters already live in CPU memory",
+            field_path=".fsdp.cpuOffload",
+            check=lambda s: not s.fsdp.cpu_offload or s.resources.gpus_per_node > 0,
         ),
         Rule(
             cel=(

@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 import yaml
 from pydantic import Field
 
+from . import kubeyaml
 from .base import ApiModel
 from .rules import Rule
 from .spec import (
@@ -75,4 +76,4 @@ class TrainerConfig(ApiModel):
 
     @classmethod
     def from_yaml(cls, text: str) -> TrainerConfig:
-        return cls.model_validate(yaml.safe_load(text) or {})
+        return cls.model_validate(kubeyaml.load(text) or {})

@@ -30,6 +30,11 @@ ConfigMap, a Kubeflow `PyTorchJob` and a `PodMonitor` (see
 [renderer.md](renderer.md)). Every rule below is enforced twice, with the same
 message: by the API server (CRD schema and CEL rules) and by
 `fsdp-operator validate`.
+
+Types are strict, as the API server's are: `maxSteps: true`,
+`gpusPerNode: false` or `suspend: "yes"` are errors, not 1, 0 and true.
+Numbers are read as kubectl reads YAML: `3e-4` is a number, and a whole
+number written as `2.0` counts as the integer 2.
 """
 
 

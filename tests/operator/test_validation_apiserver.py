@@ -202,3 +202,41 @@ def test_trainer_pods_meet_the_restricted_pod_security_standard_unless_efa(api: 
     assert res.returncode != 0
     assert 'violates PodSecurity "baseline:latest"' in res.stderr
     assert "IPC_LOCK" in res.stderr
+
+
+# --- numbers written the way kubectl reads them ----------------------------------------------
+
+NUMBER_FORMS = """\
+apiVersion: training.fsdp.dev/v1alpha1
+kind: FSDPTraining
+metadata:
+  name: number-forms
+spec:
+  image: ghcr.io/fsdp-k8s/trainer:0.1.0
+  model:
+    preset: tiny
+  training:
+    maxSteps: 2.0e+2
+    learningRate: 3e-4
+    warmupSteps: 1e1
+"""
+
+
+def test_number_forms_read_alike_by_kubectl_and_validate(api: Any, tmp_path: Path) -> None:
+    """``3e-4`` and ``2.0e+2``: go-yaml reads them as numbers (and 200.0 as the integer 200), so must we.
+
+    With strict types, PyYAML's reading (``3e-4`` is a string) would make
+    ``fsdp-operator validate`` refuse what ``kubectl apply`` accepts.
+    """
+    res = dry_run(api, NUMBER_FORMS, NAMESPACE)
+    assert res.returncode == 0, res.stderr
+    stored = json.loads(
+        api.kubectl("apply", "--dry-run=server", "-o", "json", "-n", NAMESPACE, "-f", "-", input=NUMBER_FORMS).stdout
+    )["spec"]["training"]
+    from fsdp_api.documents import load_one
+
+    path = tmp_path / "number-forms.yaml"
+    path.write_text(NUMBER_FORMS)
+    training = load_one(path).spec.training
+    assert (stored["maxSteps"], stored["learningRate"], stored["warmupSteps"]) == (200, 0.0003, 10)
+    assert (training.max_steps, training.learning_rate, training.warmup_steps) == (200, 0.0003, 10)

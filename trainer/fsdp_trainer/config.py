@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-import yaml
+from fsdp_api import kubeyaml
 from fsdp_api.rules import format_errors
 from fsdp_api.trainer_config import TrainerConfig
 from pydantic import ValidationError
@@ -57,7 +57,7 @@ def parse_overrides(args: list[str]) -> dict[str, Any]:
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
                 raise ConfigError([f"{key}: conflicts with another override"])
-        node[parts[-1]] = yaml.safe_load(value) if value != "" else ""
+        node[parts[-1]] = kubeyaml.load(value) if value != "" else ""
     return out
 
 
@@ -77,7 +77,7 @@ def load_config(path: str | os.PathLike[str], overrides: list[str] | None = None
         text = Path(path).read_text()
     except OSError as e:
         raise ConfigError([f"--config: cannot read {path}: {e.strerror}"]) from e
-    data = yaml.safe_load(text) or {}
+    data = kubeyaml.load(text) or {}
     if not isinstance(data, dict):
         raise ConfigError([f"--config: {path} is not a YAML mapping"])
     data = _merge(data, parse_overrides(overrides or []))

@@ -6,7 +6,7 @@ rendezvous host can never disagree about how a job's objects are named.
 
 from __future__ import annotations
 
-from fsdp_api import FSDPTraining
+from fsdp_api import FSDPTraining, contract
 from fsdp_api.contract import (
     GROUP,
     PYTORCHJOB_CONTAINER,
@@ -30,12 +30,11 @@ METRICS = "metrics"
 # The Kubeflow training operator's names (see fsdp_api.contract).
 CONTAINER_NAME = PYTORCHJOB_CONTAINER
 RDZV_PORT_NAME = PYTORCHJOB_PORT_NAME
-# torchrun's own default c10d port, so a job reads like the PyTorch docs.
-RDZV_PORT = 29400
+RDZV_PORT = contract.RDZV_PORT
 REPLICA_TYPE = WORKER_REPLICA
 
-TMP_DIR = "/tmp"
-SHM_DIR = "/dev/shm"
+TMP_DIR = contract.TMP_DIR
+SHM_DIR = contract.SHM_DIR
 # A fixed non-root identity: the image needs no matching /etc/passwd entry
 # because HOME is set explicitly, and fsGroup makes the checkpoint PVC writable.
 RUN_AS_USER = 1000
