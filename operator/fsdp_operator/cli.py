@@ -70,7 +70,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if trainings is None:
         return EXIT_INVALID
     for t in trainings:
-        print(f"{args.file}: {KIND} {t.name!r} is valid", file=sys.stderr)
+        name = t.metadata.name or f"{t.metadata.generate_name}*"
+        print(f"{args.file}: {KIND} {name!r} is valid", file=sys.stderr)
     return EXIT_OK
 
 

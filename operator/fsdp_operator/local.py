@@ -9,15 +9,28 @@ if the spec's is taken), and ``--steps`` may override ``training.maxSteps``.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
 import signal
 import subprocess
 import tempfile
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from fsdp_api import FSDPTraining
 from fsdp_api.documents import InputError, load_one
 from fsdp_api.launch import free_port, local_env, port_is_free, torchrun_standalone, trainer_program
+from fsdp_api.rules import format_errors
 from fsdp_api.trainer_config import TrainerConfig
+from pydantic import ValidationError
+
+LOCK_FILE = ".run-local.lock"
+# Signals a user sends a foreground run (Ctrl-C, kill, a closed terminal).
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# How long the ranks get to save a checkpoint and exit after a signal.
+STOP_GRACE_SECONDS = 120.0
 
 
 def local_config(training: FSDPTraining, output_dir: Path, steps: int | None) -> TrainerConfig:
@@ -33,7 +46,11 @@ def local_config(training: FSDPTraining, output_dir: Path, steps: int | None) ->
             data["training"]["warmupSteps"] = steps // 10
     if data["metrics"].get("enabled", True) and not port_is_free(data["metrics"]["port"]):
         data["metrics"]["port"] = free_port()
-    return TrainerConfig.model_validate(data)
+    try:
+        return TrainerConfig.model_validate(data)
+    except ValidationError as e:
+        # Only the local adjustments (--steps) can break a spec that loaded.
+        raise InputError("; ".join(format_errors(e))) from None
 
 
 def run_local(spec_file: str | Path, nproc: int = 2, output_dir: Path | None = None, steps: int | None = None) -> int:
@@ -48,29 +65,89 @@ def run_local(spec_file: str | Path, nproc: int = 2, output_dir: Path | None = N
         raise InputError("steps must be at least 1")
     training = load_one(str(spec_file))
     out = Path(output_dir) if output_dir is not None else Path("runs") / training.name
-    out.mkdir(parents=True, exist_ok=True)
-    cfg = local_config(training, out, steps)
-    config_path = out / "train.yaml"
-    config_path.write_text(cfg.to_yaml())
-
-    checkpoints = Path(cfg.checkpoint.dir)
-    resuming = cfg.checkpoint.resume == "auto" and checkpoints.is_dir() and any(checkpoints.iterdir())
-    print(f"run-local: {training.name}: {nproc} CPU ranks (gloo), {cfg.training.max_steps} steps", flush=True)
-    print(f"run-local: config {config_path}", flush=True)
-    print(f"run-local: checkpoints {checkpoints}" + (" (resuming from them)" if resuming else ""), flush=True)
-    if cfg.metrics.enabled:
-        print(f"run-local: metrics at http://127.0.0.1:{cfg.metrics.port}/metrics", flush=True)
-
-    with tempfile.TemporaryDirectory(prefix="fsdp-local-metrics-") as metrics_dir:
-        env = local_env(nproc, metrics_dir=metrics_dir)
-        proc = subprocess.Popen(torchrun_standalone(nproc, trainer_program(config_path)), env=env)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise InputError(f"--output-dir {out}: cannot create it: {e.strerror or e}") from None
+    with run_lock(out):
+        cfg = local_config(training, out, steps)
+        config_path = out / "train.yaml"
         try:
-            return proc.wait()
-        except KeyboardInterrupt:
-            # torchrun got the same SIGINT from the terminal; give it time to stop its workers.
-            proc.send_signal(signal.SIGINT)
-            try:
-                return proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                return proc.wait()
+            config_path.write_text(cfg.to_yaml())
+        except OSError as e:
+            raise InputError(f"--output-dir {out}: cannot write {config_path.name}: {e.strerror or e}") from None
+
+        checkpoints = Path(cfg.checkpoint.dir)
+        resuming = cfg.checkpoint.resume == "auto" and checkpoints.is_dir() and any(checkpoints.iterdir())
+        print(f"run-local: {training.name}: {nproc} CPU ranks (gloo), {cfg.training.max_steps} steps", flush=True)
+        print(f"run-local: config {config_path}", flush=True)
+        print(f"run-local: checkpoints {checkpoints}" + (" (resuming from them)" if resuming else ""), flush=True)
+        if cfg.metrics.enabled:
+            print(f"run-local: metrics at http://127.0.0.1:{cfg.metrics.port}/metrics", flush=True)
+
+        with tempfile.TemporaryDirectory(prefix="fsdp-local-metrics-") as metrics_dir:
+            env = local_env(nproc, metrics_dir=metrics_dir)
+            return run_process_group(torchrun_standalone(nproc, trainer_program(config_path)), env)
+
+
+@contextlib.contextmanager
+def run_lock(out: Path) -> Iterator[None]:
+    """Hold ``out`` for this run: two runs in one directory would write the same checkpoints.
+
+    An advisory lock (flock) on a file in the directory, released by the
+    kernel however this process ends, so a crashed run never leaves it held.
+    """
+    path = out / LOCK_FILE
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise InputError(f"--output-dir {out}: cannot write {LOCK_FILE}: {e.strerror or e}") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            raise InputError(
+                f"{out} is in use by another run-local (pid {holder}); wait for it or choose another --output-dir"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)
+
+
+def run_process_group(cmd: list[str], env: dict[str, str], grace_seconds: float = STOP_GRACE_SECONDS) -> int:
+    """Run ``cmd`` in a process group of its own; a signal to us goes to the whole group.
+
+    torchrun and its ranks share the group, so SIGTERM (or Ctrl-C) reaches every
+    rank, which saves a checkpoint and exits; after ``grace_seconds`` whatever
+    is left is killed. Nothing outlives this call. Returns torchrun's exit code,
+    or 128 + the signal's number when a signal stopped the run.
+    """
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    received: list[int] = []
+
+    def forward(signum: int, _frame: object) -> None:
+        received.append(signum)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signum)
+
+    previous = {s: signal.signal(s, forward) for s in FORWARDED_SIGNALS}
+    try:
+        deadline: float | None = None
+        while proc.poll() is None:
+            if received and deadline is None:
+                deadline = time.monotonic() + grace_seconds
+            if deadline is not None and time.monotonic() > deadline:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=0.2)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        # A rank that outlived torchrun must not keep training unseen.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    return 128 + received[0] if received else proc.returncode

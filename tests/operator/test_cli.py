@@ -241,3 +241,33 @@ def test_console_script_reports_user_errors_without_a_traceback() -> None:
     assert res.returncode == 1
     assert res.stdout == "spec.image: image must be pinned to a tag or digest, not :latest\n"
     assert "Traceback" not in res.stderr
+
+
+def test_a_document_without_a_name_is_one_clear_error(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    doc = yaml.safe_load(TINY.read_text())
+    del doc["metadata"]["name"]
+    path = tmp_path / "unnamed.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    code, out, err = run_cli(capsys, "validate", "-f", str(path))
+    assert (code, out) == (1, "metadata.name: Required value: name or generateName is required\n")
+    assert "Traceback" not in err
+    # generateName is how `kubectl create` names objects: that is a valid document.
+    doc["metadata"]["generateName"] = "tiny-"
+    path.write_text(yaml.safe_dump(doc))
+    code, _, err = run_cli(capsys, "validate", "-f", str(path))
+    assert code == 0 and "FSDPTraining 'tiny-*' is valid" in err
+
+
+@pytest.mark.parametrize("opening", ["[", "{a: "])
+def test_yaml_nested_thousands_deep_is_one_clear_error(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, opening: str
+) -> None:
+    closing = {"[": "]", "{a: ": "}"}[opening]
+    depth = 50_000
+    header = TINY.read_text().replace("spec:", "spec:\n  data: " + opening * depth + "1" + closing * depth, 1)
+    path = tmp_path / "deep.yaml"
+    path.write_text(header)
+    code, out, err = run_cli(capsys, "validate", "-f", str(path))
+    assert code == 1
+    assert "Traceback" not in out + err
+    assert len((out + err).strip().splitlines()) == 1, out + err

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import os
 import re
+import signal
+import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 from fsdp_api import FSDPTraining
 from fsdp_api.documents import InputError, load_one
-from fsdp_operator.local import local_config, run_local
+from fsdp_operator.local import local_config, run_local, run_lock
 from fsdp_operator.render import render
 from fsdp_trainer.checkpoint import latest_checkpoint
 
@@ -93,3 +99,69 @@ def test_trains_checkpoints_and_resumes(tmp_path: Path, capfd: pytest.CaptureFix
     assert resumed[0][2] < start_loss - 1.0
     latest = latest_checkpoint(out / "checkpoints")
     assert latest is not None and latest[0] == 40
+
+
+def test_a_second_run_in_the_same_directory_is_refused(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    out.mkdir()
+    with run_lock(out):
+        message = rf"{re.escape(str(out))} is in use by another run-local \(pid {os.getpid()}\)"
+        with pytest.raises(InputError, match=message):
+            run_local(EXAMPLE, output_dir=out, steps=1)
+    # Released with the holder: the directory is usable again.
+    with run_lock(out):
+        pass
+
+
+def test_an_unusable_output_dir_or_step_count_is_one_error(tmp_path: Path) -> None:
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    with pytest.raises(InputError, match=r"--output-dir .*a-file: cannot create it: File exists"):
+        run_local(EXAMPLE, output_dir=a_file, steps=1)
+    with pytest.raises(InputError, match=r"training.maxSteps: Input should be less than or equal to 100000000"):
+        run_local(EXAMPLE, output_dir=tmp_path / "run", steps=1_000_000_000)
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    """Pids whose command line contains ``text`` (torchrun and its ranks name the run's train.yaml)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if text in cmdline:
+                found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.slow
+def test_sigterm_stops_every_rank_after_a_checkpoint(tmp_path: Path) -> None:
+    """SIGTERM to run-local reaches torchrun and both ranks: they save, exit, and nothing is left running."""
+    spec = example_copy(tmp_path, intervalSteps=100000)
+    out = tmp_path / "run"
+    config = str(out / "train.yaml")
+    cmd = [sys.executable, "-m", "fsdp_operator.cli", "run-local", "-f", str(spec), "--output-dir", str(out)]
+    proc = subprocess.Popen([*cmd, "--steps", "100000"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)  # type: ignore[union-attr]
+    reader.start()
+    try:
+        deadline = time.monotonic() + 240
+        while not any(STEP_LINE.match(line) for line in lines):
+            assert proc.poll() is None and time.monotonic() < deadline, "".join(lines)[-4000:]
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)  # to run-local only, as `kill PID` would
+        assert proc.wait(timeout=180) == 128 + signal.SIGTERM
+        reader.join(timeout=10)
+        output = "".join(lines)
+        assert "stopped on SIGTERM after step" in output, output[-4000:]
+        latest = latest_checkpoint(out / "checkpoints")
+        assert latest is not None and latest[0] >= 1
+        assert _processes_mentioning(config) == [], output[-4000:]
+    finally:
+        for pid in _processes_mentioning(config):
+            os.kill(pid, signal.SIGKILL)
+        if proc.poll() is None:
+            proc.kill()
