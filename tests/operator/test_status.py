@@ -4,19 +4,30 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import http.server
+import threading
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import aiohttp
 import pytest
 from fsdp_api.status import FSDPTrainingStatus
 from fsdp_operator.controller.kube import KubeClient
 from fsdp_operator.controller.metrics import OperatorMetrics
 from fsdp_operator.controller.peering import is_active
-from fsdp_operator.controller.progress import parse_trainer_metrics, rank0_pod
-from fsdp_operator.controller.reconcile import Runtime, newest_job, record_progress, record_scheduling
+from fsdp_operator.controller.progress import TrainerProgress, parse_trainer_metrics, rank0_pod, scrape
+from fsdp_operator.controller.reconcile import (
+    MAX_RETRY_DELAY,
+    Runtime,
+    newest_job,
+    record_progress,
+    record_scheduling,
+    retry_delay,
+)
 from fsdp_operator.controller.scraper import waiting_trainings
 from fsdp_operator.controller.status import (
     GENERATION_ANNOTATION,
+    MAX_MESSAGE,
     EventSpec,
     ReconcileOutcome,
     Scheduling,
@@ -685,3 +696,57 @@ def test_pod_loop_checks_only_trainings_whose_pods_may_be_waiting() -> None:
     assert waiting("Running", job(cond("Running"), replicaStatuses={"Worker": {"active": 2}}), conditions=stuck)
     for done in ("Succeeded", "Failed", "Suspended"):
         assert not waiting(done, job(cond(done)))
+
+
+def test_without_a_job_a_failed_apply_is_the_status_message() -> None:
+    outcome = ReconcileOutcome(False, "ForeignObject", "refusing to take over ConfigMap x-trainer (no owner)")
+    s = compute_status(facts(), None, None, outcome=outcome, now=NOW)
+    assert (s.phase, s.message) == ("Pending", "refusing to take over ConfigMap x-trainer (no owner)")
+    assert conditions_of(s)["Reconciled"].reason == "ForeignObject"
+
+
+def test_messages_from_outside_are_bounded() -> None:
+    huge = "x" * 50_000
+    s = compute_status(facts(), None, None, outcome=ReconcileOutcome(False, "ApplyFailed", huge), now=NOW)
+    assert len(s.message) == MAX_MESSAGE and s.message.endswith("...")
+    assert len(conditions_of(s)["Reconciled"].message) == MAX_MESSAGE
+
+
+def test_failing_applies_back_off_instead_of_retrying_every_two_seconds() -> None:
+    assert [retry_delay(r, 2) for r in range(6)] == [2, 4, 8, 16, 32, 64]
+    assert retry_delay(50, 2) == retry_delay(10_000, 30) == MAX_RETRY_DELAY
+
+
+def test_the_scrape_does_not_follow_redirects() -> None:
+    """A trainer port that answers with a redirect gets nothing fetched elsewhere."""
+    hits: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            hits.append(self.path)
+            if self.path == "/metrics":
+                self.send_response(302)
+                self.send_header("Location", f"http://127.0.0.1:{self.server.server_address[1]}/elsewhere")
+                self.end_headers()
+            else:
+                body = METRICS_TEXT.encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+
+    async def read() -> TrainerProgress | None:
+        async with aiohttp.ClientSession() as session:
+            return await scrape(session, "127.0.0.1", server.server_address[1])
+
+    try:
+        assert asyncio.run(read()) is None
+        assert hits == ["/metrics"]
+    finally:
+        server.shutdown()

@@ -17,7 +17,7 @@ from fsdp_api import API_VERSION, KIND
 
 from .kube import NETWORK_ERRORS, ApiError, KubeClient
 from .settings import EVENT_NAME_PREFIX, REPORTING_COMPONENT, reporting_instance
-from .status import EventSpec
+from .status import EventSpec, bounded
 
 log = logging.getLogger(__name__)
 
@@ -42,17 +42,11 @@ def post_events(body: Mapping[str, Any], events: list[EventSpec]) -> None:
         kopf.event(target, type=e.type, reason=e.reason, message=e.message)
 
 
-# The API server rejects longer Event messages.
-MAX_EVENT_MESSAGE = 1024
-
-
 def event_object(body: Mapping[str, Any], event: EventSpec, now: datetime | None = None) -> Json:
     """A core v1 Event on the training, shaped as kopf posts them."""
     target = event_target(body)
     stamp = (now or datetime.now(UTC)).isoformat()
-    message = event.message
-    if len(message) > MAX_EVENT_MESSAGE:
-        message = message[: MAX_EVENT_MESSAGE - 3] + "..."
+    message = bounded(event.message)
     return {
         "apiVersion": "v1",
         "kind": "Event",

@@ -86,7 +86,7 @@ def build_registry(rt: Runtime, options: Options) -> kopf.OperatorRegistry:
 
     @kopf.on.cleanup(id="cleanup", registry=registry)
     async def cleanup(**_: Any) -> None:
-        for task in background:
+        for task in [*background, *rt.tasks]:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
@@ -106,9 +106,9 @@ def build_registry(rt: Runtime, options: Options) -> kopf.OperatorRegistry:
     @kopf.on.resume(GROUP, VERSION, PLURAL, id="apply", registry=registry)
     @kopf.on.create(GROUP, VERSION, PLURAL, id="apply", registry=registry)
     @kopf.on.update(GROUP, VERSION, PLURAL, id="apply", registry=registry)
-    async def apply(body: kopf.Body, reason: kopf.Reason, **_: Any) -> None:
+    async def apply(body: kopf.Body, reason: kopf.Reason, retry: int, **_: Any) -> None:
         # A new training has nothing stale to prune: skip that GET on the hot path.
-        await apply_training(rt, body, prune=reason != kopf.Reason.CREATE)
+        await apply_training(rt, body, prune=reason != kopf.Reason.CREATE, retry=retry)
 
     @kopf.on.event(KUBEFLOW_GROUP, KUBEFLOW_VERSION, PYTORCHJOB_PLURAL, id="job-status", when=_owned, registry=registry)
     async def job_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:

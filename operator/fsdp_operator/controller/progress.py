@@ -126,8 +126,11 @@ async def scrape(session: aiohttp.ClientSession, pod_ip: str, port: int) -> Trai
     """GET the pod's metrics; None when it cannot be read right now."""
     host = f"[{pod_ip}]" if ":" in pod_ip else pod_ip
     try:
+        # No redirects: the operator only ever talks to the pod it chose.
         async with session.get(
-            f"http://{host}:{port}/metrics", timeout=aiohttp.ClientTimeout(total=SCRAPE_TIMEOUT_SECONDS)
+            f"http://{host}:{port}/metrics",
+            timeout=aiohttp.ClientTimeout(total=SCRAPE_TIMEOUT_SECONDS),
+            allow_redirects=False,
         ) as rsp:
             if rsp.status != 200:
                 return None

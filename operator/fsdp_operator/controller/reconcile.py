@@ -10,10 +10,12 @@ serialises its computation per training and writes it when it changed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
+import itertools
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -29,8 +31,10 @@ from .kube import NETWORK_ERRORS, ApiError, KubeClient
 from .metrics import OperatorMetrics
 from .status import (
     APPLY_FAILED,
+    FOREIGN_OBJECT,
     GENERATION_ANNOTATION,
     INVALID_SPEC,
+    JOB_RECREATE_FAILED,
     SCHEDULABLE,
     EventSpec,
     ReconcileOutcome,
@@ -65,7 +69,15 @@ class Runtime:
     jobs: dict[str, Json] = field(default_factory=dict)
     # training uids with an apply in flight.
     applying: set[str] = field(default_factory=set)
+    # Work started from handlers that must outlive them (re-creating a deleted job).
+    tasks: set[asyncio.Task[None]] = field(default_factory=set)
     _locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        # Created inside a kopf handler, the task inherits its context (Events go through kopf's queue).
+        task = asyncio.create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
 
     def lock(self, uid: str) -> asyncio.Lock:
         return self._locks.setdefault(uid, asyncio.Lock())
@@ -229,7 +241,16 @@ def newest_job(applied: Json | None, watched: Json | None) -> Json | None:
     return watched if _resource_version(watched) > _resource_version(applied) else applied
 
 
-async def apply_training(rt: Runtime, body: Mapping[str, Any], *, prune: bool = True) -> None:
+# Retries of a failing apply or status write back off up to this many seconds.
+MAX_RETRY_DELAY = 300.0
+
+
+def retry_delay(retry: int, base: float) -> float:
+    """Seconds before kopf's next try: ``base`` doubled per earlier retry, capped."""
+    return min(MAX_RETRY_DELAY, base * 2 ** min(retry, 16))
+
+
+async def apply_training(rt: Runtime, body: Mapping[str, Any], *, prune: bool = True, retry: int = 0) -> None:
     """Render and server-side apply the training's objects, then update its status.
 
     Raises kopf.TemporaryError for API failures (kopf retries with backoff);
@@ -253,20 +274,59 @@ async def apply_training(rt: Runtime, body: Mapping[str, Any], *, prune: bool = 
     # this path writes the status once, from the freshest job it knows.
     rt.applying.add(uid)
     try:
-        await _apply_objects(rt, body, objects, events, prune=prune)
+        await _apply_objects(rt, body, objects, events, prune=prune, retry=retry)
     finally:
         rt.applying.discard(uid)
     rt.metrics.reconciles.labels("success").inc()
     rt.metrics.reconcile_duration.observe(time.perf_counter() - started)
 
 
+# How long a training blocked by a foreign object waits before looking again.
+FOREIGN_RETRY_SECONDS = 60
+
+
+def _owned_by(obj: Mapping[str, Any], uid: str) -> bool:
+    return any(
+        ref.get("uid") == uid and ref.get("controller")
+        for ref in (obj.get("metadata") or {}).get("ownerReferences") or []
+    )
+
+
+async def _foreign_objects(rt: Runtime, objects: list[Json], uid: str) -> list[str]:
+    """The rendered objects whose name is taken by an object this training does not own.
+
+    Server-side apply with force would silently adopt such an object (and the
+    garbage collector would later delete it with the training), so every
+    name is checked before anything is applied.
+    """
+    foreign = []
+    for obj in objects:
+        meta = obj["metadata"]
+        found = await rt.client.get(obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"])
+        if found is not None and not _owned_by(found, uid):
+            owners = [f"{r.get('kind')}/{r.get('name')}" for r in found["metadata"].get("ownerReferences") or []]
+            foreign.append(
+                f"{obj['kind']} {meta['name']} ({'owned by ' + ', '.join(owners) if owners else 'no owner'})"
+            )
+    return foreign
+
+
 async def _apply_objects(
-    rt: Runtime, body: Mapping[str, Any], objects: list[Json], events: list[EventSpec], *, prune: bool
+    rt: Runtime, body: Mapping[str, Any], objects: list[Json], events: list[EventSpec], *, prune: bool, retry: int
 ) -> None:
     meta = body.get("metadata") or {}
     uid = meta.get("uid", "")
     job: Json | None = None
     try:
+        foreign = await _foreign_objects(rt, objects, uid)
+        if foreign:
+            rt.metrics.reconciles.labels("error").inc()
+            message = (
+                f"refusing to take over {'; '.join(foreign)}: delete or rename it, or rename this FSDPTraining; "
+                f"checking again every {FOREIGN_RETRY_SECONDS} s"
+            )
+            await _record_failure(rt, body, ReconcileOutcome(False, FOREIGN_OBJECT, message))
+            raise kopf.TemporaryError(message, delay=FOREIGN_RETRY_SECONDS)
         for obj in objects:
             result = await rt.client.apply(obj)
             if obj["kind"] == PYTORCHJOB_KIND:
@@ -283,10 +343,11 @@ async def _apply_objects(
     except ApiError as e:
         rt.metrics.reconciles.labels("error").inc()
         await _record_failure(rt, body, ReconcileOutcome(False, APPLY_FAILED, e.message), job=job)
-        raise kopf.TemporaryError(f"applying the rendered objects failed: {e}", delay=5 if e.retryable else 30) from e
+        delay = retry_delay(retry, 5 if e.retryable else 30)
+        raise kopf.TemporaryError(f"applying the rendered objects failed: {e}", delay=delay) from e
     except NETWORK_ERRORS as e:
         rt.metrics.reconciles.labels("error").inc()
-        raise kopf.TemporaryError(f"API server unreachable: {e!r}", delay=2) from e
+        raise kopf.TemporaryError(f"API server unreachable: {e!r}", delay=retry_delay(retry, 2)) from e
 
     try:
         async with rt.lock(uid):
@@ -296,7 +357,7 @@ async def _apply_objects(
     except (ApiError, *NETWORK_ERRORS) as e:
         # The objects are applied; only the status lags. Retrying re-applies (a no-op) and writes it.
         rt.metrics.reconciles.labels("error").inc()
-        raise kopf.TemporaryError(f"status update failed: {e!r}", delay=2) from e
+        raise kopf.TemporaryError(f"status update failed: {e!r}", delay=retry_delay(retry, 2)) from e
 
 
 async def _record_failure(
@@ -355,6 +416,9 @@ async def _owner_body(rt: Runtime, namespace: str, ref: Mapping[str, Any]) -> Js
 
 
 TERMINAL_PHASES = ("Succeeded", "Failed")
+JOB_DELETED_AFTER_END = (
+    "the PyTorchJob of this {phase} training was deleted; it is not re-created, so the training does not run again"
+)
 
 
 async def handle_job_event(rt: Runtime, event_type: str | None, job: Mapping[str, Any]) -> Json | None:
@@ -373,16 +437,7 @@ async def handle_job_event(rt: Runtime, event_type: str | None, job: Mapping[str
     uid = str(ref.get("uid", ""))
     if event_type == "DELETED":
         rt.jobs.pop(uid, None)
-        # Fresh read: a training being deleted (foreground GC) must not get its job back.
-        fresh = await rt.client.get(API_VERSION, KIND, namespace, ref["name"])
-        if (
-            fresh is None
-            or fresh["metadata"].get("uid") != ref.get("uid")
-            or fresh["metadata"].get("deletionTimestamp")
-        ):
-            return None
-        log.info("PyTorchJob %s/%s was deleted under a live FSDPTraining; re-applying", namespace, ref["name"])
-        await apply_training(rt, fresh)
+        rt.spawn(recreate_job(rt, namespace, ref["name"], uid))
         return None
     rt.jobs[uid] = trim_job(job)
     async with rt.lock(uid):
@@ -390,6 +445,52 @@ async def handle_job_event(rt: Runtime, event_type: str | None, job: Mapping[str
             return None  # the apply in flight syncs the status with this job when it finishes
         before, after = await _sync_locked(rt, training, rt.jobs[uid], outcome=None, source="job")
     return training if after in TERMINAL_PHASES and before not in TERMINAL_PHASES else None
+
+
+# Seconds between attempts to re-create a deleted job; the last one repeats.
+RECREATE_BACKOFF = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
+
+
+async def _live_training(rt: Runtime, namespace: str, name: str, uid: str) -> Json | None:
+    """The training, freshly read, if it still is the one with ``uid`` and is not being deleted."""
+    fresh = await rt.client.get(API_VERSION, KIND, namespace, name)
+    if fresh is None or fresh["metadata"].get("uid") != uid or fresh["metadata"].get("deletionTimestamp"):
+        return None
+    return fresh
+
+
+async def recreate_job(rt: Runtime, namespace: str, name: str, uid: str) -> None:
+    """A PyTorchJob was deleted under its training: apply it again, retrying until it exists.
+
+    A finished (Succeeded or Failed) training never gets its job back: that
+    would train it again, from step 0 when checkpoints are ephemeral. A
+    training being deleted (foreground GC) neither. Failures are retried with
+    backoff (kopf never retries an event handler), each one in the status.
+    """
+    for attempt in itertools.count(1):
+        try:
+            fresh = await _live_training(rt, namespace, name, uid)
+            if fresh is None or uid in rt.jobs:  # gone, replaced, or re-created meanwhile
+                return
+            phase = (fresh.get("status") or {}).get("phase")
+            if phase in TERMINAL_PHASES:
+                log.info("PyTorchJob %s/%s of a %s training was deleted; not re-creating it", namespace, name, phase)
+                post_events(fresh, [EventSpec("Normal", "JobDeleted", JOB_DELETED_AFTER_END.format(phase=phase))])
+                return
+            log.info("PyTorchJob %s/%s was deleted under a live FSDPTraining; re-applying", namespace, name)
+            await apply_training(rt, fresh)
+            return
+        except (kopf.TemporaryError, ApiError, *NETWORK_ERRORS) as e:
+            delay = RECREATE_BACKOFF[min(attempt, len(RECREATE_BACKOFF)) - 1]
+            message = f"re-creating the deleted PyTorchJob failed (attempt {attempt}): {e}; retrying in {delay:g} s"
+            log.warning("%s/%s: %s", namespace, name, message)
+            with contextlib.suppress(ApiError, *NETWORK_ERRORS):
+                fresh = await _live_training(rt, namespace, name, uid)
+                if fresh is not None:
+                    await sync_status(
+                        rt, fresh, None, outcome=ReconcileOutcome(False, JOB_RECREATE_FAILED, message), source="apply"
+                    )
+            await asyncio.sleep(delay)
 
 
 async def record_scheduling(rt: Runtime, training: Mapping[str, Any], scheduling: Scheduling) -> bool:

@@ -30,6 +30,19 @@ SCHEDULED = "Scheduled"
 # Reconciled=False reasons: a spec the renderer rejects, or an API error applying the objects.
 INVALID_SPEC = "InvalidSpec"
 APPLY_FAILED = "ApplyFailed"
+# An object of the rendered name exists and belongs to someone else: never taken over.
+FOREIGN_OBJECT = "ForeignObject"
+# Messages from outside (API errors, the job's conditions) are cut to this many
+# characters: an Event allows no more, and a status should stay readable.
+MAX_MESSAGE = 1024
+
+
+def bounded(message: str) -> str:
+    return message if len(message) <= MAX_MESSAGE else message[: MAX_MESSAGE - 3] + "..."
+
+
+# A job deleted under a live training could not be re-created (yet): retried with backoff.
+JOB_RECREATE_FAILED = "JobRecreateFailed"
 
 Json = Mapping[str, Any]
 
@@ -191,7 +204,7 @@ def _condition(
         type=cond_type,
         status=status,  # type: ignore[arg-type]
         reason=reason or cond_type,
-        message=message or "",
+        message=bounded(message or ""),
         observed_generation=generation,
         last_transition_time=transition_time,
     )
@@ -355,6 +368,9 @@ def compute_status(
     if job is None and reconciled is not None and reconciled.status == "False" and reconciled.reason == INVALID_SPEC:
         # Retrying cannot fix a spec the renderer rejects: without a job, the training has failed.
         phase, message = "Failed", reconciled.message
+    elif job is None and reconciled is not None and reconciled.status == "False":
+        # Nothing to mirror yet: what stops the job from being created is the news.
+        message = reconciled.message
     schedulable = _schedulable_condition(phase, scheduling, prev_conds, training.generation, now)
     if schedulable is not None:
         conditions.append(schedulable)
@@ -373,7 +389,7 @@ def compute_status(
         step = last_checkpoint = training.max_steps
     return FSDPTrainingStatus(
         phase=phase,
-        message=message,
+        message=bounded(message),
         observed_generation=generation,
         conditions=conditions,
         job_name=(job or {}).get("metadata", {}).get("name") or prev.get("jobName") or training.name,
