@@ -446,6 +446,128 @@ def test_a_deleted_job_is_recreated(env: Env) -> None:
     assert new["spec"] == old["spec"]
 
 
+def test_a_finished_trainings_deleted_job_is_not_recreated(env: Env) -> None:
+    """Re-creating the job of a Succeeded training would train it again (from step 0 without a PVC)."""
+    ns, name = "e2e-done-delete", "done"
+    env.apply_training(ns, name)
+    env.wait_job(ns, name)
+    env.patch_job_status(ns, name, running_job_status(name))
+    env.wait_status(ns, name, "phase Running", phase="Running")
+    env.patch_job_status(ns, name, succeeded_job_status(name))
+    env.wait_status(ns, name, "phase Succeeded", phase="Succeeded")
+    env.cluster.kubectl("delete", "pytorchjob", name, "-n", ns)
+    env.wait_events(ns, name, "JobDeleted")
+    # The operator answers within tens of milliseconds: 3 s without a job is a decision.
+    time.sleep(3)
+    assert env.get("pytorchjob", ns, name) is None
+    assert env.status(ns, name)["phase"] == "Succeeded"
+
+
+def _block_job_creation(env: Env, namespace: str) -> None:
+    """A ValidatingAdmissionPolicy that makes the API server refuse new PyTorchJobs in ``namespace``."""
+    name = f"block-pytorchjobs-{namespace}"
+    policy = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": name},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {
+                "resourceRules": [
+                    {
+                        "apiGroups": ["kubeflow.org"],
+                        "apiVersions": ["v1"],
+                        "operations": ["CREATE"],
+                        "resources": ["pytorchjobs"],
+                    }
+                ]
+            },
+            "validations": [{"expression": "false", "message": "blocked by the test", "reason": "Invalid"}],
+        },
+    }
+    binding = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": name},
+        "spec": {
+            "policyName": name,
+            "validationActions": ["Deny"],
+            "matchResources": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}},
+        },
+    }
+    env.cluster.apply({"apiVersion": "v1", "kind": "List", "items": [policy, binding]})
+    probe = json.dumps(render(FSDPTraining.model_validate(training("probe", namespace)))[1])
+
+    def refused() -> bool:
+        res = env.cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=probe, check=False)
+        return res.returncode != 0 and "blocked by the test" in res.stderr
+
+    # The policy is compiled in the background: wait until the API server enforces it.
+    wait_for(refused, JOB_TIMEOUT, what="the admission policy to refuse PyTorchJobs", interval=POLL)
+
+
+def test_a_failed_recreate_is_retried_until_the_job_exists(env: Env) -> None:
+    ns, name = "e2e-recreate", "retry"
+    env.apply_training(ns, name)
+    old = env.wait_job(ns, name)
+    _block_job_creation(env, ns)
+    env.cluster.kubectl("delete", "pytorchjob", name, "-n", ns)
+
+    def recreate_failing() -> dict[str, Any] | None:
+        conds = {c["type"]: c for c in env.status(ns, name).get("conditions") or []}
+        rec = conds.get("Reconciled") or {}
+        return rec if rec.get("reason") == "JobRecreateFailed" and "attempt 2" in rec.get("message", "") else None
+
+    # Two failed attempts, each said in the status with its retry.
+    rec = wait_for(recreate_failing, JOB_TIMEOUT, what="two failed re-create attempts in the status", interval=POLL)
+    assert rec["status"] == "False" and "blocked by the test" in rec["message"] and "retrying in" in rec["message"]
+    assert env.get("pytorchjob", ns, name) is None
+    env.cluster.kubectl("delete", "validatingadmissionpolicybinding", f"block-pytorchjobs-{ns}")
+    env.cluster.kubectl("delete", "validatingadmissionpolicy", f"block-pytorchjobs-{ns}")
+    new = wait_for(
+        lambda: (j := env.get("pytorchjob", ns, name)) and j["metadata"]["uid"] != old["metadata"]["uid"] and j,
+        60,
+        what="the PyTorchJob to be re-created once the API server allows it",
+        interval=POLL,
+    )
+    assert new["spec"] == old["spec"]
+    env.wait_status(ns, name, "Reconciled again", phase="Created")
+
+
+def test_a_foreign_object_of_the_same_name_is_never_taken_over(env: Env) -> None:
+    ns, name = "e2e-foreign", "tidy"
+    env.cluster.create_namespace(ns)
+    theirs = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": f"{name}-trainer", "namespace": ns},
+        "data": {"keep": "me"},
+    }
+    env.cluster.kubectl("create", "-f", "-", input=json.dumps(theirs))
+    env.apply_training(ns, name)
+
+    def refused() -> dict[str, Any] | None:
+        s = env.status(ns, name)
+        rec = {c["type"]: c for c in s.get("conditions") or []}.get("Reconciled") or {}
+        return s if rec.get("reason") == "ForeignObject" else None
+
+    status = wait_for(refused, JOB_TIMEOUT, what="the training to refuse the foreign ConfigMap", interval=POLL)
+    assert status["phase"] == "Pending"
+    assert f"ConfigMap {name}-trainer (no owner)" in status["message"], status["message"]
+    cm = env.get("configmap", ns, f"{name}-trainer")
+    assert cm is not None and cm["data"] == {"keep": "me"}
+    assert not cm["metadata"].get("ownerReferences")
+    assert "fsdp-operator" not in {m["manager"] for m in cm["metadata"]["managedFields"]}
+    # Nothing of the training was applied, the job included.
+    assert env.get("pytorchjob", ns, name) is None
+    assert env.get("podmonitor", ns, name) is None
+    # Once the name is free, the next attempt (5 s, then backing off) applies everything.
+    env.cluster.kubectl("delete", "configmap", f"{name}-trainer", "-n", ns)
+    env.wait_job(ns, name, timeout=60)
+    mine = env.get("configmap", ns, f"{name}-trainer")
+    assert mine is not None and mine["metadata"]["ownerReferences"][0]["name"] == name
+
+
 # --- progress from the trainer's metrics -----------------------------------------------------
 
 TRAINER_METRICS = """\

@@ -281,10 +281,6 @@ async def apply_training(rt: Runtime, body: Mapping[str, Any], *, prune: bool = 
     rt.metrics.reconcile_duration.observe(time.perf_counter() - started)
 
 
-# How long a training blocked by a foreign object waits before looking again.
-FOREIGN_RETRY_SECONDS = 60
-
-
 def _owned_by(obj: Mapping[str, Any], uid: str) -> bool:
     return any(
         ref.get("uid") == uid and ref.get("controller")
@@ -321,12 +317,13 @@ async def _apply_objects(
         foreign = await _foreign_objects(rt, objects, uid)
         if foreign:
             rt.metrics.reconciles.labels("error").inc()
+            delay = retry_delay(retry, 5)
             message = (
                 f"refusing to take over {'; '.join(foreign)}: delete or rename it, or rename this FSDPTraining; "
-                f"checking again every {FOREIGN_RETRY_SECONDS} s"
+                f"checking again in {delay:g} s"
             )
             await _record_failure(rt, body, ReconcileOutcome(False, FOREIGN_OBJECT, message))
-            raise kopf.TemporaryError(message, delay=FOREIGN_RETRY_SECONDS)
+            raise kopf.TemporaryError(message, delay=delay)
         for obj in objects:
             result = await rt.client.apply(obj)
             if obj["kind"] == PYTORCHJOB_KIND:
