@@ -49,7 +49,7 @@ from fsdp_api.launch import free_port
 
 from .apiserver import TestCluster, tail
 from .binaries import ensure_tools, tool_path, training_operator_source
-from .pki import b64, ec_key, openssl, rsa_pkcs1_key, sign
+from .pki import OPENSSL_CNF, b64, ec_key, openssl, rsa_pkcs1_key, sign
 
 SCHEDULER = "kube-scheduler"
 CONTROLLER_MANAGER = "kube-controller-manager"
@@ -71,18 +71,9 @@ WEBHOOK_DNS_NAME = f"training-operator.{OPERATOR_NAMESPACE}.svc"
 # so each ControlPlane serves its own certs and only this marker is shared.
 ROTATOR_CERT_MARKER = Path("/tmp/k8s-webhook-server/serving-certs/tls.crt")
 
-# An openssl config whose sections are X.509v3 extension profiles (explicit, so
-# the result does not depend on the system's openssl.cnf).
-_OPENSSL_CNF = """\
-[req]
-distinguished_name = dn
-prompt = no
-[dn]
-CN = unused
-[client]
-basicConstraints = critical, CA:FALSE
-keyUsage = critical, digitalSignature, keyEncipherment
-extendedKeyUsage = clientAuth
+# The webhook's own CA and serving profiles, appended to the shared config
+# (whose client profile signs the control plane's credentials).
+_WEBHOOK_PROFILES = """\
 [webhook_ca]
 basicConstraints = critical, CA:TRUE
 keyUsage = critical, keyCertSign, cRLSign, digitalSignature
@@ -142,7 +133,9 @@ class ControlPlane:
         ensure_tools(self.names)
         self.startup_seconds["tools"] = time.monotonic() - t0
         self.pki.mkdir(parents=True, exist_ok=True)
-        (self.pki / "openssl.cnf").write_text(_OPENSSL_CNF.format(ca_name=WEBHOOK_CA_NAME, dns_name=WEBHOOK_DNS_NAME))
+        (self.pki / "openssl.cnf").write_text(
+            OPENSSL_CNF + _WEBHOOK_PROFILES.format(ca_name=WEBHOOK_CA_NAME, dns_name=WEBHOOK_DNS_NAME)
+        )
         builders: dict[str, Callable[[], Component]] = {
             SCHEDULER: self._scheduler,
             CONTROLLER_MANAGER: self._controller_manager,

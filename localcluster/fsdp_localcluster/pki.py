@@ -31,7 +31,8 @@ def b64(path: Path) -> str:
 # One openssl config for all certificates; each [section] is a profile of
 # X.509v3 extensions. Explicit sections keep the result independent of the
 # system's openssl.cnf (e.g. a serving cert must not come out as a CA).
-_OPENSSL_CNF = """\
+# Other profiles are appended by the users that need them (control_plane.py).
+OPENSSL_CNF = """\
 [req]
 distinguished_name = dn
 prompt = no
@@ -61,7 +62,7 @@ def generate_pki(d: Path) -> None:
     """
     d.mkdir(parents=True, exist_ok=True)
     cnf = d / "openssl.cnf"
-    cnf.write_text(_OPENSSL_CNF)
+    cnf.write_text(OPENSSL_CNF)
     ec = ["-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256"]
     ca_key, ca_crt = str(d / "ca.key"), str(d / "ca.crt")
     # fmt: off
