@@ -4,6 +4,7 @@ the package and its config import without torch."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -142,3 +143,33 @@ def test_package_and_config_import_without_torch() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "0.1.0"
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        ("", r"data\.path: .*empty\.jsonl: every file is empty"),
+        (
+            '{"text": ""}\n{"text": "   "}\n',
+            r"data\.path: .*empty\.jsonl: none of the 2 rows has any text in field 'text'",
+        ),
+        (
+            '{"body": "words"}\n',
+            r"data\.path: .*empty\.jsonl: no row has a field 'text' \(fields: body\); set data\.textField",
+        ),
+    ],
+    ids=["empty-file", "blank-rows", "no-such-field"],
+)
+def test_data_without_text_stops_before_the_model(tmp_path: Path, config: dict, content: str, expected: str) -> None:
+    data = tmp_path / "empty.jsonl"
+    data.write_text(content)
+    config["data"] = {"path": str(data), "tokenizer": config["data"]["tokenizer"]}
+    assert re.search(expected, _errors(tmp_path, config)), _errors(tmp_path, config)
+
+
+def test_the_text_probe_reads_only_to_the_first_row_with_text(tmp_path: Path) -> None:
+    from fsdp_trainer.data import files
+
+    data = tmp_path / "big.jsonl"
+    data.write_text('{"text": "first"}\n' + "not json\n")
+    assert files.check_has_text(files.resolve(str(data)), "text") is None

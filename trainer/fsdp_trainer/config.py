@@ -105,9 +105,14 @@ def _check_data(cfg: TrainerConfig) -> list[str]:
     data = cfg.data
     if data.path:
         try:
-            files.resolve(data.path)
+            found = files.resolve(data.path)
         except files.DataFilesError as e:
             errors.append(f"data.path: {e}")
+        else:
+            # The text builder reads whole lines: its column is always "text".
+            problem = files.check_has_text(found, data.text_field if found.builder != "text" else "text")
+            if problem:
+                errors.append(f"data.path: {data.path}: {problem}")
         if data.validation_split:
             errors.append(
                 "data.validationSplit: only for hub datasets (data.dataset); "

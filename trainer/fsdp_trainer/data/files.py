@@ -7,8 +7,11 @@ import; ``sources.open_dataset`` hands the result to ``datasets.load_dataset``.
 from __future__ import annotations
 
 import glob
+import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 # File suffix -> the datasets builder that reads it.
 BUILDERS = {
@@ -52,3 +55,63 @@ def resolve(path: str) -> DataFiles:
     if len(builders) > 1:
         raise DataFilesError(f"{path} mixes file formats ({', '.join(sorted(builders))}); use one format")
     return DataFiles(builder=builders.pop(), files=tuple(files))
+
+
+# Rows read at most when probing for text: a real dataset has text in its first
+# row; only an (almost) blank one is read this far, and then the loader decides.
+PROBE_ROWS = 100_000
+
+
+def check_has_text(found: DataFiles, text_field: str, max_rows: int = PROBE_ROWS) -> str | None:
+    """Why the files cannot feed training (empty, no text, no such field), or None.
+
+    Run by the config checks, before the process group and the model exist, so
+    a bad data path fails in seconds with one line naming the files, not after
+    the model is built. Reads only up to the first row with text.
+    """
+    if all(Path(f).stat().st_size == 0 for f in found.files):
+        return f"every file is empty ({', '.join(found.files[:3])}{' ...' if len(found.files) > 3 else ''})"
+    rows, fields = 0, set()
+    for row in _rows(found):
+        if rows >= max_rows:
+            return None  # undecided: the loader checks the rest
+        rows += 1
+        if not isinstance(row, dict):
+            return None  # not JSON Lines (e.g. one JSON array): left to the datasets reader
+        fields |= row.keys()
+        value = row.get(text_field)
+        if isinstance(value, str) and value.strip():
+            return None
+    if rows and text_field not in fields:
+        return f"no row has a field {text_field!r} (fields: {', '.join(sorted(fields))}); set data.textField"
+    return f"none of the {rows} rows has any text in field {text_field!r}"
+
+
+def _rows(found: DataFiles) -> Iterator[Any]:
+    if found.builder == "parquet":
+        return _parquet_rows(found.files)
+    return _line_rows(found.files, as_json=found.builder == "json")
+
+
+def _line_rows(paths: tuple[str, ...], *, as_json: bool) -> Iterator[Any]:
+    for path in paths:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if not line.strip():
+                    continue
+                if not as_json:
+                    yield {"text": line}
+                    continue
+                try:
+                    yield json.loads(line)
+                except ValueError:
+                    yield None  # not JSON Lines: undecided
+                    return
+
+
+def _parquet_rows(paths: tuple[str, ...]) -> Iterator[Any]:
+    import pyarrow.parquet as pq  # comes with datasets; only needed for parquet
+
+    for path in paths:
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):
+            yield from batch.to_pylist()
