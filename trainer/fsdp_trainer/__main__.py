@@ -17,7 +17,7 @@ import signal
 import sys
 from pathlib import Path
 
-from .errors import ConfigError
+from .errors import ConfigError, UnsafeCheckpointError
 
 
 def setup_logging() -> None:
@@ -62,6 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"fsdp-train: {e}", file=sys.stderr)
         return 2
+    except UnsafeCheckpointError as e:
+        print(f"fsdp-train: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

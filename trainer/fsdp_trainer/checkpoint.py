@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pickle
 import random
 import re
 import shutil
@@ -56,6 +57,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.checkpoint.stateful import Stateful
 
+from .errors import UnsafeCheckpointError
 from .faults import maybe_fault
 from .parallel.distributed import WorldInfo, barrier, broadcast_object
 
@@ -156,6 +158,28 @@ def rng_state() -> dict[str, Any]:
     }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+# What the per-rank files hold besides tensors, numbers and strings: numpy's RNG
+# state, an array. Unpickling allows these (array reconstruction) and nothing
+# else, so a crafted file on the checkpoint volume cannot run code on resume.
+_RANK_STATE_GLOBALS = [np.ndarray, np.dtype, np.dtypes.UInt32DType, np._core.multiarray._reconstruct]
+
+
+def load_rank_state(path: Path) -> dict[str, Any]:
+    """A per-rank state file, read with ``weights_only`` and the numpy allow-list above."""
+    try:
+        with torch.serialization.safe_globals(_RANK_STATE_GLOBALS):
+            state = torch.load(path, weights_only=True)
+    except pickle.UnpicklingError as e:
+        first = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+        raise UnsafeCheckpointError(
+            f"{path}: refusing to load it: it holds more than tensors, numbers and strings ({first}). "
+            "Checkpoint files are data; whoever can write the checkpoint volume could otherwise run code here"
+        ) from None
+    if not isinstance(state, dict):
+        raise UnsafeCheckpointError(f"{path}: not a rank state (a {type(state).__name__}, not a mapping)")
     return state
 
 
@@ -284,13 +308,13 @@ class Checkpointer:
             raise RuntimeError(f"{path} holds step {step}, not the step its name says")
         rank_file = self._rank_file(path)
         if rank_file.is_file():
-            extra = torch.load(rank_file, weights_only=False)
+            extra = load_rank_state(rank_file)
             set_rng_state(extra["rng"])
         else:
             # The world grew: no state for this rank. Rank 0's tells the data
             # which epoch it was in (TrainData moves on to the next one).
             log.warning("%s has no state for rank %d (the world size changed)", path, self.world.rank)
-            extra = torch.load(path / RANKS_DIR / "rank-00000.pt", weights_only=False)
+            extra = load_rank_state(path / RANKS_DIR / "rank-00000.pt")
         self.data.load_state_dict(extra["data"])
         log.info("resumed from %s at step %d", path, step)
         return time.perf_counter() - t0

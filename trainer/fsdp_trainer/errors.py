@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 
+class UnsafeCheckpointError(RuntimeError):
+    """A checkpoint file holds more than data (tensors, numbers, strings): never unpickled."""
+
+
 class ConfigError(ValueError):
     """The configuration cannot work; each line names the field: ``path: message``.
 

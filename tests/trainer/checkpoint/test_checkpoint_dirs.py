@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
+import pytest
 from fsdp_trainer.checkpoint import MARKER, complete_checkpoints, latest_checkpoint, remove_stale
 
 
@@ -21,3 +23,49 @@ def test_only_marked_final_directories_are_checkpoints(tmp_path: Path) -> None:
     assert remove_stale(tmp_path) == [tmp_path / "step-00000040.tmp-1a2b"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes", "step-00000010", "step-00000020", "step-00000030"]
     assert latest_checkpoint(tmp_path / "missing") is None
+
+
+class _Payload:
+    """What an attacker with write access to the checkpoint volume would plant in a rank file."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        import os
+
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_crafted_rank_file_is_refused_without_running_it(tmp_path: Path) -> None:
+    import pickle
+
+    from fsdp_trainer.checkpoint import load_rank_state
+    from fsdp_trainer.errors import UnsafeCheckpointError
+
+    marker = tmp_path / "pwned"
+    rank_file = tmp_path / "rank-00000.pt"
+    rank_file.write_bytes(pickle.dumps({"step": 1, "data": _Payload(marker)}))
+    with pytest.raises(UnsafeCheckpointError, match=rf"{re.escape(str(rank_file))}: refusing to load it"):
+        load_rank_state(rank_file)
+    assert not marker.exists()
+
+
+def test_a_rank_state_as_the_trainer_writes_it_loads_and_restores_the_rngs(tmp_path: Path) -> None:
+    import random
+
+    import numpy as np
+    import torch
+    from fsdp_trainer.checkpoint import load_rank_state, rng_state, set_rng_state
+
+    np.random.seed(7)
+    random.seed(7)
+    rank_file = tmp_path / "rank-00000.pt"
+    state = {"step": 3, "data": {"docs": {"kind": "map", "epoch": 0, "next": 5}}, "rng": rng_state()}
+    torch.save(state, rank_file)
+    expected = (np.random.rand(), random.random(), torch.rand(1).item())
+    np.random.seed(0)
+    loaded = load_rank_state(rank_file)
+    set_rng_state(loaded["rng"])
+    assert (np.random.rand(), random.random(), torch.rand(1).item()) == expected
+    assert loaded["data"] == state["data"]
