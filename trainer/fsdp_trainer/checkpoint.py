@@ -27,6 +27,7 @@ the data continues at a fresh epoch (see ``TrainData`` in data/loader.py).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -48,6 +49,8 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from fsdp_api.contract import CHECKPOINT_COMPLETE_MARKER
 from fsdp_api.spec import CheckpointSpec
+from fsdp_api.trainer_config import TrainerConfig
+from pydantic.alias_generators import to_camel
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
@@ -57,7 +60,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.checkpoint.stateful import Stateful
 
-from .errors import UnsafeCheckpointError
+from .errors import ConfigError, UnsafeCheckpointError
 from .faults import maybe_fault
 from .parallel.distributed import WorldInfo, barrier, broadcast_object
 
@@ -107,6 +110,45 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+# The run's config, saved in every checkpoint (export and the resume check read it).
+CONFIG_FILE = "trainer_config.yaml"
+# Architecture numbers that may change across a resume: none of them shapes a weight.
+_RESUMABLE_DIMS = {"max_seq_len"}
+
+
+def architecture_changes(saved: TrainerConfig, current: TrainerConfig) -> list[str]:
+    """``model.<field>: old -> new`` for each architecture number the resume would change."""
+    old, new = saved.model.dims(), current.model.dims()
+    return [
+        f"model.{to_camel(f.name)}: {getattr(old, f.name)} -> {getattr(new, f.name)}"
+        for f in dataclasses.fields(old)
+        if f.name not in _RESUMABLE_DIMS and getattr(old, f.name) != getattr(new, f.name)
+    ]
+
+
+def check_resumable(path: Path, cfg: TrainerConfig) -> None:
+    """Refuse to resume ``path`` into a model of another architecture.
+
+    DCP loads what it finds by name: with fewer layers it would drop the rest
+    and train on, silently. Learning rate, steps, batch settings and the
+    sharding strategy may change; the model may not.
+    """
+    try:
+        saved = TrainerConfig.from_yaml((path / CONFIG_FILE).read_text())
+    except (OSError, ValueError) as e:  # an older checkpoint's config: nothing to compare
+        log.warning("cannot compare %s with this run's config (%s); resuming anyway", path, e)
+        return
+    changes = architecture_changes(saved, cfg)
+    if changes:
+        raise ConfigError(
+            [f"{change} (checkpoint {path} holds the other model)" for change in changes]
+            + [
+                "checkpoint.dir: resuming needs the checkpoint's architecture; restore it, or start fresh "
+                "with checkpoint.resume: never or another checkpoint.dir"
+            ]
+        )
 
 
 def find_resume_point(spec: CheckpointSpec, world: WorldInfo) -> tuple[int, Path] | None:

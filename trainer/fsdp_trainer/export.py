@@ -25,7 +25,7 @@ import torch.distributed.checkpoint as dcp
 from fsdp_api.trainer_config import TrainerConfig
 from transformers import AutoTokenizer
 
-from .checkpoint import MARKER, latest_checkpoint
+from .checkpoint import CONFIG_FILE, MARKER, latest_checkpoint
 from .errors import ConfigError
 from .model.llama import build_meta_model, llama_config, materialize, reset_buffers
 
@@ -45,7 +45,7 @@ def find_checkpoint(path: Path) -> Path:
 
 def export_checkpoint(checkpoint: Path, output: Path, dtype: str = "float32") -> Path:
     ckpt = find_checkpoint(checkpoint)
-    cfg = TrainerConfig.from_yaml((ckpt / "trainer_config.yaml").read_text())
+    cfg = TrainerConfig.from_yaml((ckpt / CONFIG_FILE).read_text())
     tokenizer = AutoTokenizer.from_pretrained(ckpt / "tokenizer")
     config = llama_config(
         cfg.model,

@@ -31,7 +31,8 @@ from fsdp_api.trainer_config import TrainerConfig
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from .checkpoint import Checkpointer, find_resume_point
+from .checkpoint import CONFIG_FILE as CHECKPOINT_CONFIG_FILE
+from .checkpoint import Checkpointer, check_resumable, find_resume_point
 from .config import check_config
 from .data.loader import TrainData, validation_batches
 from .data.packing import Batch
@@ -142,6 +143,8 @@ class Trainer:
         self.device = world.device
         torch.manual_seed(cfg.training.seed)
         self.resume_point = find_resume_point(cfg.checkpoint, world)
+        if self.resume_point is not None:
+            check_resumable(self.resume_point[1], cfg)  # before anything is built
         self.model = build_model(p, resuming=self.resume_point is not None)
         self.num_params = count_parameters(self.model)
         self.optimizer = build_optimizer(self.model, cfg.training, self.device)
@@ -178,7 +181,7 @@ class Trainer:
     def _write_assets(self, directory: Path) -> None:
         """Files export needs besides the weights (rank 0, inside the checkpoint)."""
         self.tokenizer.save_pretrained(directory / "tokenizer")
-        (directory / "trainer_config.yaml").write_text(self.cfg.to_yaml())
+        (directory / CHECKPOINT_CONFIG_FILE).write_text(self.cfg.to_yaml())
 
     # -- the loop -------------------------------------------------------------
 

@@ -180,3 +180,22 @@ def test_a_checkpoint_resumes_on_another_world_size(tmp_path: Path, inputs: dict
     assert all(s.startswith("e1/") for r in steps for s in r["samples"])
     # The trained weights came back: the loss continues from where 2 ranks left it, not from scratch.
     assert steps[0]["loss"] < two.losses()[1] - 0.1
+
+
+def test_a_checkpoint_of_another_architecture_is_refused_by_name(tmp_path: Path, inputs: dict[str, Path]) -> None:
+    """With numLayers lowered, DCP would load the layers that exist, drop the rest and train on."""
+    work = tmp_path / "run"
+    cfg = base_config(work, inputs["ragged"], inputs["tokenizer"], training={"maxSteps": 3})
+    launch(work, cfg, nproc=None).check()
+    # What may change across a resume does not stop it...
+    cfg["training"].update(maxSteps=4, learningRate=1e-3)
+    launch(work, cfg, nproc=None).check()
+    # ...but the model's shape does.
+    cfg["training"]["maxSteps"] = 5
+    cfg["model"]["config"]["numLayers"] = 1
+    refused = launch(work, cfg, nproc=None)
+    assert refused.returncode == 2, refused.output[-3000:]
+    assert "model.numLayers: 2 -> 1 (checkpoint " in refused.output
+    assert "Traceback" not in refused.output
+    # The trace accumulates over the three runs: the refused one trained nothing.
+    assert max(r["step"] for r in refused.events("step")) == 4
