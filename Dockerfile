@@ -42,9 +42,11 @@ COPY pyproject.toml README.md ./
 COPY api/ api/
 COPY trainer/ trainer/
 # Versions come from pyproject.toml, the project's only pin list (hadolint
-# cannot see them behind the extra).
+# cannot see them behind the extra). One distribution holds both sides'
+# console scripts: the operator's goes, this image does not carry its package.
 # hadolint ignore=DL3013
-RUN pip install --no-cache-dir '.[trainer]'
+RUN pip install --no-cache-dir '.[trainer]' \
+ && rm /opt/venv/bin/fsdp-operator
 
 FROM ${CUDA_BASE} AS trainer
 ARG DEBIAN_FRONTEND=noninteractive
@@ -96,9 +98,11 @@ COPY api/ api/
 COPY operator/ operator/
 # Byte-code is compiled here, at build time: the running container cannot
 # write next to the sources (readOnlyRootFilesystem). Versions come from
-# pyproject.toml, as in the trainer stage.
+# pyproject.toml, as in the trainer stage. The trainer's console script goes:
+# this image does not carry its package.
 # hadolint ignore=DL3013
 RUN pip install --no-cache-dir '.[operator]' \
+ && rm /opt/venv/bin/fsdp-train \
  && python -m compileall -q /opt/venv
 
 FROM ${PYTHON_BASE} AS operator
