@@ -27,14 +27,17 @@ GPU_ENV: dict[str, str] = {
 
 # Set when EFA interfaces are requested; see docs/renderer.md for the sources.
 # FI_PROVIDER pins libfabric (used by NCCL via the aws-ofi-nccl plugin) to EFA
-# instead of silently falling back to TCP. FI_EFA_USE_DEVICE_RDMA turns on
-# GPUDirect RDMA (p4d/p5 and later; override it with spec.env on instance
-# types without RDMA read). FI_EFA_FORK_SAFE keeps registered memory valid in
-# forked DataLoader workers. FI_EFA_USE_HUGE_PAGE=0: the pod requests no
-# hugepages-* resource, so libfabric must not try to back its buffers with them.
+# instead of silently falling back to TCP. FI_EFA_USE_DEVICE_RDMA is left
+# unset on purpose: libfabric's EFA provider already uses device RDMA where the
+# NIC has RDMA read (p4d, p5 and later), and when the variable is set to 1 on a
+# NIC without it (g5, g6, g6e) it prints "FI_EFA_USE_DEVICE_RDMA=1 was set by
+# user, but EFA device has no rdma-read capability" and calls abort()
+# (prov/efa/src/rdm, efa_rdm_get_use_device_rdma). FI_EFA_FORK_SAFE keeps
+# registered memory valid in forked DataLoader workers. FI_EFA_USE_HUGE_PAGE=0:
+# the pod requests no hugepages-* resource, so libfabric must not try to back
+# its buffers with them.
 EFA_ENV: dict[str, str] = {
     "FI_PROVIDER": "efa",
-    "FI_EFA_USE_DEVICE_RDMA": "1",
     "FI_EFA_FORK_SAFE": "1",
     "FI_EFA_USE_HUGE_PAGE": "0",
 }
