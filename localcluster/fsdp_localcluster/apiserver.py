@@ -20,7 +20,6 @@ import atexit
 import json
 import os
 import shutil
-import signal
 import ssl
 import subprocess
 import tempfile
@@ -35,6 +34,7 @@ from fsdp_api.launch import free_port
 
 from .binaries import ensure_tools, shared_dir, tool_path
 from .pki import b64, generate_pki
+from .processes import stop_process
 
 # Third-party CRDs (sub-directories of $FSDP_SHARED_DIR/crds) installed in every cluster.
 DEFAULT_CRD_DIRS = ("kubeflow-training-operator-v1", "karpenter", "prometheus-operator")
@@ -216,14 +216,7 @@ class TestCluster:
 
     @staticmethod
     def _terminate(proc: subprocess.Popen[bytes] | None, timeout: float = 30.0) -> None:
-        if proc is None or proc.poll() is not None:
-            return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc, timeout)
 
     def _ssl_context(self) -> ssl.SSLContext:
         ctx = ssl.create_default_context(cafile=str(self.pki / "ca.crt"))

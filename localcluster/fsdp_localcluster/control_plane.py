@@ -33,7 +33,6 @@ Typical use::
 from __future__ import annotations
 
 import os
-import signal
 import ssl
 import subprocess
 import time
@@ -50,6 +49,7 @@ from fsdp_api.launch import free_port
 from .apiserver import TestCluster, tail
 from .binaries import ensure_tools, tool_path, training_operator_source
 from .pki import OPENSSL_CNF, b64, ec_key, openssl, rsa_pkcs1_key, sign
+from .processes import stop_process
 
 SCHEDULER = "kube-scheduler"
 CONTROLLER_MANAGER = "kube-controller-manager"
@@ -188,13 +188,7 @@ class ControlPlane:
         comp = self.components.get(name)
         if comp is None or not comp.running:
             return
-        assert comp.proc is not None
-        comp.proc.send_signal(signal.SIGTERM)
-        try:
-            comp.proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            comp.proc.kill()
-            comp.proc.wait()
+        stop_process(comp.proc, grace)
 
     def kill(self, name: str) -> None:
         """SIGKILL a component, as a crash or an OOM kill would (no clean shutdown)."""

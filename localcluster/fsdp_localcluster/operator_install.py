@@ -36,6 +36,7 @@ from fsdp_api.launch import free_port
 
 from .apiserver import TestCluster
 from .binaries import REPO_ROOT, tool_path
+from .processes import stop_process
 from .wait import wait_for
 
 Obj = dict[str, Any]
@@ -270,16 +271,7 @@ class OperatorProcess:
 
     def stop(self, timeout: float = 30.0) -> int | None:
         """SIGTERM and wait (kopf's graceful exit), SIGKILL if it hangs."""
-        if self.proc is None:
-            return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+        return stop_process(self.proc, timeout)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""

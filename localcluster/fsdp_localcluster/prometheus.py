@@ -46,6 +46,8 @@ from typing import Any
 import yaml
 from fsdp_api.launch import free_port
 
+from .processes import stop_process
+
 Rows = list[dict[str, Any]]
 
 
@@ -147,13 +149,7 @@ class PrometheusServer:
         return False
 
     def stop(self) -> None:
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.terminate()
-            try:
-                self._proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
+        stop_process(self._proc, 15)
         self._proc = None
         if self.workdir is not None:
             shutil.rmtree(self.workdir, ignore_errors=True)
