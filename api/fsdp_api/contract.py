@@ -92,7 +92,7 @@ LABEL_JOB_NAME = "job_name"
 LABEL_NODE_RANK = "node_rank"
 LABEL_LOCAL_RANK = "local_rank"
 RANK_LABELS = (LABEL_JOB_NAME, LABEL_NODE_RANK, LABEL_LOCAL_RANK)
-INFO_LABELS = (*RANK_LABELS, "model_preset", "sharding_strategy", "precision", "world_size")
+INFO_LABELS = (*RANK_LABELS, "model", "sharding_strategy", "precision", "world_size")
 GPU_LABELS = (*RANK_LABELS, "gpu")
 
 MetricType = Literal["gauge", "counter", "histogram"]

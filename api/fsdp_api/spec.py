@@ -54,7 +54,7 @@ Quantity = Annotated[
 
 
 class ModelOverrides(ApiModel):
-    """Architecture overrides applied on top of the preset."""
+    """Architecture overrides applied on top of the preset or the architecture's config.json."""
 
     hidden_size: int | None = Field(None, ge=64, le=65536, description="Width of the residual stream (d_model).")
     num_layers: int | None = Field(None, ge=1, le=512, description="Number of decoder layers.")
@@ -62,7 +62,9 @@ class ModelOverrides(ApiModel):
     num_key_value_heads: int | None = Field(
         None, ge=1, le=1024, description="Number of key/value heads (grouped-query attention); divides numHeads."
     )
-    intermediate_size: int | None = Field(None, ge=64, le=262144, description="Hidden width of the SwiGLU MLP.")
+    intermediate_size: int | None = Field(
+        None, ge=64, le=262144, description="Hidden width of the MLP (per expert for mixture-of-experts)."
+    )
     vocab_size: int | None = Field(
         None, ge=256, le=1048576, description="Vocabulary size; must cover the tokenizer's vocabulary."
     )
@@ -84,42 +86,82 @@ def _preset_cel(field: str) -> str:
 
 
 class ModelSpec(ApiModel):
-    """Which model to train: a Llama preset, optional overrides, optional pretrained weights."""
+    """Which model to train: a Llama preset, any Hugging Face causal LM's architecture, or its weights.
 
-    preset: PresetName = Field(
-        description="Architecture preset: tiny (smoke tests, CPU), llama3.2-1b, llama3.2-3b, llama3.1-8b, llama3.1-70b."
+    Exactly one of ``preset``, ``architecture`` and ``pretrained`` names the
+    model. The operator cannot read a hub config at admission, so the checks
+    that need the architecture's numbers run in ``fsdp-operator validate`` (for
+    a local path) and in the trainer before any process group exists.
+    """
+
+    preset: PresetName | None = Field(
+        None,
+        description=(
+            "Llama architecture preset, randomly initialised: tiny (smoke tests, CPU), llama3.2-1b, "
+            "llama3.2-3b, llama3.1-8b, llama3.1-70b."
+        ),
     )
-    config: ModelOverrides | None = Field(None, description="Overrides of the preset's architecture numbers.")
+    architecture: str | None = Field(
+        None,
+        min_length=1,
+        description=(
+            "Hugging Face model id or local/PVC directory whose config.json gives the architecture "
+            "(any decoder-only AutoModelForCausalLM); weights are randomly initialised with the "
+            "architecture's own init. Its weights, if any, are not read."
+        ),
+    )
+    config: ModelOverrides | None = Field(
+        None, description="Overrides of the preset's or architecture's numbers (not with pretrained)."
+    )
     pretrained: str | None = Field(
         None,
         min_length=1,
         description=(
-            "Hugging Face model id or local/PVC path to initialise weights from; "
-            "weights are streamed into the shards. Unset: random initialisation."
+            "Hugging Face model id or local/PVC path of a causal LM: its config.json gives the "
+            "architecture, its safetensors the weights (streamed into the shards), its tokenizer "
+            "the tokenizer unless data.tokenizer is set."
         ),
     )
 
     rules: ClassVar[tuple[Rule, ...]] = (
         Rule(
-            cel=f"{_preset_cel('hiddenSize')} % {_preset_cel('numHeads')} == 0",
-            message="hiddenSize must be divisible by numHeads",
-            field_path=".config.hiddenSize",
-            check=lambda m: m.dims().hidden_size % m.dims().num_heads == 0,
+            cel="[has(self.preset), has(self.architecture), has(self.pretrained)].filter(x, x).size() == 1",
+            message="set exactly one of preset, architecture and pretrained",
+            field_path=".preset",
+            check=lambda m: sum(x is not None for x in (m.preset, m.architecture, m.pretrained)) == 1,
         ),
         Rule(
-            cel=f"{_preset_cel('numHeads')} % {_preset_cel('numKeyValueHeads')} == 0",
+            cel="!(has(self.pretrained) && has(self.config))",
+            message="config overrides need preset or architecture: pretrained weights fix the architecture",
+            field_path=".config",
+            check=lambda m: not (m.pretrained and m.config is not None),
+        ),
+        Rule(
+            cel=f"!has(self.preset) || {_preset_cel('hiddenSize')} % {_preset_cel('numHeads')} == 0",
+            message="hiddenSize must be divisible by numHeads",
+            field_path=".config.hiddenSize",
+            check=lambda m: m.dims() is None or m.dims().hidden_size % m.dims().num_heads == 0,
+        ),
+        Rule(
+            cel=f"!has(self.preset) || {_preset_cel('numHeads')} % {_preset_cel('numKeyValueHeads')} == 0",
             message="numHeads must be divisible by numKeyValueHeads",
             field_path=".config.numHeads",
-            check=lambda m: m.dims().num_heads % m.dims().num_key_value_heads == 0,
+            check=lambda m: m.dims() is None or m.dims().num_heads % m.dims().num_key_value_heads == 0,
         ),
     )
 
-    def dims(self) -> ModelDims:
-        """The effective architecture: preset plus overrides."""
+    def dims(self) -> ModelDims | None:
+        """A preset's effective numbers (plus overrides); None when the architecture comes from a config.json."""
+        if self.preset is None:
+            return None
         base = PRESETS[self.preset]
         if self.config is None:
             return base
         return base.with_overrides(**self.config.model_dump())
+
+    def source(self) -> str:
+        """What names the model, for log lines and metric labels."""
+        return self.preset or self.pretrained or self.architecture or ""
 
 
 # --- data ------------------------------------------------------------------
@@ -178,7 +220,10 @@ class TrainingSpec(ApiModel):
 
     max_steps: int = Field(ge=1, le=100_000_000, description="Number of optimizer steps to train for.")
     seq_len: int | None = Field(
-        None, ge=16, le=1048576, description="Tokens per sequence. Unset: min(2048, the model's maxSeqLen)."
+        None,
+        ge=16,
+        le=1048576,
+        description="Tokens per sequence. Unset: min(2048, the model's maximum sequence length).",
     )
     micro_batch_size: int = Field(1, ge=1, le=4096, description="Sequences per GPU (per rank) per forward pass.")
     grad_accum_steps: int = Field(1, ge=1, le=4096, description="Micro-batches accumulated per optimizer step.")
@@ -444,23 +489,35 @@ class EnvVar(ApiModel):
 # --- the whole spec --------------------------------------------------------
 
 
-def effective_seq_len(training: TrainingSpec, model: ModelSpec) -> int:
-    """training.seqLen, or its documented default when unset."""
+# training.seqLen when unset: this, or the model's maximum if that is shorter.
+DEFAULT_SEQ_LEN = 2048
+
+
+def effective_seq_len(training: TrainingSpec, model: ModelSpec, max_positions: int | None = None) -> int:
+    """training.seqLen, or its documented default when unset.
+
+    ``max_positions`` is the model's maximum when it is known only from a
+    config.json (the trainer reads it); a preset knows its own.
+    """
     if training.seq_len is not None:
         return training.seq_len
-    return min(2048, model.dims().max_seq_len)
+    dims = model.dims()
+    limit = dims.max_seq_len if dims is not None else max_positions
+    return DEFAULT_SEQ_LEN if limit is None else min(DEFAULT_SEQ_LEN, limit)
 
 
 # Checked on the spec (CEL + pydantic) and again on the trainer's config, where
 # CLI overrides can change seqLen after kubectl apply has accepted the object.
 SEQ_LEN_RULE = Rule(
     cel=(
-        "!has(self.training.seqLen) || self.training.seqLen <= "
+        "!has(self.training.seqLen) || !has(self.model.preset) || self.training.seqLen <= "
         + _preset_cel("maxSeqLen").replace("self.", "self.model.")
     ),
     message="training.seqLen must not exceed the model's maxSeqLen",
     field_path=".training.seqLen",
-    check=lambda s: s.training.seq_len is None or s.training.seq_len <= s.model.dims().max_seq_len,
+    check=lambda s: (
+        s.training.seq_len is None or s.model.dims() is None or s.training.seq_len <= s.model.dims().max_seq_len
+    ),
 )
 
 

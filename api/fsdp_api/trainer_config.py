@@ -63,8 +63,9 @@ class TrainerConfig(ApiModel):
             metrics=spec.metrics,
         )
 
-    def seq_len(self) -> int:
-        return effective_seq_len(self.training, self.model)
+    def seq_len(self, max_positions: int | None = None) -> int:
+        """Tokens per sequence; ``max_positions``: the model's maximum when known only from its config.json."""
+        return effective_seq_len(self.training, self.model, max_positions)
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(by_alias=True, exclude_none=True, mode="json")

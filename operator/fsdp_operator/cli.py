@@ -66,8 +66,14 @@ def cmd_docs(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    from fsdp_api.model_files import check_local_model
+
     trainings = load_trainings(args.file, sys.stdout)
     if trainings is None:
+        return EXIT_INVALID
+    problems = [f"{args.file}: {p}" for t in trainings for p in check_local_model(t.spec)]
+    if problems:
+        print("\n".join(problems))
         return EXIT_INVALID
     for t in trainings:
         name = t.metadata.name or f"{t.metadata.generate_name}*"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from pathlib import Path
 
 import pytest
 from fsdp_localcluster.wait import wait_for
@@ -23,6 +24,7 @@ from tests.e2e.training import (
     status,
     step_sampler,
     steps_per_second,
+    trainer_logs,
     wait_phase,
 )
 
@@ -80,6 +82,26 @@ def test_happy_path_succeeds_with_checkpoints_status_and_prometheus(operator: Wh
     # Checkpoints every 10 steps plus the last, all complete, on the claim's volume.
     assert checkpoint_steps(whole, ns) == [10, 20, 30]
     record("checkpoint_steps_seen", json.dumps(checkpoint_steps(whole, ns)))
+
+
+def test_a_pretrained_qwen2_directory_fine_tunes_on_the_cluster(
+    operator: WholeCluster, ns: str, tmp_path: Path
+) -> None:
+    """Not a Llama: a tiny Qwen2 checkpoint with its tokenizer, read by both worker pods from a local path."""
+    from tests.trainer.harness import build_word_tokenizer, write_ragged_jsonl
+    from tests.trainer.model.architectures import build_checkpoint
+
+    model = build_checkpoint("qwen2", tmp_path / "qwen2", build_word_tokenizer(tmp_path / "tokenizer"))
+    data = write_ragged_jsonl(tmp_path / "docs.jsonl", 200)
+    training = fsdptraining(
+        "qwen", ns, max_steps=5, interval=5, claim=None, model={"pretrained": str(model)}, data={"path": str(data)}
+    )
+    training["spec"]["training"]["seqLen"] = 32
+    operator.cluster.apply(training)
+    assert wait_phase(operator, "qwen", ns, TERMINAL, 300) == "Succeeded"
+    final = status(operator, "qwen", ns)
+    assert final["step"] == 5 and math.isfinite(final["loss"]), dump(final)
+    assert "(Qwen2ForCausalLM)" in trainer_logs(operator, "qwen", ns)
 
 
 def test_unschedulable_job_says_why_in_its_status(operator: WholeCluster, ns: str) -> None:

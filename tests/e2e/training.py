@@ -31,6 +31,8 @@ def fsdptraining(
     claim: str | None = "ckpt",
     instance_types: list[str] | None = None,
     suspend: bool = False,
+    model: dict[str, Any] | None = None,
+    data: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A tiny-model FSDPTraining for the GPU nodes: one process per pod (a fake GPU each), CPU/gloo."""
     resources: dict[str, Any] = {"nodes": nodes, "gpusPerNode": 1, "nodePool": "gpu"}
@@ -45,7 +47,8 @@ def fsdptraining(
         "metadata": {"name": name, "namespace": namespace},
         "spec": {
             "image": TRAINER_IMAGE,
-            "model": {"preset": "tiny"},
+            "model": model or {"preset": "tiny"},
+            **({"data": data} if data else {}),
             "training": {
                 "maxSteps": max_steps,
                 "seqLen": 64,

@@ -43,7 +43,7 @@ def test_prometheus_scrapes_the_trainer(tmp_path: Path) -> None:
         )
         assert 0 < value(p50[0]) < 60
         info = prom.query(f"fsdp_trainer_info{SEL}")
-        assert {(r["metric"]["model_preset"], r["metric"]["world_size"]) for r in info} == {("tiny", "2")}
+        assert {(r["metric"]["model"], r["metric"]["world_size"]) for r in info} == {("tiny", "2")}
 
         assert run.wait(timeout=600) == 0, run.output()
         ended = time.time()

@@ -271,3 +271,45 @@ def test_yaml_nested_thousands_deep_is_one_clear_error(
     assert code == 1
     assert "Traceback" not in out + err
     assert len((out + err).strip().splitlines()) == 1, out + err
+
+
+def _training_with(tmp_path: Path, model: dict[str, Any], training: dict[str, Any]) -> Path:
+    doc = {
+        "apiVersion": "training.fsdp.dev/v1alpha1",
+        "kind": "FSDPTraining",
+        "metadata": {"name": "local-model"},
+        "spec": {"image": "ghcr.io/example/trainer:1.0", "model": model, "training": training},
+    }
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def test_validate_reads_a_local_model_directory(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    model_dir = tmp_path / "qwen"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text(json.dumps({"model_type": "qwen2", "max_position_embeddings": 512}))
+    file = _training_with(tmp_path, {"pretrained": str(model_dir)}, {"maxSteps": 10, "seqLen": 1024})
+    code, out, _ = run_cli(capsys, "validate", "-f", str(file))
+    assert code == 1
+    assert out.splitlines() == [
+        f"{file}: spec.training.seqLen: 1024 exceeds the model's maximum sequence length 512",
+        f"{file}: spec.model.pretrained: {model_dir} has no *.safetensors weights",
+    ]
+    # As an architecture (random init) it needs no weights; within the maximum it is valid.
+    file = _training_with(tmp_path, {"architecture": str(model_dir)}, {"maxSteps": 10, "seqLen": 512})
+    assert run_cli(capsys, "validate", "-f", str(file))[0] == 0
+    (model_dir / "config.json").write_text(json.dumps({"model_type": "t5", "is_encoder_decoder": True}))
+    code, out, _ = run_cli(capsys, "validate", "-f", str(file))
+    assert (code, out.strip()) == (
+        1,
+        f"{file}: spec.model.architecture: t5 is an encoder-decoder model, not a decoder-only causal LM",
+    )
+
+
+def test_validate_leaves_hub_ids_and_pod_paths_to_the_trainer(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    for ref in ("Qwen/Qwen2.5-0.5B", "/models/not-on-this-machine"):
+        file = _training_with(tmp_path, {"pretrained": ref}, {"maxSteps": 10})
+        assert run_cli(capsys, "validate", "-f", str(file))[0] == 0

@@ -165,3 +165,26 @@ def test_sigterm_stops_every_rank_after_a_checkpoint(tmp_path: Path) -> None:
             os.kill(pid, signal.SIGKILL)
         if proc.poll() is None:
             proc.kill()
+
+
+def test_a_pretrained_qwen2_directory_fine_tunes_end_to_end(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """Not a Llama: a tiny Qwen2 checkpoint (q/k/v biases, tied) with its tokenizer, as a user would bring it."""
+    from tests.trainer.harness import build_word_tokenizer, write_ragged_jsonl
+    from tests.trainer.model.architectures import build_checkpoint
+
+    model = build_checkpoint("qwen2", tmp_path / "qwen2", build_word_tokenizer(tmp_path / "tokenizer"))
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["spec"]["model"] = {"pretrained": str(model)}
+    doc["spec"]["data"] = {"path": str(write_ragged_jsonl(tmp_path / "docs.jsonl", 200))}
+    doc["spec"]["training"].update(evalIntervalSteps=0, microBatchSize=2, seqLen=32, logIntervalSteps=1)
+    spec = tmp_path / "qwen2.yaml"
+    spec.write_text(yaml.safe_dump(doc))
+    out = tmp_path / "out"
+    assert run_local(spec, nproc=2, output_dir=out, steps=6) == 0
+    captured = capfd.readouterr()
+    text = captured.out + captured.err
+    assert "(Qwen2ForCausalLM)" in text
+    losses = [float(m.group(3)) for m in STEP_LINE.finditer(text)]
+    assert len(losses) == 6, text[-3000:]
+    assert latest_checkpoint(out / "checkpoints")[0] == 6
+    assert (latest_checkpoint(out / "checkpoints")[1] / "model_config" / "config.json").is_file()

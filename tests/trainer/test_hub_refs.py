@@ -59,7 +59,7 @@ def _prepare(tmp_path: Path, config: dict) -> None:
 
 def test_hub_ids_fail_clearly_when_offline(tmp_path: Path, inputs: dict[str, Path]) -> None:
     config = base_config(tmp_path, inputs["aligned"], inputs["tokenizer"])
-    config["model"]["pretrained"] = "example-org/no-such-model"
+    config["model"] = {"pretrained": "example-org/no-such-model"}
     with pytest.raises(ConfigError) as info:
         _prepare(tmp_path, config)
     (line,) = info.value.lines

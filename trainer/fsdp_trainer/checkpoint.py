@@ -27,7 +27,6 @@ the data continues at a fresh epoch (see ``TrainData`` in data/loader.py).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -49,8 +48,6 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from fsdp_api.contract import CHECKPOINT_COMPLETE_MARKER
 from fsdp_api.spec import CheckpointSpec
-from fsdp_api.trainer_config import TrainerConfig
-from pydantic.alias_generators import to_camel
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
@@ -62,6 +59,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 
 from .errors import ConfigError, UnsafeCheckpointError
 from .faults import maybe_fault
+from .model.param_names import canonical
 from .parallel.distributed import WorldInfo, barrier, broadcast_object
 
 log = logging.getLogger(__name__)
@@ -114,36 +112,61 @@ def _fsync_dir(path: Path) -> None:
 
 # The run's config, saved in every checkpoint (export and the resume check read it).
 CONFIG_FILE = "trainer_config.yaml"
-# Architecture numbers that may change across a resume: none of them shapes a weight.
-_RESUMABLE_DIMS = {"max_seq_len"}
+# The model's transformers config.json, saved beside it: export rebuilds the architecture from it.
+MODEL_CONFIG_DIR = "model_config"
+# The model's entry in the DCP state (its tensors are "model.<name>").
+MODEL_KEY = "model"
+# Tensor names listed in a refusal before "and N more".
+SHOWN_TENSORS = 6
 
 
-def architecture_changes(saved: TrainerConfig, current: TrainerConfig) -> list[str]:
-    """``model.<field>: old -> new`` for each architecture number the resume would change."""
-    old, new = saved.model.dims(), current.model.dims()
-    return [
-        f"model.{to_camel(f.name)}: {getattr(old, f.name)} -> {getattr(new, f.name)}"
-        for f in dataclasses.fields(old)
-        if f.name not in _RESUMABLE_DIMS and getattr(old, f.name) != getattr(new, f.name)
-    ]
+def _saved_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """The model tensors of a checkpoint and their full shapes, from DCP's metadata (no data read)."""
+    metadata = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    prefix = f"{MODEL_KEY}."
+    return {
+        key[len(prefix) :]: tuple(meta.size)
+        for key, meta in metadata.items()
+        if key.startswith(prefix) and hasattr(meta, "size")
+    }
 
 
-def check_resumable(path: Path, cfg: TrainerConfig) -> None:
-    """Refuse to resume ``path`` into a model of another architecture.
+def _listing(names: list[str]) -> str:
+    names = sorted(names)
+    more = f" and {len(names) - SHOWN_TENSORS} more" if len(names) > SHOWN_TENSORS else ""
+    return ", ".join(names[:SHOWN_TENSORS]) + more
+
+
+def architecture_changes(saved: dict[str, tuple[int, ...]], model: nn.Module) -> list[str]:
+    """What differs between a checkpoint's model tensors and this model's (names and shapes)."""
+    current = {canonical(k): tuple(v.shape) for k, v in model.state_dict(keep_vars=True).items()}
+    changes = []
+    if gone := [n for n in saved if n not in current]:
+        changes.append(f"the checkpoint has tensors this model lacks: {_listing(gone)}")
+    if new := [n for n in current if n not in saved]:
+        changes.append(f"this model has tensors the checkpoint lacks: {_listing(new)}")
+    if reshaped := [
+        f"{n} {list(saved[n])} -> {list(current[n])}" for n in current if n in saved and saved[n] != current[n]
+    ]:
+        changes.append(f"shapes differ: {_listing(reshaped)}")
+    return changes
+
+
+def check_resumable(path: Path, model: nn.Module) -> None:
+    """Refuse to resume ``path`` into a model of another architecture (``model``: the meta model).
 
     DCP loads what it finds by name: with fewer layers it would drop the rest
     and train on, silently. Learning rate, steps, batch settings and the
-    sharding strategy may change; the model may not.
+    sharding strategy may change; the model's tensors may not.
     """
     try:
-        saved = TrainerConfig.from_yaml((path / CONFIG_FILE).read_text())
-    except (OSError, ValueError) as e:  # an older checkpoint's config: nothing to compare
-        log.warning("cannot compare %s with this run's config (%s); resuming anyway", path, e)
-        return
-    changes = architecture_changes(saved, cfg)
+        saved = _saved_shapes(path)
+    except (OSError, ValueError) as e:
+        raise ConfigError([f"checkpoint.dir: cannot read the metadata of {path}: {e}"]) from None
+    changes = architecture_changes(saved, model)
     if changes:
         raise ConfigError(
-            [f"{change} (checkpoint {path} holds the other model)" for change in changes]
+            [f"model: {change} (checkpoint {path} holds another architecture)" for change in changes]
             + [
                 "checkpoint.dir: resuming needs the checkpoint's architecture; restore it, or start fresh "
                 "with checkpoint.resume: never or another checkpoint.dir"
@@ -267,7 +290,7 @@ class Checkpointer:
 
     def _dcp_state(self, step: int) -> dict[str, Any]:
         return {
-            "model": ModelState(self.model),
+            MODEL_KEY: ModelState(self.model),
             "optim": OptimizerState(self.model, self.optimizer),
             # The LR schedule is a function of the step (optim.restore_schedule).
             "train": {"step": step},

@@ -29,29 +29,34 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from fsdp_api.trainer_config import TrainerConfig
 from torch import nn
-from transformers import PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .checkpoint import CONFIG_FILE as CHECKPOINT_CONFIG_FILE
+from .checkpoint import MODEL_CONFIG_DIR as CHECKPOINT_MODEL_CONFIG_DIR
 from .checkpoint import Checkpointer, check_resumable, find_resume_point
 from .config import check_config
 from .data.loader import TrainData, validation_batches
 from .data.packing import Batch
 from .data.prefetch import PrefetchedData
-from .data.tokenizer import load_tokenizer
+from .data.tokenizer import check_vocabulary, load_tokenizer
+from .errors import ConfigError
 from .faults import maybe_fault
 from .metrics import MetricsProcessor
+from .metrics.flops import shape_of
 from .metrics.stats import StepStats
-from .model.llama import (
+from .model.architecture import (
     build_meta_model,
     check_tied,
     count_parameters,
-    init_weights,
-    llama_config,
+    decoder_units,
     materialize,
-    reset_buffers,
+    max_positions,
+    model_config,
+    model_dir,
 )
+from .model.init import init_weights, reset_buffers
 from .model.param_names import unique_parameters
-from .model.pretrained import check_pretrained, load_pretrained
+from .model.pretrained import LoadPlan, check_pretrained, load_pretrained
 from .model.shards import local_tensor
 from .optim import build_optimizer, build_scheduler, clip_gradients, restore_schedule
 from .parallel.distributed import WorldInfo, build_mesh, destroy_distributed, init_distributed, world_from_env
@@ -78,16 +83,47 @@ class Prepared:
     world: WorldInfo
     plan: ParallelPlan
     tokenizer: PreTrainedTokenizerBase
-    pretrained: Path | None
+    model: PreTrainedModel  # on the meta device: shapes only
+    seq_len: int
+    pretrained: LoadPlan | None
 
 
 def prepare(cfg: TrainerConfig, world: WorldInfo | None = None) -> Prepared:
+    """Resolve and check the model, tokenizer and data; ConfigError (exit 2) on anything wrong.
+
+    The model is built on the meta device here (seconds, no memory), so an
+    architecture transformers cannot build, a block FSDP cannot find or a
+    checkpoint that does not match fails before any process group exists.
+    """
     world = world or world_from_env()
     plan = ParallelPlan(cfg.fsdp, world.world_size, world.local_world_size)
     check_config(cfg, plan, world.device.type)
-    tokenizer = load_tokenizer(cfg)
-    pretrained = check_pretrained(cfg)
-    return Prepared(cfg, world, plan, tokenizer, pretrained)
+    found = model_dir(cfg)
+    path = found[0] if found else None
+    tokenizer = load_tokenizer(cfg, path)
+    tokens = {
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+    }
+    config = model_config(cfg, path, tokens)
+    check_vocabulary(tokenizer, config.get_text_config().vocab_size, cfg)
+    limit = max_positions(config)
+    seq_len = cfg.seq_len(limit)
+    if limit is not None and seq_len > limit:
+        raise ConfigError(
+            [
+                f"training.seqLen: {seq_len} exceeds the model's maximum sequence length {limit} "
+                "(max_position_embeddings)"
+            ]
+        )
+    try:
+        model = build_meta_model(config)
+    except (ValueError, TypeError, AttributeError) as e:
+        raise ConfigError([f"model: transformers cannot build {type(config).__name__} as configured: {e}"]) from None
+    decoder_units(model)
+    pretrained = check_pretrained(model, path) if cfg.model.pretrained and path is not None else None
+    return Prepared(cfg, world, plan, tokenizer, model, seq_len, pretrained)
 
 
 def build_model(p: Prepared, *, resuming: bool = False) -> nn.Module:
@@ -98,19 +134,13 @@ def build_model(p: Prepared, *, resuming: bool = False) -> nn.Module:
     runs so no parameter is ever garbage.
     """
     cfg, world, plan = p.cfg, p.world, p.plan
-    config = llama_config(
-        cfg.model,
-        bos_token_id=p.tokenizer.bos_token_id,
-        eos_token_id=p.tokenizer.eos_token_id,
-        pad_token_id=p.tokenizer.pad_token_id,
-    )
-    model = build_meta_model(config)
+    model = p.model
     mesh = build_mesh(world, plan) if plan.uses_fsdp else None
     parallelize(model, cfg, plan, mesh)
     materialize(model, "cpu" if plan.fsdp.cpu_offload else world.device)
     if p.pretrained is not None and not resuming:
-        load_pretrained(model, p.pretrained)
         reset_buffers(model)
+        load_pretrained(model, p.pretrained, world.device)
     else:
         init_weights(model, cfg.training.seed, world.device)
     check_tied(model)
@@ -139,12 +169,12 @@ class Trainer:
     def __init__(self, p: Prepared, trace_dir: Path | None = None) -> None:
         self.cfg, self.world, self.tokenizer = p.cfg, p.world, p.tokenizer
         cfg, world = self.cfg, self.world
-        self.seq_len = cfg.seq_len()
+        self.seq_len = p.seq_len
         self.device = world.device
         torch.manual_seed(cfg.training.seed)
         self.resume_point = find_resume_point(cfg.checkpoint, world)
         if self.resume_point is not None:
-            check_resumable(self.resume_point[1], cfg)  # before anything is built
+            check_resumable(self.resume_point[1], p.model)  # before anything is materialised
         self.model = build_model(p, resuming=self.resume_point is not None)
         self.num_params = count_parameters(self.model)
         self.optimizer = build_optimizer(self.model, cfg.training, self.device)
@@ -164,15 +194,16 @@ class Trainer:
             cfg.checkpoint, world, self.model, self.optimizer, self.data, self._write_assets
         )
         self.trace = Trace(trace_dir, world.rank)
-        self.metrics = MetricsProcessor(cfg, world, self.num_params, seq_len=self.seq_len)
+        self.metrics = MetricsProcessor(cfg, world, self.num_params, seq_len=self.seq_len, flops=shape_of(self.model))
         self._validation: list[Batch] | None = None
         self.stop_signal: int | None = None
         accum = cfg.training.grad_accum_steps
         self.tokens_per_rank_step = cfg.training.micro_batch_size * self.seq_len * accum
         self.step = 0
         log.info(
-            "model: %s, %.1fM parameters, seq_len %d, global batch %d sequences",
-            cfg.model.preset,
+            "model: %s (%s), %.1fM parameters, seq_len %d, global batch %d sequences",
+            cfg.model.source(),
+            type(self.model).__name__,
             self.num_params / 1e6,
             self.seq_len,
             cfg.training.micro_batch_size * accum * world.world_size,
@@ -181,6 +212,7 @@ class Trainer:
     def _write_assets(self, directory: Path) -> None:
         """Files export needs besides the weights (rank 0, inside the checkpoint)."""
         self.tokenizer.save_pretrained(directory / "tokenizer")
+        self.model.config.save_pretrained(directory / CHECKPOINT_MODEL_CONFIG_DIR)
         (directory / CHECKPOINT_CONFIG_FILE).write_text(self.cfg.to_yaml())
 
     # -- the loop -------------------------------------------------------------

@@ -12,39 +12,80 @@ from fsdp_api.trainer_config import TrainerConfig
 from fsdp_trainer.metrics import MetricsProcessor, StepStats
 from fsdp_trainer.metrics.flops import (
     PEAK_OVERRIDE_ENV,
-    attention_flops_per_token,
-    flops_per_token,
+    FlopsShape,
     lookup_peak,
-    matmul_params,
     mfu,
     peak_tflops,
+    shape_of,
 )
+from fsdp_trainer.model.architecture import build_meta_model
+from fsdp_trainer.model.llama import llama_config
+
+
+def _shape(preset: str) -> FlopsShape:
+    """FLOPs shape of the preset's real (meta-device) transformers model."""
+    from fsdp_api.spec import ModelSpec
+
+    return shape_of(build_meta_model(llama_config(ModelSpec(preset=preset))))
 
 
 def test_llama32_1b_at_2048_counts_the_tied_head_once() -> None:
-    dims = PRESETS["llama3.2-1b"]
     # 1.24B parameters, embeddings tied: the table is the output projection.
-    assert dims.num_params() == 1_235_814_400
-    assert matmul_params(dims) == 1_235_814_400
-    assert attention_flops_per_token(dims, 2048) == 12 * 16 * 2048 * 2048 == 805_306_368
-    assert flops_per_token(dims, 2048) == 6 * 1_235_814_400 + 805_306_368 == 8_220_192_768
+    shape = _shape("llama3.2-1b")
+    assert PRESETS["llama3.2-1b"].num_params() == 1_235_814_400
+    assert shape.matmul_params == 1_235_814_400
+    assert shape.attention_flops_per_token(2048) == 12 * 16 * 2048 * 2048 == 805_306_368
+    assert shape.flops_per_token(2048) == 6 * 1_235_814_400 + 805_306_368 == 8_220_192_768
 
 
 def test_untied_model_excludes_the_embedding_lookup() -> None:
-    dims = PRESETS["llama3.1-8b"]
-    assert dims.num_params() == 8_030_261_248
-    assert matmul_params(dims) == 8_030_261_248 - 128_256 * 4096
-    assert flops_per_token(dims, 8192) == 6 * 7_504_924_672 + 12 * 32 * 4096 * 8192
+    shape = _shape("llama3.1-8b")
+    assert PRESETS["llama3.1-8b"].num_params() == 8_030_261_248
+    assert shape.matmul_params == 8_030_261_248 - 128_256 * 4096
+    assert shape.flops_per_token(8192) == 6 * 7_504_924_672 + 12 * 32 * 4096 * 8192
 
 
-def test_real_parameter_count_overrides_the_formula() -> None:
-    dims = PRESETS["tiny"]
-    assert flops_per_token(dims, 256, num_params=1000) == 6 * 1000 + 12 * 4 * 256 * 256
+def test_learned_positions_are_a_lookup_and_experts_count_by_routed_fraction() -> None:
+    from transformers import AutoConfig
+
+    gpt2 = build_meta_model(
+        AutoConfig.for_model("gpt2", vocab_size=256, n_embd=32, n_layer=2, n_head=4, n_positions=64)
+    )
+    total = sum(p.numel() for p in gpt2.parameters())
+    # Tied head: the token table stays (it is the output matmul); the position table is a lookup.
+    assert shape_of(gpt2).matmul_params == total - 64 * 32
+    moe_config = AutoConfig.for_model(
+        "mixtral",
+        vocab_size=256,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_local_experts=4,
+        num_experts_per_tok=1,
+        tie_word_embeddings=False,
+    )
+    moe = build_meta_model(moe_config)
+    experts = sum(p.numel() for n, p in moe.named_parameters() if ".experts." in n)
+    dense = sum(p.numel() for n, p in moe.named_parameters() if ".experts." not in n) - 256 * 32
+    assert experts == 2 * 4 * 3 * 32 * 48  # layers x experts x (gate, up, down) x hidden x intermediate
+    assert shape_of(moe).matmul_params == dense + experts // 4  # one expert of four per token
+
+
+def test_explicit_head_dim_sets_the_attention_width() -> None:
+    from transformers import AutoConfig
+
+    config = AutoConfig.for_model(
+        "qwen3", vocab_size=256, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+    )  # fmt: skip
+    assert shape_of(build_meta_model(config)).attention_width == 4 * 16
 
 
 def test_attention_term_grows_with_sequence_length() -> None:
-    dims = PRESETS["llama3.2-1b"]
-    assert flops_per_token(dims, 4096) - flops_per_token(dims, 2048) == 12 * 16 * 2048 * 2048
+    shape = _shape("llama3.2-1b")
+    assert shape.flops_per_token(4096) - shape.flops_per_token(2048) == 12 * 16 * 2048 * 2048
 
 
 @pytest.mark.parametrize(
@@ -91,7 +132,7 @@ def test_peak_override_from_environment(monkeypatch: pytest.MonkeyPatch) -> None
 
 def test_mfu_of_a_1b_step_on_h100() -> None:
     # 40k tokens/s per device of llama3.2-1b at 2048 = 328.8 TFLOP/s = 33.2% of 989.4.
-    tflops = 40_000 * flops_per_token(PRESETS["llama3.2-1b"], 2048) / 1e12
+    tflops = 40_000 * _shape("llama3.2-1b").flops_per_token(2048) / 1e12
     assert tflops == pytest.approx(328.8077, rel=1e-5)
     assert mfu(tflops, 989.4) == pytest.approx(0.33233, rel=1e-4)
 
@@ -113,7 +154,9 @@ def _processor(monkeypatch: pytest.MonkeyPatch, peak: str | None) -> tuple[Metri
         rank=0, world_size=4, local_rank=0, local_world_size=2, node_rank=0, num_nodes=2, device=torch.device("cpu")
     )
     out = io.StringIO()
-    return MetricsProcessor(cfg, world, num_params=10_000_000, seq_len=256, stream=out), out  # type: ignore[arg-type]
+    flops = FlopsShape(matmul_params=10_000_000, num_layers=4, attention_width=256)
+    proc = MetricsProcessor(cfg, world, num_params=10_000_000, seq_len=256, flops=flops, stream=out)  # type: ignore[arg-type]
+    return proc, out
 
 
 def test_processor_log_line_numbers_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:

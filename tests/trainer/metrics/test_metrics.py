@@ -20,6 +20,7 @@ from fsdp_api.contract import exposed_series
 from fsdp_api.launch import free_port, local_env, torchrun_standalone
 from fsdp_api.trainer_config import TrainerConfig
 from fsdp_trainer.metrics import MetricsProcessor, StepStats
+from fsdp_trainer.metrics.flops import FlopsShape
 from fsdp_trainer.metrics.prometheus import (
     multiproc_dir,
     process_start_time,
@@ -29,6 +30,8 @@ from fsdp_trainer.metrics.prometheus import (
 )
 
 from tests.support.trainer_run import Sample, TrainerRun, parse_metrics
+
+FLOPS = FlopsShape(matmul_params=1000, num_layers=2, attention_width=64)
 
 TRAINER_METRICS = exposed_series(gpu=False)
 
@@ -112,7 +115,7 @@ def test_contract_names_and_labels_on_one_endpoint(scraped: Scraped) -> None:
         assert {s.labels["local_rank"] for s in last if s.name == name} == {"0", "1"}, name
     info = [s for s in last if s.name == "fsdp_trainer_info"]
     assert {s.value for s in info} == {1.0}
-    assert {(s.labels["model_preset"], s.labels["sharding_strategy"], s.labels["precision"]) for s in info} == {
+    assert {(s.labels["model"], s.labels["sharding_strategy"], s.labels["precision"]) for s in info} == {
         ("tiny", "full", "fp32")
     }
     assert {s.labels["world_size"] for s in info} == {"2"}
@@ -215,6 +218,8 @@ RESTART_WORKER = textwrap.dedent(
     import torch, torch.distributed as dist
     from fsdp_api.trainer_config import TrainerConfig
     from fsdp_trainer.metrics import MetricsProcessor, StepStats
+    from fsdp_trainer.metrics.flops import FlopsShape
+    FLOPS = FlopsShape(matmul_params=1000, num_layers=2, attention_width=64)
 
     port, out = int(sys.argv[1]), sys.argv[2]
     restart = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
@@ -229,7 +234,7 @@ RESTART_WORKER = textwrap.dedent(
                                         "training": {"maxSteps": 100}, "metrics": {"port": port}})
     world = SimpleNamespace(rank=rank, world_size=2, local_rank=local, local_world_size=2, node_rank=0,
                             num_nodes=1, device=torch.device("cpu"))
-    proc = MetricsProcessor(cfg, world, 1000, seq_len=16)
+    proc = MetricsProcessor(cfg, world, 1000, seq_len=16, flops=FLOPS)
     proc.start()
     steps = 7 if restart == 0 else 3
     for step in range(1, steps + 1):
@@ -277,6 +282,8 @@ BASELINE_WORKER = textwrap.dedent(
     import torch
     from fsdp_api.trainer_config import TrainerConfig
     from fsdp_trainer.metrics import MetricsProcessor, StepStats
+    from fsdp_trainer.metrics.flops import FlopsShape
+    FLOPS = FlopsShape(matmul_params=1000, num_layers=2, attention_width=64)
 
     port = int(sys.argv[1])
     cfg = TrainerConfig.model_validate({"job": {"name": "baseline"}, "model": {"preset": "tiny"},
@@ -284,7 +291,7 @@ BASELINE_WORKER = textwrap.dedent(
     world = SimpleNamespace(rank=0, world_size=1, local_rank=0, local_world_size=1, node_rank=0,
                             num_nodes=1, device=torch.device("cpu"))
     # Its log lines elsewhere: stdout carries only the two scrapes.
-    proc = MetricsProcessor(cfg, world, 1000, seq_len=16, stream=io.StringIO())
+    proc = MetricsProcessor(cfg, world, 1000, seq_len=16, flops=FLOPS, stream=io.StringIO())
     proc.start()
 
     def scrape():
@@ -395,7 +402,7 @@ def test_progress_bar_on_a_terminal_with_log_lines_above_it() -> None:
         rank=0, world_size=1, local_rank=0, local_world_size=1, node_rank=0, num_nodes=1, device=torch.device("cpu")
     )
     term = _Terminal()
-    proc = MetricsProcessor(cfg, world, 1000, seq_len=16, stream=term)  # type: ignore[arg-type]
+    proc = MetricsProcessor(cfg, world, 1000, seq_len=16, flops=FLOPS, stream=term)  # type: ignore[arg-type]
     for step in range(1, 5):
         proc.on_step(StepStats(step, 2.0, 1e-3, 1.0, tokens=64, step_seconds=0.25, data_seconds=0.0))
     proc.close()

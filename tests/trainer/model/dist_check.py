@@ -35,8 +35,8 @@ def main() -> None:
                 "params": full,
                 "inputs": inputs,
                 "logits": logits,
-                "inv_freq": model.model.rotary_emb.inv_freq.cpu(),
-                "tied": model.lm_head.weight is model.model.embed_tokens.weight,
+                "buffers": {name: b.cpu() for name, b in model.named_buffers()},
+                "tied": model.get_output_embeddings().weight is model.get_input_embeddings().weight,
             },
             out,
         )

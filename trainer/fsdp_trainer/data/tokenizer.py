@@ -77,33 +77,52 @@ def embedded_tokenizer_dir() -> Path:
     return cache
 
 
-def tokenizer_source(cfg: TrainerConfig) -> tuple[str, str]:
-    """(where to load from, which config field said so)."""
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+
+
+def tokenizer_source(cfg: TrainerConfig, model_path: Path | None = None) -> tuple[str, str]:
+    """(where to load from, which config field said so).
+
+    ``model_path`` is the directory of model.pretrained or model.architecture
+    (a hub snapshot for a hub id): its tokenizer is used when it ships one.
+    """
     if cfg.data.tokenizer:
         return cfg.data.tokenizer, "data.tokenizer"
     if cfg.model.pretrained:
-        return cfg.model.pretrained, "model.pretrained"
+        return str(model_path or cfg.model.pretrained), "model.pretrained"
+    if model_path is not None and any((model_path / f).is_file() for f in TOKENIZER_FILES):
+        return str(model_path), "model.architecture"
     return str(embedded_tokenizer_dir()), "data.tokenizer"
 
 
-def load_tokenizer(cfg: TrainerConfig) -> PreTrainedTokenizerBase:
-    """The tokenizer, checked against the model's vocabulary (before any process group)."""
-    ref, field = tokenizer_source(cfg)
+def load_tokenizer(cfg: TrainerConfig, model_path: Path | None = None) -> PreTrainedTokenizerBase:
+    """The tokenizer (before any process group); ``check_vocabulary`` compares it with the model."""
+    ref, field = tokenizer_source(cfg, model_path)
     try:
         tokenizer = AutoTokenizer.from_pretrained(ref)
     except (OSError, ValueError) as e:
         raise ConfigError([f"{field}: cannot load a tokenizer from {ref}: {e}"]) from None
-    vocab = cfg.model.dims().vocab_size
-    if len(tokenizer) > vocab:
-        raise ConfigError(
-            [
-                f"model.config.vocabSize: the tokenizer ({ref}) has {len(tokenizer)} tokens but the model's "
-                f"vocabulary is {vocab}; raise vocabSize to at least {len(tokenizer)}"
-            ]
-        )
     if tokenizer.eos_token_id is None:
         raise ConfigError([f"{field}: the tokenizer ({ref}) has no end-of-text token to separate documents"])
     return tokenizer
+
+
+def check_vocabulary(tokenizer: PreTrainedTokenizerBase, vocab_size: int, cfg: TrainerConfig) -> None:
+    """Every token id must index the model's embedding."""
+    if len(tokenizer) <= vocab_size:
+        return
+    ref, _ = tokenizer_source(cfg)
+    fix = (
+        f"raise model.config.vocabSize to at least {len(tokenizer)}"
+        if not cfg.model.pretrained
+        else "use the model's own tokenizer (unset data.tokenizer)"
+    )
+    raise ConfigError(
+        [
+            f"model.config.vocabSize: the tokenizer ({ref}) has {len(tokenizer)} tokens but the model's "
+            f"vocabulary is {vocab_size}; {fix}"
+        ]
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -6,18 +6,23 @@ work the model needs, not what the hardware did: recomputation by activation
 checkpointing is *not* counted, so MFU does not rise when you recompute.
 
 FLOPs per token follow the PaLM paper (appendix B) as torchtitan implements
-it::
+it, counted on the actual model (any architecture) rather than a formula::
 
-    flops_per_token = 6 * N + 12 * num_layers * hidden_size * seq_len
+    flops_per_token = 6 * N + 12 * num_layers * attention_width * seq_len
 
 - ``6 * N``: every matmul parameter costs 2 FLOPs forward and 4 backward.
-  ``N`` counts the parameters that take part in a matmul: all of them except
-  the input embedding table, which is a lookup. With tied embeddings that table
-  *is* the output projection, so it stays in ``N`` (torchtitan drops it, which
-  undercounts tied models such as Llama 3.2).
-- ``12 * L * H * S``: the attention score and value matmuls (QK^T and AV), 2
-  FLOPs per multiply-add forward, twice that backward, per layer. It uses the
-  full sequence length (no causal halving), as PaLM and torchtitan do.
+  ``N`` counts the parameters a token passes through in a matmul: all of
+  them except lookup tables (the input embedding, learned position
+  embeddings). With tied embeddings the table *is* the output projection, so
+  it stays in ``N`` (torchtitan drops it, which undercounts tied models such
+  as Llama 3.2). For mixture-of-experts, a token passes through
+  ``num_experts_per_tok`` of the experts: expert parameters (those under a
+  module named ``experts``) count by that fraction.
+- ``12 * L * W * S``: the attention score and value matmuls (QK^T and AV), 2
+  FLOPs per multiply-add forward, twice that backward, per layer, where
+  ``W = num_heads * head_dim`` (the hidden size for Llama, not for
+  architectures with an explicit ``head_dim``). It uses the full sequence
+  length (no causal halving, no sliding window), as PaLM and torchtitan do.
 
 Peak numbers are NVIDIA datasheet figures for *dense* math (the datasheets
 often print the 2:4-sparse number, twice as large). Override with the
@@ -29,31 +34,55 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from fsdp_api.contract import ENV_PEAK_TFLOPS
-from fsdp_api.presets import ModelDims
+from torch import nn
 
 PEAK_OVERRIDE_ENV = ENV_PEAK_TFLOPS
+# Config keys that give the number of experts, as transformers' MoE configs spell it.
+EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
 
 
-def matmul_params(dims: ModelDims, num_params: int | None = None) -> int:
-    """Parameters that take part in a matmul: all but the input embedding lookup.
+@dataclass(frozen=True)
+class FlopsShape:
+    """What FLOPs per token depend on."""
 
-    ``num_params`` is the model's real count (the train loop passes it); by
-    default the architecture's formula stands in for it.
-    """
-    total = dims.num_params() if num_params is None else num_params
-    embedding_lookup = 0 if dims.tie_word_embeddings else dims.vocab_size * dims.hidden_size
-    return total - embedding_lookup
+    matmul_params: int  # active per token (MoE: the routed fraction of the experts)
+    num_layers: int
+    attention_width: int  # num_heads * head_dim
+
+    def attention_flops_per_token(self, seq_len: int) -> int:
+        return 12 * self.num_layers * self.attention_width * seq_len
+
+    def flops_per_token(self, seq_len: int) -> int:
+        """Training (forward + backward) model FLOPs per token; see the module docstring."""
+        return 6 * self.matmul_params + self.attention_flops_per_token(seq_len)
 
 
-def attention_flops_per_token(dims: ModelDims, seq_len: int) -> int:
-    return 12 * dims.num_layers * dims.hidden_size * seq_len
+def _expert_fraction(config: Any) -> float:
+    experts = next((getattr(config, k) for k in EXPERT_COUNT_KEYS if getattr(config, k, None)), None)
+    active = getattr(config, "num_experts_per_tok", None)
+    return active / experts if experts and active else 1.0
 
 
-def flops_per_token(dims: ModelDims, seq_len: int, num_params: int | None = None) -> int:
-    """Training (forward + backward) model FLOPs per token; see the module docstring."""
-    return 6 * matmul_params(dims, num_params) + attention_flops_per_token(dims, seq_len)
+def shape_of(model: nn.Module) -> FlopsShape:
+    """The FLOPs shape of a transformers causal LM (works on the meta device)."""
+    config = model.config.get_text_config()
+    lookups = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    head = model.get_output_embeddings()
+    if head is not None:
+        lookups.discard(id(head.weight))  # tied: the table is also the output matmul
+    fraction = _expert_fraction(config)
+    matmul = 0.0
+    for name, param in model.named_parameters():  # tied parameters once
+        if id(param) in lookups:
+            continue
+        share = fraction if ".experts." in f".{name}." else 1.0
+        matmul += param.numel() * share
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return FlopsShape(round(matmul), config.num_hidden_layers, heads * head_dim)
 
 
 @dataclass(frozen=True)

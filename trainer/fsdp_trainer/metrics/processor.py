@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, TextIO
 import torch
 from fsdp_api.contract import ENV_METRICS_ADDR, ENV_METRICS_LINGER_SECONDS
 
-from .flops import flops_per_token, mfu, peak_tflops
+from .flops import FlopsShape, mfu, peak_tflops
 from .logline import IntervalSummary, ProgressBar, RunSummary, step_line, summary_line
 from .memory import memory_bytes
 from .nvml import GpuSampler
@@ -77,13 +77,14 @@ class MetricsProcessor:
         num_params: int,
         *,
         seq_len: int,
+        flops: FlopsShape,
         stream: TextIO | None = None,
     ) -> None:
         self.cfg = cfg
         self.world = world
         self.num_params = num_params
         self.seq_len = seq_len
-        self.flops_per_token = flops_per_token(cfg.model.dims(), seq_len, num_params)
+        self.flops_per_token = flops.flops_per_token(seq_len)
         self.device_name = torch.cuda.get_device_name(world.device) if world.device.type == "cuda" else None
         self.peak_tflops = peak_tflops(self.device_name, cfg.training.precision, tf32=_tf32_enabled())
         self.max_steps = cfg.training.max_steps
@@ -129,7 +130,7 @@ class MetricsProcessor:
         self.metrics = m = TrainerMetrics()
         m.info.labels(
             **self.labels,
-            model_preset=self.cfg.model.preset,
+            model=self.cfg.model.source(),
             sharding_strategy=self.cfg.fsdp.sharding_strategy,
             precision=self.cfg.training.precision,
             world_size=str(self.world.world_size),

@@ -1,28 +1,14 @@
-"""The Llama model: built on the meta device, then materialised shard by shard.
+"""The Llama presets as transformers ``LlamaConfig``s (``model.preset`` plus overrides).
 
-Nothing is allocated until the model is sharded: ``build_meta_model`` creates
-a ``transformers.LlamaForCausalLM`` whose tensors are shapes only, FSDP2 shards
-that, ``to_empty`` allocates each rank's shards, and ``init_weights`` fills
-them. Initialisation draws each parameter's full tensor from a generator
-seeded by (seed, parameter name), one tensor at a time, and keeps this rank's
-piece: the result is the same for any world size or sharding strategy, which
-is what makes a sharded run comparable with a single-process one.
+A preset is only a shorthand for a config: the model is then built,
+sharded and initialised like any other architecture (``architecture.py``).
 """
 
 from __future__ import annotations
 
-import hashlib
-import math
-
-import torch
-import torch.distributed.tensor
 from fsdp_api.presets import ModelDims
 from fsdp_api.spec import ModelSpec
-from torch import nn
-from transformers import LlamaConfig, LlamaForCausalLM
-
-from .param_names import unique_parameters
-from .shards import copy_full_into
+from transformers import LlamaConfig
 
 INIT_STD = 0.02
 RMS_NORM_EPS = 1e-5
@@ -73,92 +59,3 @@ def llama_config(
         use_cache=False,
         attn_implementation="sdpa",
     )
-
-
-def build_meta_model(config: LlamaConfig) -> LlamaForCausalLM:
-    """The model with shapes but no storage."""
-    with torch.device("meta"):
-        model = LlamaForCausalLM(config)
-    return model
-
-
-def _seed_for(seed: int, name: str) -> int:
-    digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
-
-
-def init_std(name: str, num_layers: int) -> float | None:
-    """Standard deviation for a weight; None for RMSNorm weights (ones).
-
-    The residual-stream output projections (attention o_proj and MLP
-    down_proj) are scaled by 1/sqrt(2 * layers), as in GPT-2, so the residual
-    stream's variance does not grow with depth.
-    """
-    if name.endswith("norm.weight"):
-        return None
-    if name.endswith(("o_proj.weight", "down_proj.weight")):
-        return INIT_STD / math.sqrt(2 * num_layers)
-    return INIT_STD
-
-
-@torch.no_grad()
-def init_weights(model: LlamaForCausalLM, seed: int, device: torch.device) -> None:
-    """Fill freshly materialised (``to_empty``) parameters and recompute the buffers."""
-    num_layers = model.config.num_hidden_layers
-    for name, param in unique_parameters(model):
-        std = init_std(name, num_layers)
-        if std is None:
-            full = torch.ones(param.shape, device=device, dtype=torch.float32)
-        else:
-            gen = torch.Generator(device=device).manual_seed(_seed_for(seed, name))
-            full = torch.empty(param.shape, device=device, dtype=torch.float32).normal_(0.0, std, generator=gen)
-        copy_full_into(param, full)
-        del full
-    reset_buffers(model)
-    check_tied(model)
-
-
-@torch.no_grad()
-def reset_buffers(model: nn.Module) -> None:
-    """Recompute non-persistent buffers, which ``to_empty`` leaves as garbage.
-
-    The rotary embedding's ``inv_freq`` is the only such buffer in Llama; it is
-    not in checkpoints (non-persistent), so it is recomputed by building a
-    fresh rotary module on the CPU with transformers' own code and copying.
-    """
-    for module in model.modules():
-        if hasattr(module, "inv_freq") and hasattr(module, "config"):
-            with torch.device("cpu"):
-                fresh = type(module)(module.config)
-            for name, buf in fresh.named_buffers(recurse=False):
-                getattr(module, name).copy_(buf)
-            module.attention_scaling = fresh.attention_scaling
-
-
-def _is_tied(model: LlamaForCausalLM) -> bool:
-    return model.lm_head.weight is model.model.embed_tokens.weight
-
-
-def materialize(model: LlamaForCausalLM, device: torch.device | str) -> None:
-    """Allocate (uninitialised) storage for the meta model's shards, keeping tied weights tied.
-
-    ``to_empty`` on a plain module swaps in new Parameter objects, which
-    unties ``lm_head`` from the embedding; FSDP2 keeps the shared parameter
-    as one. Re-tie the plain case, before init so both names get one tensor.
-    """
-    model.to_empty(device=device)
-    if model.config.tie_word_embeddings and not _is_tied(model):
-        if isinstance(model.lm_head.weight, torch.distributed.tensor.DTensor):
-            raise RuntimeError("FSDP untied lm_head.weight from model.embed_tokens.weight")
-        model.lm_head.weight = model.model.embed_tokens.weight
-
-
-def check_tied(model: LlamaForCausalLM) -> None:
-    """Tied embeddings must still share one parameter after materialisation."""
-    if model.config.tie_word_embeddings and not _is_tied(model):
-        raise RuntimeError("lm_head.weight is no longer tied to model.embed_tokens.weight after materialisation")
-
-
-def count_parameters(model: nn.Module) -> int:
-    """Parameters of the full (unsharded) model, tied ones once."""
-    return sum(p.numel() for _, p in unique_parameters(model))

@@ -1,91 +1,63 @@
-"""Initialising from pretrained Hugging Face weights, streamed into the shards.
+"""Loading pretrained Hugging Face weights into the shards, strictly.
 
 ``model.pretrained`` names a hub id or a local directory with ``config.json``
-and ``*.safetensors`` (one file or an index of shards). The sharded model is
-filled tensor by tensor: each rank opens the safetensors files memory-mapped
-and reads, for every parameter, only the rows (``get_slice``) that its shard
-holds. No rank ever materialises the full model, and the files are read in
-place, without a copy on every rank's heap.
+and ``*.safetensors`` (one file or an index of shards). Loading is strict:
+every tensor of the checkpoint must land in a parameter of the same shape
+and every parameter must be filled, or the run stops before training with
+one error naming the missing, unexpected and mis-shaped tensors. The only
+tensors that may be left over are those transformers itself ignores: a tied
+output head and the architecture's ``_keys_to_ignore_on_load_unexpected``.
 
-The architecture comes from the preset (plus overrides), as for a random
-init; the pretrained ``config.json`` must agree with it, which is checked
-before any process group exists so a mismatch is a clear config error.
+Two ways in, chosen by ``check_pretrained`` from the safetensors headers:
+
+- ``stream`` (the usual case: the checkpoint's names are the model's): each
+  rank opens the files memory-mapped and reads, for every parameter, only the
+  rows (``get_slice``) its shard holds. No rank materialises the full model.
+- ``convert`` (the checkpoint is stored in another layout that transformers
+  converts at load time, e.g. Mixtral's per-expert ``w1/w2/w3`` into fused
+  expert tensors): global rank 0 loads it with transformers'
+  ``from_pretrained`` on the CPU, which applies the conversion and reports
+  what did not match, and broadcasts each full tensor; every rank keeps its
+  piece. Rank 0 needs host memory for the whole checkpoint.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 from contextlib import ExitStack
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from fsdp_api.trainer_config import TrainerConfig
+import torch.distributed as dist
 from torch import nn
+from transformers import PreTrainedModel
 
 from ..errors import ConfigError
-from .hub import local_path, snapshot
-from .param_names import unique_parameters
-from .shards import local_slices, local_tensor
+from .architecture import embeddings_tied
+from .param_names import canonical, unique_parameters
+from .shards import copy_full_into, local_slices, local_tensor
 
 log = logging.getLogger(__name__)
 
 INDEX_FILE = "model.safetensors.index.json"
 WEIGHTS_FILE = "model.safetensors"
-HUB_PATTERNS = ["*.safetensors", "*.json", "tokenizer*", "*.model", "*.tiktoken"]
-# config.json key -> (ModelDims attribute, YAML field the user can override)
-DIM_KEYS = {
-    "hidden_size": ("hidden_size", "hiddenSize"),
-    "num_hidden_layers": ("num_layers", "numLayers"),
-    "num_attention_heads": ("num_heads", "numHeads"),
-    "num_key_value_heads": ("num_key_value_heads", "numKeyValueHeads"),
-    "intermediate_size": ("intermediate_size", "intermediateSize"),
-    "vocab_size": ("vocab_size", "vocabSize"),
-}
+# Names listed in an error before "and N more".
+SHOWN = 8
 
 
-def pretrained_dir(ref: str) -> Path:
-    """The local directory of ``model.pretrained`` (a hub snapshot for a hub id)."""
-    path = local_path(ref)
-    if path is not None:
-        return path
-    try:
-        return snapshot(ref, HUB_PATTERNS)
-    except Exception as e:  # the hub client raises many kinds; all mean "cannot get it"
-        raise ConfigError([f"model.pretrained: cannot fetch {ref} from the Hugging Face hub: {e}"]) from None
+@dataclass
+class LoadPlan:
+    path: Path
+    mode: str  # "stream" or "convert"
+    # model name -> (checkpoint name, file) for stream mode
+    sources: dict[str, tuple[str, Path]] = field(default_factory=dict)
 
 
-def check_pretrained(cfg: TrainerConfig) -> Path | None:
-    """Resolve ``model.pretrained`` and check its config.json matches the model; None if unset."""
-    if not cfg.model.pretrained:
-        return None
-    path = pretrained_dir(cfg.model.pretrained)
-    try:
-        hf = json.loads((path / "config.json").read_text())
-    except (OSError, ValueError) as e:
-        raise ConfigError([f"model.pretrained: cannot read {path / 'config.json'}: {e}"]) from None
-    dims = cfg.model.dims()
-    errors = []
-    for key, (attr, field) in DIM_KEYS.items():
-        theirs = hf.get(key, hf.get("num_attention_heads") if key == "num_key_value_heads" else None)
-        ours = getattr(dims, attr)
-        if theirs is not None and int(theirs) != ours:
-            errors.append(
-                f"model.config.{field}: {cfg.model.pretrained} has {key}={theirs} but preset "
-                f"{cfg.model.preset} (with overrides) gives {ours}"
-            )
-    try:
-        if not _weight_files(path):
-            errors.append(f"model.pretrained: no safetensors weights in {path}")
-    except Exception as e:  # safetensors raises its own error type for corrupt headers
-        errors.append(f"model.pretrained: cannot read the safetensors weights in {path}: {e}")
-    if errors:
-        raise ConfigError(errors)
-    return path
-
-
-def _weight_files(path: Path) -> dict[str, Path]:
+def weight_files(path: Path) -> dict[str, Path]:
     """Tensor name -> safetensors file holding it."""
     index = path / INDEX_FILE
     if index.is_file():
@@ -104,37 +76,194 @@ def _weight_files(path: Path) -> dict[str, Path]:
     return out
 
 
-@torch.no_grad()
-def load_pretrained(model: nn.Module, path: Path) -> None:
-    """Fill every (sharded) parameter with its piece of the pretrained weights."""
+def _shapes(weights: dict[str, Path]) -> dict[str, tuple[int, ...]]:
     from safetensors import safe_open
 
-    weights = _weight_files(path)
-    tied = bool(getattr(getattr(model, "config", None), "tie_word_embeddings", False))
-    missing = []
+    shapes: dict[str, tuple[int, ...]] = {}
+    by_file: dict[Path, list[str]] = {}
+    for name, file in weights.items():
+        by_file.setdefault(file, []).append(name)
+    for file, names in by_file.items():
+        with safe_open(str(file), framework="pt") as f:
+            for name in names:
+                shapes[name] = tuple(f.get_slice(name).get_shape())
+    return shapes
+
+
+def _listing(kind: str, names: list[str]) -> str:
+    names = sorted(names)
+    more = f" and {len(names) - SHOWN} more" if len(names) > SHOWN else ""
+    return f"{kind} {', '.join(names[:SHOWN])}{more}"
+
+
+def _ignored(model: PreTrainedModel) -> list[re.Pattern[str]]:
+    patterns = []
+    for module in model.modules():
+        for pattern in getattr(module, "_keys_to_ignore_on_load_unexpected", None) or ():
+            patterns.append(re.compile(pattern))
+    return patterns
+
+
+def _tied_names(model: PreTrainedModel) -> set[str]:
+    if not embeddings_tied(model):
+        return set()
+    head = model.get_output_embeddings()
+    return {f"{canonical(n)}.weight" for n, m in model.named_modules() if m is head}
+
+
+def expected_tensors(model: nn.Module) -> dict[str, tuple[int, ...]]:
+    """What a checkpoint must hold: every parameter (tied ones once) and persistent buffer."""
+    names = dict(unique_parameters(model))
+    out = {name: tuple(p.shape) for name, p in names.items()}
+    for name, buf in model.state_dict(keep_vars=True).items():
+        name = canonical(name)
+        if name not in out and not isinstance(buf, nn.Parameter):
+            out[name] = tuple(buf.shape)
+    return out
+
+
+def _resolve(name: str, available: dict[str, Any], prefix: str) -> str | None:
+    """The checkpoint's name for a model tensor: the same, or without/with the base model prefix."""
+    if name in available:
+        return name
+    if prefix and name.startswith(prefix + "."):
+        stripped = name[len(prefix) + 1 :]
+        if stripped in available:
+            return stripped
+    if prefix and f"{prefix}.{name}" in available:
+        return f"{prefix}.{name}"
+    return None
+
+
+def _has_conversion(model: PreTrainedModel) -> bool:
+    from transformers.conversion_mapping import get_model_conversion_mapping
+
+    try:
+        return bool(get_model_conversion_mapping(model, add_legacy=False))
+    except Exception:  # an internal helper of transformers: absence means "no conversion"
+        return False
+
+
+def check_pretrained(model: PreTrainedModel, path: Path) -> LoadPlan:
+    """Match the checkpoint against the (meta) model by names and shapes; ConfigError if it cannot load."""
+    try:
+        weights = weight_files(path)
+        shapes = _shapes(weights)
+    except Exception as e:  # safetensors raises its own error type for corrupt headers
+        raise ConfigError([f"model.pretrained: cannot read the safetensors weights in {path}: {e}"]) from None
+    if not weights:
+        raise ConfigError([f"model.pretrained: no safetensors weights in {path}"])
+    prefix = getattr(model, "base_model_prefix", "") or ""
+    params = {name for name, _ in unique_parameters(model)}
+    expected = expected_tensors(model)
+    sources: dict[str, tuple[str, Path]] = {}
+    missing, wrong = [], []
+    for name, shape in expected.items():
+        source = _resolve(name, shapes, prefix)
+        if source is None:
+            if name in params:
+                missing.append(name)
+            continue  # a persistent buffer absent from the file keeps its computed value
+        if shapes[source] != shape:
+            wrong.append(f"{source} {list(shapes[source])} (the model's is {list(shape)})")
+        sources[name] = (source, weights[source])
+    used = {source for source, _ in sources.values()}
+    ignored = _ignored(model)
+    tied = _tied_names(model)
+    unexpected = [
+        n
+        for n in shapes
+        if n not in used and _resolve(n, dict.fromkeys(tied), prefix) is None and not any(p.search(n) for p in ignored)
+    ]
+    if missing and _has_conversion(model) and not wrong:
+        log.info("%s is stored in a layout transformers converts at load time; rank 0 converts it", path)
+        return LoadPlan(path, "convert")
+    errors = []
+    if missing:
+        errors.append(_listing("missing tensors:", missing))
+    if unexpected:
+        errors.append(_listing("unexpected tensors:", unexpected))
+    if wrong:
+        errors.append(_listing("wrong shapes:", wrong))
+    if errors:
+        raise ConfigError([f"model.pretrained: {path} does not match {type(model).__name__} ({'; '.join(errors)})"])
+    return LoadPlan(path, "stream", sources)
+
+
+@torch.no_grad()
+def load_pretrained(model: PreTrainedModel, plan: LoadPlan, device: torch.device) -> None:
+    """Fill every (sharded) parameter and persistent buffer with the pretrained values."""
+    if plan.mode == "stream":
+        _stream(model, plan)
+    else:
+        _convert_on_rank0(model, plan, device)
+    log.info("loaded pretrained weights from %s (%s)", plan.path, plan.mode)
+
+
+def _targets(model: nn.Module) -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = dict(unique_parameters(model))
+    for name, buf in model.named_buffers():
+        out.setdefault(canonical(name), buf)
+    return out
+
+
+def _stream(model: nn.Module, plan: LoadPlan) -> None:
+    from safetensors import safe_open
+
+    targets = _targets(model)
     with ExitStack() as stack:
         handles: dict[Path, Any] = {}
-        for name, param in unique_parameters(model):
-            file = weights.get(name)
-            if file is None:
-                missing.append(name)
-                continue
+        for name, (source, file) in plan.sources.items():
             if file not in handles:
                 handles[file] = stack.enter_context(safe_open(str(file), framework="pt"))
-            sliced = handles[file].get_slice(name)
-            shape = tuple(sliced.get_shape())
-            if shape != tuple(param.shape):
-                raise ValueError(f"{name}: pretrained shape {shape} does not match the model's {tuple(param.shape)}")
-            local = local_tensor(param)
-            local.copy_(sliced[local_slices(param)].to(device=local.device, dtype=local.dtype))
-    if missing:
-        raise ValueError(f"{path} lacks weights for {', '.join(missing[:5])}" + (" ..." if len(missing) > 5 else ""))
-    unexpected = set(weights) - {n for n, _ in unique_parameters(model)}
-    if tied:
-        unexpected.discard("lm_head.weight")
-    unexpected = {n for n in unexpected if not n.endswith("rotary_emb.inv_freq")}
-    if unexpected:
-        log.warning(
-            "ignored %d pretrained tensors the model does not have: %s", len(unexpected), sorted(unexpected)[:5]
-        )
-    log.info("loaded pretrained weights from %s", path)
+            target = targets[name]
+            local = local_tensor(target)
+            piece = handles[file].get_slice(source)[local_slices(target)]
+            local.copy_(piece.to(device=local.device, dtype=local.dtype))
+
+
+def _convert_on_rank0(model: PreTrainedModel, plan: LoadPlan, device: torch.device) -> None:
+    reference: dict[str, torch.Tensor] = {}
+    errors: list[str] = []
+    if dist.get_rank() == 0:
+        reference, errors = _load_with_transformers(plan.path)
+    box: list[Any] = [errors]
+    dist.broadcast_object_list(box, src=0)
+    if box[0]:
+        raise ConfigError(box[0])
+    targets = _targets(model)
+    names = [n for n in targets if n in reference] if dist.get_rank() == 0 else []
+    box = [names]
+    dist.broadcast_object_list(box, src=0)
+    # gloo broadcasts CPU tensors, NCCL device tensors.
+    where = device if dist.get_backend() == "nccl" else torch.device("cpu")
+    for name in box[0]:
+        target = targets[name]
+        if dist.get_rank() == 0:
+            full = reference.pop(name).to(device=where, dtype=torch.float32)
+        else:
+            full = torch.empty(target.shape, device=where, dtype=torch.float32)
+        dist.broadcast(full, src=0)
+        copy_full_into(target, full)
+        del full
+
+
+def _load_with_transformers(path: Path) -> tuple[dict[str, torch.Tensor], list[str]]:
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    try:
+        reference, info = AutoModelForCausalLM.from_pretrained(path, dtype="auto", output_loading_info=True)
+    except Exception as e:  # mismatched sizes and corrupt files raise; report, do not crash every rank
+        return {}, [f"model.pretrained: transformers cannot load {path}: {e}"]
+    problems = []
+    for kind in ("missing_keys", "unexpected_keys", "mismatched_keys"):
+        names = [str(n) for n in info.get(kind) or ()]
+        if names:
+            problems.append(_listing(kind.replace("_keys", " tensors:"), names))
+    if problems:
+        name = type(reference).__name__
+        return {}, [f"model.pretrained: {path} does not match {name} ({'; '.join(problems)})"]
+    state = {canonical(n): t for n, t in reference.state_dict().items()}
+    return state, []

@@ -1,10 +1,12 @@
 """Applying activation checkpointing, torch.compile and FSDP2 to the model.
 
-Order matters, as in torchtitan: activation checkpointing wraps each decoder
-layer first, torch.compile compiles the (wrapped) layers, and ``fully_shard``
-goes on each layer and then on the root, so every layer is one all-gather /
-reduce-scatter group and the root group holds the embeddings, final norm and
-output head. All of this happens on the meta device, before any storage exists.
+The units are the model's decoder blocks (``model.architecture.decoder_units``:
+its ``_no_split_modules``), whatever the architecture. Order matters, as in
+torchtitan: activation checkpointing wraps each decoder layer first,
+torch.compile compiles the (wrapped) layers, and ``fully_shard`` goes on each
+layer and then on the root, so every layer is one all-gather / reduce-scatter
+group and the root group holds the embeddings, final norm and output head.
+All of this happens on the meta device, before any storage exists.
 
 What ``fsdp.shardingStrategy`` means (the mesh, ``reshard_after_forward``,
 whether FSDP is used at all) is decided by ``plan.ParallelPlan``; this module
@@ -24,18 +26,19 @@ from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
-from transformers import LlamaForCausalLM
+from transformers import PreTrainedModel
 
+from ..model.architecture import decoder_units
 from .plan import ParallelPlan
 
 log = logging.getLogger(__name__)
 
 
-def decoder_layers(model: LlamaForCausalLM) -> nn.ModuleList:
-    return model.model.layers
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    return [unit.module for unit in decoder_units(model)]
 
 
-def apply_activation_checkpointing(model: LlamaForCausalLM, mode: str) -> int:
+def apply_activation_checkpointing(model: PreTrainedModel, mode: str) -> int:
     """Recompute layer activations in backward; returns how many layers were wrapped.
 
     selective wraps every other layer (0, 2, 4, ...): about half the
@@ -43,18 +46,18 @@ def apply_activation_checkpointing(model: LlamaForCausalLM, mode: str) -> int:
     """
     if mode == "none":
         return 0
-    layers = decoder_layers(model)
     wrapped = 0
-    for i, layer in enumerate(layers):
+    for i, unit in enumerate(decoder_units(model)):
         if mode == "full" or i % 2 == 0:
             # Non-reentrant checkpointing handles keyword arguments and no_grad
-            # inputs; no RNG state to preserve since Llama has no dropout.
-            layers[i] = checkpoint_wrapper(layer, checkpoint_impl=CheckpointImpl.NO_REENTRANT, preserve_rng_state=False)
+            # inputs. The RNG state is preserved: an architecture with dropout
+            # must drop the same units in the recomputation.
+            unit.replace(checkpoint_wrapper(unit.module, checkpoint_impl=CheckpointImpl.NO_REENTRANT))
             wrapped += 1
     return wrapped
 
 
-def apply_compile(model: LlamaForCausalLM) -> None:
+def apply_compile(model: PreTrainedModel) -> None:
     """torch.compile each decoder layer in place (parameter names unchanged).
 
     Per layer rather than the whole model: all layers share one compiled graph,
@@ -72,7 +75,7 @@ def mixed_precision(precision: str) -> MixedPrecisionPolicy:
     return MixedPrecisionPolicy()
 
 
-def apply_fsdp(model: LlamaForCausalLM, mesh: DeviceMesh, plan: ParallelPlan, precision: str) -> None:
+def apply_fsdp(model: PreTrainedModel, mesh: DeviceMesh, plan: ParallelPlan, precision: str) -> None:
     kwargs = {
         "mesh": mesh,
         "mp_policy": mixed_precision(precision),
@@ -83,7 +86,7 @@ def apply_fsdp(model: LlamaForCausalLM, mesh: DeviceMesh, plan: ParallelPlan, pr
     fully_shard(model, reshard_after_forward=False, **kwargs)
 
 
-def apply_prefetch(model: LlamaForCausalLM, depth: int) -> None:
+def apply_prefetch(model: PreTrainedModel, depth: int) -> None:
     """Explicit prefetch: layer i all-gathers the next ``depth`` layers in forward
     and the previous ``depth`` in backward, instead of FSDP's implicit one-ahead."""
     if depth <= 0:
@@ -99,8 +102,8 @@ def apply_prefetch(model: LlamaForCausalLM, depth: int) -> None:
 
 
 def parallelize(
-    model: LlamaForCausalLM, cfg: TrainerConfig, plan: ParallelPlan, mesh: DeviceMesh | None
-) -> LlamaForCausalLM:
+    model: PreTrainedModel, cfg: TrainerConfig, plan: ParallelPlan, mesh: DeviceMesh | None
+) -> PreTrainedModel:
     """Everything that wraps the meta model, in the order that works (``mesh``: None without FSDP)."""
     wrapped = apply_activation_checkpointing(model, cfg.training.activation_checkpointing)
     if wrapped:

@@ -1,0 +1,226 @@
+"""Any Hugging Face causal LM: built, sharded, loaded strictly, trained and exported.
+
+Every architecture of ``architectures.ARCHITECTURES`` is checked against
+transformers itself: the sharded model loaded from the checkpoint gives the
+logits of ``AutoModelForCausalLM.from_pretrained`` on the same files, a 2-rank
+``full`` run trains like a single process, and the export loads back into
+transformers with the trained logits.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+from fsdp_api.launch import torchrun_standalone
+from fsdp_api.trainer_config import TrainerConfig
+from fsdp_trainer.errors import ConfigError
+from fsdp_trainer.export import export_checkpoint
+from fsdp_trainer.model.architecture import decoder_units
+from fsdp_trainer.model.param_names import unique_parameters
+from fsdp_trainer.train import build_model, prepare
+from safetensors.torch import load_file, save_file
+from torch import nn
+from transformers import AutoModelForCausalLM
+
+from tests.trainer.harness import base_config, cpu_world, launch, offline_env
+from tests.trainer.model.architectures import ARCHITECTURES, build_checkpoint
+
+HERE = Path(__file__).parent
+NAMES = sorted(ARCHITECTURES)
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory: pytest.TempPathFactory, inputs: dict[str, Path]) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("architectures")
+    return {name: build_checkpoint(name, root / name, inputs["tokenizer"]) for name in NAMES}
+
+
+def _config(work: Path, data: Path, model: dict[str, Any], **sections: dict[str, Any]) -> dict[str, Any]:
+    cfg = base_config(work, data, Path("unused"), **sections)
+    cfg["model"] = model
+    del cfg["data"]["tokenizer"]  # the model directory's own tokenizer
+    return cfg
+
+
+def _prepare(cfg: dict[str, Any]):
+    return prepare(TrainerConfig.model_validate(cfg), cpu_world(1, 1))
+
+
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory: pytest.TempPathFactory, inputs: dict[str, Path], checkpoints: dict[str, Path]) -> dict:
+    """One 2-rank launch building every architecture sharded: pretrained, and randomly initialised."""
+    root = tmp_path_factory.mktemp("sharded")
+    args = []
+    for name in NAMES:
+        for kind in ("pretrained", "architecture"):
+            cfg = _config(root / f"{name}-{kind}", inputs["aligned"], {kind: str(checkpoints[name])})
+            cfg["fsdp"] = {"shardingStrategy": "full"}
+            path = root / f"{name}-{kind}.yaml"
+            path.write_text(yaml.safe_dump(cfg))
+            args.append(f"{name}-{kind}={path}")
+    out = root / "result.pt"
+    proc = subprocess.run(
+        torchrun_standalone(2, [str(HERE / "arch_check.py"), str(out), *args]),
+        env=offline_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return torch.load(out)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", NAMES)
+def test_sharded_pretrained_model_gives_transformers_logits(
+    name: str, sharded: dict, checkpoints: dict[str, Path]
+) -> None:
+    result = sharded[f"{name}-pretrained"]
+    reference = AutoModelForCausalLM.from_pretrained(checkpoints[name], dtype=torch.float32).eval()
+    assert result["class"].endswith(type(reference).__name__)
+    with torch.no_grad():
+        want = reference(input_ids=result["inputs"]).logits
+    assert (result["logits"] - want).abs().max().item() <= 1e-5
+    assert want.std().item() > 0.1  # not a degenerate model that any weights would match
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", NAMES)
+def test_random_init_is_the_same_sharded_and_in_one_process(
+    name: str, sharded: dict, checkpoints: dict[str, Path], inputs: dict[str, Path], tmp_path: Path
+) -> None:
+    result = sharded[f"{name}-architecture"]
+    cfg = _config(tmp_path, inputs["aligned"], {"architecture": str(checkpoints[name])})
+    single = dict(unique_parameters(build_model(_prepare(cfg))))
+    assert result["params"].keys() == single.keys()
+    for param_name, tensor in result["params"].items():
+        assert torch.equal(tensor, single[param_name].detach()), param_name
+    # The architecture's own init ran: not the checkpoint's weights, and no parameter left at zero.
+    pretrained = sharded[f"{name}-pretrained"]["params"]
+    assert any(not torch.equal(t, pretrained[n]) for n, t in result["params"].items())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", NAMES)
+def test_two_rank_full_sharding_trains_like_one_process_and_exports(
+    name: str, checkpoints: dict[str, Path], inputs: dict[str, Path], tmp_path: Path
+) -> None:
+    runs = {}
+    for nproc, mbs in ((None, 4), (2, 2)):
+        work = tmp_path / f"n{nproc}"
+        cfg = _config(
+            work,
+            inputs["aligned"],
+            {"pretrained": str(checkpoints[name])},
+            training={"maxSteps": 10, "microBatchSize": mbs},
+            fsdp={"shardingStrategy": "full"},
+        )
+        runs[nproc] = launch(work, cfg, nproc=nproc).check()
+    single, sharded_losses = runs[None].losses(), runs[2].losses()
+    assert sorted(single) == list(range(1, 11))
+    for step, loss in single.items():
+        assert abs(sharded_losses[step] - loss) <= 1e-4, (step, loss, sharded_losses[step])
+    assert min(single[8], single[9], single[10]) < single[1]  # it trained
+
+    exported = export_checkpoint(runs[2].workdir / "checkpoints", tmp_path / "hf")
+    model = AutoModelForCausalLM.from_pretrained(exported, dtype=torch.float32).eval()
+    assert model.config.model_type == name
+    probe = torch.load(runs[2].trace_dir / "probe.pt")
+    with torch.no_grad():
+        logits = model(input_ids=probe["input_ids"]).logits
+    torch.testing.assert_close(logits, probe["logits"], atol=1e-5, rtol=1e-5)
+
+
+# -- strict loading and validation: before any process group ---------------------
+
+
+def _tamper(src: Path, dst: Path, edit) -> Path:
+    import shutil
+
+    shutil.copytree(src, dst)
+    tensors = load_file(dst / "model.safetensors")
+    edit(tensors)
+    save_file(tensors, dst / "model.safetensors", metadata={"format": "pt"})
+    return dst
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda t: t.update(extra=torch.zeros(3)), "unexpected tensors: extra"),
+        (lambda t: t.pop("model.norm.weight"), "missing tensors: model.norm.weight"),
+        (
+            lambda t: t.update({"model.norm.weight": torch.ones(31)}),
+            "wrong shapes: model.norm.weight [31] (the model's is [32])",
+        ),
+    ],
+    ids=["extra", "missing", "shape"],
+)
+def test_a_checkpoint_that_does_not_match_fails_before_training_naming_the_tensor(
+    edit, message: str, checkpoints: dict[str, Path], inputs: dict[str, Path], tmp_path: Path
+) -> None:
+    bad = _tamper(checkpoints["llama"], tmp_path / "bad", edit)
+    with pytest.raises(ConfigError) as e:
+        _prepare(_config(tmp_path, inputs["aligned"], {"pretrained": str(bad)}))
+    assert message in str(e.value)
+    assert "does not match LlamaForCausalLM" in str(e.value)
+
+
+def test_qwen2_weights_under_a_llama_config_are_refused_not_trained_without_biases(
+    checkpoints: dict[str, Path], inputs: dict[str, Path], tmp_path: Path
+) -> None:
+    import json
+    import shutil
+
+    fake = shutil.copytree(checkpoints["qwen2"], tmp_path / "fake")
+    config = json.loads((fake / "config.json").read_text())
+    config.update(model_type="llama", architectures=["LlamaForCausalLM"])
+    (fake / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError) as e:
+        _prepare(_config(tmp_path, inputs["aligned"], {"pretrained": str(fake)}))
+    assert "unexpected tensors: model.layers.0.self_attn.k_proj.bias" in str(e.value)
+
+
+def test_an_encoder_decoder_model_is_refused_by_name(inputs: dict[str, Path], tmp_path: Path) -> None:
+    from transformers import AutoConfig
+
+    AutoConfig.for_model("t5", vocab_size=256, d_model=32, num_layers=1).save_pretrained(tmp_path / "t5")
+    with pytest.raises(ConfigError) as e:
+        _prepare(_config(tmp_path, inputs["aligned"], {"architecture": str(tmp_path / "t5")}))
+    assert "T5Config (model_type 't5') is not a decoder-only causal LM" in str(e.value)
+
+
+def test_overrides_the_architecture_lacks_and_too_long_sequences_are_config_errors(
+    checkpoints: dict[str, Path], inputs: dict[str, Path], tmp_path: Path
+) -> None:
+    gpt2 = str(checkpoints["gpt2"])
+    cfg = _config(tmp_path, inputs["aligned"], {"architecture": gpt2, "config": {"numKeyValueHeads": 2}})
+    with pytest.raises(ConfigError, match=r"model.config.numKeyValueHeads: GPT2Config has no num_key_value_heads"):
+        _prepare(cfg)
+    # An override the architecture has is applied (GPT-2 spells it n_layer).
+    cfg["model"]["config"] = {"numLayers": 3}
+    assert len(decoder_units(_prepare(cfg).model)) == 3
+    cfg["model"] = {"pretrained": gpt2}
+    cfg["training"]["seqLen"] = 65
+    with pytest.raises(ConfigError, match=r"training.seqLen: 65 exceeds the model's maximum sequence length 64"):
+        _prepare(cfg)
+    del cfg["training"]["seqLen"]
+    assert _prepare(cfg).seq_len == 64  # unset: min(2048, the model's maximum)
+
+
+def test_a_model_without_decoder_blocks_is_a_clear_error() -> None:
+    class Blockless(nn.Module):
+        _no_split_modules = ("Block",)
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = nn.ModuleList([nn.Linear(2, 2)])
+
+    with pytest.raises(ConfigError, match="cannot find the decoder layers of Blockless"):
+        decoder_units(Blockless())

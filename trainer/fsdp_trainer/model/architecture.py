@@ -1,0 +1,218 @@
+"""Any Hugging Face causal LM: its config, the meta-device model, and the units FSDP shards.
+
+The architecture comes from one of three places (``model.preset``,
+``model.architecture``, ``model.pretrained``) but always ends as a
+transformers ``PretrainedConfig`` that ``AutoModelForCausalLM`` builds. No
+architecture is special-cased by name: the units that activation
+checkpointing and ``fully_shard`` wrap are the model's own
+``_no_split_modules`` classes (the blocks transformers never splits across
+devices, which is also what Accelerate's FSDP auto-wrap uses).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from fsdp_api.spec import ModelOverrides
+from fsdp_api.trainer_config import TrainerConfig
+from torch import nn
+from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+from ..errors import ConfigError
+from .hub import local_path, snapshot
+from .llama import llama_config
+from .param_names import unique_parameters
+
+log = logging.getLogger(__name__)
+
+# Files a config-only reference needs: never weights.
+CONFIG_PATTERNS = ["config.json", "generation_config.json", "tokenizer*", "*.model", "*.tiktoken", "special_tokens*"]
+# Every file a pretrained model needs (safetensors only: never pickled weights).
+PRETRAINED_PATTERNS = ["*.safetensors", "*.json", "tokenizer*", "*.model", "*.tiktoken", "*.jinja"]
+# ModelOverrides field -> the standard transformers attribute (each config's
+# attribute_map translates it, e.g. GPT-2's n_embd).
+OVERRIDE_ATTRIBUTES = {
+    "hidden_size": "hidden_size",
+    "num_layers": "num_hidden_layers",
+    "num_heads": "num_attention_heads",
+    "num_key_value_heads": "num_key_value_heads",
+    "intermediate_size": "intermediate_size",
+    "vocab_size": "vocab_size",
+    "max_seq_len": "max_position_embeddings",
+}
+# Preferred attention kernels, best first; an architecture that lacks SDPA gets eager.
+ATTENTION = ("sdpa", "eager")
+
+
+def model_dir(cfg: TrainerConfig) -> tuple[Path, str] | None:
+    """The local directory behind architecture/pretrained (a hub snapshot for a hub id) and its field."""
+    spec = cfg.model
+    if spec.pretrained:
+        ref, field, patterns = spec.pretrained, "model.pretrained", PRETRAINED_PATTERNS
+    elif spec.architecture:
+        ref, field, patterns = spec.architecture, "model.architecture", CONFIG_PATTERNS
+    else:
+        return None
+    path = local_path(ref)
+    if path is None:
+        try:
+            path = snapshot(ref, patterns)
+        except Exception as e:  # the hub client raises many kinds; all mean "cannot get it"
+            raise ConfigError([f"{field}: cannot fetch {ref} from the Hugging Face hub: {e}"]) from None
+    if not (path / "config.json").is_file():
+        raise ConfigError([f"{field}: {ref} has no config.json (expected a Hugging Face model directory)"])
+    return path, field
+
+
+def _apply_overrides(config: PretrainedConfig, overrides: ModelOverrides | None, field: str) -> list[str]:
+    errors = []
+    for key, value in (overrides.model_dump() if overrides else {}).items():
+        if value is None:
+            continue
+        attr = OVERRIDE_ATTRIBUTES[key]
+        yaml_key = ModelOverrides.model_fields[key].alias or key
+        # An attribute the architecture does not have would be set and then
+        # ignored by the model: refuse it instead of training something else.
+        if not hasattr(config, attr):
+            errors.append(f"model.config.{yaml_key}: {type(config).__name__} has no {attr} to override ({field})")
+            continue
+        setattr(config, attr, value)
+    return errors
+
+
+def check_causal_lm(config: PretrainedConfig, where: str) -> None:
+    if getattr(config, "is_encoder_decoder", False) or config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise ConfigError(
+            [
+                f"{where}: {type(config).__name__} (model_type {config.model_type!r}) is not a decoder-only "
+                "causal LM that transformers' AutoModelForCausalLM can build"
+            ]
+        )
+
+
+def model_config(cfg: TrainerConfig, path: Path | None, tokens: dict[str, int | None]) -> PretrainedConfig:
+    """The transformers config of the model to train (preset, or config.json plus overrides)."""
+    spec = cfg.model
+    if path is None:
+        return llama_config(spec, **tokens)
+    field = "model.pretrained" if spec.pretrained else "model.architecture"
+    try:
+        # Custom modelling code from a repository is never run (no trust_remote_code).
+        config = AutoConfig.from_pretrained(path)
+    except (OSError, ValueError, KeyError) as e:
+        raise ConfigError([f"{field}: cannot read the model config in {path}: {e}"]) from None
+    check_causal_lm(config, field)
+    errors = _apply_overrides(config, spec.config, field)
+    heads, kv = getattr(config, "num_attention_heads", None), getattr(config, "num_key_value_heads", None)
+    if heads and kv and heads % kv:
+        errors.append(f"model.config.numHeads: {heads} heads are not divisible by {kv} key/value heads")
+    if errors:
+        raise ConfigError(errors)
+    config.use_cache = False
+    return config
+
+
+def max_positions(config: PretrainedConfig) -> int | None:
+    """The longest sequence the architecture is configured for (None: not bounded by a table)."""
+    value = getattr(config, "max_position_embeddings", None)
+    return int(value) if value else None
+
+
+def build_meta_model(config: PretrainedConfig) -> PreTrainedModel:
+    """The model with shapes but no storage, in fp32 (FSDP's policy casts for compute)."""
+    for attention in ATTENTION:
+        try:
+            with torch.device("meta"):
+                return AutoModelForCausalLM.from_config(config, attn_implementation=attention, dtype=torch.float32)
+        except ValueError as e:
+            if attention == ATTENTION[-1] or "does not support" not in str(e):
+                raise
+            log.info("%s does not support %s attention; using the next kernel", type(config).__name__, attention)
+    raise AssertionError("unreachable")
+
+
+@dataclass(frozen=True)
+class Unit:
+    """A decoder block: ``parent[index]`` is the module to wrap and shard."""
+
+    parent: nn.ModuleList
+    index: int
+
+    @property
+    def module(self) -> nn.Module:
+        return self.parent[self.index]
+
+    def replace(self, module: nn.Module) -> None:
+        self.parent[self.index] = module
+
+
+def _no_split_classes(model: nn.Module) -> set[str]:
+    names: set[str] = set()
+    for module in model.modules():
+        names |= set(getattr(module, "_no_split_modules", None) or ())
+    return names
+
+
+def _class_names(module: nn.Module) -> set[str]:
+    """The block's class names, through wrappers (checkpointing) and FSDP's dynamic subclass."""
+    inner = getattr(module, "_checkpoint_wrapped_module", None) or getattr(module, "_orig_mod", None)
+    return {cls.__name__ for cls in type(inner if inner is not None else module).__mro__}
+
+
+def decoder_units(model: nn.Module) -> list[Unit]:
+    """The model's repeated blocks, in order; a clear error when it declares none."""
+    classes = _no_split_classes(model)
+    units = [
+        Unit(parent, i)
+        for parent in model.modules()
+        if isinstance(parent, nn.ModuleList)
+        for i, child in enumerate(parent)
+        if _class_names(child) & classes
+    ]
+    if not units:
+        raise ConfigError(
+            [
+                f"model: cannot find the decoder layers of {type(model).__name__}: it declares no "
+                f"_no_split_modules in a ModuleList (declared: {sorted(classes) or 'none'}), so FSDP "
+                "has no unit to shard"
+            ]
+        )
+    return units
+
+
+def embeddings_tied(model: PreTrainedModel) -> bool:
+    text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    return bool(getattr(text, "tie_word_embeddings", False)) and model.get_output_embeddings() is not None
+
+
+def _is_tied(model: PreTrainedModel) -> bool:
+    return model.get_output_embeddings().weight is model.get_input_embeddings().weight
+
+
+def materialize(model: PreTrainedModel, device: torch.device | str) -> None:
+    """Allocate (uninitialised) storage for the meta model's shards, keeping tied weights tied.
+
+    ``to_empty`` on a plain module swaps in new Parameter objects, which
+    unties the output head from the embedding; FSDP2 keeps the shared
+    parameter as one. Re-tie the plain case, before init so both names get one tensor.
+    """
+    model.to_empty(device=device)
+    if embeddings_tied(model) and not _is_tied(model):
+        if isinstance(model.get_output_embeddings().weight, torch.distributed.tensor.DTensor):
+            raise RuntimeError("FSDP untied the output head from the input embedding")
+        model.get_output_embeddings().weight = model.get_input_embeddings().weight
+
+
+def check_tied(model: PreTrainedModel) -> None:
+    """Tied embeddings must still share one parameter after materialisation."""
+    if embeddings_tied(model) and not _is_tied(model):
+        raise RuntimeError("the output head is no longer tied to the input embedding after materialisation")
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Parameters of the full (unsharded) model, tied ones once."""
+    return sum(p.numel() for _, p in unique_parameters(model))
