@@ -84,24 +84,45 @@ def test_happy_path_succeeds_with_checkpoints_status_and_prometheus(operator: Wh
     record("checkpoint_steps_seen", json.dumps(checkpoint_steps(whole, ns)))
 
 
-def test_a_pretrained_qwen2_directory_fine_tunes_on_the_cluster(
-    operator: WholeCluster, ns: str, tmp_path: Path
-) -> None:
-    """Not a Llama: a tiny Qwen2 checkpoint with its tokenizer, read by both worker pods from a local path."""
+def test_a_pretrained_qwen2_directory_fine_tunes_on_the_cluster(operator: WholeCluster, ns: str) -> None:
+    """Not a Llama: a tiny Qwen2 checkpoint with its tokenizer, read by both worker pods from the shared volume.
+
+    The model and data sit on the claim the pods mount at /checkpoints (on
+    EKS: FSx for Lustre or EFS); pods see only their volumes, not the host.
+    """
     from tests.trainer.harness import build_word_tokenizer, write_ragged_jsonl
     from tests.trainer.model.architectures import build_checkpoint
 
-    model = build_checkpoint("qwen2", tmp_path / "qwen2", build_word_tokenizer(tmp_path / "tokenizer"))
-    data = write_ragged_jsonl(tmp_path / "docs.jsonl", 200)
+    create_claim(operator, ns)
+    volume = wait_for(lambda: _bound_claim(operator, ns), 60, "the claim's volume")
+    build_checkpoint("qwen2", volume / "models" / "qwen2", build_word_tokenizer(volume / "tokenizer"))
+    (volume / "data").mkdir()
+    write_ragged_jsonl(volume / "data" / "docs.jsonl", 200)
     training = fsdptraining(
-        "qwen", ns, max_steps=5, interval=5, claim=None, model={"pretrained": str(model)}, data={"path": str(data)}
+        "qwen",
+        ns,
+        max_steps=5,
+        interval=5,
+        model={"pretrained": "/checkpoints/models/qwen2"},
+        data={"path": "/checkpoints/data/docs.jsonl"},
     )
     training["spec"]["training"]["seqLen"] = 32
     operator.cluster.apply(training)
-    assert wait_phase(operator, "qwen", ns, TERMINAL, 300) == "Succeeded"
+    phase = wait_phase(operator, "qwen", ns, TERMINAL, 300)
+    logs = trainer_logs(operator, "qwen", ns)
+    assert phase == "Succeeded", logs[-4000:]
     final = status(operator, "qwen", ns)
     assert final["step"] == 5 and math.isfinite(final["loss"]), dump(final)
-    assert "(Qwen2ForCausalLM)" in trainer_logs(operator, "qwen", ns)
+    assert checkpoint_steps(operator, ns) == [5]
+    saved = json.loads((volume / "step-00000005" / "model_config" / "config.json").read_text())
+    assert saved["model_type"] == "qwen2"
+
+
+def _bound_claim(whole: WholeCluster, ns: str) -> Path | None:
+    try:
+        return Path(whole.node_agent.claim_path(ns, "ckpt"))
+    except Exception:  # NotReady until the node agent provisions and binds it
+        return None
 
 
 def test_unschedulable_job_says_why_in_its_status(operator: WholeCluster, ns: str) -> None:

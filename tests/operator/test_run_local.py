@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -183,8 +184,8 @@ def test_a_pretrained_qwen2_directory_fine_tunes_end_to_end(tmp_path: Path, capf
     assert run_local(spec, nproc=2, output_dir=out, steps=6) == 0
     captured = capfd.readouterr()
     text = captured.out + captured.err
-    assert "(Qwen2ForCausalLM)" in text
     losses = [float(m.group(3)) for m in STEP_LINE.finditer(text)]
     assert len(losses) == 6, text[-3000:]
     assert latest_checkpoint(out / "checkpoints")[0] == 6
-    assert (latest_checkpoint(out / "checkpoints")[1] / "model_config" / "config.json").is_file()
+    saved = latest_checkpoint(out / "checkpoints")[1] / "model_config" / "config.json"
+    assert json.loads(saved.read_text())["model_type"] == "qwen2"

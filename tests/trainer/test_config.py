@@ -71,11 +71,11 @@ def test_pretrained_without_a_model_type_or_readable_weights(tmp_path: Path, con
     hf = tmp_path / "hf"
     hf.mkdir()
     (hf / "config.json").write_text(json.dumps({"hidden_size": 128, "num_hidden_layers": 2, "vocab_size": 256}))
+    (hf / "model.safetensors").write_bytes(b"")
     config["model"] = {"pretrained": str(hf)}
     config["data"]["tokenizer"] = str(config["data"]["tokenizer"])
     assert _errors(tmp_path, config).startswith(f"model.pretrained: cannot read the model config in {hf}")
     (hf / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 64, "vocab_size": 256}))
-    (hf / "model.safetensors").write_bytes(b"")
     assert _errors(tmp_path, config).startswith(f"model.pretrained: cannot read the safetensors weights in {hf}")
 
 

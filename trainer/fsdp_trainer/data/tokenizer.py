@@ -113,7 +113,7 @@ def check_vocabulary(tokenizer: PreTrainedTokenizerBase, vocab_size: int, cfg: T
         return
     ref, _ = tokenizer_source(cfg)
     fix = (
-        f"raise model.config.vocabSize to at least {len(tokenizer)}"
+        f"raise vocabSize to at least {len(tokenizer)}"
         if not cfg.model.pretrained
         else "use the model's own tokenizer (unset data.tokenizer)"
     )
