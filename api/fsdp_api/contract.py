@@ -123,6 +123,9 @@ LOSS = Metric("fsdp_train_loss", "gauge", "Training loss of the last step, avera
 LEARNING_RATE = Metric("fsdp_train_learning_rate", "gauge", "Learning rate of the last step.")
 GRAD_NORM = Metric("fsdp_train_grad_norm", "gauge", "Global gradient norm of the last step, before clipping.")
 TOKENS = Metric("fsdp_train_tokens", "counter", "Tokens processed by this rank.")
+TRAINED_TOKENS = Metric(
+    "fsdp_train_trained_tokens", "counter", "Tokens in the loss (not masked prompt or padding) of this rank."
+)
 TOKENS_PER_SECOND = Metric(
     "fsdp_train_tokens_per_second", "gauge", "Tokens per second of this rank (device), recent steps."
 )

@@ -184,6 +184,29 @@ class DataSpec(ApiModel):
         ),
     )
     text_field: str = Field("text", min_length=1, description="Name of the column holding the text.")
+    format: Literal["text", "chat", "prompt-completion"] = Field(
+        "text",
+        description=(
+            "text: documents concatenated into full windows, every token trained (pre-training); "
+            "chat: rows of messages rendered with the tokenizer's chat template, loss on assistant turns only; "
+            "prompt-completion: rows of prompt and completion, loss on the completion only. "
+            "chat and prompt-completion pack whole rows into sequences that never attend across rows."
+        ),
+    )
+    messages_field: str = Field(
+        "messages", min_length=1, description="format chat: column holding the list of {role, content} messages."
+    )
+    prompt_field: str = Field("prompt", min_length=1, description="format prompt-completion: column of the prompt.")
+    completion_field: str = Field(
+        "completion", min_length=1, description="format prompt-completion: column of the completion."
+    )
+    overlong: Literal["truncate", "drop"] = Field(
+        "truncate",
+        description=(
+            "chat and prompt-completion: a row longer than seqLen + 1 tokens is cut to its first seqLen + 1 "
+            "tokens (truncate) or skipped (drop); either way it is counted and logged."
+        ),
+    )
     streaming: bool = Field(False, description="Stream the dataset instead of downloading it whole first.")
     tokenizer: str | None = Field(
         None,
@@ -208,6 +231,12 @@ class DataSpec(ApiModel):
             message="set either dataset or path, not both",
             field_path=".path",
             check=lambda d: not (d.dataset and d.path),
+        ),
+        Rule(
+            cel="!has(self.format) || self.format == 'text' || has(self.dataset) || has(self.path)",
+            message="format chat and prompt-completion need dataset or path: the embedded corpus is plain text",
+            field_path=".format",
+            check=lambda d: d.format == "text" or bool(d.dataset or d.path),
         ),
     )
 

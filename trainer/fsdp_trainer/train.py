@@ -6,12 +6,16 @@ FSDP2 -> materialise and initialise (or load pretrained) -> AdamW + schedule ->
 data -> resume from the newest complete checkpoint.
 
 A step: ``gradAccumSteps`` micro-batches, the gradient reduction skipped on all
-but the last; the loss of each micro-batch is its token-sum divided by this
-rank's tokens in the step, and FSDP averages gradients over ranks, so the
-gradient is that of the mean loss over every token of the global batch (all
-windows are full, so every rank has the same token count). Then clipping,
-the optimizer and the schedule, and one host sync for the numbers the metrics
-need (loss and gradient norm, fetched together).
+but the last; the loss of each micro-batch is its token-sum times the world
+size divided by the trained tokens of the whole global batch, and FSDP
+averages gradients over ranks, so the gradient is that of the mean loss over
+every trained token of the global batch. With ``data.format: text`` every
+token is trained and every rank has the same count, known in advance; the
+supervised formats mask prompts and padding, so the step's micro-batches are
+fetched first and their trained tokens summed over ranks (one all-reduce)
+before the first backward. Then clipping, the optimizer and the schedule, and
+one host sync for the numbers the metrics need (loss and gradient norm,
+fetched together).
 """
 
 from __future__ import annotations
@@ -35,8 +39,9 @@ from .checkpoint import CONFIG_FILE as CHECKPOINT_CONFIG_FILE
 from .checkpoint import MODEL_CONFIG_DIR as CHECKPOINT_MODEL_CONFIG_DIR
 from .checkpoint import Checkpointer, check_resumable, find_resume_point
 from .config import check_config
-from .data.loader import TrainData, validation_batches
-from .data.packing import Batch
+from .data.attention import PackedAttention
+from .data.loader import TrainData, row_counts, validation_batches
+from .data.packing import IGNORE_INDEX, Batch
 from .data.prefetch import PrefetchedData
 from .data.tokenizer import check_vocabulary, load_tokenizer
 from .errors import ConfigError
@@ -149,8 +154,11 @@ def build_model(p: Prepared, *, resuming: bool = False) -> nn.Module:
 
 
 def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Summed next-token cross-entropy, computed in fp32 whatever the compute dtype."""
-    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), reduction="sum")
+    """Summed next-token cross-entropy, computed in fp32 whatever the compute dtype.
+
+    Labels equal to IGNORE_INDEX (prompts, padding) add nothing.
+    """
+    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), reduction="sum", ignore_index=IGNORE_INDEX)
 
 
 def state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[int, int]:
@@ -177,6 +185,10 @@ class Trainer:
             check_resumable(self.resume_point[1], p.model)  # before anything is materialised
         self.model = build_model(p, resuming=self.resume_point is not None)
         self.num_params = count_parameters(self.model)
+        # Packed rows of the supervised formats attend only within their row.
+        self.packed = PackedAttention(self.model, self.seq_len) if cfg.data.format != "text" else None
+        if self.packed is not None:
+            log.info("data.format %s: documents kept apart by %s", cfg.data.format, self.packed.describe())
         self.optimizer = build_optimizer(self.model, cfg.training, self.device)
         self.scheduler = build_scheduler(self.optimizer, cfg.training)
         self.data = PrefetchedData(
@@ -254,6 +266,7 @@ class Trainer:
                 lr=stats.learning_rate,
                 grad_norm=stats.grad_norm,
                 samples=samples,
+                **self._data_record(stats),
             )
             maybe_fault("after_step", self.step, self.world.rank)
             if eval_every and (self.step % eval_every == 0 or self.step == max_steps):
@@ -266,6 +279,7 @@ class Trainer:
                 self.trace.write("stopped", step=self.step)
                 raise Stopped(self.step)
         self.checkpointer.finalize()
+        self._log_rows()
         if self.trace.enabled:
             params, optim = state_bytes(self.model, self.optimizer)
             self.trace.write("memory", param_bytes=params, optim_bytes=optim)
@@ -276,19 +290,17 @@ class Trainer:
         """One optimizer step; also returns whether any rank was asked to stop."""
         t0 = time.perf_counter()
         accum = self.cfg.training.grad_accum_steps
-        data_seconds = 0.0
         loss_sum = torch.zeros((), device=self.device, dtype=torch.float32)
-        samples: list[str] = []
-        for micro in range(accum):
-            t_data = time.perf_counter()
-            batch = self.data.next_batch()
-            samples += batch.sample_ids
-            batch = batch.to(self.device)
-            data_seconds += time.perf_counter() - t_data
+        batches = [self.data.next_batch() for _ in range(accum)]
+        samples = [s for b in batches for s in b.sample_ids]
+        batches = [b.to(self.device) for b in batches]
+        data_seconds = time.perf_counter() - t0
+        divisor, trained = self._loss_divisor(batches)
+        for micro, batch in enumerate(batches):
             set_gradient_sync(self.model, micro == accum - 1)
             with compute_context(self.model, self.cfg.training.precision, self.device):
-                logits = self.model(input_ids=batch.inputs).logits
-            loss = token_loss_sum(logits, batch.labels) / self.tokens_per_rank_step
+                logits = self.model(input_ids=batch.inputs, **self._attention(batch)).logits
+            loss = token_loss_sum(logits, batch.labels) / divisor
             del logits
             loss.backward()
             loss_sum += loss.detach()
@@ -303,8 +315,10 @@ class Trainer:
         stop_vote = torch.full((), float(self.stop_signal is not None), device=self.device)
         reduced = torch.stack([loss_sum, stop_vote])
         dist.all_reduce(reduced)
-        loss_total, stop_votes, norm_value = torch.cat([reduced, grad_norm.float().reshape(1)]).tolist()
+        fetched = [reduced, grad_norm.float().reshape(1)] + ([] if trained is None else [trained.float().reshape(1)])
+        loss_total, stop_votes, norm_value, *trained_value = torch.cat(fetched).tolist()
         loss_value = loss_total / self.world.world_size
+        tokens = self.tokens_per_rank_step * self.world.world_size
         if not math.isfinite(loss_value):
             raise FloatingPointError(f"loss is {loss_value} at step {step}; stopping (lower training.learningRate?)")
         stats = StepStats(
@@ -312,11 +326,52 @@ class Trainer:
             loss=loss_value,
             learning_rate=lr,
             grad_norm=norm_value,
-            tokens=self.tokens_per_rank_step * self.world.world_size,
+            tokens=tokens,
             step_seconds=time.perf_counter() - t0,
             data_seconds=data_seconds,
+            trained_tokens=round(trained_value[0]) if trained_value else tokens,
         )
         return stats, samples, stop_votes > 0
+
+    def _loss_divisor(self, batches: list[Batch]) -> tuple[float | torch.Tensor, torch.Tensor | None]:
+        """What each micro-batch's token-loss sum is divided by; and the global trained tokens (None: all).
+
+        With G trained tokens over W ranks the divisor is G / W: FSDP's average
+        of the ranks' gradients is then the gradient of the mean over all G.
+        Plain text trains every token on every rank alike, so G / W is this
+        rank's token count, known without communication.
+        """
+        if self.packed is None:
+            return self.tokens_per_rank_step, None
+        local = float(sum(b.num_trained for b in batches))
+        count = torch.tensor(local, dtype=torch.float64, device=self.device)
+        dist.all_reduce(count)
+        return (count.clamp(min=1) / self.world.world_size).float(), count
+
+    def _attention(self, batch: Batch) -> dict[str, object]:
+        return {} if self.packed is None else self.packed.kwargs(batch.position_ids)
+
+    def _data_record(self, stats: StepStats) -> dict[str, object]:
+        """Trace fields of the supervised formats: trained tokens, and what happened to this rank's rows."""
+        if self.packed is None:
+            return {}
+        return {"trained_tokens": stats.trained_tokens, "rows": row_counts(self.data.state_dict())}
+
+    def _log_rows(self) -> None:
+        counts = row_counts(self.data.state_dict())
+        if counts:
+            # A warning when rows were cut or skipped: every rank's line shows, not only rank 0's.
+            log.log(
+                logging.WARNING if counts["truncated"] or counts["dropped"] else logging.INFO,
+                "rank %d rows: %d read, %d truncated and %d dropped (longer than seqLen + 1 = %d tokens), "
+                "%d with nothing to train on",
+                self.world.rank,
+                counts["rows"],
+                counts["truncated"],
+                counts["dropped"],
+                self.seq_len + 1,
+                counts["untrained"],
+            )
 
     # -- validation -------------------------------------------------------------
 
@@ -346,9 +401,9 @@ class Trainer:
         for batch in batches:
             batch = batch.to(self.device)
             with compute_context(self.model, self.cfg.training.precision, self.device):
-                logits = self.model(input_ids=batch.inputs).logits
+                logits = self.model(input_ids=batch.inputs, **self._attention(batch)).logits
             totals[0] += token_loss_sum(logits, batch.labels).double()
-            totals[1] += batch.num_tokens
+            totals[1] += batch.num_trained
         self.model.train()
         self._reshard()
         dist.all_reduce(totals)

@@ -2,20 +2,25 @@
 
 Resume. ``state_dict()`` is the position after the last batch handed out: the
 epoch, the next document position (or the streamed dataset's own state) and
-the tokens already read but not yet used. Loading it continues with exactly the
-next window, so a resumed run neither repeats nor skips a sample.
+the tokens already read but not yet used (for chat and prompt-completion: the
+rows read but not yet packed, and the row counts). Loading it continues with
+exactly the next window, so a resumed run neither repeats nor skips a sample.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 from typing import Any
 
 from fsdp_api.spec import DataSpec
 from transformers import PreTrainedTokenizerBase
 
+from .files import FIELD_SETTINGS, document_fields
+from .formats import Encoder, row_encoder
 from .packing import Batch, Packer, encode, stack_windows
-from .sources import MapDocuments, StreamDocuments, is_iterable, open_dataset, validation_texts
+from .sft import DocumentPacker, RowCounts, stack_sequences
+from .sources import MapDocuments, StreamDocuments, check_columns, is_iterable, open_dataset, validation_texts
 
 log = logging.getLogger(__name__)
 
@@ -42,13 +47,27 @@ class TrainData:
         self.rank, self.world_size = rank, world_size
         self.micro_batch_size = micro_batch_size
         self.tokenizer = tokenizer
+        fields = document_fields(spec)
+        if spec.format != "text":
+            check_columns(ds, fields, FIELD_SETTINGS[spec.format])
         if is_iterable(ds):
-            self.docs: MapDocuments | StreamDocuments = StreamDocuments(ds, spec.text_field, rank, world_size, holdout)
+            self.docs: MapDocuments | StreamDocuments = StreamDocuments(ds, fields, rank, world_size, holdout)
         else:
-            self.docs = MapDocuments(ds, spec.text_field, rank, world_size, seed, holdout)
-        self.packer = Packer(window=seq_len + 1)
+            self.docs = MapDocuments(ds, fields, rank, world_size, seed, holdout)
+        self.encoder: Encoder | None = None
+        self.packer: Packer | DocumentPacker = Packer(window=seq_len + 1)
+        if spec.format != "text":
+            self.encoder = row_encoder(spec, tokenizer)
+            self.packer = sft_packer(spec, tokenizer, seq_len, where=f"rank {rank}: ")
+
+    @property
+    def row_counts(self) -> RowCounts | None:
+        """What happened to the rows read so far (chat and prompt-completion only)."""
+        return self.packer.counts if isinstance(self.packer, DocumentPacker) else None
 
     def next_batch(self) -> Batch:
+        if isinstance(self.packer, DocumentPacker):
+            return self._next_sequences(self.packer)
         windows, ids = [], []
         while len(windows) < self.micro_batch_size:
             start_epoch = self.docs.epoch
@@ -65,6 +84,25 @@ class TrainData:
             windows.append(w)
             ids.append(sid)
         return stack_windows(windows, ids)
+
+    def _next_sequences(self, packer: DocumentPacker) -> Batch:
+        assert self.encoder is not None
+        sequences = []
+        while len(sequences) < self.micro_batch_size:
+            start_epoch, packed = self.docs.epoch, len(packer.pending)
+            while not packer.ready():
+                if self.docs.epoch > start_epoch + 1 and len(packer.pending) == packed:
+                    counts = packer.counts
+                    raise ValueError(
+                        f"rank {self.rank}'s rows give nothing to train on: of {counts.rows} read, "
+                        f"{counts.dropped} were longer than seqLen + 1 tokens and dropped, {counts.untrained} "
+                        "had no assistant turn or completion left to train on"
+                    )
+                chunk = self.docs.next_chunk(TOKENIZE_CHUNK)
+                for (key, _), doc in zip(chunk, self.encoder(chunk), strict=True):
+                    packer.add(key, doc)
+            sequences.append(packer.take())
+        return stack_sequences(sequences)
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -96,6 +134,12 @@ class TrainData:
         self.packer.load_state_dict(state["buffer"])
 
 
+def row_counts(state: dict[str, Any]) -> dict[str, int] | None:
+    """The row counts in a ``TrainData.state_dict()`` (chat and prompt-completion), else None."""
+    buffer = state.get("buffer")
+    return {k: int(v) for k, v in buffer["counts"].items()} if isinstance(buffer, dict) else None
+
+
 def validation_batches(
     spec: DataSpec,
     tokenizer: PreTrainedTokenizerBase,
@@ -113,6 +157,25 @@ def validation_batches(
     evaluation's collectives line up.
     """
     wanted = eval_steps * micro_batch_size * world_size
+    if spec.format == "text":
+        windows = _validation_windows(spec, tokenizer, seq_len, wanted)
+        items: list[Any] = windows
+
+        def stack(part: list[Any]) -> Batch:
+            return stack_windows([w for w, _ in part], [s for _, s in part])
+    else:
+        items, stack = _validation_sequences(spec, tokenizer, seq_len, wanted), stack_sequences
+    per_rank = len(items) // world_size
+    mine = items[rank::world_size][:per_rank]
+    size = min(micro_batch_size, per_rank)
+    if size == 0:
+        return []
+    return [stack(mine[start : start + size]) for start in range(0, per_rank - size + 1, size)]
+
+
+def _validation_windows(
+    spec: DataSpec, tokenizer: PreTrainedTokenizerBase, seq_len: int, wanted: int
+) -> list[tuple[list[int], str]]:
     packer = Packer(window=seq_len + 1)
     windows: list[tuple[list[int], str]] = []
     texts = validation_texts(spec)
@@ -124,13 +187,29 @@ def validation_batches(
             packer.add(f"v{len(windows)}.{i}", tokens)
         while packer.buffered >= packer.window and len(windows) < wanted:
             windows.append(packer.take())
-    per_rank = len(windows) // world_size
-    mine = windows[rank::world_size][:per_rank]
-    size = min(micro_batch_size, per_rank)
-    if size == 0:
-        return []
-    batches = []
-    for start in range(0, per_rank - size + 1, size):
-        part = mine[start : start + size]
-        batches.append(stack_windows([w for w, _ in part], [s for _, s in part]))
-    return batches
+    return windows
+
+
+def _validation_sequences(
+    spec: DataSpec, tokenizer: PreTrainedTokenizerBase, seq_len: int, wanted: int
+) -> list[tuple[list[int], list[int], list[int], str]]:
+    """Held-out rows packed like training rows; the last, partial sequence too."""
+    encoder = row_encoder(spec, tokenizer)
+    packer = sft_packer(spec, tokenizer, seq_len, where="validation: ")
+    sequences: list[tuple[list[int], list[int], list[int], str]] = []
+    docs = validation_texts(spec, document_fields(spec))
+    exhausted = False
+    while len(sequences) < wanted and not exhausted:
+        chunk = [(f"v{packer.counts.rows + i}", d) for i, d in enumerate(itertools.islice(docs, TOKENIZE_CHUNK))]
+        exhausted = len(chunk) < TOKENIZE_CHUNK
+        for (key, _), doc in zip(chunk, encoder(chunk) if chunk else [], strict=True):
+            packer.add(key, doc)
+        while (packer.ready() or (exhausted and packer.pending)) and len(sequences) < wanted:
+            sequences.append(packer.take())
+    return sequences
+
+
+def sft_packer(spec: DataSpec, tokenizer: PreTrainedTokenizerBase, seq_len: int, where: str) -> DocumentPacker:
+    # Padding is never attended nor trained; any id in the vocabulary would do.
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    return DocumentPacker(seq_len=seq_len, overlong=spec.overlong, pad_id=pad, where=where)

@@ -4,7 +4,8 @@ Each document is tokenized as ``[bos] text [eos]`` and appended to a token
 stream that is cut into windows of ``seqLen + 1`` tokens (inputs are the first
 seqLen, labels the last seqLen), so every label is a real token and no padding
 is ever needed. A window's sample id names the document and token offset of
-its first token, which the resume tests compare.
+its first token, which the resume tests compare. (That is ``data.format: text``;
+the supervised formats pack whole rows instead: ``sft.py``.)
 """
 
 from __future__ import annotations
@@ -15,26 +16,40 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerBase
 
+# The label of a position the loss skips (prompt, padding): cross_entropy's default ignore_index.
+IGNORE_INDEX = -100
+
 
 @dataclass
 class Batch:
     inputs: torch.Tensor  # [micro_batch, seq_len] int64
-    labels: torch.Tensor  # [micro_batch, seq_len] int64
+    labels: torch.Tensor  # [micro_batch, seq_len] int64, IGNORE_INDEX where not trained
     sample_ids: list[str]  # "<document key>@<token offset>" of each window's first token
+    # Per-document positions of packed rows (restarting at 0); None: one token
+    # stream, every position attends to all before it (data.format text).
+    position_ids: torch.Tensor | None = None
+    # Labels that are not IGNORE_INDEX, counted where the batch is made (no
+    # device sync later); None: all of them.
+    trained_tokens: int | None = None
 
     @property
     def num_tokens(self) -> int:
         return self.labels.numel()
 
+    @property
+    def num_trained(self) -> int:
+        return self.num_tokens if self.trained_tokens is None else self.trained_tokens
+
     def to(self, device: torch.device) -> Batch:
         if device.type != "cuda":
             return self
-        # From pinned memory the copy is asynchronous: it overlaps the forward.
-        return Batch(
-            self.inputs.pin_memory().to(device, non_blocking=True),
-            self.labels.pin_memory().to(device, non_blocking=True),
-            self.sample_ids,
-        )
+
+        def move(t: torch.Tensor) -> torch.Tensor:
+            # From pinned memory the copy is asynchronous: it overlaps the forward.
+            return t.pin_memory().to(device, non_blocking=True)
+
+        positions = None if self.position_ids is None else move(self.position_ids)
+        return Batch(move(self.inputs), move(self.labels), self.sample_ids, positions, self.trained_tokens)
 
 
 @dataclass

@@ -1,7 +1,9 @@
 """Where documents come from, which ones are held out, and each rank's share of them.
 
 Documents come from a Hugging Face dataset (hub id, optionally streamed),
-local json/jsonl/parquet/txt files, or the embedded corpus.
+local json/jsonl/parquet/txt files, or the embedded corpus. A document is the
+value of its one column (the text; a chat's messages) or, read from several
+columns (prompt-completion), a dict of them.
 
 Sharding. Each rank reads a disjoint set of documents. For map-style datasets
 the document order of an epoch is a permutation seeded by (seed, epoch),
@@ -13,13 +15,14 @@ is what the parity tests rely on. Streamed datasets are split with
 
 Validation. With ``data.validationSplit`` that split is used. Otherwise a
 deterministic 2% of the documents is held out and never trained on: chosen by
-a hash of the document index (map-style) or of the text (streaming), so it
-depends on neither the seed nor the world size.
+a hash of the document index (map-style) or of its content (streaming), so
+it depends on neither the seed nor the world size.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -75,6 +78,35 @@ def is_holdout_text(text: str) -> bool:
     return int.from_bytes(digest[:8], "little") % 1000 < HOLDOUT_PER_MILLE
 
 
+def holdout_key(value: Any) -> str:
+    """What the streamed hold-out hashes: the text itself, or the document as canonical JSON."""
+    return value if isinstance(value, str) else json.dumps(value, sort_keys=True, ensure_ascii=False, default=str)
+
+
+def pick(row: dict[str, Any], fields: tuple[str, ...]) -> Any:
+    """One row's document: its one column's value, or a dict of its columns."""
+    if len(fields) == 1:
+        return row[fields[0]]
+    return {f: row[f] for f in fields}
+
+
+def _pick_columns(columns: dict[str, list[Any]], fields: tuple[str, ...]) -> list[Any]:
+    if len(fields) == 1:
+        return columns[fields[0]]
+    return [dict(zip(fields, values, strict=True)) for values in zip(*(columns[f] for f in fields), strict=True)]
+
+
+def check_columns(ds: Any, fields: tuple[str, ...], settings: tuple[str, ...]) -> None:
+    """A missing column fails at once, naming the columns there are, not as a KeyError mid-step.
+
+    Streamed datasets may not know their columns before the first row; then the first row tells.
+    """
+    names = getattr(ds, "column_names", None)
+    for name, setting in zip(fields, settings, strict=True):
+        if names is not None and name not in names:
+            raise ValueError(f"{setting}: the dataset has no column {name!r} (columns: {', '.join(names)})")
+
+
 def is_iterable(ds: Any) -> bool:
     import datasets
 
@@ -87,8 +119,8 @@ def is_iterable(ds: Any) -> bool:
 class MapDocuments:
     """This rank's documents of a map-style dataset, epoch after epoch, resumable."""
 
-    def __init__(self, ds: Any, text_field: str, rank: int, world_size: int, seed: int, holdout: bool) -> None:
-        self.ds, self.text_field = ds, text_field
+    def __init__(self, ds: Any, fields: tuple[str, ...], rank: int, world_size: int, seed: int, holdout: bool) -> None:
+        self.ds, self.fields = ds, fields
         self.rank, self.world_size, self.seed = rank, world_size, seed
         mask = holdout_mask(len(ds)) if holdout else np.zeros(len(ds), dtype=bool)
         self.train_indices = np.flatnonzero(~mask)
@@ -102,7 +134,7 @@ class MapDocuments:
         perm = np.random.default_rng([self.seed, epoch]).permutation(self.train_indices)
         return perm[self.rank :: self.world_size]
 
-    def next_chunk(self, n: int) -> list[tuple[str, str]]:
+    def next_chunk(self, n: int) -> list[tuple[str, Any]]:
         if self.next >= len(self._order):
             self.epoch += 1
             self.next = 0
@@ -111,8 +143,8 @@ class MapDocuments:
                 raise ValueError(f"rank {self.rank} has no documents: fewer training documents than ranks")
         idx = self._order[self.next : self.next + n]
         self.next += len(idx)
-        texts = self.ds[idx.tolist()][self.text_field]
-        return [(f"e{self.epoch}/d{i}", t) for i, t in zip(idx.tolist(), texts, strict=True)]
+        docs = _pick_columns(self.ds[idx.tolist()], self.fields)
+        return [(f"e{self.epoch}/d{i}", d) for i, d in zip(idx.tolist(), docs, strict=True)]
 
     def state_dict(self) -> dict[str, Any]:
         return {"kind": "map", "epoch": self.epoch, "next": self.next}
@@ -125,11 +157,11 @@ class MapDocuments:
 class StreamDocuments:
     """This rank's documents of a streamed dataset (``split_dataset_by_node``), resumable."""
 
-    def __init__(self, ds: Any, text_field: str, rank: int, world_size: int, holdout: bool) -> None:
+    def __init__(self, ds: Any, fields: tuple[str, ...], rank: int, world_size: int, holdout: bool) -> None:
         from datasets.distributed import split_dataset_by_node
 
         self.ds = split_dataset_by_node(ds, rank=rank, world_size=world_size)
-        self.text_field, self.rank, self.holdout = text_field, rank, holdout
+        self.fields, self.rank, self.holdout = fields, rank, holdout
         self.epoch = 0
         self.count = 0
         self._it: Iterator[dict[str, Any]] | None = None
@@ -146,13 +178,13 @@ class StreamDocuments:
                 self._it = None
         raise ValueError(f"rank {self.rank} has no documents in the streamed dataset")
 
-    def next_chunk(self, n: int) -> list[tuple[str, str]]:
+    def next_chunk(self, n: int) -> list[tuple[str, Any]]:
         out = []
         while len(out) < n:
-            text = self._next_doc()[self.text_field]
-            if self.holdout and is_holdout_text(text):
+            doc = pick(self._next_doc(), self.fields)
+            if self.holdout and is_holdout_text(holdout_key(doc)):
                 continue
-            out.append((f"r{self.rank}/s{self.count}", text))
+            out.append((f"r{self.rank}/s{self.count}", doc))
             self.count += 1
         return out
 
@@ -169,15 +201,17 @@ class StreamDocuments:
 # --- validation -------------------------------------------------------------
 
 
-def validation_texts(spec: DataSpec) -> Iterator[str]:
+def validation_texts(spec: DataSpec, fields: tuple[str, ...] | None = None) -> Iterator[Any]:
     """Validation documents in stored order: the validation split, or the held-out ones."""
+    fields = fields or (spec.text_field,)
     if spec.validation_split:
         ds = open_dataset(spec, spec.validation_split)
-        yield from (row[spec.text_field] for row in ds)
+        yield from (pick(row, fields) for row in ds)
         return
     ds = open_dataset(spec)
     if is_iterable(ds):
-        yield from (row[spec.text_field] for row in ds if is_holdout_text(row[spec.text_field]))
+        docs = (pick(row, fields) for row in ds)
+        yield from (d for d in docs if is_holdout_text(holdout_key(d)))
         return
     for i in np.flatnonzero(holdout_mask(len(ds))).tolist():
-        yield ds[i][spec.text_field]
+        yield pick(ds[i], fields)

@@ -104,6 +104,14 @@ def load_tokenizer(cfg: TrainerConfig, model_path: Path | None = None) -> PreTra
         raise ConfigError([f"{field}: cannot load a tokenizer from {ref}: {e}"]) from None
     if tokenizer.eos_token_id is None:
         raise ConfigError([f"{field}: the tokenizer ({ref}) has no end-of-text token to separate documents"])
+    if cfg.data.format == "chat" and not tokenizer.chat_template:
+        raise ConfigError(
+            [
+                f"data.format: chat renders conversations with the tokenizer's chat template, and the tokenizer "
+                f"({ref}, from {field}) has none; use a chat model's tokenizer (data.tokenizer) or format "
+                "prompt-completion"
+            ]
+        )
     return tokenizer
 
 

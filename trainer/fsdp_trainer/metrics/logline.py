@@ -45,6 +45,7 @@ class IntervalSummary:
     memory_peak_bytes: int
     data_share: float
     eta_seconds: float
+    trained_share: float | None = None  # trained / processed tokens; None: all trained
 
 
 def step_line(s: IntervalSummary) -> str:
@@ -55,8 +56,10 @@ def step_line(s: IntervalSummary) -> str:
         f"lr {s.learning_rate:.2e}",
         f"gnorm {s.grad_norm:.2f}",
         f"{s.global_tokens_per_second:,.0f} tok/s ({s.tokens_per_second_per_device:,.0f}/dev)",
-        f"{s.tflops_per_device:.3g} TFLOP/s/dev",
     ]
+    if s.trained_share is not None:
+        parts.append(f"{s.trained_share:.0%} trained")
+    parts.append(f"{s.tflops_per_device:.3g} TFLOP/s/dev")
     if s.mfu is not None:
         parts.append(f"MFU {s.mfu:.1%}")
     parts += [

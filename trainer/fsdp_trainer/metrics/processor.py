@@ -142,7 +142,7 @@ class MetricsProcessor:
         # step or save, not nothing: rate()/increase() need a sample before
         # the first increment, or that increment is never seen. Without it a
         # pod's first checkpoint save stays invisible until a second one.
-        for series in (m.tokens, m.data_wait, m.step_duration, m.checkpoint_save):
+        for series in (m.tokens, m.trained_tokens, m.data_wait, m.step_duration, m.checkpoint_save):
             series.labels(**self.labels)
         self.gpu = GpuSampler.open(self.world.device)
 
@@ -285,6 +285,7 @@ class MetricsProcessor:
             memory_peak_bytes=memory_bytes(self.world.device)[0],
             data_share=interval.data_share,
             eta_seconds=recent.eta(last.step, self.max_steps),
+            trained_share=_trained_share(self._interval),
         )
 
     def _export_step(self, stats: StepStats, rates: _Rates) -> None:
@@ -295,6 +296,7 @@ class MetricsProcessor:
         m.learning_rate.labels(**lb).set(stats.learning_rate)
         m.grad_norm.labels(**lb).set(stats.grad_norm)
         m.tokens.labels(**lb).inc(stats.tokens / self.world.world_size)
+        m.trained_tokens.labels(**lb).inc(stats.trained / self.world.world_size)
         m.tokens_per_second.labels(**lb).set(rates.tokens_per_second_per_device)
         m.global_tokens_per_second.labels(**lb).set(rates.global_tokens_per_second)
         m.tflops.labels(**lb).set(rates.tflops_per_device)
@@ -330,6 +332,13 @@ class MetricsProcessor:
             self._bar.print_above(text)
         else:
             print(text, file=self.stream, flush=True)
+
+
+def _trained_share(steps: list[StepStats]) -> float | None:
+    """Trained / processed tokens; None when every token is trained (nothing worth a word)."""
+    tokens = sum(s.tokens for s in steps)
+    trained = sum(s.trained for s in steps)
+    return trained / tokens if tokens and trained != tokens else None
 
 
 @dataclass(frozen=True, slots=True)

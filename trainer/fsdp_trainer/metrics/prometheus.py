@@ -190,6 +190,7 @@ class TrainerMetrics:
         self.learning_rate = _create(c.LEARNING_RATE)
         self.grad_norm = _create(c.GRAD_NORM)
         self.tokens = _create(c.TOKENS)
+        self.trained_tokens = _create(c.TRAINED_TOKENS)
         self.tokens_per_second = _create(c.TOKENS_PER_SECOND)
         self.global_tokens_per_second = _create(c.GLOBAL_TOKENS_PER_SECOND)
         self.tflops = _create(c.TFLOPS)

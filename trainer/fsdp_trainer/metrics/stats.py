@@ -21,3 +21,10 @@ class StepStats:
     tokens: int
     step_seconds: float
     data_seconds: float
+    # Tokens whose prediction is in the loss (job-level); None: all of ``tokens``
+    # (data.format text). Prompts and padding of the supervised formats are not.
+    trained_tokens: int | None = None
+
+    @property
+    def trained(self) -> int:
+        return self.tokens if self.trained_tokens is None else self.trained_tokens

@@ -1,0 +1,152 @@
+"""Rows of the supervised formats -> ``Document`` (tokens + which ones the loss trains).
+
+prompt-completion: ``[bos] prompt completion [eos]``, tokenized as two pieces
+so the boundary is exact; the completion and the eos are trained, so the model
+learns to stop.
+
+chat: the conversation is rendered by the tokenizer's own chat template (what
+the model will see at inference) and only assistant turns are trained. Which
+tokens belong to an assistant turn is found one of two ways:
+
+- the template marks them with ``{% generation %}`` blocks: transformers'
+  ``return_assistant_tokens_mask`` gives the mask directly (fast tokenizers);
+- otherwise, by rendering prefixes: the text of turn i is what
+  ``messages[:i+1]`` adds to ``messages[:i]`` rendered with the generation
+  prompt, so the header the inference prompt ends with stays untrained and
+  the turn's end-of-turn markup is trained. That needs a template whose
+  rendering of a conversation's beginning is a prefix of the whole (almost
+  all are; one that rewrites earlier turns, e.g. to strip reasoning, is an
+  error naming the fix). The rendered text is cut at those boundaries and
+  each piece tokenized alone, so the mask is exact whatever the tokenizer.
+
+An assistant message that opens a conversation has no prompt before it and is
+not trained.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from fsdp_api.spec import DataSpec
+from transformers import PreTrainedTokenizerBase
+
+from .sft import Document
+
+GENERATION_BLOCK = re.compile(r"\{%-?\s*generation\s*-?%\}")
+
+Encoder = Callable[[list[tuple[str, Any]]], list[Document]]
+
+
+def row_encoder(spec: DataSpec, tokenizer: PreTrainedTokenizerBase) -> Encoder:
+    """Rows ``(key, value)`` of the supervised ``spec.format`` -> documents."""
+    if spec.format == "chat":
+        return ChatEncoder(tokenizer, spec.messages_field)
+    if spec.format == "prompt-completion":
+        return PromptCompletionEncoder(tokenizer, spec.prompt_field, spec.completion_field)
+    raise ValueError(f"data.format {spec.format} has no row encoder: its documents are plain text")
+
+
+def _snippet(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+class PromptCompletionEncoder:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, prompt_field: str, completion_field: str) -> None:
+        self.tokenizer = tokenizer
+        self.fields = (prompt_field, completion_field)
+
+    def _texts(self, rows: list[tuple[str, Any]], name: str) -> list[str]:
+        out = []
+        for key, row in rows:
+            value = row.get(name) if isinstance(row, Mapping) else None
+            if not isinstance(value, str):
+                raise ValueError(f"row {key}: field {name!r} must be a string, got {_snippet(value)}")
+            out.append(value)
+        return out
+
+    def __call__(self, rows: list[tuple[str, Any]]) -> list[Document]:
+        tok = self.tokenizer
+        prompts = tok(self._texts(rows, self.fields[0]), add_special_tokens=False)["input_ids"]
+        completions = tok(self._texts(rows, self.fields[1]), add_special_tokens=False)["input_ids"]
+        bos = [tok.bos_token_id] if tok.bos_token_id is not None else []
+        eos = [tok.eos_token_id]
+        docs = []
+        for prompt, completion in zip(prompts, completions, strict=True):
+            head, tail = bos + prompt, completion + eos
+            docs.append(Document(head + tail, [False] * len(head) + [True] * len(tail)))
+        return docs
+
+
+def _messages(key: str, value: Any) -> list[dict[str, Any]]:
+    if not isinstance(value, Sequence) or isinstance(value, str) or not value:
+        raise ValueError(f"row {key}: expected a non-empty list of {{role, content}} messages, got {_snippet(value)}")
+    for m in value:
+        if not isinstance(m, Mapping) or not isinstance(m.get("role"), str):
+            raise ValueError(f"row {key}: every message needs a string 'role', got {_snippet(m)}")
+    return [dict(m) for m in value]
+
+
+class ChatEncoder:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, messages_field: str) -> None:
+        template = tokenizer.get_chat_template()  # raises when the tokenizer has none
+        self.tokenizer = tokenizer
+        self.messages_field = messages_field
+        # transformers maps generation blocks to tokens with offsets: fast tokenizers only.
+        self.by_generation_blocks = bool(GENERATION_BLOCK.search(template)) and tokenizer.is_fast
+
+    def __call__(self, rows: list[tuple[str, Any]]) -> list[Document]:
+        conversations = [_messages(key, value) for key, value in rows]
+        if self.by_generation_blocks:
+            return self._by_generation_blocks(conversations)
+        return self._by_prefixes(rows, conversations)
+
+    def _by_generation_blocks(self, conversations: list[list[dict[str, Any]]]) -> list[Document]:
+        out = self.tokenizer.apply_chat_template(
+            conversations, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+        )
+        return [
+            Document(list(ids), [bool(m) for m in mask])
+            for ids, mask in zip(out["input_ids"], out["assistant_masks"], strict=True)
+        ]
+
+    def _render(self, messages: list[dict[str, Any]], *, prompt: bool = False) -> str:
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=prompt)
+
+    def _pieces(self, key: str, messages: list[dict[str, Any]]) -> list[tuple[str, bool]]:
+        """The rendered conversation cut into (text, trained) pieces."""
+        full = self._render(messages)
+        pieces: list[tuple[str, bool]] = []
+        done = 0  # characters of ``full`` already in pieces
+        for i, message in enumerate(messages):
+            if message["role"] != "assistant" or i == 0:
+                continue
+            start = self._render(messages[:i], prompt=True)
+            end = self._render(messages[: i + 1])
+            if not (end.startswith(start) and full.startswith(end) and len(start) >= done):
+                raise ValueError(
+                    f"row {key}: the chat template does not render the conversation up to message {i} as a "
+                    "prefix of the whole, so assistant turns cannot be found by rendering prefixes; use a "
+                    "template that marks them with {% generation %} blocks (data.tokenizer)"
+                )
+            pieces += [(full[done : len(start)], False), (full[len(start) : len(end)], True)]
+            done = len(end)
+        pieces.append((full[done:], False))
+        return [(text, trained) for text, trained in pieces if text]
+
+    def _by_prefixes(self, rows: list[tuple[str, Any]], conversations: list[list[dict[str, Any]]]) -> list[Document]:
+        per_row = [self._pieces(key, messages) for (key, _), messages in zip(rows, conversations, strict=True)]
+        texts = [text for pieces in per_row for text, _ in pieces]
+        ids = iter(self.tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else [])
+        docs = []
+        for pieces in per_row:
+            tokens: list[int] = []
+            trained: list[bool] = []
+            for _, flag in pieces:
+                piece = next(ids)
+                tokens += piece
+                trained += [flag] * len(piece)
+            docs.append(Document(tokens, trained))
+        return docs
