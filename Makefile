@@ -50,8 +50,10 @@ manifests: setup
 	$(BIN)/python tools/generate_manifests.py
 
 bench: setup tools
+	$(BIN)/pip install --quiet -e '.[bench]'
 	$(BIN)/python bench/operator_latency.py
 	$(BIN)/python bench/trainer_throughput.py
+	$(BIN)/python bench/trainer_throughput.py --accelerate
 
 # On a GPU machine: llama3.2-1b tokens/s, MFU and peak memory (docs/benchmarks.md).
 bench-gpu: setup

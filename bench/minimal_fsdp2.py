@@ -9,6 +9,10 @@ metrics, logging, checkpoint bookkeeping) shows up as the gap between the two.
 Run under torchrun; rank 0 prints one ``BENCH_RESULT {json}`` line::
 
     torchrun --standalone --nproc-per-node 2 bench/minimal_fsdp2.py --preset tiny --steps 30
+    torchrun --standalone --nproc-per-node 2 bench/minimal_fsdp2.py --architecture DIR --steps 30
+
+``--architecture`` takes a directory with a config.json (any transformers causal
+LM whose decoder layers are ``model.model.layers``), built with random weights.
 """
 
 from __future__ import annotations
@@ -24,12 +28,13 @@ from fsdp_api.presets import PRESETS
 from fsdp_api.spec import ModelSpec
 from fsdp_trainer.model.llama import llama_config
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from transformers import LlamaForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, LlamaForCausalLM
 
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
+    p.add_argument("--architecture", help="a directory with a config.json, instead of --preset")
     p.add_argument("--seq-len", type=int, default=256)
     p.add_argument("--micro-batch-size", type=int, default=4)
     p.add_argument("--steps", type=int, default=30)
@@ -58,10 +63,14 @@ def main() -> None:
     device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
 
     torch.manual_seed(args.seed)
-    dims = PRESETS[args.preset]
     # Built on the CPU, then fully_shard moves each rank's shards to the device.
-    # The trainer's own LlamaConfig for the preset: the very same model.
-    model = LlamaForCausalLM(llama_config(ModelSpec(preset=args.preset)))
+    # The trainer's own LlamaConfig for a preset: the very same model.
+    if args.architecture:
+        config = AutoConfig.from_pretrained(args.architecture)
+        model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+    else:
+        model = LlamaForCausalLM(llama_config(ModelSpec(preset=args.preset)))
+    vocab_size = model.config.vocab_size
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     kwargs = {"mp_policy": mp} if args.precision == "bf16" else {}
     layers = model.model.layers
@@ -82,7 +91,7 @@ def main() -> None:
     start = cpu_start = 0.0
     peak_mem = 0
     for step in range(1, args.steps + 1):
-        batch = torch.randint(0, dims.vocab_size, (args.micro_batch_size, args.seq_len), generator=gen).to(device)
+        batch = torch.randint(0, vocab_size, (args.micro_batch_size, args.seq_len), generator=gen).to(device)
         loss = model(input_ids=batch, labels=batch).loss
         loss.backward()
         if args.grad_clip > 0:

@@ -1,6 +1,8 @@
 """Tokens/s of our trainer against a minimal FSDP2 loop, same model, ranks, batch and steps.
 
-CPU (default; what `make bench` runs): the tiny preset on 2 gloo ranks. Each
+CPU (default; what `make bench` runs): the tiny preset on 2 gloo ranks, then
+the same numbers as a Qwen2 architecture (q/k/v biases; ``model.architecture``
+with random init, the path any Hugging Face model takes). Each
 repeat runs our trainer (torchrun -m fsdp_trainer, metrics endpoint on, data
 from the embedded corpus) and then bench/minimal_fsdp2.py, alternating so
 that background load hits both alike. Throughput is steady state: wall clock
@@ -20,6 +22,7 @@ minimal loop at seqLen 2048 for the ratio.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import os
@@ -44,6 +47,27 @@ MFU = re.compile(r"MFU (?P<mfu>[\d.]+)%")
 PEAK_MEM = re.compile(r"peak mem (?P<mem>[\d.]+ \w+)")
 
 
+# The tiny preset's numbers as a Qwen2 config.json (vocabulary of the embedded tokenizer).
+QWEN2_TINY = {
+    "model_type": "qwen2",
+    "vocab_size": 4096,
+    "hidden_size": 256,
+    "intermediate_size": 688,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "max_position_embeddings": 1024,
+    "tie_word_embeddings": True,
+}
+
+
+def write_architecture(workdir: Path, config: dict) -> Path:
+    path = workdir / f"{config['model_type']}-config"
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(config))
+    return path
+
+
 @dataclass(frozen=True)
 class Setup:
     preset: str
@@ -54,6 +78,7 @@ class Setup:
     precision: str
     activation_checkpointing: bool = False
     compile: bool = False
+    architecture: Path | None = None  # a config.json directory instead of the preset
 
     @property
     def tokens_per_step(self) -> int:
@@ -61,7 +86,8 @@ class Setup:
 
     def label(self) -> str:
         ac = "AC full" if self.activation_checkpointing else "no AC"
-        return f"{self.preset} seq {self.seq_len} mbs {self.micro_batch_size} {ac}{' compile' if self.compile else ''}"
+        model = f"{self.architecture.name}" if self.architecture else self.preset
+        return f"{model} seq {self.seq_len} mbs {self.micro_batch_size} {ac}{' compile' if self.compile else ''}"
 
 
 @dataclass(frozen=True)
@@ -91,7 +117,7 @@ def _run(cmd: list[str], env: dict[str, str], log: Path) -> str:
 def trainer_config(s: Setup, workdir: Path) -> dict:
     return {
         "job": {"name": "bench", "namespace": "bench"},
-        "model": {"preset": s.preset},
+        "model": {"architecture": str(s.architecture)} if s.architecture else {"preset": s.preset},
         "training": {
             "maxSteps": s.steps,
             "seqLen": s.seq_len,
@@ -130,7 +156,8 @@ def run_trainer(s: Setup, workdir: Path, gpu: bool, tag: str) -> Result:
 
 def run_minimal(s: Setup, workdir: Path, gpu: bool, tag: str) -> Result:
     program = [str(REPO / "bench" / "minimal_fsdp2.py")]
-    program += ["--preset", s.preset, "--seq-len", str(s.seq_len), "--micro-batch-size", str(s.micro_batch_size)]
+    program += ["--architecture", str(s.architecture)] if s.architecture else ["--preset", s.preset]
+    program += ["--seq-len", str(s.seq_len), "--micro-batch-size", str(s.micro_batch_size)]
     program += ["--steps", str(s.steps), "--precision", s.precision, "--warmup-steps", str(WARMUP_STEPS)]
     if s.activation_checkpointing:
         program.append("--activation-checkpointing")
@@ -145,37 +172,63 @@ def run_minimal(s: Setup, workdir: Path, gpu: bool, tag: str) -> Result:
     return Result(tokens / r["seconds"], tokens / r["cpu_seconds"], None, f"{r['peak_memory_bytes'] / 2**30:.1f} GiB")
 
 
-def compare(s: Setup, repeats: int, workdir: Path, gpu: bool) -> tuple[list[Result], list[Result]]:
+def run_accelerate(s: Setup, workdir: Path, gpu: bool, tag: str) -> Result:
+    program = [str(REPO / "bench" / "accelerate_fsdp2.py"), "--architecture", str(s.architecture)]
+    program += ["--seq-len", str(s.seq_len), "--micro-batch-size", str(s.micro_batch_size)]
+    program += ["--steps", str(s.steps), "--warmup-steps", str(WARMUP_STEPS)]
+    out = _run(torchrun_standalone(s.nproc, program), _env(s.nproc, gpu, workdir), workdir / f"{tag}.log")
+    line = next((x for x in out.splitlines() if x.startswith("BENCH_RESULT ")), None)
+    if line is None:
+        raise SystemExit(f"no BENCH_RESULT in Accelerate's output ({workdir / f'{tag}.log'})")
+    r = json.loads(line.removeprefix("BENCH_RESULT "))
+    if r["distributed_type"] != "DistributedType.FSDP":
+        # Accelerate switches to FSDP only for accelerator devices (GPU, NPU, XPU ...):
+        # on the CPU its AcceleratorState keeps MULTI_CPU, i.e. DDP (accelerate/state.py).
+        print(f"  note: Accelerate ran {r['distributed_type']} (DDP), not FSDP, on this device", flush=True)
+    tokens = r["steps"] * s.tokens_per_step
+    return Result(tokens / r["seconds"], tokens / r["cpu_seconds"])
+
+
+def compare(
+    s: Setup, repeats: int, workdir: Path, gpu: bool, reference=run_minimal
+) -> tuple[list[Result], list[Result]]:
     ours: list[Result] = []
     minimal: list[Result] = []
     for i in range(repeats):
         ours.append(run_trainer(s, workdir, gpu, f"trainer-{i}"))
-        minimal.append(run_minimal(s, workdir, gpu, f"minimal-{i}"))
+        minimal.append(reference(s, workdir, gpu, f"reference-{i}"))
         o, m = ours[-1], minimal[-1]
         print(
             f"  repeat {i + 1}: trainer {o.tokens_per_second:,.0f} tok/s ({o.tokens_per_cpu_second:,.0f} per CPU-s), "
-            f"minimal {m.tokens_per_second:,.0f} tok/s ({m.tokens_per_cpu_second:,.0f} per CPU-s)",
+            f"reference {m.tokens_per_second:,.0f} tok/s ({m.tokens_per_cpu_second:,.0f} per CPU-s)",
             flush=True,
         )
     return ours, minimal
 
 
-def report_ratio(ours: list[Result], minimal: list[Result], *, cpu_time: bool) -> None:
+def report_ratio(
+    ours: list[Result], minimal: list[Result], *, cpu_time: bool, name: str = "minimal FSDP2", target: float = 0.95
+) -> None:
     wall_o = statistics.median(r.tokens_per_second for r in ours)
     wall_m = statistics.median(r.tokens_per_second for r in minimal)
     cpu_o = statistics.median(r.tokens_per_cpu_second for r in ours)
     cpu_m = statistics.median(r.tokens_per_cpu_second for r in minimal)
-    print(
-        f"trainer {wall_o:,.0f} tok/s | minimal FSDP2 {wall_m:,.0f} tok/s | ratio {wall_o / wall_m:.3f} (target 0.95)"
-    )
+    print(f"trainer {wall_o:,.0f} tok/s | {name} {wall_m:,.0f} tok/s | ratio {wall_o / wall_m:.3f} (target {target})")
     if cpu_time:  # on a GPU the host's CPU time says nothing about speed
-        print(f"per CPU-second of rank 0: trainer {cpu_o:,.0f} | minimal {cpu_m:,.0f} | ratio {cpu_o / cpu_m:.3f}")
+        print(f"per CPU-second of rank 0: trainer {cpu_o:,.0f} | {name} {cpu_m:,.0f} | ratio {cpu_o / cpu_m:.3f}")
 
 
 def cpu_bench(args: argparse.Namespace, workdir: Path) -> None:
     s = Setup("tiny", args.nproc, args.seq_len or 256, args.micro_batch_size or 8, args.steps, "fp32")
-    print(f"CPU: {s.label()}, {s.nproc} ranks (gloo), {s.steps} steps, timed after {WARMUP_STEPS}", flush=True)
-    report_ratio(*compare(s, args.repeats, workdir, gpu=False), cpu_time=True)
+    qwen2 = dataclasses.replace(s, architecture=write_architecture(workdir, QWEN2_TINY))
+    if args.accelerate:
+        print(f"CPU: {qwen2.label()} vs Hugging Face Accelerate (FSDP2 plugin), {s.nproc} ranks (gloo)", flush=True)
+        results = compare(qwen2, args.repeats, workdir, gpu=False, reference=run_accelerate)
+        report_ratio(*results, cpu_time=True, name="Accelerate", target=1.1)
+        return
+    for setup in (s, qwen2):
+        print(f"CPU: {setup.label()}, {s.nproc} ranks (gloo), {s.steps} steps, timed after {WARMUP_STEPS}", flush=True)
+        report_ratio(*compare(setup, args.repeats, workdir, gpu=False), cpu_time=True)
 
 
 def gpu_bench(args: argparse.Namespace, workdir: Path) -> None:
@@ -208,6 +261,9 @@ def gpu_bench(args: argparse.Namespace, workdir: Path) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--gpu", action="store_true", help="llama3.2-1b on the GPUs of this machine")
+    p.add_argument(
+        "--accelerate", action="store_true", help="CPU: the Qwen2 shape vs Hugging Face Accelerate FSDP2 (.[bench])"
+    )
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--nproc", type=int, default=None, help="ranks (CPU default 2, GPU default: all GPUs)")
