@@ -57,7 +57,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.checkpoint.stateful import Stateful
 
-from .errors import ConfigError, UnsafeCheckpointError
+from .errors import ConfigError, UnsafeCheckpointError, name_list
 from .faults import maybe_fault
 from .model.param_names import canonical
 from .parallel.distributed import WorldInfo, barrier, broadcast_object
@@ -116,8 +116,6 @@ CONFIG_FILE = "trainer_config.yaml"
 MODEL_CONFIG_DIR = "model_config"
 # The model's entry in the DCP state (its tensors are "model.<name>").
 MODEL_KEY = "model"
-# Tensor names listed in a refusal before "and N more".
-SHOWN_TENSORS = 6
 
 
 def _saved_shapes(path: Path) -> dict[str, tuple[int, ...]]:
@@ -131,24 +129,18 @@ def _saved_shapes(path: Path) -> dict[str, tuple[int, ...]]:
     }
 
 
-def _listing(names: list[str]) -> str:
-    names = sorted(names)
-    more = f" and {len(names) - SHOWN_TENSORS} more" if len(names) > SHOWN_TENSORS else ""
-    return ", ".join(names[:SHOWN_TENSORS]) + more
-
-
 def architecture_changes(saved: dict[str, tuple[int, ...]], model: nn.Module) -> list[str]:
     """What differs between a checkpoint's model tensors and this model's (names and shapes)."""
     current = {canonical(k): tuple(v.shape) for k, v in model.state_dict(keep_vars=True).items()}
     changes = []
     if gone := [n for n in saved if n not in current]:
-        changes.append(f"the checkpoint has tensors this model lacks: {_listing(gone)}")
+        changes.append(f"the checkpoint has tensors this model lacks: {name_list(gone)}")
     if new := [n for n in current if n not in saved]:
-        changes.append(f"this model has tensors the checkpoint lacks: {_listing(new)}")
+        changes.append(f"this model has tensors the checkpoint lacks: {name_list(new)}")
     if reshaped := [
         f"{n} {list(saved[n])} -> {list(current[n])}" for n in current if n in saved and saved[n] != current[n]
     ]:
-        changes.append(f"shapes differ: {_listing(reshaped)}")
+        changes.append(f"shapes differ: {name_list(reshaped)}")
     return changes
 
 

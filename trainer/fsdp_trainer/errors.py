@@ -2,6 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
+# Names listed in one error line before "and N more".
+SHOWN_NAMES = 8
+
+
+def name_list(names: Iterable[str]) -> str:
+    """``a, b, c and 12 more``: sorted, bounded, for error lines that name tensors or files."""
+    ordered = sorted(names)
+    more = f" and {len(ordered) - SHOWN_NAMES} more" if len(ordered) > SHOWN_NAMES else ""
+    return ", ".join(ordered[:SHOWN_NAMES]) + more
+
 
 class UnsafeCheckpointError(RuntimeError):
     """A checkpoint file holds more than data (tensors, numbers, strings): never unpickled."""

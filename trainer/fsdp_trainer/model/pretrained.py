@@ -36,7 +36,7 @@ import torch.distributed as dist
 from torch import nn
 from transformers import PreTrainedModel
 
-from ..errors import ConfigError
+from ..errors import ConfigError, name_list
 from .architecture import embeddings_tied
 from .param_names import canonical, unique_parameters
 from .shards import copy_full_into, local_slices, local_tensor
@@ -45,8 +45,6 @@ log = logging.getLogger(__name__)
 
 INDEX_FILE = "model.safetensors.index.json"
 WEIGHTS_FILE = "model.safetensors"
-# Names listed in an error before "and N more".
-SHOWN = 8
 
 
 @dataclass
@@ -57,43 +55,26 @@ class LoadPlan:
     sources: dict[str, tuple[str, Path]] = field(default_factory=dict)
 
 
-def weight_files(path: Path) -> dict[str, Path]:
-    """Tensor name -> safetensors file holding it."""
-    index = path / INDEX_FILE
-    if index.is_file():
-        weight_map = json.loads(index.read_text())["weight_map"]
-        return {name: path / file for name, file in weight_map.items()}
-    single = path / WEIGHTS_FILE
-    files = [single] if single.is_file() else sorted(path.glob("*.safetensors"))
-    if not files:
-        return {}
+def tensor_index(path: Path) -> dict[str, tuple[Path, tuple[int, ...]]]:
+    """Tensor name -> (safetensors file holding it, its shape), reading each file's header once."""
     from safetensors import safe_open
 
-    out = {}
+    index = path / INDEX_FILE
+    if index.is_file():
+        files = sorted({path / file for file in json.loads(index.read_text())["weight_map"].values()})
+    else:
+        single = path / WEIGHTS_FILE
+        files = [single] if single.is_file() else sorted(path.glob("*.safetensors"))
+    out: dict[str, tuple[Path, tuple[int, ...]]] = {}
     for file in files:
         with safe_open(str(file), framework="pt") as f:
-            out.update({name: file for name in f.keys()})  # noqa: SIM118 - safe_open is not a dict
+            for name in f.keys():  # noqa: SIM118 - safe_open is not a dict
+                out[name] = (file, tuple(f.get_slice(name).get_shape()))
     return out
 
 
-def _shapes(weights: dict[str, Path]) -> dict[str, tuple[int, ...]]:
-    from safetensors import safe_open
-
-    shapes: dict[str, tuple[int, ...]] = {}
-    by_file: dict[Path, list[str]] = {}
-    for name, file in weights.items():
-        by_file.setdefault(file, []).append(name)
-    for file, names in by_file.items():
-        with safe_open(str(file), framework="pt") as f:
-            for name in names:
-                shapes[name] = tuple(f.get_slice(name).get_shape())
-    return shapes
-
-
 def _listing(kind: str, names: list[str]) -> str:
-    names = sorted(names)
-    more = f" and {len(names) - SHOWN} more" if len(names) > SHOWN else ""
-    return f"{kind} {', '.join(names[:SHOWN])}{more}"
+    return f"{kind} {name_list(names)}"
 
 
 def _ignored(model: PreTrainedModel) -> list[re.Pattern[str]]:
@@ -147,12 +128,12 @@ def _has_conversion(model: PreTrainedModel) -> bool:
 def check_pretrained(model: PreTrainedModel, path: Path) -> LoadPlan:
     """Match the checkpoint against the (meta) model by names and shapes; ConfigError if it cannot load."""
     try:
-        weights = weight_files(path)
-        shapes = _shapes(weights)
+        index = tensor_index(path)
     except Exception as e:  # safetensors raises its own error type for corrupt headers
         raise ConfigError([f"model.pretrained: cannot read the safetensors weights in {path}: {e}"]) from None
-    if not weights:
+    if not index:
         raise ConfigError([f"model.pretrained: no safetensors weights in {path}"])
+    shapes = {name: shape for name, (_, shape) in index.items()}
     prefix = getattr(model, "base_model_prefix", "") or ""
     params = {name for name, _ in unique_parameters(model)}
     expected = expected_tensors(model)
@@ -166,7 +147,7 @@ def check_pretrained(model: PreTrainedModel, path: Path) -> LoadPlan:
             continue  # a persistent buffer absent from the file keeps its computed value
         if shapes[source] != shape:
             wrong.append(f"{source} {list(shapes[source])} (the model's is {list(shape)})")
-        sources[name] = (source, weights[source])
+        sources[name] = (source, index[source][0])
     used = {source for source, _ in sources.values()}
     ignored = _ignored(model)
     tied = _tied_names(model)
