@@ -80,10 +80,12 @@ ENV PATH=/opt/venv/bin:/opt/amazon/efa/bin:$PATH \
     HF_HOME=/home/trainer/.cache/huggingface
 USER 1000:1000
 WORKDIR /home/trainer
-# The PyTorchJob sets command [torchrun] with the rendezvous flags; a bare
-# `docker run --gpus all IMAGE` trains the config mounted at /etc/fsdp on one node.
-ENTRYPOINT ["torchrun"]
-CMD ["--standalone", "--nproc-per-node=gpu", "-m", "fsdp_trainer", "--config", "/etc/fsdp/train.yaml"]
+# The PyTorchJob sets command [python] with the config check and the torchrun
+# rendezvous flags; a bare `docker run --gpus all IMAGE` checks, then trains,
+# the config mounted at /etc/fsdp on one node.
+ENTRYPOINT ["python"]
+CMD ["-m", "fsdp_trainer", "check", "--config", "/etc/fsdp/train.yaml", "--nproc-per-node", "gpu", "--", \
+     "torchrun", "--standalone", "--nproc-per-node=gpu", "-m", "fsdp_trainer", "--config", "/etc/fsdp/train.yaml"]
 
 # ---------------------------------------------------------------------------
 # operator: kopf controller, no torch, read-only root filesystem

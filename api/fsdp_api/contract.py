@@ -49,6 +49,13 @@ PODMONITOR_PLURAL = "podmonitors"
 # What torchrun starts (``-m``) and how it is told where its config is.
 TRAINER_MODULE = "fsdp_trainer"
 CONFIG_FLAG = "--config"
+# Before torchrun, the container runs ``python -m fsdp_trainer check``: a bad
+# config ends there with CONFIG_ERROR_EXIT_CODE and only its error lines (the
+# container's termination message), instead of a traceback from every rank.
+CHECK_COMMAND = "check"
+CONFIG_ERROR_EXIT_CODE = 2
+# The line before a config error's ``field: message`` lines (each indented two spaces).
+CONFIG_ERROR_HEADER = "invalid trainer configuration:"
 # The job's ConfigMap is mounted at CONFIG_DIR; its one key is the trainer config.
 CONFIG_DIR = "/etc/fsdp"
 CONFIG_KEY = "train.yaml"

@@ -13,15 +13,28 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from .contract import CONFIG_FLAG, ENV_METRICS_ADDR, ENV_METRICS_DIR, TRAINER_MODULE
+from .contract import CHECK_COMMAND, CONFIG_FLAG, ENV_METRICS_ADDR, ENV_METRICS_DIR, TRAINER_MODULE
 
 TORCHRUN = "torchrun"
+# The container's interpreter, from PATH (the image's venv), like torchrun.
+PYTHON = "python"
 LOOPBACK = "127.0.0.1"
 
 
 def trainer_program(config_path: str | Path, *extra: str) -> list[str]:
     """What torchrun runs on each rank: the trainer module on ``config_path``."""
     return ["-m", TRAINER_MODULE, CONFIG_FLAG, str(config_path), *extra]
+
+
+def checked_launch(config_path: str | Path, launch: Sequence[str], *, python: str = PYTHON) -> list[str]:
+    """``launch`` preceded by the trainer's one-process config check, which execs it when the config is good.
+
+    A bad config then ends in the check with one line per mistake (exit
+    code CONFIG_ERROR_EXIT_CODE) before torchrun starts any rank. The check
+    reads the node and process counts from the torchrun flags of ``launch``,
+    so they are written once.
+    """
+    return [python, "-m", TRAINER_MODULE, CHECK_COMMAND, CONFIG_FLAG, str(config_path), "--", *launch]
 
 
 def torchrun_rendezvous(

@@ -89,3 +89,16 @@ def test_sitecustomize_gives_python_processes_their_pod_address(tmp_path: Path) 
     env = {**os.environ, "PYTHONPATH": str(tmp_path), POD_IP_ENV: "127.77.0.9"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["127.77.0.9", "127.77.0.9"]
+
+
+def test_termination_message_is_the_kubelets_log_tail(tmp_path: Path) -> None:
+    from fsdp_localcluster.node_agent.pods import TERMINATION_LOG_BYTES, log_tail
+
+    log = tmp_path / "c.log"
+    log.write_text("".join(f"line {i}\n" for i in range(100)))
+    # The last 80 lines, cut to their last 2048 bytes (here they fit).
+    assert log_tail(log) == "".join(f"line {i}\n" for i in range(20, 100))
+    log.write_text("x" * 5000 + "\nfsdp-train: the end\n")
+    tail = log_tail(log)
+    assert len(tail.encode()) == TERMINATION_LOG_BYTES and tail.endswith("\nfsdp-train: the end\n")
+    assert log_tail(tmp_path / "missing.log") == ""

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from fsdp_api import FSDPTraining
 from fsdp_api.documents import InputError, load_one
-from fsdp_api.launch import free_port, local_env, port_is_free, torchrun_standalone, trainer_program
+from fsdp_api.launch import checked_launch, free_port, local_env, port_is_free, torchrun_standalone, trainer_program
 from fsdp_api.rules import format_errors
 from fsdp_api.trainer_config import TrainerConfig
 from pydantic import ValidationError
@@ -87,7 +87,10 @@ def run_local(spec_file: str | Path, nproc: int = 2, output_dir: Path | None = N
 
         with tempfile.TemporaryDirectory(prefix="fsdp-local-metrics-") as metrics_dir:
             env = local_env(nproc, metrics_dir=metrics_dir)
-            return run_process_group(torchrun_standalone(nproc, trainer_program(config_path)), env)
+            # The check runs first, as in the pods: a mistake is one line and exit 2, not a traceback per rank.
+            launch = torchrun_standalone(nproc, trainer_program(config_path))
+            cmd = checked_launch(config_path, launch, python=launch[0])
+            return run_process_group(cmd, env)
 
 
 @contextlib.contextmanager

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 from pathlib import Path
 
@@ -119,6 +120,40 @@ def test_a_pretrained_qwen2_directory_fine_tunes_on_the_cluster(operator: WholeC
     assert checkpoint_steps(operator, ns) == [5]
     saved = json.loads((volume / "step-00000005" / "model_config" / "config.json").read_text())
     assert saved["model_type"] == "qwen2"
+
+
+def test_a_config_the_trainer_rejects_is_its_status_not_a_traceback(operator: WholeCluster, ns: str) -> None:
+    """Admission cannot see the pod's files: the trainer's check in the pod does, and the status says what."""
+    whole, name = operator, "nodata"
+    missing = "/checkpoints/data/*.jsonl"  # the volume is there, the data is not
+    training = fsdptraining(name, ns, max_steps=5, interval=5, nodes=1, claim=None, data={"path": missing})
+    t0 = time.monotonic()
+    whole.cluster.apply(training)
+
+    def rejected() -> dict | None:
+        conds = {c["type"]: c for c in status(whole, name, ns).get("conditions") or []}
+        return conds.get("ConfigValid")
+
+    cond = wait_for(rejected, 180, "the ConfigValid condition from the trainer's check")
+    record("config_rejection_reported_s", time.monotonic() - t0)
+    # The node agent maps the pod's mount paths to host folders, so the path is the host's here.
+    expected = re.compile(
+        rf"the trainer rejected its configuration in pod {name}-worker-0: "
+        rf"data\.path: no \.json, \.jsonl, \.parquet, \.txt files in /\S*{re.escape(missing)}"
+    )
+    assert (cond["status"], cond["reason"]) == ("False", "TrainerRejectedConfig")
+    assert expected.fullmatch(cond["message"]), cond["message"]
+    # The container restarts in place until the backoff limit fails the job; the reason stays the check's line.
+    assert wait_phase(whole, name, ns, TERMINAL, 240) == "Failed"
+    final = status(whole, name, ns)
+    assert final["message"] == cond["message"], dump(final)
+    logs = trainer_logs(whole, name, ns)
+    assert "fsdp-train: invalid trainer configuration:" in logs
+    # torchrun never started: no rank ran, nothing was wrapped in an elastic-agent traceback.
+    assert "Traceback" not in logs and "ChildFailedError" not in logs, logs[-3000:]
+    events = json.loads(whole.kubectl("get", "events", "-n", ns, "-o", "json").stdout)["items"]
+    reasons = [e["reason"] for e in events if e["involvedObject"]["name"] == name]
+    assert reasons.count("TrainerRejectedConfig") == 1, reasons
 
 
 def _bound_claim(whole: WholeCluster, ns: str) -> Path | None:

@@ -174,7 +174,14 @@ def test_worker_only_layout_with_c10d_rendezvous_on_worker_0() -> None:
     assert worker(job)["restartPolicy"] == "OnFailure"
     c = container(job)
     assert c["name"] == "pytorch"
-    assert c["command"] == ["torchrun"]
+    # The trainer's config check runs first and execs torchrun: a bad config
+    # ends there with its lines as the termination message, not a rank traceback.
+    assert c["command"] == ["python"]
+    launch = c["args"].index("--")
+    # The check reads the node and process counts from torchrun's flags: written once.
+    assert c["args"][:launch] == ["-m", "fsdp_trainer", "check", "--config", "/etc/fsdp/train.yaml"]
+    assert c["args"][launch + 1 : launch + 3] == ["torchrun", "--nnodes=2"]
+    assert c["terminationMessagePolicy"] == "FallbackToLogsOnError"
     assert arg(job, "--rdzv-backend") == "c10d"
     # The training operator names worker 0's pod and headless Service <job>-worker-0
     # and reads the port from the container port named pytorchjob-port.

@@ -70,6 +70,20 @@ def test_invalid_spec_is_reported_with_the_field(tmp_path: Path) -> None:
     assert not (tmp_path / "out").exists()
 
 
+def test_a_config_only_the_trainer_can_check_is_one_error_not_a_traceback(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # The spec is valid; its data path is not there, which only the trainer can see.
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["spec"]["data"] = {"path": str(tmp_path / "nowhere" / "*.jsonl")}
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(doc))
+    assert run_local(bad, nproc=2, output_dir=tmp_path / "out", steps=1) == 2
+    err = capfd.readouterr().err
+    assert "fsdp-train: invalid trainer configuration:\n  data.path: no .json, .jsonl, .parquet, .txt files in" in err
+    assert "Traceback" not in err and "ChildFailedError" not in err, err
+
+
 @pytest.mark.slow
 def test_trains_checkpoints_and_resumes(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     spec = example_copy(tmp_path, intervalSteps=10)

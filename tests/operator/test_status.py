@@ -20,8 +20,8 @@ from fsdp_operator.controller.reconcile import (
     MAX_RETRY_DELAY,
     Runtime,
     newest_job,
+    record_pods,
     record_progress,
-    record_scheduling,
     retry_delay,
 )
 from fsdp_operator.controller.scraper import waiting_trainings
@@ -29,10 +29,12 @@ from fsdp_operator.controller.status import (
     GENERATION_ANNOTATION,
     MAX_MESSAGE,
     EventSpec,
+    PodsReport,
     ReconcileOutcome,
     Scheduling,
     TrainingFacts,
     compute_status,
+    config_rejection,
     merge_patch,
     pod_scheduling,
     status_document,
@@ -319,6 +321,71 @@ def test_scheduled_needs_every_expected_pod_bound() -> None:
     # A pod on its way out does not count either way.
     gone = job_pod("w9", "False", "Unschedulable", NO_FIT, deletionTimestamp=NOW)
     assert pod_scheduling([*bound, gone], expected=2) == Scheduling(True, "Scheduled", "all 2 pods are scheduled")
+
+
+# --- a configuration the trainer's check rejects ------------------------------------------
+
+CHECK_LOG = (
+    "Some weights of the model checkpoint were not used\n"
+    "fsdp-train: invalid trainer configuration:\n"
+    "  data.path: no .json, .jsonl, .parquet, .txt files in /data/*.jsonl\n"
+    "  model.pretrained: /models/qwen has no config.json (expected a Hugging Face model directory)\n"
+)
+REJECTED = (
+    "the trainer rejected its configuration in pod llama-worker-0: "
+    "data.path: no .json, .jsonl, .parquet, .txt files in /data/*.jsonl; "
+    "model.pretrained: /models/qwen has no config.json (expected a Hugging Face model directory)"
+)
+
+
+def trainer_pod(name: str, last: dict[str, Any] | None = None, state: dict[str, Any] | None = None) -> dict[str, Any]:
+    pod = job_pod(name, "True")
+    pod["status"]["containerStatuses"] = [
+        {"name": "pytorch", "state": state or {"waiting": {"reason": "CrashLoopBackOff"}}, "lastState": last or {}}
+    ]
+    return pod
+
+
+def test_the_checks_lines_from_a_crash_looping_pod_are_the_rejection() -> None:
+    failed = {"terminated": {"exitCode": 2, "reason": "Error", "message": CHECK_LOG}}
+    pods = [trainer_pod("llama-worker-1", last=failed), trainer_pod("llama-worker-0", last=failed)]
+    assert config_rejection(pods) == REJECTED
+    # The container ended there and has not restarted yet: the current state says it.
+    assert config_rejection([trainer_pod("llama-worker-0", state=failed)]) == REJECTED
+    # No termination message (a runtime without FallbackToLogsOnError): still named, with where to look.
+    bare = {"terminated": {"exitCode": 2, "reason": "Error"}}
+    assert config_rejection([trainer_pod("w0", last=bare)]) == (
+        "the trainer rejected its configuration in pod w0: exit code 2; the pod's log says why"
+    )
+
+
+def test_other_failures_and_other_containers_are_not_a_rejection() -> None:
+    crashed = {"terminated": {"exitCode": 1, "reason": "Error", "message": "Traceback ..."}}
+    assert config_rejection([trainer_pod("w0", last=crashed)]) is None
+    sidecar = trainer_pod("w0")
+    sidecar["status"]["containerStatuses"][0]["name"] = "log-shipper"
+    sidecar["status"]["containerStatuses"][0]["lastState"] = {"terminated": {"exitCode": 2}}
+    assert config_rejection([sidecar]) is None
+    assert config_rejection([job_pod("w0", "True"), job_pod("w1", None)]) is None
+
+
+def test_a_rejected_config_is_a_condition_and_the_message_until_the_spec_changes() -> None:
+    running = compute_status(facts(), job(cond("Running")), None, rejection=REJECTED, now=NOW)
+    config = conditions_of(running)["ConfigValid"]
+    assert (config.status, config.reason, config.message) == ("False", "TrainerRejectedConfig", REJECTED)
+    assert running.phase == "Running" and running.message == REJECTED
+    events = transition_events(None, running)
+    assert EventSpec("Warning", "TrainerRejectedConfig", REJECTED) in events
+    # The backoff limit then fails the job; the reason stays the check's lines.
+    stored = status_document(running)
+    failed = compute_status(facts(), job(cond("Failed", message="backoff limit exceeded")), stored, now=LATER)
+    assert failed.phase == "Failed" and failed.message == REJECTED
+    assert conditions_of(failed)["ConfigValid"].last_transition_time == NOW
+    assert not [e for e in transition_events(stored, failed) if e.reason == "TrainerRejectedConfig"]
+    # A new generation is a new config: the old verdict goes.
+    fixed = compute_status(facts(generation=2), job(cond("Running"), generation=2), stored, now=LATER)
+    assert "ConfigValid" not in conditions_of(fixed)
+    assert fixed.message != REJECTED
 
 
 UNSCHEDULABLE = Scheduling(False, "Unschedulable", f"2 of 2 pods cannot be scheduled: llama-worker-0: {NO_FIT}")
@@ -650,7 +717,7 @@ def test_periodic_scrape_never_overwrites_a_finished_job() -> None:
 def test_scheduling_is_written_into_the_status_from_the_last_job_seen() -> None:
     created = status_document(compute_status(facts(resources={"nodes": 2}), job(cond("Created")), None, now=NOW))
     rt, client, body = fake_runtime(created, job(cond("Created")))
-    assert asyncio.run(record_scheduling(rt, body, UNSCHEDULABLE)) is True
+    assert asyncio.run(record_pods(rt, body, PodsReport(UNSCHEDULABLE))) is True
     (patch,) = client.patches
     assert patch["message"] == UNSCHEDULABLE.message
     assert client.status["phase"] == "Created"
@@ -673,11 +740,11 @@ def test_scheduling_is_written_into_the_status_from_the_last_job_seen() -> None:
     }
     assert event["metadata"] == {"namespace": "ml", "generateName": "fsdp-operator-"}
     # Same answer next tick: nothing to write.
-    assert asyncio.run(record_scheduling(rt, body, UNSCHEDULABLE)) is False
+    assert asyncio.run(record_pods(rt, body, PodsReport(UNSCHEDULABLE))) is False
     assert len(client.patches) == 1
     # Without the job (watch not caught up yet) nothing is written.
     rt.jobs.clear()
-    assert asyncio.run(record_scheduling(rt, body, SCHEDULED)) is False
+    assert asyncio.run(record_pods(rt, body, PodsReport(SCHEDULED))) is False
     assert len(client.patches) == 1
 
 
@@ -691,11 +758,15 @@ def test_pod_loop_checks_only_trainings_whose_pods_may_be_waiting() -> None:
     assert not waiting("Created", None)  # the job watch has not delivered it yet
     # Kubeflow calls a worker-only job Running once one worker runs: check until all do.
     assert waiting("Running", job(cond("Running"), replicaStatuses={"Worker": {"active": 1}}))
-    assert not waiting("Running", job(cond("Running"), replicaStatuses={"Worker": {"active": 2}}))
+    assert not waiting("Running", job(cond("Running"), replicaStatuses={"Worker": {"active": 2}}), step=1)
     stuck = [{"type": "Schedulable", "status": "False", "reason": "Unschedulable", "lastTransitionTime": NOW}]
-    assert waiting("Running", job(cond("Running"), replicaStatuses={"Worker": {"active": 2}}), conditions=stuck)
+    assert waiting("Running", job(cond("Running"), replicaStatuses={"Worker": {"active": 2}}), step=1, conditions=stuck)
     for done in ("Succeeded", "Failed", "Suspended"):
         assert not waiting(done, job(cond(done)))
+    # All pods active but no step yet: the trainer may be failing its config check in a restart loop.
+    all_active = job(cond("Running"), replicaStatuses={"Worker": {"active": 2}})
+    assert not waiting("Running", all_active, step=3)
+    assert waiting("Running", all_active)
 
 
 def test_without_a_job_a_failed_apply_is_the_status_message() -> None:

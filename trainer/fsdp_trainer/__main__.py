@@ -2,10 +2,12 @@
 
     fsdp-train --config train.yaml [--training.max-steps 20 --fsdp.sharding-strategy full ...]
     fsdp-train export --checkpoint /checkpoints/step-00001000 --output ./hf-model
+    fsdp-train check --config train.yaml --nnodes 2 --nproc-per-node 8 [-- torchrun ...]
 
 Overrides use the YAML field names in kebab case (``--section.field-name
 value``). Configuration errors print one ``field: message`` line each and exit
-with status 2, on every rank, before any process group is created.
+with status 2, on every rank, before any process group is created; ``check``
+does the same once, before torchrun starts (the pods' command, see check.py).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import os
 import signal
 import sys
 from pathlib import Path
+
+from fsdp_api.contract import CHECK_COMMAND, CONFIG_ERROR_EXIT_CODE
 
 from .errors import ConfigError, UnsafeCheckpointError
 
@@ -32,7 +36,8 @@ def setup_logging() -> None:
 def train_main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="fsdp-train",
-        description="FSDP2 Llama trainer. Unknown --section.field-name VALUE arguments override train.yaml.",
+        description="FSDP2 trainer for Hugging Face causal LMs. "
+        "Unknown --section.field-name VALUE arguments override train.yaml.",
     )
     parser.add_argument("--config", required=True, help="train.yaml (the job's ConfigMap)")
     parser.add_argument("--trace-dir", type=Path, help="write a JSON-lines record of the run here (tests, debugging)")
@@ -58,10 +63,14 @@ def main(argv: list[str] | None = None) -> int:
             from .export import main as export_main
 
             return export_main(argv[1:])
+        if argv[:1] == [CHECK_COMMAND]:
+            from .check import check_main
+
+            return check_main(argv[1:])
         return train_main(argv)
     except ConfigError as e:
         print(f"fsdp-train: {e}", file=sys.stderr)
-        return 2
+        return CONFIG_ERROR_EXIT_CODE
     except UnsafeCheckpointError as e:
         print(f"fsdp-train: {e}", file=sys.stderr)
         return 1

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from fsdp_api.contract import CONFIG_ERROR_HEADER
+
 # Names listed in one error line before "and N more".
 SHOWN_NAMES = 8
 
@@ -28,4 +30,4 @@ class ConfigError(ValueError):
 
     def __init__(self, lines: list[str]) -> None:
         self.lines = lines
-        super().__init__("invalid trainer configuration:\n" + "\n".join(f"  {line}" for line in lines))
+        super().__init__(CONFIG_ERROR_HEADER + "\n" + "\n".join(f"  {line}" for line in lines))

@@ -149,6 +149,27 @@ def claim_path(api: KubeAPI, namespace: str, claim: str) -> Path:
     return path
 
 
+# The kubelet's FallbackToLogsOnError message: at most the last 80 lines of the
+# log, and of those the last 2048 bytes (kubernetes pkg/kubelet/container/runtime.go,
+# MaxContainerTerminationMessageLogLines/-LogLength).
+TERMINATION_LOG_LINES = 80
+TERMINATION_LOG_BYTES = 2048
+
+
+def log_tail(path: Path, lines: int = TERMINATION_LOG_LINES, limit: int = TERMINATION_LOG_BYTES) -> str:
+    """The end of a container log as a termination message: the last ``lines`` lines, then the last ``limit`` bytes."""
+    try:
+        with path.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            # 80 lines of a log rarely exceed 64 KiB; a longer tail is cut to ``limit`` bytes anyway.
+            f.seek(max(0, f.tell() - 64 * 1024))
+            data = f.read()
+    except OSError:
+        return ""
+    tail = b"".join(data.splitlines(keepends=True)[-lines:])
+    return tail[-limit:].decode(errors="replace")
+
+
 @dataclass(frozen=True)
 class PodContext:
     """What a PodWorker needs from its node agent, and nothing else."""
@@ -235,6 +256,11 @@ class ContainerRun:
         }
         if rc < 0:
             self.terminated["signal"] = -rc
+        if code != 0 and self.spec.get("terminationMessagePolicy") == "FallbackToLogsOnError":
+            # No message file here (the container has no /dev of its own): the log tail, as the kubelet takes it.
+            message = log_tail(self.log_path())
+            if message:
+                self.terminated["message"] = message
         self.proc = None
         return self.terminated
 

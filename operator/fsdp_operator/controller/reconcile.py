@@ -31,14 +31,15 @@ from .kube import NETWORK_ERRORS, ApiError, KubeClient
 from .metrics import OperatorMetrics
 from .status import (
     APPLY_FAILED,
+    CONFIG_VALID,
     FOREIGN_OBJECT,
     GENERATION_ANNOTATION,
     INVALID_SPEC,
     JOB_RECREATE_FAILED,
     SCHEDULABLE,
     EventSpec,
+    PodsReport,
     ReconcileOutcome,
-    Scheduling,
     TrainingFacts,
     compute_status,
     declared_subset,
@@ -186,7 +187,7 @@ async def _sync_locked(
     outcome: ReconcileOutcome | None,
     source: str,
     events: list[EventSpec] | None = None,
-    scheduling: Scheduling | None = None,
+    pods: PodsReport | None = None,
     in_handler: bool = True,
 ) -> tuple[str | None, str]:
     """Compute the status from ``body`` and ``job``; patch it if it changed; record transitions.
@@ -198,7 +199,14 @@ async def _sync_locked(
     meta = body.get("metadata") or {}
     uid = meta.get("uid", "")
     previous = rt.previous_status(body)
-    new = compute_status(TrainingFacts.from_body(body), job, previous, outcome=outcome, scheduling=scheduling)
+    new = compute_status(
+        TrainingFacts.from_body(body),
+        job,
+        previous,
+        outcome=outcome,
+        scheduling=pods.scheduling if pods else None,
+        rejection=pods.rejection if pods else None,
+    )
     patch = status_patch(previous, new)
     to_post = list(events or []) + transition_events(previous, new)
     if patch:
@@ -490,24 +498,26 @@ async def recreate_job(rt: Runtime, namespace: str, name: str, uid: str) -> None
             await asyncio.sleep(delay)
 
 
-async def record_scheduling(rt: Runtime, training: Mapping[str, Any], scheduling: Scheduling) -> bool:
-    """Write what the pods say about their placement; True if the status changed.
+async def record_pods(rt: Runtime, training: Mapping[str, Any], report: PodsReport) -> bool:
+    """Write what the pods say (placement, a rejected config); True if one of those conditions changed.
 
-    Recomputes the whole status from the last job seen, so the Schedulable
-    condition and status.message stay consistent with the phase. Skipped
-    while an apply is in flight or before the job watch has delivered the job
-    (either will write the status soon, and the next tick retries).
+    Recomputes the whole status from the last job seen, so the conditions
+    and status.message stay consistent with the phase. Skipped while an
+    apply is in flight or before the job watch has delivered the job (either
+    will write the status soon, and the next tick retries).
     """
     uid = (training.get("metadata") or {}).get("uid", "")
+
+    def pod_conditions(status: Mapping[str, Any]) -> list[Any]:
+        return [c for c in status.get("conditions") or [] if c.get("type") in (SCHEDULABLE, CONFIG_VALID)]
+
     async with rt.lock(uid):
         job = rt.jobs.get(uid)
         if job is None or uid in rt.applying:
             return False
-        previous = rt.previous_status(training)
-        before = [c for c in previous.get("conditions") or [] if c.get("type") == SCHEDULABLE]
-        await _sync_locked(rt, training, job, outcome=None, source="pods", scheduling=scheduling, in_handler=False)
-        after = [c for c in rt.previous_status(training).get("conditions") or [] if c.get("type") == SCHEDULABLE]
-        return before != after
+        before = pod_conditions(rt.previous_status(training))
+        await _sync_locked(rt, training, job, outcome=None, source="pods", pods=report, in_handler=False)
+        return before != pod_conditions(rt.previous_status(training))
 
 
 async def record_progress(

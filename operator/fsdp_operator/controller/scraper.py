@@ -6,9 +6,11 @@ the operator being up). Per tick:
 
 - running trainings: one pod LIST per namespace, one metrics GET per
   training, a status patch only when a number moved;
-- trainings whose pods are not all running yet: one pod LIST per training,
-  so that a job the scheduler cannot place says why (the Schedulable
-  condition), a status patch only when that changed.
+- trainings whose pods are not all running yet, or that have not reported
+  a step yet: one pod LIST per training, so that a job the scheduler cannot
+  place says why (the Schedulable condition) and a configuration the
+  trainer's check rejects is shown (the ConfigValid condition), a status
+  patch only when one of those changed.
 
 When a job finishes, ``final_scrape`` reads its trainer's metrics once more.
 """
@@ -29,8 +31,8 @@ from fsdp_api.spec import MetricsSpec
 from .kube import NETWORK_ERRORS, ApiError
 from .peering import we_are_active
 from .progress import rank0_pod, scrape
-from .reconcile import Runtime, record_progress, record_scheduling
-from .status import SCHEDULABLE, TrainingFacts, pod_scheduling
+from .reconcile import Runtime, record_pods, record_progress
+from .status import SCHEDULABLE, TrainingFacts, pods_report
 
 log = logging.getLogger(__name__)
 
@@ -62,11 +64,13 @@ def _active_pods(job: Mapping[str, Any]) -> int:
 
 
 def waiting_trainings(rt: Runtime) -> list[Mapping[str, Any]]:
-    """Trainings with a job whose pods may be waiting for a node.
+    """Trainings with a job whose pods may be waiting for a node or failing their config check.
 
     Created or Restarting jobs; and Running ones with fewer active pods than
     nodes (Kubeflow calls a worker-only job Running as soon as one worker
-    runs) or still marked unschedulable. A job whose pods all run costs nothing.
+    runs), still marked unschedulable, or without a first step in the status
+    (a container that fails the check restarts in place, so its pod stays
+    active). A job whose pods all run and train costs nothing.
     """
     out = []
     for body in list(rt.trainings.values()):
@@ -81,13 +85,14 @@ def waiting_trainings(rt: Runtime) -> list[Mapping[str, Any]]:
             stuck = any(
                 c.get("type") == SCHEDULABLE and c.get("status") == "False" for c in status.get("conditions") or []
             )
-            if stuck or _active_pods(job) < TrainingFacts.from_body(body).nodes:
+            starting = status.get("step") is None
+            if stuck or starting or _active_pods(job) < TrainingFacts.from_body(body).nodes:
                 out.append(body)
     return out
 
 
-async def check_scheduling_once(rt: Runtime, peering: PeeringView | None) -> int:
-    """One pass over the waiting trainings; returns how many Schedulable conditions changed."""
+async def check_pods_once(rt: Runtime, peering: PeeringView | None) -> int:
+    """One pass over the waiting trainings; returns how many Schedulable/ConfigValid conditions changed."""
     by_namespace: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
     for body in waiting_trainings(rt):
         by_namespace[body["metadata"]["namespace"]].append(body)
@@ -99,8 +104,8 @@ async def check_scheduling_once(rt: Runtime, peering: PeeringView | None) -> int
         job_name = rt.previous_status(body).get("jobName") or body["metadata"]["name"]
         async with gate:
             pods = await rt.client.list("v1", "Pod", body["metadata"]["namespace"], f"{JOB_NAME_LABEL}={job_name}")
-        scheduling = pod_scheduling(pods, TrainingFacts.from_body(body).nodes)
-        if scheduling is not None and await record_scheduling(rt, body, scheduling):
+        report = pods_report(pods, TrainingFacts.from_body(body).nodes)
+        if (report.scheduling is not None or report.rejection is not None) and await record_pods(rt, body, report):
             changed += 1
 
     for namespace, bodies in by_namespace.items():
@@ -109,7 +114,7 @@ async def check_scheduling_once(rt: Runtime, peering: PeeringView | None) -> int
         results = await asyncio.gather(*(one(b) for b in bodies), return_exceptions=True)
         for r in results:
             if isinstance(r, Exception):
-                log.debug("scheduling check failed: %r", r)
+                log.debug("pods check failed: %r", r)
     return changed
 
 
@@ -205,7 +210,7 @@ async def run_scraper(rt: Runtime, interval: float, peering: PeeringView | None)
         while True:
             for name, one_pass in (
                 ("progress scrape", lambda: scrape_once(rt, session, peering)),
-                ("scheduling check", lambda: check_scheduling_once(rt, peering)),
+                ("pods check", lambda: check_pods_once(rt, peering)),
             ):
                 try:
                     await one_pass()

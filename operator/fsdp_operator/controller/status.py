@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from fsdp_api.contract import GROUP
+from fsdp_api.contract import CONFIG_ERROR_EXIT_CODE, CONFIG_ERROR_HEADER, GROUP, PYTORCHJOB_CONTAINER
 from fsdp_api.spec import CheckpointSpec, ResourcesSpec
 from fsdp_api.status import CheckpointStatus, Condition, FSDPTrainingStatus, Phase, ReplicaStatus
 
@@ -27,6 +27,11 @@ CHECKPOINTS_PERSISTENT = "CheckpointsPersistent"
 # Whether the job's pods have been placed on nodes (from the pods' PodScheduled condition).
 SCHEDULABLE = "Schedulable"
 SCHEDULED = "Scheduled"
+# Whether the trainer's own check (run in each pod before torchrun) accepted
+# the configuration: set False from a container that exited with the check's
+# exit code, with the check's lines as the message.
+CONFIG_VALID = "ConfigValid"
+TRAINER_REJECTED_CONFIG = "TrainerRejectedConfig"
 # Reconciled=False reasons: a spec the renderer rejects, or an API error applying the objects.
 INVALID_SPEC = "InvalidSpec"
 APPLY_FAILED = "ApplyFailed"
@@ -147,6 +152,58 @@ def pod_scheduling(pods: Iterable[Json], expected: int) -> Scheduling | None:
     if live and bound == len(live) and bound >= expected:
         return Scheduling(True, SCHEDULED, f"all {bound} pods are scheduled")
     return None
+
+
+def _check_lines(message: str) -> str:
+    """The check's error lines from a termination message (a log tail), as one line.
+
+    The tail may start with earlier output (library warnings): only the lines
+    after the last CONFIG_ERROR_HEADER are the check's. Without the header,
+    the last non-empty line is the best guess.
+    """
+    lines = message.splitlines()
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i].rstrip().endswith(CONFIG_ERROR_HEADER):
+            found = [line.strip() for line in lines[i + 1 :] if line.startswith("  ") and line.strip()]
+            if found:
+                return "; ".join(found)
+    rest = [line.strip() for line in lines if line.strip()]
+    return rest[-1] if rest else ""
+
+
+def config_rejection(pods: Iterable[Json]) -> str | None:
+    """Why the trainer rejected its configuration, from the first pod whose trainer container says so; else None.
+
+    Read from the current or the last termination of the trainer container
+    (OnFailure restarts it in place, so the failure is usually lastState).
+    """
+    live = [p for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp")]
+    for pod in sorted(live, key=lambda p: str((p.get("metadata") or {}).get("name", ""))):
+        for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+            if cs.get("name") != PYTORCHJOB_CONTAINER:
+                continue
+            for state in (cs.get("state") or {}, cs.get("lastState") or {}):
+                term = state.get("terminated") or {}
+                if term.get("exitCode") == CONFIG_ERROR_EXIT_CODE:
+                    name = (pod.get("metadata") or {}).get("name", "")
+                    detail = _check_lines(str(term.get("message") or "")) or (
+                        f"exit code {CONFIG_ERROR_EXIT_CODE}; the pod's log says why"
+                    )
+                    return f"the trainer rejected its configuration in pod {name}: {detail}"
+    return None
+
+
+@dataclass(frozen=True)
+class PodsReport:
+    """What one look at a job's pods says: their placement, and a configuration the trainer rejected."""
+
+    scheduling: Scheduling | None
+    rejection: str | None = None
+
+
+def pods_report(pods: Iterable[Json], expected: int) -> PodsReport:
+    pods = list(pods)
+    return PodsReport(pod_scheduling(pods, expected), config_rejection(pods))
 
 
 def _true_conditions(job: Json) -> dict[str, Json]:
@@ -290,6 +347,22 @@ def _schedulable_condition(
     return Condition.model_validate(old)
 
 
+def _config_condition(
+    rejection: str | None, previous: Mapping[str, Json], generation: int, now: str
+) -> Condition | None:
+    """ConfigValid=False once a pod showed the check's rejection; kept for that generation only.
+
+    A new generation (the user's fix) renders a new config: the old verdict
+    no longer applies, and only a new rejection brings the condition back.
+    """
+    if rejection is not None:
+        return _condition(CONFIG_VALID, "False", TRAINER_REJECTED_CONFIG, rejection, generation, previous, now)
+    old = previous.get(CONFIG_VALID)
+    if old is None or old.get("observedGeneration") != generation:
+        return None
+    return Condition.model_validate(old)
+
+
 def observed_generation(job: Json | None, previous: Json | None) -> int | None:
     if job is not None:
         raw = ((job.get("metadata") or {}).get("annotations") or {}).get(GENERATION_ANNOTATION)
@@ -306,6 +379,7 @@ def compute_status(
     *,
     outcome: ReconcileOutcome | None = None,
     scheduling: Scheduling | None = None,
+    rejection: str | None = None,
     now: str | None = None,
 ) -> FSDPTrainingStatus:
     """The whole declared status, from the training, its PyTorchJob (None if absent) and the previous status.
@@ -313,6 +387,8 @@ def compute_status(
     ``outcome`` is the result of an apply attempt; None (a job event) keeps
     the previous Reconciled condition. ``scheduling`` is what the pods say
     about their placement; None keeps the previous Schedulable condition.
+    ``rejection`` is the trainer's verdict on its config, read from the
+    pods; None keeps a previous ConfigValid=False of the same generation.
     Metric-derived fields (step, loss, tokens/s, last checkpoint step) are
     carried over: only the scraper sets them, except that a Succeeded job
     has by construction trained and checkpointed its last step (below).
@@ -376,6 +452,12 @@ def compute_status(
         conditions.append(schedulable)
         if schedulable.status == "False" and phase in _WAITING:
             message = schedulable.message
+    config = _config_condition(rejection, prev_conds, training.generation, now)
+    if config is not None:
+        conditions.append(config)
+        if phase in (*_WAITING, "Failed"):
+            # Why the job crash-loops, and then why it failed: more useful than the backoff limit.
+            message = config.message
     if job is not None:
         conditions += _job_conditions(job, generation, prev_conds, now)
 
@@ -486,6 +568,9 @@ def transition_events(previous: Json | None, status: FSDPTrainingStatus) -> list
     old_ckpt = old_conds.get(CHECKPOINTS_PERSISTENT)
     if ckpt is not None and ckpt.status == "False" and (old_ckpt is None or old_ckpt.get("status") != "False"):
         events.append(EventSpec("Warning", "EphemeralCheckpoints", ckpt.message))
+    config = new_conds.get(CONFIG_VALID)
+    if config is not None and CONFIG_VALID not in old_conds:
+        events.append(EventSpec("Warning", config.reason, config.message))
     sched = new_conds.get(SCHEDULABLE)
     old_sched = old_conds.get(SCHEDULABLE)
     if sched is not None and sched.status == "False" and (old_sched is None or old_sched.get("status") != "False"):

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from fsdp_api import FSDPTrainingSpec, contract
-from fsdp_api.launch import torchrun_rendezvous, trainer_program
+from fsdp_api.launch import checked_launch, torchrun_rendezvous, trainer_program
 
 from . import names
 
@@ -47,8 +47,8 @@ def max_restarts(spec: FSDPTrainingSpec) -> int:
 
 
 def pod_command(spec: FSDPTrainingSpec, name: str) -> dict[str, Any]:
-    """The trainer container's ``command`` and ``args``."""
-    cmd = torchrun_rendezvous(
+    """The trainer container's ``command`` and ``args``: the config check, which then execs torchrun."""
+    torchrun = torchrun_rendezvous(
         nnodes=nnodes(spec),
         nproc_per_node=spec.procs_per_node(),
         endpoint=names.rendezvous_endpoint(name),
@@ -57,4 +57,5 @@ def pod_command(spec: FSDPTrainingSpec, name: str) -> dict[str, Any]:
         max_restarts=max_restarts(spec),
         program=trainer_program(contract.CONFIG_PATH),
     )
+    cmd = checked_launch(contract.CONFIG_PATH, torchrun)
     return {"command": cmd[:1], "args": cmd[1:]}

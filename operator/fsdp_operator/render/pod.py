@@ -153,6 +153,10 @@ def pod_template(spec: FSDPTrainingSpec, name: str, annotations: dict[str, str])
         "resources": resources(spec),
         "volumeMounts": mounts,
         "securityContext": container_security(spec),
+        # A failed container's last log lines become its termination message:
+        # a rejected config is then readable in the pod's status (and copied
+        # into the training's ConfigValid condition) without `kubectl logs`.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     pod: Obj = {
         # The trainer never calls the Kubernetes API. IRSA / Pod Identity

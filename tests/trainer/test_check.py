@@ -1,0 +1,111 @@
+"""``fsdp-train check``: the one-process config check the pods run before torchrun."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from fsdp_api.contract import CONFIG_ERROR_EXIT_CODE
+from fsdp_api.launch import checked_launch, torchrun_standalone, trainer_program
+from fsdp_trainer.check import check, launch_shape, node_counts, processes_per_node
+from fsdp_trainer.errors import ConfigError
+
+from tests.trainer.harness import base_config, offline_env
+
+
+@pytest.fixture
+def config_path(tmp_path: Path, inputs: dict[str, Path]) -> Path:
+    path = tmp_path / "train.yaml"
+    path.write_text(yaml.safe_dump(base_config(tmp_path, inputs["aligned"], inputs["tokenizer"])))
+    return path
+
+
+def _write(path: Path, **changes: object) -> Path:
+    config = yaml.safe_load(path.read_text())
+    config.update(changes)
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def test_a_good_config_passes_with_a_summary(config_path: Path) -> None:
+    summary = check(str(config_path), "2", 3)
+    assert summary.startswith("configuration ok: LlamaForCausalLM, ")
+    assert summary.endswith("2 node(s) x 3 process(es)")
+
+
+def test_every_world_size_an_elastic_job_may_reach_is_checked(config_path: Path) -> None:
+    _write(config_path, fsdp={"shardingStrategy": "hybrid", "shardGroupSize": 4})
+    assert check(str(config_path), "2", 2).endswith("2 node(s) x 2 process(es)")
+    with pytest.raises(ConfigError) as info:
+        check(str(config_path), "2:4", 2)
+    # 2 and 4 nodes give 4 and 8 ranks; 3 nodes give 6, which groups of 4 cannot divide.
+    assert info.value.lines == [
+        "fsdp.shardGroupSize: the world size 6 is not a multiple of the shard group size 4, "
+        "so the hybrid mesh (replicate x shard) cannot be built (with 3 nodes)"
+    ]
+
+
+def test_launch_arguments_are_read_as_torchrun_reads_them() -> None:
+    assert node_counts("3") == [3]
+    assert node_counts("2:4") == [2, 3, 4]
+    for bad in ("0", "4:2", "two", ""):
+        with pytest.raises(ConfigError, match="--nnodes: "):
+            node_counts(bad)
+    assert processes_per_node("8") == 8
+    assert processes_per_node("cpu") >= 1
+    for bad in ("0", "-1", "many"):
+        with pytest.raises(ConfigError, match="--nproc-per-node: "):
+            processes_per_node(bad)
+    # From the launch the check precedes, parsed by torchrun's own parser.
+    program = ["-m", "fsdp_trainer", "--config", "x"]
+    assert launch_shape(["torchrun", "--nnodes=2:4", "--nproc-per-node=8", "--rdzv-backend=c10d", *program]) == (
+        "2:4",
+        "8",
+    )
+    assert launch_shape(torchrun_standalone(3, program, python="/venv/bin/python")) == ("1:1", "3")
+    assert launch_shape(["python", "train.py"]) == (None, None)
+
+
+def _run(cmd: list[str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        cmd, env=offline_env(), cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False
+    )
+
+
+def test_a_bad_config_stops_in_the_check_with_its_lines_and_never_launches(config_path: Path, tmp_path: Path) -> None:
+    _write(config_path, data={"path": str(tmp_path / "nowhere" / "*.jsonl"), "tokenizer": str(tmp_path / "nope")})
+    marker = tmp_path / "launched"
+    launch = [sys.executable, "-c", f"open({str(marker)!r}, 'w').write('x')"]
+    proc = _run(checked_launch(config_path, launch, python=sys.executable), tmp_path)
+    assert proc.returncode == CONFIG_ERROR_EXIT_CODE, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert lines[0] == "fsdp-train: invalid trainer configuration:"
+    assert lines[1].startswith("  data.path: no .json, .jsonl, .parquet, .txt files in ")
+    assert not marker.exists()
+
+
+def test_a_good_config_is_replaced_by_the_launch_command(config_path: Path, tmp_path: Path) -> None:
+    # exec, not a child: the launch keeps the check's process id (PID 1 in a container).
+    launch = [sys.executable, "-c", "import os, sys; print(os.getpid()); sys.exit(7)"]
+    probe = [sys.executable, "-c", "import os, sys; print(os.getpid()); os.execv(sys.argv[1], sys.argv[1:])"]
+    cmd = checked_launch(config_path, launch, python=sys.executable)
+    proc = _run([*probe, *cmd], tmp_path)
+    assert proc.returncode == 7, proc.stderr[-2000:]
+    before, after = proc.stdout.split()
+    assert before == after
+    assert "fsdp-train: configuration ok: LlamaForCausalLM" in proc.stderr
+
+
+@pytest.mark.slow
+def test_torchrun_after_a_failed_check_never_starts(config_path: Path, tmp_path: Path) -> None:
+    """The launch the pods and run-local use: a bad config is one error block, not a rank traceback."""
+    _write(config_path, fsdp={"shardingStrategy": "hybrid", "shardGroupSize": 3})
+    launch = torchrun_standalone(2, trainer_program(config_path))
+    proc = _run(checked_launch(config_path, launch, python=launch[0]), tmp_path)
+    assert proc.returncode == CONFIG_ERROR_EXIT_CODE
+    assert "shard group of 3 ranks is larger than the world size 2" in proc.stderr
+    assert "Traceback" not in proc.stderr and "ChildFailedError" not in proc.stderr

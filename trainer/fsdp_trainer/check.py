@@ -1,0 +1,146 @@
+"""``fsdp-train check``: the whole configuration, checked once, before torchrun starts a rank.
+
+The ranks check it again (they need what ``prepare`` builds), but a mistake
+found there is reported by every rank and then wrapped by torchrun's elastic
+agent in a ChildFailedError traceback. Run first, in the container's own
+process, the check prints only the ``field: message`` lines and exits 2, and
+the pod's termination message (FallbackToLogsOnError) carries exactly those
+lines to the operator. With a command after ``--``, a passing check is
+replaced by that command (exec: same process, signals and exit code); when
+that command is torchrun, its --nnodes and --nproc-per-node are the ones
+checked.
+
+    fsdp-train check --config train.yaml -- torchrun --nnodes=2 --nproc-per-node=8 ...
+    fsdp-train check --config train.yaml --nnodes 2:4 --nproc-per-node 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from fsdp_api.contract import CHECK_COMMAND as COMMAND
+
+from .errors import ConfigError
+
+if TYPE_CHECKING:
+    from .parallel.distributed import WorldInfo
+
+
+def node_counts(nnodes: str) -> list[int]:
+    """torchrun's --nnodes value (``N`` or ``MIN:MAX``) as the node counts the job may run with."""
+    try:
+        low, _, high = nnodes.partition(":")
+        first, last = int(low), int(high or low)
+    except ValueError:
+        raise ConfigError([f"--nnodes: {nnodes!r} is not N or MIN:MAX"]) from None
+    if first < 1 or last < first:
+        raise ConfigError([f"--nnodes: {nnodes!r} is not N or MIN:MAX with 1 <= MIN <= MAX"])
+    return list(range(first, last + 1))
+
+
+def processes_per_node(value: str) -> int:
+    """torchrun's --nproc-per-node: a count, or ``gpu``/``cpu``/``auto`` resolved on this node as torchrun does."""
+    if value.isdigit() and int(value) > 0:
+        return int(value)
+    if value in ("gpu", "cpu", "auto"):
+        import torch
+
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if value == "gpu" and gpus == 0:
+            raise ConfigError(["--nproc-per-node: gpu, but this node has no GPU"])
+        return gpus if gpus and value != "cpu" else os.cpu_count() or 1
+    raise ConfigError([f"--nproc-per-node: {value!r} is not a positive count, gpu, cpu or auto"])
+
+
+def check(config: str, nnodes: str, nproc_per_node: int) -> str:
+    """Check ``config`` for every world size the launch allows; the one-line summary, or ConfigError."""
+    from .config import load_config
+    from .model.architecture import count_parameters
+    from .parallel.distributed import world_from_env
+    from .parallel.plan import ParallelPlan
+    from .train import prepare
+
+    counts = node_counts(nnodes)
+    cfg = load_config(config)
+
+    def world(nodes: int) -> WorldInfo:
+        ranks = nodes * nproc_per_node
+        env = {
+            "RANK": "0",
+            "WORLD_SIZE": str(ranks),
+            "LOCAL_RANK": "0",
+            "LOCAL_WORLD_SIZE": str(nproc_per_node),
+            "GROUP_RANK": "0",
+            "GROUP_WORLD_SIZE": str(nodes),
+        }
+        return world_from_env(env)
+
+    # The model, data and checkpoint checks do not depend on the world size:
+    # the whole check runs once, the mesh check for each size an elastic job may reach.
+    prepared = prepare(cfg, world(counts[0]))
+    errors: list[str] = []
+    for nodes in counts[1:]:
+        w = world(nodes)
+        errors += [f"{e} (with {nodes} nodes)" for e in ParallelPlan(cfg.fsdp, w.world_size, nproc_per_node).errors()]
+    if errors:
+        raise ConfigError(errors)
+    sizes = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
+    return (
+        f"configuration ok: {type(prepared.model).__name__}, {count_parameters(prepared.model):,} parameters, "
+        f"seqLen {prepared.seq_len}, {sizes} node(s) x {nproc_per_node} process(es)"
+    )
+
+
+def torchrun_arguments(command: list[str]) -> list[str] | None:
+    """The arguments of a torchrun command line (``torchrun ...`` or ``python -m torch.distributed.run ...``)."""
+    if command and Path(command[0]).name == "torchrun":
+        return command[1:]
+    if command[1:3] == ["-m", "torch.distributed.run"]:
+        return command[3:]
+    return None
+
+
+def launch_shape(command: list[str]) -> tuple[str | None, str | None]:
+    """--nnodes and --nproc-per-node of a torchrun launch, read by torchrun's own parser; (None, None) otherwise.
+
+    The pods' command names the node count once, in torchrun's flags (the
+    kustomize overlay patches only that), and the check follows it.
+    """
+    args = torchrun_arguments(command)
+    if args is None:
+        return None, None
+    from torch.distributed.run import get_args_parser
+
+    parsed, _ = get_args_parser().parse_known_args(args)
+    return str(parsed.nnodes), str(parsed.nproc_per_node)
+
+
+def check_main(argv: list[str]) -> int:
+    command: list[str] = []
+    if "--" in argv:
+        split = argv.index("--")
+        argv, command = argv[:split], argv[split + 1 :]
+    parser = argparse.ArgumentParser(
+        prog=f"fsdp-train {COMMAND}",
+        description="Check train.yaml as torchrun would run it; then exec the command after --, if any.",
+    )
+    parser.add_argument("--config", required=True, help="train.yaml (the job's ConfigMap)")
+    parser.add_argument("--nnodes", help="N or MIN:MAX (default: the torchrun command's, else 1)")
+    parser.add_argument("--nproc-per-node", help="N, gpu, cpu or auto (default: the torchrun command's, else 1)")
+    args = parser.parse_args(argv)
+    nnodes, nproc = launch_shape(command)
+    nnodes, nproc = args.nnodes or nnodes or "1", args.nproc_per_node or nproc or "1"
+    summary = check(args.config, nnodes, processes_per_node(nproc))
+    print(f"fsdp-train: {summary}", file=sys.stderr, flush=True)
+    if command:
+        sys.stdout.flush()
+        try:
+            os.execvp(command[0], command)
+        except OSError as e:
+            print(f"fsdp-train: cannot run {command[0]}: {e.strerror or e}", file=sys.stderr)
+            return 127
+    return 0
