@@ -156,6 +156,65 @@ def test_a_config_the_trainer_rejects_is_its_status_not_a_traceback(operator: Wh
     assert reasons.count("TrainerRejectedConfig") == 1, reasons
 
 
+def _condition(whole: WholeCluster, name: str, ns: str, cond_type: str) -> dict | None:
+    return {c["type"]: c for c in status(whole, name, ns).get("conditions") or []}.get(cond_type)
+
+
+def test_a_missing_secret_says_so_and_the_job_starts_once_it_exists(operator: WholeCluster, ns: str) -> None:
+    whole, name = operator, "nosecret"
+    training = fsdptraining(name, ns, max_steps=3, interval=3, nodes=1, claim=None)
+    training["spec"]["env"] = [
+        {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}}}
+    ]
+    t0 = time.monotonic()
+    whole.cluster.apply(training)
+
+    def stuck() -> dict | None:
+        c = _condition(whole, name, ns, "PodsStarted")
+        return c if c and c["status"] == "False" else None
+
+    cond = wait_for(stuck, 120, "PodsStarted=False for the missing Secret")
+    record("container_config_error_reported_s", time.monotonic() - t0)
+    message = f'the pod cannot start: {name}-worker-0: container pytorch: secret "hf-token" not found'
+    assert (cond["reason"], cond["message"]) == ("CreateContainerConfigError", message)
+    assert status(whole, name, ns)["message"] == message
+    # The user creates the Secret: the kubelet retries, the job starts and finishes.
+    whole.cluster.apply(
+        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "hf-token", "namespace": ns},
+         "stringData": {"token": "hf_test"}}
+    )  # fmt: skip
+    assert wait_phase(whole, name, ns, TERMINAL, 240) == "Succeeded", dump(status(whole, name, ns))
+    # The container ran for well over the loop's 2 s interval: the loop saw it started.
+    final = _condition(whole, name, ns, "PodsStarted")
+    assert final is not None and (final["status"], final["reason"]) == ("True", "Started"), final
+
+
+def test_a_pod_the_api_server_refuses_says_why(operator: WholeCluster, ns: str) -> None:
+    whole, name = operator, "noquota"
+    quota = {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": {"name": "no-pods", "namespace": ns},
+        "spec": {"hard": {"pods": "0"}},
+    }
+    whole.cluster.apply(quota)
+    t0 = time.monotonic()
+    whole.cluster.apply(fsdptraining(name, ns, max_steps=3, interval=3, nodes=1, claim=None))
+
+    def refused() -> dict | None:
+        c = _condition(whole, name, ns, "PodsStarted")
+        return c if c and c["reason"] == "FailedCreatePod" else None
+
+    cond = wait_for(refused, 120, "PodsStarted=False from the training operator's FailedCreatePod Event")
+    record("pod_create_failure_reported_s", time.monotonic() - t0)
+    assert cond["status"] == "False"
+    assert cond["message"].startswith("the training operator cannot create the pods: Error creating: "), cond
+    assert "exceeded quota: no-pods" in cond["message"], cond
+    assert status(whole, name, ns)["message"] == cond["message"]
+    whole.kubectl("delete", "resourcequota", "no-pods", "-n", ns)
+    assert wait_phase(whole, name, ns, TERMINAL, 300) == "Succeeded", dump(status(whole, name, ns))
+
+
 def _bound_claim(whole: WholeCluster, ns: str) -> Path | None:
     try:
         return Path(whole.node_agent.claim_path(ns, "ckpt"))

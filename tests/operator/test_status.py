@@ -23,8 +23,9 @@ from fsdp_operator.controller.reconcile import (
     record_pods,
     record_progress,
     retry_delay,
+    trim_job,
 )
-from fsdp_operator.controller.scraper import waiting_trainings
+from fsdp_operator.controller.scraper import check_pods_once, waiting_trainings
 from fsdp_operator.controller.status import (
     GENERATION_ANNOTATION,
     MAX_MESSAGE,
@@ -32,11 +33,13 @@ from fsdp_operator.controller.status import (
     PodsReport,
     ReconcileOutcome,
     Scheduling,
+    Start,
     TrainingFacts,
     compute_status,
     config_rejection,
     merge_patch,
     pod_scheduling,
+    pod_start,
     status_document,
     status_patch,
     transition_events,
@@ -388,6 +391,70 @@ def test_a_rejected_config_is_a_condition_and_the_message_until_the_spec_changes
     assert fixed.message != REJECTED
 
 
+# --- pods that cannot be created or started -----------------------------------------------
+
+PULL = 'Back-off pulling image "registry.example.com/trainer:0.1": ErrImagePull: not found'
+
+
+def started_pod(name: str, state: dict[str, Any]) -> dict[str, Any]:
+    return trainer_pod(name, state=state)
+
+
+def test_a_container_the_kubelet_cannot_start_explains_the_job() -> None:
+    waiting = {"waiting": {"reason": "ImagePullBackOff", "message": PULL}}
+    pods = [started_pod("llama-worker-1", waiting), started_pod("llama-worker-0", {"running": {}})]
+    assert pod_start(pods, expected=2) == Start(
+        False, "ImagePullBackOff", f"1 of 2 pods cannot start: llama-worker-1: container pytorch: {PULL}"
+    )
+    secret = {"waiting": {"reason": "CreateContainerConfigError", "message": 'secret "hf-token" not found'}}
+    assert pod_start([started_pod("w0", secret)], expected=1) == Start(
+        False, "CreateContainerConfigError", 'the pod cannot start: w0: container pytorch: secret "hf-token" not found'
+    )
+    # Passing states are no failure: still creating, or the process's own crash loop (ConfigValid's business).
+    for reason in ("ContainerCreating", "PodInitializing", "CrashLoopBackOff"):
+        assert pod_start([started_pod("w0", {"waiting": {"reason": reason}})], expected=1) is None
+
+
+def test_a_pod_the_api_server_refuses_is_the_reason_while_pods_are_missing() -> None:
+    quota = 'Error creating: pods "llama-worker-0" is forbidden: exceeded quota: none, requested: pods=1'
+    assert pod_start([], expected=2, create_failure=quota) == Start(
+        False, "FailedCreatePod", f"the training operator cannot create the pods: {quota}"
+    )
+    # Once every pod exists, an old creation error says nothing.
+    both = [started_pod("w0", {"running": {}}), started_pod("w1", {"running": {}})]
+    assert pod_start(both, expected=2, create_failure=quota) == Start(
+        True, "Started", "the trainer containers of all 2 pods have started"
+    )
+    assert pod_start(both[:1], expected=2) is None  # the other pod is not there yet
+    # A container that ran and is waiting to restart has started.
+    assert pod_start([trainer_pod("w0", last={"terminated": {"exitCode": 1}})], expected=1) == Start(
+        True, "Started", "the trainer containers of all 1 pods have started"
+    )
+
+
+def test_pods_started_is_a_condition_the_message_and_one_event_per_reason() -> None:
+    stuck = Start(False, "ImagePullBackOff", f"the pod cannot start: w0: container pytorch: {PULL}")
+    s = compute_status(facts(), job(cond("Created")), None, outcome=APPLIED, start=stuck, now=NOW)
+    c = conditions_of(s)["PodsStarted"]
+    assert (c.status, c.reason, c.message) == ("False", "ImagePullBackOff", stuck.message)
+    assert s.message == stuck.message
+    assert EventSpec("Warning", "ImagePullBackOff", stuck.message) in transition_events(None, s)
+    stored = status_document(s)
+    # The next look says the same: kept, no new Event; no look (a job event): kept as well.
+    again = compute_status(facts(), job(cond("Created")), stored, start=stuck, now=LATER)
+    assert conditions_of(again)["PodsStarted"].last_transition_time == NOW
+    assert not [e for e in transition_events(stored, again) if e.reason == "ImagePullBackOff"]
+    assert (
+        conditions_of(compute_status(facts(), job(cond("Created")), stored, now=LATER))["PodsStarted"].status == "False"
+    )
+    # Fixed (the image exists now): True, and the message is the job's again.
+    ok = Start(True, "Started", "the trainer containers of all 1 pods have started")
+    fixed = compute_status(facts(), job(cond("Running")), stored, start=ok, now=LATER)
+    assert conditions_of(fixed)["PodsStarted"].status == "True" and fixed.message != stuck.message
+    # Suspended: no pods, no condition.
+    assert "PodsStarted" not in conditions_of(compute_status(facts(), job(cond("Suspended")), stored, now=LATER))
+
+
 UNSCHEDULABLE = Scheduling(False, "Unschedulable", f"2 of 2 pods cannot be scheduled: llama-worker-0: {NO_FIT}")
 SCHEDULED = Scheduling(True, "Scheduled", "all 2 pods are scheduled")
 
@@ -650,11 +717,23 @@ class FakeClient:
         self.status = copy.deepcopy(status)
         self.patches: list[dict[str, Any]] = []
         self.created: list[dict[str, Any]] = []
+        self.lists = {}
+        self.listed = []
         self.rv = 100
 
     async def create(self, obj: dict[str, Any]) -> Any:
         self.created.append(copy.deepcopy(obj))
         return obj
+
+    lists: dict[str, list[dict[str, Any]]]
+    listed: list[tuple[str, str | None, str | None]]
+
+    async def list(
+        self, api_version: str, kind: str, ns: str | None, label_selector: str | None = None,
+        field_selector: str | None = None,
+    ) -> list[dict[str, Any]]:  # fmt: skip
+        self.listed.append((kind, label_selector, field_selector))
+        return copy.deepcopy(self.lists.get(kind, []))
 
     async def patch_status(self, api_version: str, kind: str, ns: str, name: str, patch: dict[str, Any]) -> Any:
         self.patches.append(copy.deepcopy(patch))
@@ -821,3 +900,28 @@ def test_the_scrape_does_not_follow_redirects() -> None:
         assert hits == ["/metrics"]
     finally:
         server.shutdown()
+
+
+def test_the_pod_loop_reads_the_training_operators_refusal_while_pods_are_missing() -> None:
+    created = job(cond("Created"))
+    created["metadata"]["uid"] = "job-uid"
+    # What the job watch keeps of the job must include its uid (the Events' selector).
+    rt, client, _ = fake_runtime({"phase": "Created"}, trim_job(created))
+    refusal = 'Error creating: pods "llama-worker-0" is forbidden: exceeded quota: no-pods'
+    client.lists["Event"] = [
+        {"message": "Error creating: an older refusal", "lastTimestamp": NOW},
+        {"message": refusal, "lastTimestamp": LATER},
+    ]
+    assert asyncio.run(check_pods_once(rt, None)) == 1
+    assert client.listed == [
+        ("Pod", "training.kubeflow.org/job-name=llama", None),
+        ("Event", None, "involvedObject.uid=job-uid,reason=FailedCreatePod"),
+    ]
+    started = {c["type"]: c for c in client.status["conditions"]}["PodsStarted"]
+    assert (started["status"], started["reason"]) == ("False", "FailedCreatePod")
+    assert started["message"] == f"the training operator cannot create the pods: {refusal}"
+    # With every pod there, the Events are not read.
+    client.lists["Pod"] = [trainer_pod("llama-worker-0"), trainer_pod("llama-worker-1")]
+    client.listed.clear()
+    asyncio.run(check_pods_once(rt, None))
+    assert [kind for kind, _, _ in client.listed] == ["Pod"]

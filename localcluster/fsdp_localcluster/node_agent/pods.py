@@ -124,6 +124,11 @@ def resolve_executable(name: str, path: str) -> str:
     return shutil.which(name, path=path) or name
 
 
+# The kubelet's waiting reason for a container whose env or mounts reference a
+# missing Secret/ConfigMap (key): retried, and shown until the object appears.
+CONFIG_ERROR = "CreateContainerConfigError"
+
+
 class NotReady(Exception):
     """A pod or container cannot start yet (missing ConfigMap, unbound claim...); retried."""
 
@@ -651,12 +656,17 @@ class PodWorker(threading.Thread):
         return str(int(-(-parse_quantity(str(value)) // divisor)))
 
     def _lookup(self, kind: str, ref: Obj) -> str | None:
+        """An env value from a Secret or ConfigMap key; the kubelet's CreateContainerConfigError when it is missing."""
         obj = self.ctx.api.get_or_none(f"/api/v1/namespaces/{self.namespace}/{kind}/{ref['name']}")
         data = (obj or {}).get("data") or {}
         if ref["key"] not in data:
             if ref.get("optional"):
                 return None
-            raise NotReady(f'{kind[:-1]} "{ref["name"]}" has no key {ref["key"]!r}')
+            # The kubelet's messages (pkg/kubelet/kubelet_pods.go makeEnvironmentVariables).
+            if obj is None:
+                raise NotReady(f'{kind[:-1]} "{ref["name"]}" not found', CONFIG_ERROR)
+            title = "Secret" if kind == "secrets" else "ConfigMap"
+            raise NotReady(f"couldn't find key {ref['key']} in {title} {self.namespace}/{ref['name']}", CONFIG_ERROR)
         v = data[ref["key"]]
         return base64.b64decode(v).decode() if kind == "secrets" else str(v)
 
@@ -686,7 +696,7 @@ class PodWorker(threading.Thread):
             kind, ref = ("configmaps", src["configMapRef"]) if "configMapRef" in src else ("secrets", src["secretRef"])
             obj = self.ctx.api.get_or_none(f"/api/v1/namespaces/{self.namespace}/{kind}/{ref['name']}")
             if obj is None and not ref.get("optional"):
-                raise NotReady(f'{kind[:-1]} "{ref["name"]}" not found')
+                raise NotReady(f'{kind[:-1]} "{ref["name"]}" not found', CONFIG_ERROR)
             for k, v in ((obj or {}).get("data") or {}).items():
                 env[prefix + k] = base64.b64decode(v).decode() if kind == "secrets" else v
         for e in c.get("env", []):

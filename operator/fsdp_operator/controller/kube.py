@@ -166,10 +166,15 @@ class KubeClient:
             raise
 
     async def list(
-        self, api_version: str, kind: str, namespace: str | None, label_selector: str | None = None
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str | None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
     ) -> list[Json]:
-        params = {"labelSelector": label_selector} if label_selector else None
-        _, doc = await self.request("GET", resource_path(api_version, kind, namespace), params=params)
+        params = {k: v for k, v in (("labelSelector", label_selector), ("fieldSelector", field_selector)) if v}
+        _, doc = await self.request("GET", resource_path(api_version, kind, namespace), params=params or None)
         return list(doc.get("items") or [])
 
     async def create(self, obj: Mapping[str, Any]) -> Json:

@@ -36,6 +36,7 @@ from .status import (
     GENERATION_ANNOTATION,
     INVALID_SPEC,
     JOB_RECREATE_FAILED,
+    PODS_STARTED,
     SCHEDULABLE,
     EventSpec,
     PodsReport,
@@ -141,7 +142,9 @@ def trim_job(job: Mapping[str, Any]) -> Json:
     meta = job.get("metadata") or {}
     return {
         "metadata": {
-            k: copy.deepcopy(meta[k]) for k in ("name", "namespace", "resourceVersion", "annotations") if k in meta
+            k: copy.deepcopy(meta[k])
+            for k in ("name", "namespace", "uid", "resourceVersion", "annotations")
+            if k in meta
         },
         "spec": {"runPolicy": copy.deepcopy(((job.get("spec") or {}).get("runPolicy")) or {})},
         "status": copy.deepcopy(dict(job.get("status") or {})),
@@ -206,6 +209,7 @@ async def _sync_locked(
         outcome=outcome,
         scheduling=pods.scheduling if pods else None,
         rejection=pods.rejection if pods else None,
+        start=pods.start if pods else None,
     )
     patch = status_patch(previous, new)
     to_post = list(events or []) + transition_events(previous, new)
@@ -499,7 +503,7 @@ async def recreate_job(rt: Runtime, namespace: str, name: str, uid: str) -> None
 
 
 async def record_pods(rt: Runtime, training: Mapping[str, Any], report: PodsReport) -> bool:
-    """Write what the pods say (placement, a rejected config); True if one of those conditions changed.
+    """Write what the pods say (placement, start, a rejected config); True if one of those conditions changed.
 
     Recomputes the whole status from the last job seen, so the conditions
     and status.message stay consistent with the phase. Skipped while an
@@ -509,7 +513,7 @@ async def record_pods(rt: Runtime, training: Mapping[str, Any], report: PodsRepo
     uid = (training.get("metadata") or {}).get("uid", "")
 
     def pod_conditions(status: Mapping[str, Any]) -> list[Any]:
-        return [c for c in status.get("conditions") or [] if c.get("type") in (SCHEDULABLE, CONFIG_VALID)]
+        return [c for c in status.get("conditions") or [] if c.get("type") in (SCHEDULABLE, PODS_STARTED, CONFIG_VALID)]
 
     async with rt.lock(uid):
         job = rt.jobs.get(uid)

@@ -32,7 +32,7 @@ from .kube import NETWORK_ERRORS, ApiError
 from .peering import we_are_active
 from .progress import rank0_pod, scrape
 from .reconcile import Runtime, record_pods, record_progress
-from .status import SCHEDULABLE, TrainingFacts, pods_report
+from .status import FAILED_CREATE_POD, SCHEDULABLE, TrainingFacts, pods_report
 
 log = logging.getLogger(__name__)
 
@@ -102,10 +102,17 @@ async def check_pods_once(rt: Runtime, peering: PeeringView | None) -> int:
     async def one(body: Mapping[str, Any]) -> None:
         nonlocal changed
         job_name = rt.previous_status(body).get("jobName") or body["metadata"]["name"]
+        namespace, expected = body["metadata"]["namespace"], TrainingFacts.from_body(body).nodes
         async with gate:
-            pods = await rt.client.list("v1", "Pod", body["metadata"]["namespace"], f"{JOB_NAME_LABEL}={job_name}")
-        report = pods_report(pods, TrainingFacts.from_body(body).nodes)
-        if (report.scheduling is not None or report.rejection is not None) and await record_pods(rt, body, report):
+            pods = await rt.client.list("v1", "Pod", namespace, f"{JOB_NAME_LABEL}={job_name}")
+            live = [p for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp")]
+            job = rt.jobs.get(body["metadata"].get("uid", "")) or {}
+            create_failure = None
+            if len(live) < expected and (job_uid := (job.get("metadata") or {}).get("uid")):
+                create_failure = await last_create_failure(rt, namespace, job_uid)
+        report = pods_report(pods, expected, create_failure)
+        known = (report.scheduling, report.rejection, report.start)
+        if any(k is not None for k in known) and await record_pods(rt, body, report):
             changed += 1
 
     for namespace, bodies in by_namespace.items():
@@ -116,6 +123,22 @@ async def check_pods_once(rt: Runtime, peering: PeeringView | None) -> int:
             if isinstance(r, Exception):
                 log.debug("pods check failed: %r", r)
     return changed
+
+
+async def last_create_failure(rt: Runtime, namespace: str, job_uid: str) -> str | None:
+    """The message of the training operator's newest FailedCreatePod Event on the job, if any.
+
+    Kubeflow records a refused pod (quota, admission webhook, Pod Security)
+    only as an Event on the PyTorchJob: no condition says it.
+    """
+    selector = f"involvedObject.uid={job_uid},reason={FAILED_CREATE_POD}"
+    events = await rt.client.list("v1", "Event", namespace, field_selector=selector)
+
+    def when(e: Mapping[str, Any]) -> str:
+        return str(e.get("lastTimestamp") or e.get("eventTime") or (e.get("metadata") or {}).get("creationTimestamp"))
+
+    newest = max(events, key=when, default=None)
+    return str(newest.get("message") or FAILED_CREATE_POD) if newest is not None else None
 
 
 async def final_scrape(rt: Runtime, training: Mapping[str, Any]) -> bool:

@@ -27,6 +27,28 @@ CHECKPOINTS_PERSISTENT = "CheckpointsPersistent"
 # Whether the job's pods have been placed on nodes (from the pods' PodScheduled condition).
 SCHEDULABLE = "Schedulable"
 SCHEDULED = "Scheduled"
+# Whether the job's pods were created and their containers could start: False
+# for what does not fix itself by waiting (a pod the API server refuses, an
+# image that cannot be pulled, a missing Secret or ConfigMap key).
+PODS_STARTED = "PodsStarted"
+STARTED = "Started"
+# The training operator's Event reason when it cannot create a pod
+# (kubeflow/training-operator v1.9 pkg/controller.v1/control/pod_control.go).
+FAILED_CREATE_POD = "FailedCreatePod"
+# Waiting reasons of a container the kubelet cannot start (kubelet
+# images/types.go and kuberuntime); ContainerCreating and CrashLoopBackOff are
+# not among them: the first passes, the second is the process's own failure.
+START_FAILURES = frozenset(
+    {
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "InvalidImageName",
+        "ErrImageNeverPull",
+        "CreateContainerConfigError",
+        "CreateContainerError",
+        "RunContainerError",
+    }
+)
 # Whether the trainer's own check (run in each pod before torchrun) accepted
 # the configuration: set False from a container that exited with the check's
 # exit code, with the check's lines as the message.
@@ -194,16 +216,61 @@ def config_rejection(pods: Iterable[Json]) -> str | None:
 
 
 @dataclass(frozen=True)
+class Start:
+    """Whether the job's pods exist and their containers started (the PodsStarted condition)."""
+
+    started: bool
+    reason: str
+    message: str
+
+
+def pod_start(pods: Iterable[Json], expected: int, create_failure: str | None = None) -> Start | None:
+    """Start state of a job from its pods (and the training operator's last pod-creation error); None while open.
+
+    A container waiting for a reason in START_FAILURES explains the job, as
+    does ``create_failure`` while pods are missing. "Started" needs all
+    ``expected`` pods with their trainer container running or run.
+    """
+    live = [p for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp")]
+    stuck = []
+    for pod in sorted(live, key=lambda p: str((p.get("metadata") or {}).get("name", ""))):
+        status = pod.get("status") or {}
+        for cs in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
+            waiting = (cs.get("state") or {}).get("waiting") or {}
+            if waiting.get("reason") in START_FAILURES:
+                stuck.append((str((pod.get("metadata") or {}).get("name", "")), cs.get("name", ""), waiting))
+    if stuck:
+        pod, container, waiting = stuck[0]
+        count = f"{len({s[0] for s in stuck})} of {len(live)} pods" if len(live) > 1 else "the pod"
+        detail = waiting.get("message") or waiting["reason"]
+        return Start(False, str(waiting["reason"]), f"{count} cannot start: {pod}: container {container}: {detail}")
+    if create_failure and len(live) < expected:
+        return Start(False, FAILED_CREATE_POD, f"the training operator cannot create the pods: {create_failure}")
+
+    def started(pod: Json) -> bool:
+        for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+            if cs.get("name") == PYTORCHJOB_CONTAINER:
+                state = cs.get("state") or {}
+                return "running" in state or "terminated" in state or "terminated" in (cs.get("lastState") or {})
+        return False
+
+    if live and len(live) >= expected and all(started(p) for p in live):
+        return Start(True, STARTED, f"the trainer containers of all {len(live)} pods have started")
+    return None
+
+
+@dataclass(frozen=True)
 class PodsReport:
-    """What one look at a job's pods says: their placement, and a configuration the trainer rejected."""
+    """What one look at a job's pods says: placement, start, and a configuration the trainer rejected."""
 
     scheduling: Scheduling | None
     rejection: str | None = None
+    start: Start | None = None
 
 
-def pods_report(pods: Iterable[Json], expected: int) -> PodsReport:
+def pods_report(pods: Iterable[Json], expected: int, create_failure: str | None = None) -> PodsReport:
     pods = list(pods)
-    return PodsReport(pod_scheduling(pods, expected), config_rejection(pods))
+    return PodsReport(pod_scheduling(pods, expected), config_rejection(pods), pod_start(pods, expected, create_failure))
 
 
 def _true_conditions(job: Json) -> dict[str, Json]:
@@ -347,6 +414,19 @@ def _schedulable_condition(
     return Condition.model_validate(old)
 
 
+def _start_condition(
+    phase: Phase, start: Start | None, previous: Mapping[str, Json], generation: int, now: str
+) -> Condition | None:
+    """PodsStarted: set from the pods, kept until they say otherwise; gone while suspended (no pods)."""
+    if phase == "Suspended":
+        return None
+    if start is not None:
+        status = "True" if start.started else "False"
+        return _condition(PODS_STARTED, status, start.reason, start.message, generation, previous, now)
+    old = previous.get(PODS_STARTED)
+    return Condition.model_validate(old) if old is not None else None
+
+
 def _config_condition(
     rejection: str | None, previous: Mapping[str, Json], generation: int, now: str
 ) -> Condition | None:
@@ -380,6 +460,7 @@ def compute_status(
     outcome: ReconcileOutcome | None = None,
     scheduling: Scheduling | None = None,
     rejection: str | None = None,
+    start: Start | None = None,
     now: str | None = None,
 ) -> FSDPTrainingStatus:
     """The whole declared status, from the training, its PyTorchJob (None if absent) and the previous status.
@@ -389,6 +470,8 @@ def compute_status(
     about their placement; None keeps the previous Schedulable condition.
     ``rejection`` is the trainer's verdict on its config, read from the
     pods; None keeps a previous ConfigValid=False of the same generation.
+    ``start`` is whether the pods exist and their containers started; None
+    keeps the previous PodsStarted condition.
     Metric-derived fields (step, loss, tokens/s, last checkpoint step) are
     carried over: only the scraper sets them, except that a Succeeded job
     has by construction trained and checkpointed its last step (below).
@@ -452,6 +535,11 @@ def compute_status(
         conditions.append(schedulable)
         if schedulable.status == "False" and phase in _WAITING:
             message = schedulable.message
+    started = _start_condition(phase, start, prev_conds, training.generation, now)
+    if started is not None:
+        conditions.append(started)
+        if started.status == "False" and phase in _WAITING:
+            message = started.message
     config = _config_condition(rejection, prev_conds, training.generation, now)
     if config is not None:
         conditions.append(config)
@@ -568,6 +656,14 @@ def transition_events(previous: Json | None, status: FSDPTrainingStatus) -> list
     old_ckpt = old_conds.get(CHECKPOINTS_PERSISTENT)
     if ckpt is not None and ckpt.status == "False" and (old_ckpt is None or old_ckpt.get("status") != "False"):
         events.append(EventSpec("Warning", "EphemeralCheckpoints", ckpt.message))
+    started = new_conds.get(PODS_STARTED)
+    old_started = old_conds.get(PODS_STARTED)
+    if (
+        started is not None
+        and started.status == "False"
+        and (old_started is None or old_started.get("status") != "False" or old_started.get("reason") != started.reason)
+    ):
+        events.append(EventSpec("Warning", started.reason, started.message))
     config = new_conds.get(CONFIG_VALID)
     if config is not None and CONFIG_VALID not in old_conds:
         events.append(EventSpec("Warning", config.reason, config.message))
