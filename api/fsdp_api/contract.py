@@ -160,6 +160,9 @@ CHECKPOINT_SAVE_DURATION = Metric(
     "fsdp_checkpoint_save_duration_seconds", "histogram", "Time the train loop was blocked saving a checkpoint."
 )
 CHECKPOINT_LOAD_DURATION = Metric("fsdp_checkpoint_load_duration_seconds", "gauge", "Time the resume load took.")
+CHECKPOINT_SKIPPED = Metric(
+    "fsdp_checkpoint_skipped", "counter", "Checkpoints that could not be loaded at resume and were set aside."
+)
 CHECKPOINT_LAST_STEP = Metric("fsdp_checkpoint_last_step", "gauge", "Step of the newest checkpoint saved or loaded.")
 CHECKPOINT_LAST_SAVE = Metric(
     "fsdp_checkpoint_last_save_timestamp_seconds", "gauge", "Unix time of the last checkpoint save."

@@ -19,6 +19,7 @@ EXPECTED_ALERTS = {
     "FSDPTrainingThroughputCollapsed",
     "FSDPTrainingLossNaN",
     "FSDPTrainingCheckpointStale",
+    "FSDPTrainingCheckpointUnloadable",
     "FSDPTrainingRestarting",
     "FSDPTrainingInputBound",
     "FSDPTrainingGPUIdle",

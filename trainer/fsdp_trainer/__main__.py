@@ -21,7 +21,7 @@ from pathlib import Path
 
 from fsdp_api.contract import CHECK_COMMAND, CONFIG_ERROR_EXIT_CODE
 
-from .errors import ConfigError, UnsafeCheckpointError
+from .errors import ConfigError, UnloadableCheckpointError, UnsafeCheckpointError
 
 
 def setup_logging() -> None:
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"fsdp-train: {e}", file=sys.stderr)
         return CONFIG_ERROR_EXIT_CODE
-    except UnsafeCheckpointError as e:
+    except (UnsafeCheckpointError, UnloadableCheckpointError) as e:
         print(f"fsdp-train: {e}", file=sys.stderr)
         return 1
 

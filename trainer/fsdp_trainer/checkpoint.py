@@ -49,6 +49,7 @@ import torch.distributed.checkpoint as dcp
 from fsdp_api.contract import CHECKPOINT_COMPLETE_MARKER
 from fsdp_api.spec import CheckpointSpec
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_optimizer_state_dict,
@@ -57,10 +58,10 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.checkpoint.stateful import Stateful
 
-from .errors import ConfigError, UnsafeCheckpointError, name_list
+from .errors import ConfigError, UnloadableCheckpointError, UnsafeCheckpointError, name_list
 from .faults import maybe_fault
 from .model.param_names import canonical
-from .parallel.distributed import WorldInfo, barrier, broadcast_object
+from .parallel.distributed import WorldInfo, all_ranks, barrier, broadcast_object, max_over_ranks
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +145,10 @@ def architecture_changes(saved: dict[str, tuple[int, ...]], model: nn.Module) ->
     return changes
 
 
+class _Unreadable(Exception):
+    """A checkpoint's own files cannot be read (not a config problem): try an older one."""
+
+
 def check_resumable(path: Path, model: nn.Module) -> None:
     """Refuse to resume ``path`` into a model of another architecture (``model``: the meta model).
 
@@ -153,8 +158,8 @@ def check_resumable(path: Path, model: nn.Module) -> None:
     """
     try:
         saved = _saved_shapes(path)
-    except (OSError, ValueError) as e:
-        raise ConfigError([f"checkpoint.dir: cannot read the metadata of {path}: {e}"]) from None
+    except Exception as e:  # a truncated or garbage .metadata raises pickle, EOF, OS or value errors
+        raise _Unreadable(f"cannot read its metadata: {_first_line(e)}") from None
     changes = architecture_changes(saved, model)
     if changes:
         raise ConfigError(
@@ -166,21 +171,85 @@ def check_resumable(path: Path, model: nn.Module) -> None:
         )
 
 
-def find_resume_point(spec: CheckpointSpec, world: WorldInfo) -> tuple[int, Path] | None:
-    """The checkpoint to resume from (``resume: auto``): the newest complete one, or None.
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")
 
-    Rank 0 decides and tells the others, so all ranks load the same one even
+
+def resume_candidates(spec: CheckpointSpec, world: WorldInfo) -> list[tuple[int, Path]]:
+    """The checkpoints to resume from (``resume: auto``), newest first; empty for a fresh start.
+
+    Rank 0 decides and tells the others, so all ranks try the same ones even
     if a shared filesystem shows them different listings for a moment. Stale
     ``.tmp-`` directories of interrupted saves are deleted first.
     """
-    found = None
+    found: list[tuple[int, Path]] = []
     if world.is_main:
         root = Path(spec.dir)
         for path in remove_stale(root):
             log.warning("removed interrupted checkpoint %s", path)
         if spec.resume == "auto":
-            found = latest_checkpoint(root)
+            found = complete_checkpoints(root)[::-1]
     return broadcast_object(found)  # type: ignore[return-value]
+
+
+# A checkpoint that cannot be loaded is moved aside under this suffix (never
+# deleted: it is evidence, and it may be repairable); resume, keepLast and
+# later saves of the same step then no longer see it.
+UNLOADABLE_SUFFIX = ".unloadable"
+
+
+def set_aside(path: Path) -> Path:
+    """Rename ``path`` to ``<name>.unloadable`` (``-2``, ``-3``... if taken); returns the new path."""
+    target = path.with_name(path.name + UNLOADABLE_SUFFIX)
+    n = 2
+    while target.exists():
+        target = path.with_name(f"{path.name}{UNLOADABLE_SUFFIX}-{n}")
+        n += 1
+    path.rename(target)
+    _fsync_dir(path.parent)
+    return target
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A checkpoint resume passed over, and why."""
+
+    step: int
+    path: Path
+    reason: str
+
+
+def check_candidates(
+    candidates: list[tuple[int, Path]], model: nn.Module, world: WorldInfo
+) -> tuple[list[tuple[int, Path]], list[Skipped]]:
+    """Check every candidate's metadata against ``model`` (the meta model): (loadable ones, unreadable ones).
+
+    Reading metadata is cheap (no tensor data), so all are checked before
+    anything is materialised. The newest readable one of another
+    architecture is a config error (ConfigError): an older checkpoint would
+    not fix that. Older ones of another architecture (from before a fresh
+    start in the same directory) are never loaded. All ranks read and agree.
+    """
+    usable: list[tuple[int, Path]] = []
+    unreadable: list[Skipped] = []
+    for step, path in candidates:
+        reason, changed = None, None
+        try:
+            check_resumable(path, model)
+        except _Unreadable as e:
+            reason = str(e)
+        except ConfigError as e:
+            changed = e
+        if not all_ranks(reason is None, world):
+            unreadable.append(Skipped(step, path, reason or "another rank cannot read its metadata"))
+        elif changed is not None:
+            if not usable:
+                raise changed
+            log.warning("checkpoint %s holds another architecture; it is never loaded", path)
+        else:
+            usable.append((step, path))
+    return usable, unreadable
 
 
 class ModelState(Stateful):
@@ -224,15 +293,34 @@ def rng_state() -> dict[str, Any]:
 _RANK_STATE_GLOBALS = [np.ndarray, np.dtype, np.dtypes.UInt32DType, np._core.multiarray._reconstruct]
 
 
+# What torch's weights-only unpickler says when a file tries to import or call
+# something (torch/_weights_only_unpickler.py: "unsupported GLOBAL", "Unsupported
+# global: GLOBAL", "Trying to call reduce for unrecognized function", "Can only
+# create new object", "Can only build"). Any other unpickling error (an unknown
+# opcode, a short string) is damage, not an attack.
+_CODE_MARKERS = ("GLOBAL", "call reduce", "create new object", "Can only build")
+
+
 def load_rank_state(path: Path) -> dict[str, Any]:
-    """A per-rank state file, read with ``weights_only`` and the numpy allow-list above."""
+    """A per-rank state file, read with ``weights_only`` and the numpy allow-list above.
+
+    UnsafeCheckpointError when it tries to run or build code; ValueError when
+    it is merely damaged (resume then falls back to an older checkpoint).
+    """
     try:
         with torch.serialization.safe_globals(_RANK_STATE_GLOBALS):
             state = torch.load(path, weights_only=True)
     except pickle.UnpicklingError as e:
-        first = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+        text = str(e)
+        lines = [line for line in text.strip().splitlines() if line.strip()]
+        detail = next((line.strip() for line in lines if any(m in line for m in _CODE_MARKERS)), None)
+        if detail is None:
+            # torch wraps the unpickler's own words in advice: take the line after "WeightsUnpickler error:".
+            marker = next((i for i, line in enumerate(lines) if "WeightsUnpickler error" in line), None)
+            found = lines[marker + 1].strip() if marker is not None and marker + 1 < len(lines) else type(e).__name__
+            raise ValueError(f"{path}: damaged ({found})") from None
         raise UnsafeCheckpointError(
-            f"{path}: refusing to load it: it holds more than tensors, numbers and strings ({first}). "
+            f"{path}: refusing to load it: it holds more than tensors, numbers and strings ({detail}). "
             "Checkpoint files are data; whoever can write the checkpoint volume could otherwise run code here"
         ) from None
     if not isinstance(state, dict):
@@ -354,6 +442,50 @@ class Checkpointer:
             log.info("removed old checkpoint %s", path)
 
     # -- resuming -------------------------------------------------------------
+
+    def resume(self, candidates: list[tuple[int, Path]], skipped: list[Skipped]) -> tuple[int, float, list[Skipped]]:
+        """Load the newest of ``candidates`` (checked, newest first) that every rank can load.
+
+        Returns (step, seconds, every skipped checkpoint: ``skipped``, whose
+        metadata could not be read, and the ones that failed here).
+
+        A checkpoint that fails to load on any rank (a truncated shard, a
+        garbage rank file) is skipped for the next older one. Once one loads,
+        rank 0 sets the skipped ones aside (``.unloadable``); if none loads,
+        nothing is renamed and UnloadableCheckpointError names them all.
+        An unsafe rank file (UnsafeCheckpointError) stops the run instead.
+        """
+        skipped = list(skipped)
+        ok, failed, unsafe = 0, 1, 2
+        for step, path in candidates:
+            error: BaseException | None = None
+            outcome = ok
+            try:
+                seconds = self.load(path)
+            except UnsafeCheckpointError as e:
+                error, outcome = e, unsafe
+            except (Exception, CheckpointException) as e:  # CheckpointException is a BaseException
+                error, outcome = e, failed
+            # Every rank takes part whatever happened to it: one rank's bad file is everyone's decision.
+            worst = max_over_ranks(outcome, self.world)
+            if worst == unsafe:
+                if isinstance(error, UnsafeCheckpointError):
+                    raise error
+                raise UnsafeCheckpointError(f"{path}: another rank refused its state file as unsafe")
+            if worst == ok:
+                if self.world.is_main:
+                    for s in skipped:
+                        moved = set_aside(s.path)
+                        log.warning("checkpoint %s could not be loaded (%s); moved to %s", s.path, s.reason, moved)
+                return step, seconds, skipped
+            reason = _first_line(error) if error is not None else "another rank could not load its part"
+            log.warning("checkpoint %s could not be loaded on rank %d: %s", path, self.world.rank, reason)
+            skipped.append(Skipped(step, path, reason))
+        raise UnloadableCheckpointError(
+            f"no checkpoint under {self.root} can be loaded: "
+            + "; ".join(f"{s.path.name}: {s.reason}" for s in skipped)
+            + ". Nothing was renamed or deleted; move them aside (or set checkpoint.resume: never) to start fresh"
+        )
 
     def load(self, path: Path) -> float:
         """Restore model, optimizer, data position and RNG from ``path``; returns the seconds taken."""

@@ -21,6 +21,10 @@ class UnsafeCheckpointError(RuntimeError):
     """A checkpoint file holds more than data (tensors, numbers, strings): never unpickled."""
 
 
+class UnloadableCheckpointError(RuntimeError):
+    """No complete checkpoint under checkpoint.dir could be loaded; each is named with why."""
+
+
 class ConfigError(ValueError):
     """The configuration cannot work; each line names the field: ``path: message``.
 

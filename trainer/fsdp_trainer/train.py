@@ -37,7 +37,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .checkpoint import CONFIG_FILE as CHECKPOINT_CONFIG_FILE
 from .checkpoint import MODEL_CONFIG_DIR as CHECKPOINT_MODEL_CONFIG_DIR
-from .checkpoint import Checkpointer, check_resumable, find_resume_point
+from .checkpoint import Checkpointer, check_candidates, resume_candidates
 from .config import check_config
 from .data.attention import PackedAttention
 from .data.loader import TrainData, row_counts, validation_batches
@@ -180,10 +180,11 @@ class Trainer:
         self.seq_len = p.seq_len
         self.device = world.device
         torch.manual_seed(cfg.training.seed)
-        self.resume_point = find_resume_point(cfg.checkpoint, world)
-        if self.resume_point is not None:
-            check_resumable(self.resume_point[1], p.model)  # before anything is materialised
-        self.model = build_model(p, resuming=self.resume_point is not None)
+        # Newest first; an architecture change stops here, before anything is materialised,
+        # and checkpoints whose metadata cannot be read are passed over (Checkpointer.resume).
+        found = resume_candidates(cfg.checkpoint, world)
+        self.resume_candidates, self.unreadable = check_candidates(found, p.model, world)
+        self.model = build_model(p, resuming=bool(found))
         self.num_params = count_parameters(self.model)
         # Packed rows of the supervised formats attend only within their row.
         self.packed = PackedAttention(self.model, self.seq_len) if cfg.data.format != "text" else None
@@ -247,11 +248,10 @@ class Trainer:
         self.metrics.start()
         if cfg.training.eval_interval_steps:
             self.validation()  # tokenized now: the prefetch thread owns the tokenizer once it runs
-        if self.resume_point is not None:
-            self.step, path = self.resume_point
-            seconds = self.checkpointer.load(path)
+        if self.resume_candidates or self.unreadable:
+            self.step, seconds, skipped = self.checkpointer.resume(self.resume_candidates, self.unreadable)
             restore_schedule(self.optimizer, self.scheduler, cfg.training, self.step)
-            self.metrics.on_checkpoint_loaded(self.step, seconds)
+            self.metrics.on_checkpoint_loaded(self.step, seconds, skipped=len(skipped))
         self.trace.write("start", step=self.step, world_size=self.world.world_size, num_params=self.num_params)
         max_steps = cfg.training.max_steps
         eval_every = cfg.training.eval_interval_steps

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from fsdp_trainer.checkpoint import MARKER, complete_checkpoints, latest_checkpoint, remove_stale
+from fsdp_trainer.errors import UnsafeCheckpointError
 
 
 def test_only_marked_final_directories_are_checkpoints(tmp_path: Path) -> None:
@@ -49,6 +50,25 @@ def test_a_crafted_rank_file_is_refused_without_running_it(tmp_path: Path) -> No
     with pytest.raises(UnsafeCheckpointError, match=rf"{re.escape(str(rank_file))}: refusing to load it"):
         load_rank_state(rank_file)
     assert not marker.exists()
+
+
+def test_a_damaged_rank_file_is_damage_not_an_attack(tmp_path: Path) -> None:
+    """Garbage and cut-short files fail as ValueError, so resume falls back instead of stopping."""
+    import os
+
+    import torch
+    from fsdp_trainer.checkpoint import load_rank_state
+
+    garbage = tmp_path / "garbage.pt"
+    garbage.write_bytes(os.urandom(512))
+    with pytest.raises(ValueError, match=rf"{re.escape(str(garbage))}: damaged \(Unsupported operand"):
+        load_rank_state(garbage)
+    cut = tmp_path / "cut.pt"
+    torch.save({"step": 1, "data": {"epoch": 0}}, cut)
+    cut.write_bytes(cut.read_bytes()[:100])
+    with pytest.raises(Exception, match="failed finding central directory") as info:
+        load_rank_state(cut)
+    assert not isinstance(info.value, UnsafeCheckpointError)
 
 
 def test_a_rank_state_as_the_trainer_writes_it_loads_and_restores_the_rngs(tmp_path: Path) -> None:

@@ -200,3 +200,63 @@ def test_a_checkpoint_of_another_architecture_is_refused_by_name(tmp_path: Path,
     assert "Traceback" not in refused.output
     # The trace accumulates over the three runs: the refused one trained nothing.
     assert max(r["step"] for r in refused.events("step")) == 4
+
+
+def _corrupt_shard(ckpt: Path) -> None:
+    """Cut a DCP shard file to half its size, as a full disk or a copy cut short would."""
+    shard = sorted(ckpt.glob("*.distcp"))[0]
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+
+
+def _garbage_rank_file(ckpt: Path, rank: int) -> None:
+    (ckpt / "ranks" / f"rank-{rank:05d}.pt").write_bytes(os.urandom(512))
+
+
+@pytest.mark.parametrize("damage", ["shard", "rank-1-file"])
+def test_an_unloadable_newest_checkpoint_falls_back_and_is_set_aside(
+    tmp_path: Path, inputs: dict[str, Path], damage: str
+) -> None:
+    """Resume takes the newest checkpoint every rank can load, and keeps the bad one under another name."""
+    work = tmp_path / "run"
+    cfg = base_config(
+        work, inputs["ragged"], inputs["tokenizer"], training={"maxSteps": 10}, checkpoint={"intervalSteps": 5}
+    )
+    first = launch(work, cfg).check()
+    ckpt_dir = work / "checkpoints"
+    newest = ckpt_dir / "step-00000010"
+    if damage == "shard":
+        _corrupt_shard(newest)
+    else:
+        _garbage_rank_file(newest, 1)  # only rank 1 fails: every rank must still agree on step 5
+    damaged = {p.relative_to(newest): p.read_bytes() for p in newest.rglob("*") if p.is_file()}
+
+    cfg["training"]["maxSteps"] = 12
+    resumed = launch(work, cfg).check()
+    assert resumed.events("start")[-1]["step"] == 5
+    assert "step-00000010 could not be loaded" in resumed.output
+    # Set aside, byte for byte, never deleted; a new step-10 checkpoint was saved beside it.
+    aside = ckpt_dir / "step-00000010.unloadable"
+    assert {p.relative_to(aside): p.read_bytes() for p in aside.rglob("*") if p.is_file()} == damaged
+    assert [s for s, _ in complete_checkpoints(ckpt_dir)] == [5, 10, 12]
+    # Steps 6-10 were recomputed from step 5: the same numbers as the first run.
+    before, after = first.losses(), resumed.losses()
+    for step in range(6, 11):
+        assert after[step] == pytest.approx(before[step], abs=1e-6), step
+
+
+def test_when_no_checkpoint_loads_the_run_stops_and_renames_nothing(tmp_path: Path, inputs: dict[str, Path]) -> None:
+    work = tmp_path / "run"
+    cfg = base_config(
+        work, inputs["ragged"], inputs["tokenizer"], training={"maxSteps": 4}, checkpoint={"intervalSteps": 2}
+    )
+    launch(work, cfg, nproc=None).check()
+    ckpt_dir = work / "checkpoints"
+    for step in (2, 4):
+        _corrupt_shard(ckpt_dir / f"step-{step:08d}")
+    cfg["training"]["maxSteps"] = 6
+    stopped = launch(work, cfg, nproc=None)
+    assert stopped.returncode == 1, stopped.output[-3000:]
+    assert f"fsdp-train: no checkpoint under {ckpt_dir} can be loaded: step-00000004: " in stopped.output
+    assert "; step-00000002: " in stopped.output and "Nothing was renamed or deleted" in stopped.output
+    assert "Traceback" not in stopped.output
+    assert sorted(p.name for p in ckpt_dir.iterdir()) == ["step-00000002", "step-00000004"]

@@ -194,10 +194,11 @@ class MetricsProcessor:
             m.checkpoint_last_step.labels(**self.labels).set(step)
             m.checkpoint_last_save.labels(**self.labels).set(time.time())
 
-    def on_checkpoint_loaded(self, step: int, seconds: float) -> None:
+    def on_checkpoint_loaded(self, step: int, seconds: float, skipped: int = 0) -> None:
         if self.metrics is not None:
             self.metrics.checkpoint_load.labels(**self.labels).set(seconds)
             self.metrics.checkpoint_last_step.labels(**self.labels).set(step)
+            self.metrics.checkpoint_skipped.labels(**self.labels).inc(skipped)
 
     def linger(self) -> None:
         """Keep serving the final values for $FSDP_METRICS_LINGER_SECONDS after a completed run."""

@@ -204,6 +204,7 @@ class TrainerMetrics:
         self.eval_perplexity = _create(c.EVAL_PERPLEXITY)
         self.checkpoint_save = _create(c.CHECKPOINT_SAVE_DURATION)
         self.checkpoint_load = _create(c.CHECKPOINT_LOAD_DURATION)
+        self.checkpoint_skipped = _create(c.CHECKPOINT_SKIPPED)
         self.checkpoint_last_step = _create(c.CHECKPOINT_LAST_STEP)
         self.checkpoint_last_save = _create(c.CHECKPOINT_LAST_SAVE)
         self.last_step_timestamp = _create(c.LAST_STEP_TIMESTAMP)

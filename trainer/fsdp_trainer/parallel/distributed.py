@@ -143,6 +143,18 @@ def barrier(world: WorldInfo) -> None:
         dist.barrier()
 
 
+def max_over_ranks(value: int, world: WorldInfo) -> int:
+    """The largest ``value`` of all ranks, on every rank (one all-reduce)."""
+    box = torch.tensor([value], dtype=torch.int64, device=world.device)
+    dist.all_reduce(box, op=dist.ReduceOp.MAX)
+    return int(box.item())
+
+
+def all_ranks(ok: bool, world: WorldInfo) -> bool:
+    """True on every rank when ``ok`` is True on every rank."""
+    return max_over_ranks(0 if ok else 1, world) == 0
+
+
 def broadcast_object(obj: object, src: int = 0) -> object:
     """Rank ``src``'s value of ``obj`` on every rank."""
     box = [obj]
