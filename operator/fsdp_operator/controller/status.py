@@ -635,6 +635,21 @@ _PHASE_EVENTS: dict[str, tuple[str, str]] = {
 }
 
 
+def _newly_false(
+    cond_type: str, new: Mapping[str, Condition], old: Mapping[str, Json], key: str | None = None
+) -> Condition | None:
+    """The condition if it is False now and was not before (or its ``key`` field changed)."""
+    cond = new.get(cond_type)
+    if cond is None or cond.status != "False":
+        return None
+    before = old.get(cond_type)
+    if before is None or before.get("status") != "False":
+        return cond
+    if key is not None and before.get(key) != getattr(cond, key):
+        return cond
+    return None
+
+
 def transition_events(previous: Json | None, status: FSDPTrainingStatus) -> list[EventSpec]:
     """Events for what changed between the stored status and the new one.
 
@@ -652,31 +667,11 @@ def transition_events(previous: Json | None, status: FSDPTrainingStatus) -> list
             events.append(EventSpec(etype, reason, status.message or status.phase))
     old_conds = _previous_conditions(previous)
     new_conds = {c.type: c for c in status.conditions}
-    ckpt = new_conds.get(CHECKPOINTS_PERSISTENT)
-    old_ckpt = old_conds.get(CHECKPOINTS_PERSISTENT)
-    if ckpt is not None and ckpt.status == "False" and (old_ckpt is None or old_ckpt.get("status") != "False"):
+    if ckpt := _newly_false(CHECKPOINTS_PERSISTENT, new_conds, old_conds):
         events.append(EventSpec("Warning", "EphemeralCheckpoints", ckpt.message))
-    started = new_conds.get(PODS_STARTED)
-    old_started = old_conds.get(PODS_STARTED)
-    if (
-        started is not None
-        and started.status == "False"
-        and (old_started is None or old_started.get("status") != "False" or old_started.get("reason") != started.reason)
-    ):
-        events.append(EventSpec("Warning", started.reason, started.message))
-    config = new_conds.get(CONFIG_VALID)
-    if config is not None and CONFIG_VALID not in old_conds:
-        events.append(EventSpec("Warning", config.reason, config.message))
-    sched = new_conds.get(SCHEDULABLE)
-    old_sched = old_conds.get(SCHEDULABLE)
-    if sched is not None and sched.status == "False" and (old_sched is None or old_sched.get("status") != "False"):
-        events.append(EventSpec("Warning", sched.reason, sched.message))
-    rec = new_conds.get(RECONCILED)
-    old_rec = old_conds.get(RECONCILED)
-    if (
-        rec is not None
-        and rec.status == "False"
-        and (old_rec is None or old_rec.get("status") != "False" or old_rec.get("message") != rec.message)
-    ):
-        events.append(EventSpec("Warning", rec.reason, rec.message))
+    # One Event each time the condition turns False, and again when its reason (or message) changes.
+    renotify = {PODS_STARTED: "reason", CONFIG_VALID: None, SCHEDULABLE: None, RECONCILED: "message"}
+    for cond_type, key in renotify.items():
+        if cond := _newly_false(cond_type, new_conds, old_conds, key):
+            events.append(EventSpec("Warning", cond.reason, cond.message))
     return events
