@@ -56,6 +56,10 @@ CHECK_COMMAND = "check"
 CONFIG_ERROR_EXIT_CODE = 2
 # The line before a config error's ``field: message`` lines (each indented two spaces).
 CONFIG_ERROR_HEADER = "invalid trainer configuration:"
+# A rank whose step outlives spec.stall.trainerStepTimeoutSeconds writes all
+# threads' stacks to <checkpoint dir>/STALLS_DIR/ and exits with this code.
+STALL_EXIT_CODE = 3
+STALLS_DIR = "stalls"
 # The job's ConfigMap is mounted at CONFIG_DIR; its one key is the trainer config.
 CONFIG_DIR = "/etc/fsdp"
 CONFIG_KEY = "train.yaml"

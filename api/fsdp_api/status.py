@@ -66,6 +66,9 @@ class FSDPTrainingStatus(ApiModel):
     step: int | None = Field(None, ge=0, description="Latest optimizer step reported by the trainer's metrics.")
     loss: float | None = Field(None, description="Latest training loss reported by the trainer's metrics.")
     tokens_per_second: float | None = Field(None, ge=0, description="Latest global training throughput in tokens/s.")
+    stall_restarts: int | None = Field(
+        None, ge=0, description="Times the operator restarted the job's pods because it stalled (spec.stall.onStall)."
+    )
     checkpoint: CheckpointStatus = Field(
         default_factory=CheckpointStatus, description="Checkpoint location and durability."
     )

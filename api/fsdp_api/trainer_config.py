@@ -23,6 +23,7 @@ from .spec import (
     FSDPTrainingSpec,
     MetricsSpec,
     ModelSpec,
+    StallSpec,
     TrainingSpec,
     effective_seq_len,
 )
@@ -47,6 +48,7 @@ class TrainerConfig(ApiModel):
     fsdp: FSDPSpec = Field(default_factory=FSDPSpec, description="FSDP2 sharding settings.")
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpointing and resume.")
     metrics: MetricsSpec = Field(default_factory=MetricsSpec, description="Prometheus metrics.")
+    stall: StallSpec = Field(default_factory=StallSpec, description="Stall watchdog (the trainer's step timeout).")
 
     # The spec's own rule: a CLI override is checked like kubectl apply.
     rules: ClassVar[tuple[Rule, ...]] = (SEQ_LEN_RULE,)
@@ -61,6 +63,7 @@ class TrainerConfig(ApiModel):
             fsdp=spec.fsdp,
             checkpoint=spec.checkpoint,
             metrics=spec.metrics,
+            stall=spec.stall,
         )
 
     def seq_len(self, max_positions: int | None = None) -> int:

@@ -615,12 +615,19 @@ fsdp_train_global_tokens_per_second{job_name="llama",node_rank="0",local_rank="0
 fsdp_checkpoint_last_step{job_name="llama",node_rank="0",local_rank="0"} 40.0
 # TYPE fsdp_train_grad_norm gauge
 fsdp_train_grad_norm{job_name="llama",node_rank="0",local_rank="0"} 1.5
+# TYPE fsdp_train_step_duration_seconds histogram
+fsdp_train_step_duration_seconds_bucket{job_name="llama",node_rank="0",local_rank="0",le="+Inf"} 42.0
+fsdp_train_step_duration_seconds_count{job_name="llama",node_rank="0",local_rank="0"} 42.0
+fsdp_train_step_duration_seconds_sum{job_name="llama",node_rank="0",local_rank="0"} 63.0
+fsdp_train_step_duration_seconds_count{job_name="llama",node_rank="1",local_rank="0"} 42.0
+fsdp_train_step_duration_seconds_sum{job_name="llama",node_rank="1",local_rank="0"} 420.0
 """
 
 
 def test_trainer_metrics_are_read_from_rank_zero() -> None:
     p = parse_trainer_metrics(METRICS_TEXT)
     assert (p.step, p.loss, p.tokens_per_second, p.checkpoint_last_step) == (42, 3.25, 123456.789, 40)
+    assert p.seconds_per_step == 1.5  # rank 0's histogram: 63 s over 42 steps (the stall check's fallback)
     assert p.status_fields() == {
         "step": 42,
         "loss": 3.25,
@@ -631,7 +638,7 @@ def test_trainer_metrics_are_read_from_rank_zero() -> None:
 
 def test_non_finite_and_missing_metrics_are_left_out() -> None:
     p = parse_trainer_metrics('fsdp_train_loss{local_rank="0"} NaN\nfsdp_train_step{local_rank="0"} 7\n')
-    assert p.status_fields() == {"step": 7}
+    assert p.status_fields() == {"step": 7} and p.seconds_per_step is None
     assert parse_trainer_metrics("").status_fields() == {}
 
 

@@ -412,7 +412,7 @@ class Checkpointer:
             return
         if pending.future is not None:
             pending.future.result()
-        maybe_fault("during_save", pending.step, self.world.rank)
+        maybe_fault("during_save", pending.step, self.world.rank, self.root)
         barrier(self.world)
         if self.world.is_main:
             self._commit(pending)

@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from fsdp_api.contract import STALLS_DIR
 from fsdp_api.trainer_config import TrainerConfig
 from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -68,6 +69,7 @@ from .parallel.distributed import WorldInfo, build_mesh, destroy_distributed, in
 from .parallel.parallelize import compute_context, is_fsdp, parallelize, set_gradient_sync
 from .parallel.plan import ParallelPlan
 from .trace import Trace
+from .watchdog import StepWatchdog
 
 log = logging.getLogger(__name__)
 
@@ -210,6 +212,11 @@ class Trainer:
         self.metrics = MetricsProcessor(cfg, world, self.num_params, seq_len=self.seq_len, flops=shape_of(self.model))
         self._validation: list[Batch] | None = None
         self.stop_signal: int | None = None
+        self.watchdog = StepWatchdog(
+            rank=world.rank,
+            stalls_dir=Path(cfg.checkpoint.dir) / STALLS_DIR,
+            enabled=cfg.stall.trainer_step_timeout_seconds > 0,
+        )
         accum = cfg.training.grad_accum_steps
         self.tokens_per_rank_step = cfg.training.micro_batch_size * self.seq_len * accum
         self.step = 0
@@ -248,15 +255,22 @@ class Trainer:
         self.metrics.start()
         if cfg.training.eval_interval_steps:
             self.validation()  # tokenized now: the prefetch thread owns the tokenizer once it runs
+        stall = cfg.stall
+        timeout = stall.trainer_step_timeout_seconds
         if self.resume_candidates or self.unreadable:
+            self.watchdog.arm("loading the checkpoint", timeout + stall.startup_seconds)
             self.step, seconds, skipped = self.checkpointer.resume(self.resume_candidates, self.unreadable)
             restore_schedule(self.optimizer, self.scheduler, cfg.training, self.step)
             self.metrics.on_checkpoint_loaded(self.step, seconds, skipped=len(skipped))
         self.trace.write("start", step=self.step, world_size=self.world.world_size, num_params=self.num_params)
         max_steps = cfg.training.max_steps
         eval_every = cfg.training.eval_interval_steps
+        first = True
         while self.step < max_steps:
             self.step += 1
+            # The first step after a start also builds caches, compiles, warms up the collectives.
+            self.watchdog.arm(f"step {self.step}", timeout + (stall.startup_seconds if first else 0))
+            first = False
             stats, samples, stop = self.train_step(self.step)
             self.metrics.on_step(stats)
             self.trace.write(
@@ -268,17 +282,22 @@ class Trainer:
                 samples=samples,
                 **self._data_record(stats),
             )
-            maybe_fault("after_step", self.step, self.world.rank)
+            maybe_fault("after_step", self.step, self.world.rank, cfg.checkpoint.dir)
             if eval_every and (self.step % eval_every == 0 or self.step == max_steps):
+                self.watchdog.arm(f"validation at step {self.step}", timeout + stall.checkpoint_seconds)
                 self.evaluate(self.step)
             if stop or self.checkpointer.due(self.step, max_steps):
+                self.watchdog.arm(f"the checkpoint save of step {self.step}", timeout + stall.checkpoint_seconds)
                 seconds = self.checkpointer.save(self.step)
                 self.metrics.on_checkpoint_saved(self.step, seconds)
             if stop:
                 self.checkpointer.finalize()
+                self.watchdog.disarm()
                 self.trace.write("stopped", step=self.step)
                 raise Stopped(self.step)
+        self.watchdog.arm(f"the checkpoint save of step {self.step}", timeout + stall.checkpoint_seconds)
         self.checkpointer.finalize()
+        self.watchdog.disarm()
         self._log_rows()
         if self.trace.enabled:
             params, optim = state_bytes(self.model, self.optimizer)
@@ -435,6 +454,7 @@ class Trainer:
     def close(self, *, clean: bool = True) -> None:
         """Release everything; ``clean=False`` after an error skips the collectives of
         a pending save (another rank may be gone), leaving it unmarked and thus unused."""
+        self.watchdog.close()
         if clean:
             self.checkpointer.close()
         self.data.close()

@@ -25,6 +25,7 @@ from fsdp_api.contract import (
     REPLICA_INDEX_LABEL,
     REPLICA_TYPE_LABEL,
     STEP,
+    STEP_DURATION,
 )
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -32,7 +33,9 @@ from .kube import NETWORK_ERRORS
 
 STEP_SERIES, LOSS_SERIES = STEP.name, LOSS.name
 TOKENS_SERIES, CHECKPOINT_SERIES = GLOBAL_TOKENS_PER_SECOND.name, CHECKPOINT_LAST_STEP.name
-_WANTED = (STEP_SERIES, LOSS_SERIES, TOKENS_SERIES, CHECKPOINT_SERIES)
+# The step-duration histogram's sum and count give the trainer's mean step time (the stall check's fallback).
+DURATION_SUM, DURATION_COUNT = f"{STEP_DURATION.name}_sum", f"{STEP_DURATION.name}_count"
+_WANTED = (STEP_SERIES, LOSS_SERIES, TOKENS_SERIES, CHECKPOINT_SERIES, DURATION_SUM, DURATION_COUNT)
 
 SCRAPE_TIMEOUT_SECONDS = 3.0
 # A trainer endpoint is a few KB; refuse to buffer something pathological.
@@ -45,6 +48,7 @@ class TrainerProgress:
     loss: float | None = None
     tokens_per_second: float | None = None
     checkpoint_last_step: int | None = None
+    seconds_per_step: float | None = None  # the trainer's mean step time (not a status field)
 
     def status_fields(self) -> dict[str, Any]:
         """The status fields this progress sets (only the ones the trainer reported)."""
@@ -91,7 +95,9 @@ def parse_trainer_metrics(text: str) -> TrainerProgress:
         return best[name][1] if name in best else None
 
     step, ckpt, tokens = value(STEP_SERIES), value(CHECKPOINT_SERIES), value(TOKENS_SERIES)
+    total, count = value(DURATION_SUM), value(DURATION_COUNT)
     return TrainerProgress(
+        seconds_per_step=total / count if total is not None and count and total >= 0 else None,
         step=int(step) if step is not None and step >= 0 else None,
         loss=value(LOSS_SERIES),
         tokens_per_second=tokens if (tokens or 0) >= 0 else None,

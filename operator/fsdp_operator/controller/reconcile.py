@@ -29,6 +29,7 @@ from ..render import render
 from .events import create_events, post_events
 from .kube import NETWORK_ERRORS, ApiError, KubeClient
 from .metrics import OperatorMetrics
+from .stall import StallVerdict, StepClock
 from .status import (
     APPLY_FAILED,
     CONFIG_VALID,
@@ -38,6 +39,7 @@ from .status import (
     JOB_RECREATE_FAILED,
     PODS_STARTED,
     SCHEDULABLE,
+    STALLED,
     EventSpec,
     PodsReport,
     ReconcileOutcome,
@@ -69,6 +71,8 @@ class Runtime:
     statuses: dict[str, tuple[int, Json]] = field(default_factory=dict)
     # training uid -> its PyTorchJob as last seen on the watch (trimmed).
     jobs: dict[str, Json] = field(default_factory=dict)
+    # training uid -> its stall check's clock (controller/stall.py), while it runs.
+    step_clocks: dict[str, StepClock] = field(default_factory=dict)
     # training uids with an apply in flight.
     applying: set[str] = field(default_factory=set)
     # Work started from handlers that must outlive them (re-creating a deleted job).
@@ -99,6 +103,7 @@ class Runtime:
             del self.trainings[key]
         self.statuses.pop(uid, None)
         self.jobs.pop(uid, None)
+        self.step_clocks.pop(uid, None)
         self._locks.pop(uid, None)
         self.metrics.forget([uid])
 
@@ -191,6 +196,8 @@ async def _sync_locked(
     source: str,
     events: list[EventSpec] | None = None,
     pods: PodsReport | None = None,
+    stall: StallVerdict | None = None,
+    stall_restarts: int | None = None,
     in_handler: bool = True,
 ) -> tuple[str | None, str]:
     """Compute the status from ``body`` and ``job``; patch it if it changed; record transitions.
@@ -210,6 +217,8 @@ async def _sync_locked(
         scheduling=pods.scheduling if pods else None,
         rejection=pods.rejection if pods else None,
         start=pods.start if pods else None,
+        stall=stall,
+        stall_restarts=stall_restarts,
     )
     patch = status_patch(previous, new)
     to_post = list(events or []) + transition_events(previous, new)
@@ -522,6 +531,39 @@ async def record_pods(rt: Runtime, training: Mapping[str, Any], report: PodsRepo
         before = pod_conditions(rt.previous_status(training))
         await _sync_locked(rt, training, job, outcome=None, source="pods", pods=report, in_handler=False)
         return before != pod_conditions(rt.previous_status(training))
+
+
+async def record_stall(
+    rt: Runtime,
+    training: Mapping[str, Any],
+    stall: StallVerdict,
+    *,
+    restarts: int | None = None,
+    events: list[EventSpec] | None = None,
+) -> bool:
+    """Write the stall check's verdict (and a new restart count); True if the Stalled condition changed."""
+    uid = (training.get("metadata") or {}).get("uid", "")
+
+    def stalled(status: Mapping[str, Any]) -> list[Any]:
+        return [(c.get("status"), c.get("reason")) for c in status.get("conditions") or [] if c.get("type") == STALLED]
+
+    async with rt.lock(uid):
+        job = rt.jobs.get(uid)
+        if job is None or uid in rt.applying:
+            return False
+        before = stalled(rt.previous_status(training))
+        await _sync_locked(
+            rt,
+            training,
+            job,
+            outcome=None,
+            source="stall",
+            stall=stall,
+            stall_restarts=restarts,
+            events=events,
+            in_handler=False,
+        )
+        return before != stalled(rt.previous_status(training))
 
 
 async def record_progress(

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from .kube import NETWORK_ERRORS, ApiError
 from .peering import we_are_active
 from .progress import rank0_pod, scrape
 from .reconcile import Runtime, record_pods, record_progress
+from .stall_check import check_stall
 from .status import FAILED_CREATE_POD, SCHEDULABLE, TrainingFacts, pods_report
 
 log = logging.getLogger(__name__)
@@ -185,8 +187,13 @@ async def _allowed(rt: Runtime, peering: PeeringView | None, namespace: str) -> 
 async def scrape_once(rt: Runtime, session: aiohttp.ClientSession, peering: PeeringView | None) -> int:
     """One pass over the running trainings; returns how many statuses were updated."""
     by_namespace: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
-    for body in running_trainings(rt):
+    running = running_trainings(rt)
+    for body in running:
         by_namespace[body["metadata"]["namespace"]].append(body)
+    # A training that stops running (suspended, restarting, finished) starts its stall clock afresh.
+    keep = {b["metadata"].get("uid") for b in running}
+    for uid in [u for u in rt.step_clocks if u not in keep]:
+        del rt.step_clocks[uid]
     if not by_namespace:
         return 0
     gate = asyncio.Semaphore(MAX_CONCURRENT_SCRAPES)
@@ -197,19 +204,18 @@ async def scrape_once(rt: Runtime, session: aiohttp.ClientSession, peering: Peer
         job_name = rt.previous_status(body).get("jobName")
         pod = rank0_pod(p for p in pods if p["metadata"].get("labels", {}).get(JOB_NAME_LABEL) == job_name)
         if pod is None:
+            await check_stall(rt, body, None, time.monotonic())
             return
         port = int(
             ((body.get("spec") or {}).get("metrics") or {}).get("port", MetricsSpec.model_fields["port"].default)
         )
         async with gate:
             progress = await scrape(session, pod["status"]["podIP"], port)
-        if progress is None:
-            rt.metrics.scrapes.labels("error").inc()
-            return
-        rt.metrics.scrapes.labels("success").inc()
-        fields = progress.status_fields()
+        rt.metrics.scrapes.labels("error" if progress is None else "success").inc()
+        fields = progress.status_fields() if progress is not None else {}
         if fields and await record_progress(rt, body, fields):
             updated += 1
+        await check_stall(rt, body, progress, time.monotonic())
 
     for namespace, bodies in by_namespace.items():
         if not await _allowed(rt, peering, namespace):

@@ -15,6 +15,8 @@ from fsdp_api.contract import CONFIG_ERROR_EXIT_CODE, CONFIG_ERROR_HEADER, GROUP
 from fsdp_api.spec import CheckpointSpec, ResourcesSpec
 from fsdp_api.status import CheckpointStatus, Condition, FSDPTrainingStatus, Phase, ReplicaStatus
 
+from .stall import StallVerdict
+
 # The PyTorchJob carries the FSDPTraining generation it was rendered from, so
 # a status computed from a job event knows which spec it reflects.
 GENERATION_ANNOTATION = f"{GROUP}/generation"
@@ -54,6 +56,11 @@ START_FAILURES = frozenset(
 # exit code, with the check's lines as the message.
 CONFIG_VALID = "ConfigValid"
 TRAINER_REJECTED_CONFIG = "TrainerRejectedConfig"
+# Whether the step stopped advancing (controller/stall.py decides; spec.stall configures).
+STALLED = "Stalled"
+NO_PROGRESS = "NoProgress"
+PROGRESSING = "Progressing"
+STARTING = "Starting"
 # Reconciled=False reasons: a spec the renderer rejects, or an API error applying the objects.
 INVALID_SPEC = "InvalidSpec"
 APPLY_FAILED = "ApplyFailed"
@@ -443,6 +450,22 @@ def _config_condition(
     return Condition.model_validate(old)
 
 
+def _stall_condition(
+    phase: Phase, stall: StallVerdict | None, previous: Mapping[str, Json], generation: int, now: str
+) -> Condition | None:
+    """Stalled: set by the stall check while the job runs; gone once it is suspended or has succeeded."""
+    if phase in ("Suspended", "Succeeded"):
+        return None
+    if stall is not None:
+        if stall.stalled:
+            status, reason = "True", NO_PROGRESS
+        else:
+            status, reason = "False", PROGRESSING if stall.step is not None else STARTING
+        return _condition(STALLED, status, reason, stall.message(), generation, previous, now)
+    old = previous.get(STALLED)
+    return Condition.model_validate(old) if old is not None else None
+
+
 def observed_generation(job: Json | None, previous: Json | None) -> int | None:
     if job is not None:
         raw = ((job.get("metadata") or {}).get("annotations") or {}).get(GENERATION_ANNOTATION)
@@ -461,6 +484,8 @@ def compute_status(
     scheduling: Scheduling | None = None,
     rejection: str | None = None,
     start: Start | None = None,
+    stall: StallVerdict | None = None,
+    stall_restarts: int | None = None,
     now: str | None = None,
 ) -> FSDPTrainingStatus:
     """The whole declared status, from the training, its PyTorchJob (None if absent) and the previous status.
@@ -471,7 +496,9 @@ def compute_status(
     ``rejection`` is the trainer's verdict on its config, read from the
     pods; None keeps a previous ConfigValid=False of the same generation.
     ``start`` is whether the pods exist and their containers started; None
-    keeps the previous PodsStarted condition.
+    keeps the previous PodsStarted condition. ``stall`` is the stall check's
+    verdict; None keeps the previous Stalled condition. ``stall_restarts``
+    replaces the count of restarts for stalls (None keeps it).
     Metric-derived fields (step, loss, tokens/s, last checkpoint step) are
     carried over: only the scraper sets them, except that a Succeeded job
     has by construction trained and checkpointed its last step (below).
@@ -546,6 +573,11 @@ def compute_status(
         if phase in (*_WAITING, "Failed"):
             # Why the job crash-loops, and then why it failed: more useful than the backoff limit.
             message = config.message
+    stalled = _stall_condition(phase, stall, prev_conds, training.generation, now)
+    if stalled is not None:
+        conditions.append(stalled)
+        if stalled.status == "True" and phase in _ACTIVE:
+            message = stalled.message
     if job is not None:
         conditions += _job_conditions(job, generation, prev_conds, now)
 
@@ -571,6 +603,7 @@ def compute_status(
         step=step,
         loss=prev.get("loss"),
         tokens_per_second=prev.get("tokensPerSecond"),
+        stall_restarts=stall_restarts if stall_restarts is not None else prev.get("stallRestarts"),
         checkpoint=CheckpointStatus(
             dir=training.checkpoint_dir,
             ephemeral=training.checkpoint_claim is None,
@@ -674,4 +707,10 @@ def transition_events(previous: Json | None, status: FSDPTrainingStatus) -> list
     for cond_type, key in renotify.items():
         if cond := _newly_false(cond_type, new_conds, old_conds, key):
             events.append(EventSpec("Warning", cond.reason, cond.message))
+    stalled, was = new_conds.get(STALLED), old_conds.get(STALLED)
+    if stalled is not None and stalled.status != (was or {}).get("status"):
+        if stalled.status == "True":
+            events.append(EventSpec("Warning", STALLED, stalled.message))
+        elif (was or {}).get("status") == "True":
+            events.append(EventSpec("Normal", "StallCleared", f"no longer stalled: {stalled.message}"))
     return events

@@ -1,0 +1,128 @@
+"""When is a running training stalled? Pure functions over the steps the operator has seen.
+
+The operator reads the trainer's step from its metrics on every scrape tick.
+A ``StepClock`` per training remembers the last step and when it changed
+(the operator's own monotonic clock: no clock skew with the nodes), and the
+recent time per step. A training is stalled when its step has not changed
+for longer than the allowance:
+
+- ``stepTimeFactor`` x the recent step time, and at least ``minSeconds``;
+- plus ``checkpointSeconds`` when the last step saves a checkpoint or runs
+  validation (a slow save is alive, not stalled);
+- ``startupSeconds`` instead, until the trainer reports a step after a
+  start or restart (loading the model and the checkpoint, the first step).
+
+The step time is the operator's own measure across scrapes; until it has
+one, the trainer's mean step time (its step-duration histogram) stands in.
+
+The clock lives in memory: an operator restart starts every clock afresh,
+which can delay a detection but never causes a false one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from fsdp_api.spec import StallSpec
+
+# Weight of the newest sample in the recent step time: a few steps of history,
+# quick to follow a real change of pace.
+EMA_WEIGHT = 0.3
+
+
+@dataclass(frozen=True)
+class StepClock:
+    step: int | None  # last step seen; None: none since the (re)start
+    changed_at: float  # when it last changed, or when the clock (re)started
+    seconds_per_step: float | None = None  # measured by the operator across scrapes
+    reported: float | None = None  # the trainer's own mean step time, until the operator has measured one
+
+
+def start_clock(now: float) -> StepClock:
+    return StepClock(step=None, changed_at=now)
+
+
+@dataclass(frozen=True)
+class StallRules:
+    """A training's stall settings and the steps after which it saves or validates."""
+
+    spec: StallSpec
+    checkpoint_interval: int
+    eval_interval: int = 0
+    max_steps: int | None = None
+
+    def _multiple_in(self, every: int, first: int, last: int) -> bool:
+        return every > 0 and last >= first and last // every >= -(-first // every)
+
+    def boundary_in(self, first: int, last: int) -> bool:
+        """Whether a step in [first, last] is followed by a checkpoint save or a validation."""
+        first = max(first, 1)
+        if self.max_steps is not None and last >= self.max_steps:
+            return True
+        return self._multiple_in(self.checkpoint_interval, first, last) or self._multiple_in(
+            self.eval_interval, first, last
+        )
+
+    def boundary_at(self, step: int | None) -> bool:
+        return step is not None and self.boundary_in(step, step)
+
+
+def observe(
+    clock: StepClock, step: int | None, now: float, rules: StallRules, reported: float | None = None
+) -> StepClock:
+    """The clock after one scrape that read ``step`` (None: the trainer reports no step).
+
+    No step, or a step lower than before, means the trainer (re)started: the
+    start-up allowance applies until it reports a step again. Any step it
+    reports is past its warm-up (step 1 includes that), so the next interval
+    is a fair sample, unless it spans a save or a validation. ``reported``:
+    the trainer's own mean step time, used until the operator has a sample.
+    """
+    if reported is not None and reported > 0:
+        clock = replace(clock, reported=reported)
+    if step is None:
+        return clock if clock.step is None else replace(clock, step=None, changed_at=now)
+    if clock.step is None or step < clock.step:
+        return replace(clock, step=step, changed_at=now)
+    if step == clock.step:
+        return clock
+    if rules.boundary_in(clock.step, step - 1):
+        return replace(clock, step=step, changed_at=now)
+    sample = (now - clock.changed_at) / (step - clock.step)
+    old = clock.seconds_per_step
+    rate = sample if old is None else (1 - EMA_WEIGHT) * old + EMA_WEIGHT * sample
+    return replace(clock, step=step, changed_at=now, seconds_per_step=rate)
+
+
+def allowance(clock: StepClock, rules: StallRules) -> float:
+    """Seconds without a new step before the training counts as stalled."""
+    spec = rules.spec
+    rate = clock.seconds_per_step if clock.seconds_per_step is not None else clock.reported
+    if clock.step is None or rate is None:
+        base = float(spec.startup_seconds)
+    else:
+        base = max(float(spec.min_seconds), spec.step_time_factor * rate)
+    return base + (spec.checkpoint_seconds if rules.boundary_at(clock.step) else 0.0)
+
+
+@dataclass(frozen=True)
+class StallVerdict:
+    stalled: bool
+    seconds: float  # without a new step
+    limit: float
+    step: int | None
+    note: str = ""  # what the operator did about it
+
+    def message(self) -> str:
+        where = f"step {self.step}" if self.step is not None else "the start (no step reported yet)"
+        if self.stalled:
+            text = f"no new step since {where} for {self.seconds:.0f} s (limit {self.limit:.0f} s)"
+        else:
+            text = f"progressing: last step {self.step}" if self.step is not None else "starting: no step reported yet"
+        return f"{text}; {self.note}" if self.note else text
+
+
+def verdict(clock: StepClock, rules: StallRules, now: float) -> StallVerdict:
+    limit = allowance(clock, rules)
+    seconds = max(0.0, now - clock.changed_at)
+    return StallVerdict(seconds > limit, seconds, limit, clock.step)

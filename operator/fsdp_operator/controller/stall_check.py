@@ -1,0 +1,100 @@
+"""The stall check of the pod loop: time each running training's steps, say when it stalls, restart if asked.
+
+Called after every progress scrape of a running training (controller/scraper.py),
+with what the scrape read. The decision is controller/stall.py's; this module
+keeps the clocks, writes the Stalled condition and, for ``onStall: restart``,
+deletes the job's pods: the training operator re-creates them, and the
+trainers resume from the last checkpoint. Deleting the pods (not the job)
+keeps the job's identity and history, and needs no write on the job.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from fsdp_api.contract import JOB_NAME_LABEL
+from fsdp_api.spec import CheckpointSpec, StallSpec
+from pydantic import ValidationError
+
+from .progress import TrainerProgress
+from .reconcile import Runtime, record_stall
+from .stall import StallRules, observe, start_clock, verdict
+from .status import EventSpec
+
+log = logging.getLogger(__name__)
+
+STALL_RESTART = "StallRestart"
+
+
+def stall_rules(spec: Mapping[str, Any]) -> StallRules:
+    """The training's stall settings, read leniently (a spec the API server stored is valid)."""
+    try:
+        stall = StallSpec.model_validate(spec.get("stall") or {})
+    except ValidationError:
+        stall = StallSpec()
+    training = spec.get("training") or {}
+    checkpoint = spec.get("checkpoint") or {}
+    max_steps = training.get("maxSteps")
+    return StallRules(
+        spec=stall,
+        checkpoint_interval=int(
+            checkpoint.get("intervalSteps") or CheckpointSpec.model_fields["interval_steps"].default
+        ),
+        eval_interval=int(training.get("evalIntervalSteps") or 0),
+        max_steps=max_steps if isinstance(max_steps, int) else None,
+    )
+
+
+async def restart_pods(rt: Runtime, training: Mapping[str, Any]) -> int:
+    """Delete every pod of the training's job (the training operator re-creates them); returns how many."""
+    meta = training["metadata"]
+    job_name = rt.previous_status(training).get("jobName") or meta["name"]
+    pods = await rt.client.list("v1", "Pod", meta["namespace"], f"{JOB_NAME_LABEL}={job_name}")
+    deleted = 0
+    for pod in pods:
+        pod_meta = pod.get("metadata") or {}
+        if pod_meta.get("deletionTimestamp"):
+            continue
+        await rt.client.delete("v1", "Pod", meta["namespace"], pod_meta["name"], pod_meta.get("uid", ""))
+        deleted += 1
+    return deleted
+
+
+async def check_stall(rt: Runtime, training: Mapping[str, Any], progress: TrainerProgress | None, now: float) -> bool:
+    """Time one scrape of a running training (None: nothing read); returns whether the Stalled condition changed.
+
+    An endpoint that does not answer counts as a trainer without a step: (re)starting.
+    """
+    uid = training["metadata"].get("uid", "")
+    rules = stall_rules(training.get("spec") or {})
+    step, reported = (progress.step, progress.seconds_per_step) if progress is not None else (None, None)
+    clock = observe(rt.step_clocks.get(uid) or start_clock(now), step, now, rules, reported)
+    found = verdict(clock, rules, now)
+    restarts = int(rt.previous_status(training).get("stallRestarts") or 0)
+    new_restarts: int | None = None
+    events: list[EventSpec] = []
+    if found.stalled and rules.spec.on_stall == "restart":
+        if restarts < rules.spec.max_restarts:
+            deleted = await restart_pods(rt, training)
+            new_restarts = restarts + 1
+            last = (rt.previous_status(training).get("checkpoint") or {}).get("lastStep")
+            source = f"checkpoint step {last}" if last is not None else "their newest checkpoint"
+            events.append(
+                EventSpec(
+                    "Warning",
+                    STALL_RESTART,
+                    f"{found.message()}: deleted {deleted} pods to resume from {source} "
+                    f"(stall restart {new_restarts} of {rules.spec.max_restarts})",
+                )
+            )
+            log.warning("%s: %s", training["metadata"].get("name"), events[-1].message)
+            found = replace(found, note=f"restarted the pods ({new_restarts} of {rules.spec.max_restarts})")
+            clock = start_clock(now)
+        else:
+            limit = rules.spec.max_restarts
+            found = replace(found, note=f"not restarted: the limit of {limit} stall restarts is reached")
+    rt.step_clocks[uid] = clock
+    return await record_stall(rt, training, found, restarts=new_restarts, events=events)

@@ -1,0 +1,128 @@
+"""The stall watchdog, end to end: a hung rank is detected and restarted; a slow save is not a stall."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+from fsdp_api.contract import ENV_TRAINER_FAULT
+from fsdp_localcluster.wait import wait_for
+from fsdp_localcluster.whole_cluster import WholeCluster
+
+from tests.e2e.test_faults import RESUMED, assert_resumed_exactly
+from tests.e2e.timings import record
+from tests.e2e.training import (
+    TERMINAL,
+    checkpoint_steps,
+    create_claim,
+    fsdptraining,
+    last_step,
+    status,
+    step_losses,
+    trainer_logs,
+    wait_phase,
+)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+# Small allowances so the test runs in a minute; the trainer's own watchdog is
+# off, so the operator's is the one that acts.
+STALL = {
+    "onStall": "restart",
+    "minSeconds": 10,
+    "stepTimeFactor": 10,
+    "startupSeconds": 60,
+    "checkpointSeconds": 30,
+    "maxRestarts": 2,
+    "trainerStepTimeoutSeconds": 0,
+}
+
+
+@pytest.fixture
+def ns(operator: WholeCluster, request: pytest.FixtureRequest) -> str:
+    name = "stall-" + request.node.name.removeprefix("test_").replace("_", "-")[:40].rstrip("-")
+    operator.cluster.create_namespace(name)
+    return name
+
+
+def with_fault(body: dict[str, Any], fault: str) -> dict[str, Any]:
+    body["spec"]["stall"] = dict(STALL)
+    body["spec"]["env"] = [{"name": ENV_TRAINER_FAULT, "value": fault}]
+    return body
+
+
+def training_events(whole: WholeCluster, name: str, ns: str) -> list[dict[str, Any]]:
+    items = json.loads(whole.kubectl("get", "events", "-n", ns, "-o", "json").stdout)["items"]
+    return [
+        e for e in items if e["involvedObject"].get("kind") == "FSDPTraining" and e["involvedObject"]["name"] == name
+    ]
+
+
+def reasons(events: list[dict[str, Any]]) -> list[str]:
+    return [e["reason"] for e in events]
+
+
+def test_a_hung_rank_is_flagged_stalled_restarted_and_resumes(operator: WholeCluster, ns: str) -> None:
+    whole, name, max_steps, interval, hang_at = operator, "hang", 40, 10, 18
+    create_claim(whole, ns)
+    # Rank 1 (the second pod) never returns from step 15, as in a deadlocked collective.
+    whole.cluster.apply(
+        with_fault(fsdptraining(name, ns, max_steps=max_steps, interval=interval), f"after_step:{hang_at}:1:hang")
+    )
+    wait_for(lambda: last_step(whole, name, ns) >= hang_at, 300, f"step {hang_at}")
+    t_hang = time.monotonic()
+
+    def restarted() -> dict[str, Any] | None:
+        found = [e for e in training_events(whole, name, ns) if e["reason"] == "StallRestart"]
+        return found[0] if found else None
+
+    try:
+        event = wait_for(restarted, 120, "a StallRestart Event")
+    except AssertionError as e:
+        raise AssertionError(
+            f"{e}\n{json.dumps(status(whole, name, ns), indent=1)}\n{whole.operator_logs()[-3000:]}"
+        ) from e
+    detected = time.monotonic() - t_hang
+    record("stall_detected_and_restarted_s", detected)
+    # The limit is the 10 s floor (steps take well under 1 s) plus up to two 2 s scrape ticks.
+    assert detected < 10 + 15, detected
+    assert f"no new step since step {hang_at}" in event["message"], event["message"]
+    assert "deleted 2 pods" in event["message"] and "(stall restart 1 of 2)" in event["message"], event["message"]
+    assert "Stalled" in reasons(training_events(whole, name, ns))
+
+    assert wait_phase(whole, name, ns, TERMINAL, 300) == "Succeeded"
+    final = status(whole, name, ns)
+    assert final["stallRestarts"] == 1
+    assert "Stalled" not in {c["type"] for c in final["conditions"]}
+    # Resumed from the checkpoint before the hang, every step trained, same losses.
+    resumed = [int(m) for m in RESUMED.findall(trainer_logs(whole, name, ns))]
+    assert resumed == [10], resumed
+    assert_resumed_exactly(step_losses(whole, name, ns), max_steps, interval, 10)
+    assert "StallCleared" in reasons(training_events(whole, name, ns))
+    assert checkpoint_steps(whole, ns) == [20, 30, 40]
+
+
+def test_a_slow_checkpoint_save_is_never_flagged(operator: WholeCluster, ns: str) -> None:
+    whole, name, max_steps, interval = operator, "slowsave", 20, 10
+    create_claim(whole, ns)
+    # The save of step 10 takes 25 s: longer than the 10 s limit for a step, within the 30 s save allowance.
+    whole.cluster.apply(
+        with_fault(fsdptraining(name, ns, max_steps=max_steps, interval=interval), "during_save:10:0:sleep25")
+    )
+    seen: set[str] = set()
+
+    def done() -> str | None:
+        cond = {c["type"]: c for c in status(whole, name, ns).get("conditions", [])}.get("Stalled")
+        if cond is not None:
+            seen.add(cond["status"])
+        phase = status(whole, name, ns).get("phase")
+        return phase if phase in TERMINAL else None
+
+    t0 = time.monotonic()
+    assert wait_for(done, 300, "the training to finish", interval=0.5) == "Succeeded"
+    assert "True" not in seen
+    assert time.monotonic() - t0 > 25  # the slow save did happen
+    assert not {"Stalled", "StallRestart"} & set(reasons(training_events(whole, name, ns)))
+    assert "stallRestarts" not in status(whole, name, ns)

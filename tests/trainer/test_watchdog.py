@@ -1,0 +1,99 @@
+"""The trainer's in-process stall watchdog: a hung rank dumps every stack, exits, and the job resumes."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from fsdp_api.contract import ENV_TRAINER_FAULT, STALL_EXIT_CODE, STALLS_DIR
+from fsdp_trainer.watchdog import StepWatchdog
+
+from tests.trainer.harness import base_config, launch
+
+
+def _wait(predicate, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return predicate()
+
+
+def test_a_phase_past_its_timeout_dumps_every_thread_and_exits(tmp_path: Path) -> None:
+    exits: list[int] = []
+    release = threading.Event()
+
+    def stuck_in_a_collective() -> None:
+        release.wait(30)
+
+    other = threading.Thread(target=stuck_in_a_collective, name="pretend-collective", daemon=True)
+    other.start()
+    dog = StepWatchdog(rank=1, stalls_dir=tmp_path / STALLS_DIR, exit_process=exits.append)
+    try:
+        dog.arm("step 7", 0.2)
+        assert _wait(lambda: exits, 5), "the watchdog never fired"
+        assert exits == [STALL_EXIT_CODE]
+        assert _wait(lambda: dog.fired is not None, 5)
+        text = dog.fired.read_text()
+        assert dog.fired.name.startswith("rank-1-") and dog.fired.parent == tmp_path / STALLS_DIR
+        assert text.splitlines()[0].startswith("rank 1: step 7 did not finish within 0.2 s")
+        # The stack of the thread that hangs, not only the watchdog's own.
+        assert "Thread pretend-collective" in text and "stuck_in_a_collective" in text
+    finally:
+        release.set()
+        dog.close()
+
+
+def test_rearming_and_disarming_keep_a_live_rank_alive(tmp_path: Path) -> None:
+    exits: list[int] = []
+    dog = StepWatchdog(rank=0, stalls_dir=tmp_path, exit_process=exits.append)
+    try:
+        for step in range(10):  # each phase well inside its timeout
+            dog.arm(f"step {step}", 0.3)
+            time.sleep(0.05)
+        dog.disarm()
+        time.sleep(0.6)
+        assert exits == [] and dog.fired is None
+        assert not (tmp_path / STALLS_DIR).exists()
+    finally:
+        dog.close()
+
+
+def test_disabled_watchdog_never_fires(tmp_path: Path) -> None:
+    exits: list[int] = []
+    dog = StepWatchdog(rank=0, stalls_dir=tmp_path, enabled=False, exit_process=exits.append)
+    dog.arm("step 1", 0.01)
+    time.sleep(0.2)
+    dog.close()
+    assert exits == []
+
+
+@pytest.mark.slow
+def test_hung_rank_is_dumped_restarted_and_resumes_from_the_checkpoint(tmp_path: Path, inputs: dict[str, Path]) -> None:
+    cfg = base_config(
+        tmp_path,
+        inputs["ragged"],
+        inputs["tokenizer"],
+        training={"maxSteps": 8},
+        checkpoint={"intervalSteps": 2},
+        stall={"trainerStepTimeoutSeconds": 3, "startupSeconds": 60, "checkpointSeconds": 30},
+    )
+    # Rank 1 hangs after step 5 (as in a deadlocked collective); torchrun may restart once.
+    t0 = time.monotonic()
+    run = launch(tmp_path, cfg, env={ENV_TRAINER_FAULT: "after_step:5:1:hang"}, max_restarts=1).check()
+    elapsed = time.monotonic() - t0
+    assert "rank 1: step 5 did not finish within 3 s" in run.output
+    assert f"exitcode: {STALL_EXIT_CODE}" in run.output or f"exit code {STALL_EXIT_CODE}" in run.output
+    stacks = sorted((tmp_path / "checkpoints" / STALLS_DIR).glob("rank-1-*.txt"))
+    assert len(stacks) == 1
+    # The dump shows where the rank hung: in the injected fault, called from the train loop.
+    text = stacks[0].read_text()
+    assert "in _act" in text and "in train" in text
+    # Resumed from step 4 (the last checkpoint before the hang) and finished.
+    starts = [r["step"] for r in run.events("start", 0)]
+    assert starts == [0, 4], starts
+    assert max(run.losses()) == 8
+    assert elapsed < 120, elapsed
