@@ -101,3 +101,16 @@ PRESETS: dict[str, ModelDims] = {
         max_seq_len=131072,
     ),
 }
+
+# Hub checkpoints whose config.json has exactly a preset's numbers: what is
+# known about a `model.pretrained` hub id without downloading it (the memory plan).
+HUB_MODEL_PRESETS: dict[str, str] = {
+    f"meta-llama/{name}{suffix}": preset
+    for name, preset in (
+        ("Llama-3.2-1B", "llama3.2-1b"),
+        ("Llama-3.2-3B", "llama3.2-3b"),
+        ("Llama-3.1-8B", "llama3.1-8b"),
+        ("Llama-3.1-70B", "llama3.1-70b"),
+    )
+    for suffix in ("", "-Instruct")
+}

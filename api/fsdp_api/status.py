@@ -46,6 +46,16 @@ class CheckpointStatus(ApiModel):
     last_step: int | None = Field(None, ge=0, description="Step of the newest complete checkpoint seen in metrics.")
 
 
+class MemoryStatus(ApiModel):
+    """The spec's memory plan (``fsdp-operator plan``): estimated bytes per GPU against the GPU's memory."""
+
+    estimated_bytes_per_gpu: int | None = Field(None, ge=0, description="Estimated peak memory per GPU, in bytes.")
+    gpu_memory_bytes: int | None = Field(
+        None, ge=0, description="Memory of one GPU of the smallest requested instance type, in bytes."
+    )
+    instance_type: str | None = Field(None, description="The instance type the estimate was compared with.")
+
+
 class FSDPTrainingStatus(ApiModel):
     """Observed state of the job, mirrored from its PyTorchJob and its metrics."""
 
@@ -71,4 +81,8 @@ class FSDPTrainingStatus(ApiModel):
     )
     checkpoint: CheckpointStatus = Field(
         default_factory=CheckpointStatus, description="Checkpoint location and durability."
+    )
+    memory: MemoryStatus | None = Field(
+        None,
+        description="The memory plan of the spec (docs/memory-plan.md); the FitsMemory condition gives the verdict.",
     )

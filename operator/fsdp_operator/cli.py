@@ -14,11 +14,14 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
-from fsdp_api import KIND
+from fsdp_api import KIND, FSDPTraining
 from fsdp_api.documents import InputError, load_trainings
+
+if TYPE_CHECKING:
+    from fsdp_api.memory_plan import MemoryPlan
 
 from . import __version__
 
@@ -65,6 +68,22 @@ def cmd_docs(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _display_name(t: FSDPTraining) -> str:
+    return t.metadata.name or f"{t.metadata.generate_name}*"
+
+
+def memory_problems(path: str, trainings: Sequence[FSDPTraining]) -> list[str]:
+    """One line per training whose memory plan says it does not fit its GPUs."""
+    from fsdp_api.memory_plan import plan_memory
+
+    lines = []
+    for t in trainings:
+        plan = plan_memory(t.spec)
+        if plan.fits is False:
+            lines.append(f"{path}: {KIND} {_display_name(t)!r}: {plan.summary()}")
+    return lines
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     from fsdp_api.model_files import check_local_model
 
@@ -75,9 +94,57 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if problems:
         print("\n".join(problems))
         return EXIT_INVALID
+    if args.memory != "off":
+        memory = memory_problems(args.file, trainings)
+        if memory and args.memory == "refuse":
+            print("\n".join(memory))
+            return EXIT_INVALID
+        for line in memory:
+            print(f"warning: {line}", file=sys.stderr)
     for t in trainings:
-        name = t.metadata.name or f"{t.metadata.generate_name}*"
-        print(f"{args.file}: {KIND} {name!r} is valid", file=sys.stderr)
+        print(f"{args.file}: {KIND} {_display_name(t)!r} is valid", file=sys.stderr)
+    return EXIT_OK
+
+
+def plan_table(plan: MemoryPlan) -> str:
+    """The plan as an aligned text table: component, GiB per GPU, note; then total, GPU, fits."""
+    from fsdp_api.memory_plan import gib
+
+    if plan.estimate is None:
+        return f"  {plan.summary()}\n"
+    rows = [(c.name, gib(c.bytes), c.note) for c in plan.estimate.components]
+    rows.append(("total", gib(plan.estimate.total_bytes), f"peak: {plan.estimate.peak_phase}"))
+    if plan.estimate.host:
+        rows.append(("host (cpuOffload)", gib(plan.estimate.host), "CPU memory per process"))
+    gpu = plan.gpu
+    rows.append(
+        ("GPU memory", gib(gpu.gpu_memory_bytes) if gpu else "-", f"{gpu.name} ({gpu.gpu_model})" if gpu else "")
+    )
+    fits = {True: "yes", False: "no", None: "-"}[plan.fits]
+    rows.append(("fits", fits, plan.gpu_note))
+    if plan.suggestion:
+        rows.append(("suggestion", "", plan.suggestion))
+    width = max(len(r[0]) for r in rows)
+    lines = [f"  {'component':<{width}}  {'GiB/GPU':>8}  note"]
+    lines += [f"  {name:<{width}}  {value:>8}  {note}".rstrip() for name, value, note in rows]
+    return "\n".join(lines) + "\n"
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from fsdp_api.memory_plan import plan_memory
+
+    trainings = load_trainings(args.file, sys.stderr)
+    if trainings is None:
+        return EXIT_INVALID
+    plans = [(t, plan_memory(t.spec)) for t in trainings]
+    if args.output == "json":
+        items = [{"name": _display_name(t), **plan.to_dict()} for t, plan in plans]
+        print(json.dumps(items, indent=2))
+        return EXIT_OK
+    for t, plan in plans:
+        ranks = f"{plan.world_size} rank" + ("s" if plan.world_size != 1 else "")
+        print(f"{KIND} {_display_name(t)!r} ({ranks}): {plan.summary()}")
+        sys.stdout.write(plan_table(plan))
     return EXIT_OK
 
 
@@ -167,7 +234,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("validate", help="check FSDPTraining documents; print 'path: message' per problem")
     s.add_argument("-f", "--file", required=True, help="YAML file with one or more FSDPTrainings ('-': stdin)")
+    s.add_argument(
+        "--memory",
+        choices=("warn", "refuse", "off"),
+        default="warn",
+        help="a training whose memory plan does not fit its GPUs: warn on stderr (default), refuse (exit 1), off",
+    )
     s.set_defaults(func=cmd_validate)
+
+    s = sub.add_parser("plan", help="print the per-GPU memory plan of each FSDPTraining and whether it fits")
+    s.add_argument("-f", "--file", required=True, help="YAML file with one or more FSDPTrainings ('-': stdin)")
+    s.add_argument("-o", "--output", choices=("text", "json"), default="text", help="output format (default: text)")
+    s.set_defaults(func=cmd_plan)
 
     s = sub.add_parser("render", help="print the objects the operator would create (no cluster needed)")
     s.add_argument("-f", "--file", required=True, help="YAML file with one or more FSDPTrainings ('-': stdin)")

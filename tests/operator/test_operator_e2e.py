@@ -419,6 +419,29 @@ def test_suspend_and_resume(env: Env) -> None:
 # --- spec changes and drift --------------------------------------------------------------------
 
 
+def test_the_memory_plan_is_in_the_status(env: Env) -> None:
+    ns = "e2e-memory"
+    one_a10g = {"nodes": 1, "gpusPerNode": 1, "nodePool": "default", "instanceTypes": ["g5.xlarge"]}
+    env.apply_training(ns, "fits", resources=one_a10g)
+    env.apply_training(ns, "too-big", model={"preset": "llama3.1-8b"}, resources=one_a10g)
+
+    def fits_memory(name: str) -> dict[str, Any] | None:
+        status = (env.get("fsdptraining", ns, name) or {}).get("status") or {}
+        found = {c["type"]: c for c in status.get("conditions", [])}.get("FitsMemory")
+        return {**found, "memory": status.get("memory")} if found else None
+
+    ok = wait_for(lambda: fits_memory("fits"), JOB_TIMEOUT, what="FitsMemory", interval=POLL)
+    assert (ok["status"], ok["reason"]) == ("True", "Fits"), ok
+    assert ok["message"].startswith("fits: about ") and "of g5.xlarge (NVIDIA A10G)" in ok["message"]
+    assert ok["memory"]["instanceType"] == "g5.xlarge" and ok["memory"]["gpuMemoryBytes"] == 24 << 30
+    bad = wait_for(lambda: fits_memory("too-big"), JOB_TIMEOUT, what="FitsMemory", interval=POLL)
+    assert (bad["status"], bad["reason"]) == ("False", "DoesNotFit"), bad
+    assert bad["memory"]["estimatedBytesPerGpu"] > bad["memory"]["gpuMemoryBytes"]
+    assert bad["message"].startswith("does not fit: about ")
+    events = json.loads(env.cluster.kubectl("get", "events", "-n", ns, "-o", "json").stdout)["items"]
+    assert [e["involvedObject"]["name"] for e in events if e["reason"] == "DoesNotFit"] == ["too-big"]
+
+
 def test_disabling_metrics_removes_the_podmonitor(env: Env) -> None:
     ns, name = "e2e-update", "quiet"
     env.apply_training(ns, name)

@@ -23,6 +23,8 @@ from typing import Any
 import kopf
 from fsdp_api import API_VERSION, KIND, FSDPTraining, format_errors
 from fsdp_api.contract import PODMONITOR_KIND, PYTORCHJOB_API_VERSION, PYTORCHJOB_KIND
+from fsdp_api.memory_plan import MemoryPlan, plan_memory
+from fsdp_api.spec import FSDPTrainingSpec
 from pydantic import ValidationError
 
 from ..render import render
@@ -177,6 +179,14 @@ def _training_model(body: Mapping[str, Any]) -> FSDPTraining:
     )
 
 
+def memory_plan_of(body: Mapping[str, Any]) -> MemoryPlan | None:
+    """The spec's memory plan; None for a spec that does not validate (Reconciled says why)."""
+    try:
+        return plan_memory(FSDPTrainingSpec.model_validate(dict(body.get("spec") or {})))
+    except ValidationError:
+        return None
+
+
 def rendered_objects(body: Mapping[str, Any]) -> list[Json]:
     """The objects to apply, stamped with the generation they come from (for observedGeneration)."""
     objects = render(_training_model(body), set_owner=True)
@@ -209,6 +219,8 @@ async def _sync_locked(
     meta = body.get("metadata") or {}
     uid = meta.get("uid", "")
     previous = rt.previous_status(body)
+    # The plan depends on the spec only: made when it is applied, kept in between.
+    plan = memory_plan_of(body) if outcome is not None else None
     new = compute_status(
         TrainingFacts.from_body(body),
         job,
@@ -219,6 +231,7 @@ async def _sync_locked(
         start=pods.start if pods else None,
         stall=stall,
         stall_restarts=stall_restarts,
+        memory=plan,
     )
     patch = status_patch(previous, new)
     to_post = list(events or []) + transition_events(previous, new)

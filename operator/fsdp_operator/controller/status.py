@@ -12,8 +12,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from fsdp_api.contract import CONFIG_ERROR_EXIT_CODE, CONFIG_ERROR_HEADER, GROUP, PYTORCHJOB_CONTAINER
+from fsdp_api.memory_plan import MemoryPlan
 from fsdp_api.spec import CheckpointSpec, ResourcesSpec
-from fsdp_api.status import CheckpointStatus, Condition, FSDPTrainingStatus, Phase, ReplicaStatus
+from fsdp_api.status import CheckpointStatus, Condition, FSDPTrainingStatus, MemoryStatus, Phase, ReplicaStatus
 
 from .stall import StallVerdict
 
@@ -61,6 +62,8 @@ STALLED = "Stalled"
 NO_PROGRESS = "NoProgress"
 PROGRESSING = "Progressing"
 STARTING = "Starting"
+# Whether the spec's memory plan fits the GPUs it asks for (fsdp_api.memory_plan).
+FITS_MEMORY = "FitsMemory"
 # Reconciled=False reasons: a spec the renderer rejects, or an API error applying the objects.
 INVALID_SPEC = "InvalidSpec"
 APPLY_FAILED = "ApplyFailed"
@@ -466,6 +469,27 @@ def _stall_condition(
     return Condition.model_validate(old) if old is not None else None
 
 
+def _memory(
+    plan: MemoryPlan | None, previous: Json, prev_conds: Mapping[str, Json], generation: int, now: str
+) -> tuple[Condition | None, MemoryStatus | None]:
+    """FitsMemory and status.memory from a new plan (made when the spec is applied); else the previous ones."""
+    if plan is None:
+        old = prev_conds.get(FITS_MEMORY)
+        kept = previous.get("memory")
+        return (
+            Condition.model_validate(old) if old is not None else None,
+            MemoryStatus.model_validate(kept) if kept else None,
+        )
+    fits = plan.fits
+    status, reason = {True: ("True", "Fits"), False: ("False", "DoesNotFit"), None: ("Unknown", "NoEstimate")}[fits]
+    memory = MemoryStatus(
+        estimated_bytes_per_gpu=plan.total_bytes,
+        gpu_memory_bytes=plan.gpu_memory_bytes,
+        instance_type=plan.gpu.name if plan.gpu is not None else None,
+    )
+    return _condition(FITS_MEMORY, status, reason, plan.summary(), generation, prev_conds, now), memory
+
+
 def observed_generation(job: Json | None, previous: Json | None) -> int | None:
     if job is not None:
         raw = ((job.get("metadata") or {}).get("annotations") or {}).get(GENERATION_ANNOTATION)
@@ -486,6 +510,7 @@ def compute_status(
     start: Start | None = None,
     stall: StallVerdict | None = None,
     stall_restarts: int | None = None,
+    memory: MemoryPlan | None = None,
     now: str | None = None,
 ) -> FSDPTrainingStatus:
     """The whole declared status, from the training, its PyTorchJob (None if absent) and the previous status.
@@ -498,7 +523,9 @@ def compute_status(
     ``start`` is whether the pods exist and their containers started; None
     keeps the previous PodsStarted condition. ``stall`` is the stall check's
     verdict; None keeps the previous Stalled condition. ``stall_restarts``
-    replaces the count of restarts for stalls (None keeps it).
+    replaces the count of restarts for stalls (None keeps it). ``memory`` is
+    the spec's memory plan, made when it is applied; None keeps the previous
+    FitsMemory condition and status.memory.
     Metric-derived fields (step, loss, tokens/s, last checkpoint step) are
     carried over: only the scraper sets them, except that a Succeeded job
     has by construction trained and checkpointed its last step (below).
@@ -573,6 +600,9 @@ def compute_status(
         if phase in (*_WAITING, "Failed"):
             # Why the job crash-loops, and then why it failed: more useful than the backoff limit.
             message = config.message
+    fits, memory_status = _memory(memory, prev, prev_conds, training.generation, now)
+    if fits is not None:
+        conditions.append(fits)
     stalled = _stall_condition(phase, stall, prev_conds, training.generation, now)
     if stalled is not None:
         conditions.append(stalled)
@@ -609,6 +639,7 @@ def compute_status(
             ephemeral=training.checkpoint_claim is None,
             last_step=last_checkpoint,
         ),
+        memory=memory_status,
     )
 
 
@@ -703,7 +734,13 @@ def transition_events(previous: Json | None, status: FSDPTrainingStatus) -> list
     if ckpt := _newly_false(CHECKPOINTS_PERSISTENT, new_conds, old_conds):
         events.append(EventSpec("Warning", "EphemeralCheckpoints", ckpt.message))
     # One Event each time the condition turns False, and again when its reason (or message) changes.
-    renotify = {PODS_STARTED: "reason", CONFIG_VALID: None, SCHEDULABLE: None, RECONCILED: "message"}
+    renotify = {
+        PODS_STARTED: "reason",
+        CONFIG_VALID: None,
+        SCHEDULABLE: None,
+        RECONCILED: "message",
+        FITS_MEMORY: "message",
+    }
     for cond_type, key in renotify.items():
         if cond := _newly_false(cond_type, new_conds, old_conds, key):
             events.append(EventSpec("Warning", cond.reason, cond.message))

@@ -1,0 +1,526 @@
+"""A per-GPU memory plan of an FSDPTraining, before anything is launched.
+
+Torch-free: the operator, ``fsdp-operator plan`` and ``validate --memory``
+use it. The numbers model what the trainer does (``fsdp_trainer.parallel``,
+``fsdp_trainer.optim``, ``fsdp_trainer.train``) for a Llama-shaped decoder:
+
+- parameters: the fp32 master weights, sharded over the shard group
+  (full/shard_grad_op: the world; hybrid: the shard group; no_shard: none);
+- gradients: fp32, sharded like the parameters at the optimizer step; with
+  gradAccumSteps > 1 FSDP2 keeps whole (unsharded) gradients between the
+  micro-batches, since the reduce-scatter only runs on the last one;
+- optimizer: AdamW's two fp32 states per parameter, sharded;
+- activations: the tensors autograd saves per decoder layer, by seqLen,
+  microBatchSize and activationCheckpointing;
+- logits: the output head's logits, their fp32 copy and log-softmax;
+- communication: the unsharded parameters FSDP all-gathers (the root
+  module's embedding and head stay gathered for the whole step, one or more
+  decoder layers at a time besides, every layer with shard_grad_op);
+- overhead: the CUDA context, NCCL and the caching allocator's slack.
+
+The peak is the larger of two moments: the start of backward (activations,
+logits and gathered parameters all alive) and the optimizer step (whole
+sharded gradients plus the optimizer's temporaries, activations freed).
+docs/memory-plan.md has the formulas and how they were checked against
+measured peaks.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from .instance_types import GIB, INSTANCE_TYPES, InstanceType
+from .model_files import local_model_dir
+from .presets import HUB_MODEL_PRESETS, PRESETS, ModelDims
+from .spec import MAX_NODES, FSDPTrainingSpec, ModelOverrides, effective_seq_len
+
+Device = Literal["cuda", "cpu"]
+
+FP32 = 4
+BF16 = 2
+# The CUDA context, cuBLAS workspaces and NCCL's buffers live outside the
+# tensors counted below, about 1 GiB per process on recent drivers.
+CUDA_CONTEXT_BYTES = 1 * GIB
+# The caching allocator rounds blocks up and cannot always reuse freed ones.
+FRAGMENTATION = 0.10
+
+# config.json keys of a decoder-only Hugging Face model (transformers' spellings).
+_CONFIG_KEYS = {
+    "hidden_size": ("hidden_size", "n_embd", "d_model"),
+    "num_layers": ("num_hidden_layers", "n_layer", "num_layers"),
+    "num_heads": ("num_attention_heads", "n_head"),
+    "intermediate_size": ("intermediate_size", "n_inner", "ffn_dim"),
+    "vocab_size": ("vocab_size",),
+    "max_seq_len": ("max_position_embeddings", "n_positions"),
+}
+_MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+
+
+# --- model dimensions ----------------------------------------------------------
+
+
+def dims_from_config(config: dict[str, Any]) -> tuple[ModelDims | None, str | None]:
+    """The numbers of a config.json, or (None, why) when they are not those of a dense decoder."""
+    if any(config.get(k) for k in _MOE_KEYS):
+        return None, "mixture-of-experts models are not modelled"
+    values: dict[str, int] = {}
+    for field, keys in _CONFIG_KEYS.items():
+        value = next((config[k] for k in keys if isinstance(config.get(k), int)), None)
+        if value is None:
+            return None, f"config.json has no {keys[0]}"
+        values[field] = value
+    if not values["intermediate_size"]:
+        return None, "config.json has no intermediate_size"
+    kv = config.get("num_key_value_heads")
+    dims = ModelDims(
+        num_key_value_heads=kv if isinstance(kv, int) and kv > 0 else values["num_heads"],
+        # transformers' own default differs by architecture; untied counts the
+        # head separately, which errs on the side of more memory.
+        tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+        **values,
+    )
+    return dims, None
+
+
+def model_dims(spec: FSDPTrainingSpec) -> tuple[ModelDims | None, str | None]:
+    """The model's numbers (preset plus overrides, or a local config.json); (None, why) if unknown.
+
+    Nothing is downloaded: a hub id or a path only the pod can see is unknown here.
+    """
+    dims = spec.model.dims()
+    if dims is not None:
+        return dims, None
+    known = HUB_MODEL_PRESETS.get(spec.model.pretrained or "")
+    if known is not None:
+        return _with_overrides(PRESETS[known], spec.model.config), None
+    found = local_model_dir(spec)
+    if found is None:
+        ref = spec.model.pretrained or spec.model.architecture
+        return None, f"the model's dimensions are unknown: {ref} is not a local directory (nothing is downloaded)"
+    field, path = found
+    try:
+        config = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError) as e:
+        return None, f"the model's dimensions are unknown: {field}: cannot read config.json ({e})"
+    dims, why = dims_from_config(config if isinstance(config, dict) else {})
+    if dims is None:
+        return None, f"the model's dimensions are unknown: {field}: {why}"
+    return _with_overrides(dims, spec.model.config), None
+
+
+def _with_overrides(dims: ModelDims, overrides: ModelOverrides | None) -> ModelDims:
+    return dims if overrides is None else dims.with_overrides(**overrides.model_dump())
+
+
+# --- the workload: everything the formulas read -------------------------------------
+
+
+@dataclass(frozen=True)
+class Workload:
+    dims: ModelDims
+    seq_len: int
+    micro_batch: int
+    grad_accum: int
+    precision: str
+    checkpointing: str
+    strategy: str
+    world_size: int
+    shard_size: int  # ranks one parameter is split over (1: replicated)
+    uses_fsdp: bool
+    cpu_offload: bool
+    prefetch: int
+    device: Device
+
+    @property
+    def compute_bytes(self) -> int:
+        """Bytes per element of the compute dtype (FSDP's param_dtype, or autocast's)."""
+        return BF16 if self.precision == "bf16" else FP32
+
+
+def _shard_size(spec: FSDPTrainingSpec, world_size: int, uses_fsdp: bool) -> int:
+    if not uses_fsdp:
+        return 1
+    strategy = spec.fsdp.sharding_strategy
+    if strategy == "no_shard":
+        return 1
+    if strategy == "hybrid":
+        group = spec.fsdp.shard_group_size or spec.procs_per_node()
+        return max(1, min(group, world_size))
+    return world_size
+
+
+def workload(spec: FSDPTrainingSpec, dims: ModelDims) -> Workload:
+    world = spec.world_size()
+    # The trainer skips FSDP for one process holding the whole model (plan.ParallelPlan.uses_fsdp).
+    uses_fsdp = world > 1 or spec.fsdp.cpu_offload
+    return Workload(
+        dims=dims,
+        seq_len=effective_seq_len(spec.training, spec.model, dims.max_seq_len),
+        micro_batch=spec.training.micro_batch_size,
+        grad_accum=spec.training.grad_accum_steps,
+        precision=spec.training.precision,
+        checkpointing=spec.training.activation_checkpointing,
+        strategy=spec.fsdp.sharding_strategy,
+        world_size=world,
+        shard_size=_shard_size(spec, world, uses_fsdp),
+        uses_fsdp=uses_fsdp,
+        cpu_offload=spec.fsdp.cpu_offload,
+        prefetch=spec.fsdp.prefetch,
+        device="cuda" if spec.resources.gpus_per_node > 0 else "cpu",
+    )
+
+
+# --- the formulas --------------------------------------------------------------------
+
+
+def layer_params(d: ModelDims) -> int:
+    kv = d.num_key_value_heads * d.head_dim
+    return (
+        2 * d.hidden_size * d.hidden_size
+        + 2 * d.hidden_size * kv
+        + 3 * d.hidden_size * d.intermediate_size
+        + 2 * d.hidden_size
+    )
+
+
+def root_params(d: ModelDims) -> int:
+    """Embedding, final norm and (untied) head: the root FSDP unit."""
+    return d.num_params() - d.num_layers * layer_params(d)
+
+
+def sharded(numel: int, w: Workload) -> int:
+    return math.ceil(numel / w.shard_size)
+
+
+def layer_activation_bytes(w: Workload) -> int:
+    """Bytes autograd saves for one decoder layer (SDPA attention, SwiGLU MLP).
+
+    Per token: each RMSNorm keeps its fp32 input and its normalised output
+    (bf16: an fp32 upcast of the input plus the bf16 output); attention keeps
+    q, k, v after RoPE, its output and that output made contiguous for o_proj,
+    plus an fp32 log-sum-exp per head; the MLP keeps gate, silu(gate), up and
+    their product (4 x intermediate).
+    """
+    d, c = w.dims, w.compute_bytes
+    tokens = w.micro_batch * w.seq_len
+    kv = d.num_key_value_heads * d.head_dim
+    norms = 2 * d.hidden_size * (FP32 + c)
+    attention = (3 * d.hidden_size + 2 * kv) * c + d.num_heads * FP32
+    mlp = 4 * d.intermediate_size * c
+    return tokens * (norms + attention + mlp)
+
+
+def activation_bytes(w: Workload) -> int:
+    """Saved activations of all layers at the start of backward.
+
+    A checkpointed layer keeps only its input; its activations come back one
+    layer at a time during backward. selective wraps layers 0, 2, 4, ...
+    """
+    d = w.dims
+    per_layer = layer_activation_bytes(w)
+    checkpointed = {"none": 0, "selective": (d.num_layers + 1) // 2, "full": d.num_layers}[w.checkpointing]
+    kept = (d.num_layers - checkpointed) * per_layer
+    inputs = checkpointed * w.micro_batch * w.seq_len * d.hidden_size * w.compute_bytes
+    recompute = per_layer if checkpointed else 0
+    # The final norm's input and output, as in a layer.
+    final_norm = w.micro_batch * w.seq_len * d.hidden_size * (FP32 + w.compute_bytes)
+    return kept + inputs + recompute + final_norm
+
+
+def logits_bytes(w: Workload) -> int:
+    """The loss's share at the start of backward: 12 bytes per token and vocabulary entry.
+
+    Forward keeps log-softmax's fp32 output (the logits and their fp32 copy
+    are freed once the loss exists); its backward then holds that output,
+    the incoming gradient and the gradient it computes, all fp32, next to
+    every layer's activations. Forward's own peak (logits, fp32 copy,
+    log-softmax: at most 10 bytes) is below that.
+    """
+    return w.micro_batch * w.seq_len * w.dims.vocab_size * 3 * FP32
+
+
+def communication_bytes(w: Workload) -> int:
+    """Parameters gathered for compute at the start of backward (bytes in the compute dtype).
+
+    The root (embedding, head) is never resharded after forward; a decoder
+    layer is gathered into a flat buffer and copied out, so two copies of the
+    largest layer exist while it is gathered, plus ``prefetch`` more layers.
+    shard_grad_op keeps every layer gathered from forward until backward.
+    Without FSDP, bf16 autocast caches a bf16 copy of every weight instead.
+    """
+    d, c = w.dims, w.compute_bytes
+    if not w.uses_fsdp:
+        return d.num_params() * c if w.precision == "bf16" else 0
+    layer = layer_params(d) * c
+    gathered_layers = d.num_layers * layer if w.strategy == "shard_grad_op" else (1 + w.prefetch) * layer
+    return root_params(d) * c + gathered_layers + layer
+
+
+def gradient_bytes(w: Workload) -> int:
+    """fp32 gradients at their largest.
+
+    Sharded at the optimizer step; with gradient accumulation FSDP2 keeps the
+    whole gradient (in the fp32 reduce dtype) between micro-batches.
+    """
+    whole = w.dims.num_params() * FP32
+    if w.uses_fsdp and w.grad_accum > 1:
+        return whole
+    return sharded(w.dims.num_params(), w) * FP32
+
+
+def optimizer_bytes(w: Workload) -> int:
+    return 2 * sharded(w.dims.num_params(), w) * FP32
+
+
+def optimizer_temp_bytes(w: Workload) -> int:
+    """The foreach AdamW (off CUDA) computes sqrt(exp_avg_sq) into a new tensor list; fused CUDA AdamW does not."""
+    return 0 if w.device == "cuda" and not w.cpu_offload else sharded(w.dims.num_params(), w) * FP32
+
+
+# --- the plan --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Component:
+    name: str
+    bytes: int
+    note: str
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Per-device bytes of one workload; ``host`` is what cpuOffload keeps in CPU memory instead."""
+
+    components: tuple[Component, ...]
+    backward_peak: int
+    step_peak: int
+    overhead: int
+    host: int
+
+    @property
+    def tensor_bytes(self) -> int:
+        return max(self.backward_peak, self.step_peak)
+
+    @property
+    def total_bytes(self) -> int:
+        return self.tensor_bytes + self.overhead
+
+    @property
+    def peak_phase(self) -> str:
+        return "forward/backward" if self.backward_peak >= self.step_peak else "optimizer step"
+
+
+def estimate(w: Workload) -> Estimate:
+    n = w.dims.num_params()
+    params = sharded(n, w) * FP32
+    grads, optim = gradient_bytes(w), optimizer_bytes(w)
+    temp = optimizer_temp_bytes(w)
+    acts, logits, comm = activation_bytes(w), logits_bytes(w), communication_bytes(w)
+    # Before the last micro-batch's reduce-scatter the only gradient alive is
+    # the one being accumulated (whole), or the head's, computed first.
+    grads_in_backward = grads if w.uses_fsdp and w.grad_accum > 1 else w.dims.vocab_size * w.dims.hidden_size * FP32
+    offloaded = params + grads + optim if w.cpu_offload else 0
+    on_device = (params, grads, optim) if not w.cpu_offload else (0, 0, 0)
+    d_params, d_grads, d_optim = on_device
+    if w.cpu_offload:
+        temp, grads_in_backward = 0, layer_params(w.dims) * w.compute_bytes
+    backward = d_params + d_optim + acts + logits + comm + grads_in_backward
+    step = d_params + d_optim + d_grads + temp
+    peak = max(backward, step)
+    overhead = math.ceil(peak * FRAGMENTATION) + CUDA_CONTEXT_BYTES if w.device == "cuda" else 0
+    where = "host" if w.cpu_offload else f"1/{w.shard_size} of each" if w.shard_size > 1 else "whole"
+    components = (
+        Component("parameters", d_params, f"fp32 master weights, {where}"),
+        Component(
+            "gradients", d_grads, "fp32; whole while accumulating" if w.grad_accum > 1 else "fp32, like the weights"
+        ),
+        Component(
+            "optimizer state",
+            d_optim + temp,
+            "AdamW exp_avg + exp_avg_sq (fp32)" + (", + foreach temp" if temp else ""),
+        ),
+        Component("activations", acts, f"{w.micro_batch}x{w.seq_len} tokens, checkpointing {w.checkpointing}"),
+        Component("logits", logits, f"vocab {w.dims.vocab_size}: log-softmax and its gradients (fp32)"),
+        Component("communication", comm, _comm_note(w)),
+        Component("overhead", overhead, "CUDA context + allocator slack" if overhead else "none counted off GPU"),
+    )
+    return Estimate(components, backward, step, overhead, offloaded)
+
+
+def _comm_note(w: Workload) -> str:
+    if not w.uses_fsdp:
+        return "bf16 autocast weight copies" if w.precision == "bf16" else "none (one process, no FSDP)"
+    gathered = "all layers" if w.strategy == "shard_grad_op" else f"{1 + w.prefetch} layer(s)"
+    return f"gathered root + {gathered} + all-gather buffer"
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """What ``plan_memory`` found: the estimate, the GPU it must fit, and what to change if it does not."""
+
+    world_size: int
+    estimate: Estimate | None
+    unknown: str | None  # why there is no estimate (dims unknown)
+    gpu: InstanceType | None  # the smallest GPU among resources.instanceTypes
+    gpu_note: str  # why there is no GPU to fit against, or the types not in the table
+    suggestion: str | None
+
+    @property
+    def total_bytes(self) -> int | None:
+        return None if self.estimate is None else self.estimate.total_bytes
+
+    @property
+    def gpu_memory_bytes(self) -> int | None:
+        return None if self.gpu is None else self.gpu.gpu_memory_bytes
+
+    @property
+    def fits(self) -> bool | None:
+        if self.total_bytes is None or self.gpu_memory_bytes is None:
+            return None
+        return self.total_bytes <= self.gpu_memory_bytes
+
+    def summary(self) -> str:
+        """One line: the estimate against the GPU, and the suggestion if it does not fit."""
+        if self.estimate is None:
+            return f"no memory estimate: {self.unknown}"
+        total = f"{gib(self.estimate.total_bytes)} GiB per GPU"
+        if self.gpu is None:
+            return f"needs about {total} ({self.gpu_note})"
+        against = f"{gib(self.gpu.gpu_memory_bytes)} GiB of {self.gpu.name} ({self.gpu.gpu_model})"
+        if self.fits:
+            return f"fits: about {total} of {against}"
+        hint = f"; {self.suggestion}" if self.suggestion else ""
+        return f"does not fit: about {total} needed, {against}{hint}"
+
+    def to_dict(self) -> dict[str, Any]:
+        est = self.estimate
+        return {
+            "worldSize": self.world_size,
+            "components": []
+            if est is None
+            else [{"name": c.name, "bytes": c.bytes, "note": c.note} for c in est.components],
+            "peakPhase": None if est is None else est.peak_phase,
+            "tensorBytes": None if est is None else est.tensor_bytes,
+            "totalBytes": self.total_bytes,
+            "hostBytes": None if est is None else est.host,
+            "instanceType": None if self.gpu is None else self.gpu.name,
+            "gpuMemoryBytes": self.gpu_memory_bytes,
+            "fits": self.fits,
+            "suggestion": self.suggestion,
+            "unknown": self.unknown,
+            "note": self.gpu_note or None,
+            "summary": self.summary(),
+        }
+
+
+def gib(n: int) -> str:
+    return f"{n / GIB:.1f}"
+
+
+def smallest_gpu(spec: FSDPTrainingSpec) -> tuple[InstanceType | None, str]:
+    """The instance type with the least memory per GPU, and a note on what could not be used."""
+    if spec.resources.gpus_per_node == 0:
+        return None, "CPU job (gpusPerNode 0): no GPU to fit against"
+    names = spec.resources.instance_types
+    if not names:
+        return None, "no instance types given"
+    known = [INSTANCE_TYPES[n] for n in names if n in INSTANCE_TYPES]
+    unknown = [n for n in names if n not in INSTANCE_TYPES]
+    note = f"not in the instance table: {', '.join(unknown)}" if unknown else ""
+    if not known:
+        return None, note
+    return min(known, key=lambda t: t.gpu_memory_gib), note
+
+
+def plan_memory(spec: FSDPTrainingSpec, dims: ModelDims | None = None) -> MemoryPlan:
+    """The per-GPU memory plan of ``spec`` (``dims``: the model's numbers when already known)."""
+    why = None
+    if dims is None:
+        dims, why = model_dims(spec)
+    gpu, note = smallest_gpu(spec)
+    if dims is None:
+        return MemoryPlan(spec.world_size(), None, why, gpu, note, None)
+    est = estimate(workload(spec, dims))
+    fits = gpu is None or est.total_bytes <= gpu.gpu_memory_bytes
+    suggestion = None if fits else suggest(spec, dims, gpu.gpu_memory_bytes)
+    return MemoryPlan(spec.world_size(), est, None, gpu, note, suggestion)
+
+
+# --- what to change -------------------------------------------------------------------------
+
+
+def _fits(spec: FSDPTrainingSpec, dims: ModelDims, capacity: int) -> bool:
+    return estimate(workload(spec, dims)).total_bytes <= capacity
+
+
+def _training(spec: FSDPTrainingSpec, **changes: Any) -> FSDPTrainingSpec:
+    return spec.model_copy(update={"training": spec.training.model_copy(update=changes)})
+
+
+def _fsdp(spec: FSDPTrainingSpec, **changes: Any) -> FSDPTrainingSpec:
+    return spec.model_copy(update={"fsdp": spec.fsdp.model_copy(update=changes)})
+
+
+def _nodes(spec: FSDPTrainingSpec, nodes: int) -> FSDPTrainingSpec:
+    return spec.model_copy(update={"resources": spec.resources.model_copy(update={"nodes": nodes})})
+
+
+def _candidates(spec: FSDPTrainingSpec) -> list[tuple[str, FSDPTrainingSpec]]:
+    """Single changes, in the order they are preferred (cheapest in speed and cost first)."""
+    t, f = spec.training, spec.fsdp
+    out: list[tuple[str, FSDPTrainingSpec]] = []
+    order = ("none", "selective", "full")
+    for mode in order[order.index(t.activation_checkpointing) + 1 :]:
+        out.append((f"set training.activationCheckpointing: {mode}", _training(spec, activation_checkpointing=mode)))
+    if f.sharding_strategy != "full" and spec.world_size() > 1:
+        out.append(("set fsdp.shardingStrategy: full", _fsdp(spec, sharding_strategy="full", shard_group_size=None)))
+    mbs = t.micro_batch_size // 2
+    while mbs >= 1:
+        factor = t.micro_batch_size // mbs
+        out.append(
+            (
+                f"set training.microBatchSize: {mbs} (and gradAccumSteps: {t.grad_accum_steps * factor} "
+                "to keep the global batch)",
+                _training(spec, micro_batch_size=mbs, grad_accum_steps=t.grad_accum_steps * factor),
+            )
+        )
+        out.append((f"set training.microBatchSize: {mbs}", _training(spec, micro_batch_size=mbs)))
+        mbs //= 2
+    if f.sharding_strategy in ("full", "shard_grad_op"):
+        for nodes in range(spec.resources.nodes + 1, MAX_NODES + 1):
+            out.append((f"set resources.nodes: {nodes}", _nodes(spec, nodes)))
+    if not f.cpu_offload and spec.resources.gpus_per_node > 0:
+        out.append(("set fsdp.cpuOffload: true", _fsdp(spec, cpu_offload=True)))
+    return out
+
+
+def _combined(spec: FSDPTrainingSpec) -> list[tuple[str, FSDPTrainingSpec]]:
+    """The same changes applied one on top of the other, strongest of each kind."""
+    steps = [
+        ("training.activationCheckpointing: full", lambda s: _training(s, activation_checkpointing="full")),
+        ("fsdp.shardingStrategy: full", lambda s: _fsdp(s, sharding_strategy="full", shard_group_size=None)),
+        ("training.microBatchSize: 1", lambda s: _training(s, micro_batch_size=1)),
+    ]
+    out, current, names = [], spec, []
+    for name, change in steps:
+        current = change(current)
+        names.append(name)
+        out.append((", ".join(names), current))
+    for nodes in range(spec.resources.nodes + 1, MAX_NODES + 1):
+        out.append((", ".join([*names, f"resources.nodes: {nodes}"]), _nodes(current, nodes)))
+    return out
+
+
+def suggest(spec: FSDPTrainingSpec, dims: ModelDims, capacity: int) -> str:
+    """The first single change that makes ``spec`` fit ``capacity`` bytes per GPU (else the fewest together)."""
+    for text, candidate in _candidates(spec):
+        if _fits(candidate, dims, capacity):
+            return text
+    for text, candidate in _combined(spec):
+        if _fits(candidate, dims, capacity):
+            return f"no single change fits; together: set {text}"
+    return "no combination of these changes fits: use GPUs with more memory"

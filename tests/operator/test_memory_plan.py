@@ -1,0 +1,261 @@
+"""The memory plan (fsdp_api.memory_plan) and ``fsdp-operator plan`` / ``validate --memory``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from fsdp_api.instance_types import GIB, INSTANCE_TYPES
+from fsdp_api.memory_plan import dims_from_config, plan_memory
+from fsdp_api.presets import PRESETS
+from fsdp_api.spec import FSDPTrainingSpec
+from fsdp_operator.cli import EXIT_INVALID, EXIT_OK, main
+from fsdp_operator.controller.status import TrainingFacts, compute_status, status_document, transition_events
+
+
+def spec(**sections: dict[str, Any]) -> FSDPTrainingSpec:
+    body: dict[str, Any] = {
+        "image": "trainer:1.0",
+        "model": {"preset": "llama3.1-8b"},
+        "training": {"maxSteps": 10, "seqLen": 2048},
+        "resources": {"nodes": 2, "gpusPerNode": 8, "instanceTypes": ["p5.48xlarge"]},
+    }
+    for name, values in sections.items():
+        body[name] = {**body.get(name, {}), **values}
+    return FSDPTrainingSpec.model_validate(body)
+
+
+def component(s: FSDPTrainingSpec, name: str) -> int:
+    plan = plan_memory(s)
+    assert plan.estimate is not None
+    return next(c.bytes for c in plan.estimate.components if c.name == name)
+
+
+def test_8b_full_shard_on_two_p5_holds_one_sixteenth_of_the_fp32_weights() -> None:
+    assert PRESETS["llama3.1-8b"].num_params() == 8_030_261_248
+    s = spec()
+    assert component(s, "parameters") == 8_030_261_248 * 4 // 16 == 2_007_565_312
+    assert component(s, "optimizer state") == 2 * 2_007_565_312  # fused AdamW on CUDA: no temporaries
+    plan = plan_memory(s)
+    assert plan.gpu_memory_bytes == 80 * GIB
+    assert plan.fits is True
+    assert plan.total_bytes is not None and 20 * GIB < plan.total_bytes < 40 * GIB
+    assert plan.summary().startswith("fits: about ")
+
+
+def test_no_shard_holds_sixteen_times_the_parameters_of_full() -> None:
+    full = component(spec(), "parameters")
+    replicated = component(spec(fsdp={"shardingStrategy": "no_shard"}), "parameters")
+    assert replicated == 16 * full
+    grad_op = spec(fsdp={"shardingStrategy": "shard_grad_op"})
+    # ZeRO-2: same shards, but every layer stays gathered between forward and backward.
+    assert component(grad_op, "parameters") == full
+    assert component(grad_op, "communication") > 5 * component(spec(), "communication")
+
+
+def test_hybrid_shards_within_its_group() -> None:
+    hybrid = spec(fsdp={"shardingStrategy": "hybrid", "shardGroupSize": 4})
+    assert component(hybrid, "parameters") == 8_030_261_248 * 4 // 4
+
+
+def test_activation_checkpointing_reduces_activations() -> None:
+    none, selective, full = (
+        component(spec(training={"activationCheckpointing": mode}), "activations")
+        for mode in ("none", "selective", "full")
+    )
+    assert none > selective > full
+    # Every other layer checkpointed: a little over half of none.
+    assert 0.45 < selective / none < 0.6
+    assert full < none / 10
+
+
+def test_activations_grow_with_the_tokens_per_micro_batch() -> None:
+    base = component(spec(), "activations")
+    assert component(spec(training={"microBatchSize": 2}), "activations") == pytest.approx(2 * base, rel=0.01)
+
+
+def test_cpu_offload_moves_weights_gradients_and_optimizer_state_to_the_host() -> None:
+    plan = plan_memory(spec(fsdp={"cpuOffload": True}))
+    assert plan.estimate is not None
+    on_gpu = {c.name: c.bytes for c in plan.estimate.components}
+    assert on_gpu["parameters"] == on_gpu["gradients"] == on_gpu["optimizer state"] == 0
+    assert plan.estimate.host == 2_007_565_312 * 4
+
+
+def test_gradient_accumulation_keeps_whole_gradients() -> None:
+    assert component(spec(training={"gradAccumSteps": 4}), "gradients") == 8_030_261_248 * 4
+
+
+def test_70b_on_one_g5_does_not_fit_and_says_what_would() -> None:
+    s = spec(model={"preset": "llama3.1-70b"}, resources={"nodes": 1, "gpusPerNode": 1, "instanceTypes": ["g5.xlarge"]})
+    plan = plan_memory(s)
+    assert plan.fits is False
+    assert plan.gpu_memory_bytes == 24 * GIB
+    assert plan.suggestion and "resources.nodes" in plan.suggestion
+    assert plan.summary().startswith("does not fit: about ")
+
+
+def test_the_first_single_change_that_fits_is_suggested() -> None:
+    # 8B on 16 A100-40GB: the activations of 2 x 2048 tokens are what does not fit.
+    s = spec(training={"microBatchSize": 2}, resources={"instanceTypes": ["p4d.24xlarge"]})
+    plan = plan_memory(s)
+    assert plan.fits is False
+    assert plan.suggestion == "set training.activationCheckpointing: selective"
+    fixed = spec(training={"microBatchSize": 2, "activationCheckpointing": "selective"})
+    fixed = fixed.model_copy(update={"resources": s.resources})
+    assert plan_memory(fixed).fits is True
+
+
+def test_the_smallest_gpu_among_the_instance_types_is_the_bound() -> None:
+    plan = plan_memory(spec(resources={"instanceTypes": ["p5e.48xlarge", "p4d.24xlarge"]}))
+    assert plan.gpu is not None and plan.gpu.name == "p4d.24xlarge"
+    assert plan.gpu_memory_bytes == 40 * GIB
+
+
+def test_without_instance_types_the_estimate_is_still_given() -> None:
+    plan = plan_memory(spec(resources={"instanceTypes": []}))
+    assert plan.fits is None
+    assert plan.total_bytes is not None
+    assert "no instance types given" in plan.summary()
+    assert plan_memory(spec(resources={"instanceTypes": ["x9.huge"]})).gpu_note == "not in the instance table: x9.huge"
+
+
+def test_a_cpu_job_has_no_gpu_to_fit() -> None:
+    plan = plan_memory(spec(resources={"gpusPerNode": 0, "instanceTypes": []}))
+    assert plan.fits is None and plan.gpu is None
+    assert "CPU job" in plan.summary()
+
+
+def test_a_hub_model_is_unknown_rather_than_guessed() -> None:
+    plan = plan_memory(spec(model={"preset": None, "pretrained": "Qwen/Qwen2.5-1.5B"}))
+    assert plan.estimate is None and plan.fits is None and plan.total_bytes is None
+    assert "not a local directory" in plan.summary()
+
+
+def test_a_hub_model_with_a_presets_numbers_is_planned_as_that_preset() -> None:
+    by_hub = plan_memory(spec(model={"preset": None, "pretrained": "meta-llama/Llama-3.2-1B-Instruct"}))
+    by_preset = plan_memory(spec(model={"preset": "llama3.2-1b"}))
+    assert by_hub.total_bytes is not None and by_hub.total_bytes == by_preset.total_bytes
+
+
+def test_a_local_config_json_gives_the_dims(tmp_path: Path) -> None:
+    d = PRESETS["llama3.2-1b"]
+    config = {
+        "model_type": "llama",
+        "hidden_size": d.hidden_size,
+        "num_hidden_layers": d.num_layers,
+        "num_attention_heads": d.num_heads,
+        "num_key_value_heads": d.num_key_value_heads,
+        "intermediate_size": d.intermediate_size,
+        "vocab_size": d.vocab_size,
+        "max_position_embeddings": d.max_seq_len,
+        "tie_word_embeddings": True,
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    local = spec(model={"preset": None, "architecture": str(tmp_path)})
+    preset = spec(model={"preset": "llama3.2-1b"})
+    assert component(local, "parameters") == component(preset, "parameters") == d.num_params() * 4 // 16
+    moe, why = dims_from_config({**config, "num_local_experts": 8})
+    assert moe is None and why == "mixture-of-experts models are not modelled"
+
+
+def test_the_instance_table_cites_a_source_for_every_type() -> None:
+    assert INSTANCE_TYPES["p5.48xlarge"].gpus == 8
+    assert all(t.source.startswith("https://") for t in INSTANCE_TYPES.values())
+
+
+# --- the CLI -------------------------------------------------------------------------
+
+
+def write(tmp_path: Path, s: FSDPTrainingSpec, name: str = "job") -> Path:
+    doc = {
+        "apiVersion": "training.fsdp.dev/v1alpha1",
+        "kind": "FSDPTraining",
+        "metadata": {"name": name},
+        "spec": s.model_dump(by_alias=True, exclude_none=True, mode="json"),
+    }
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+TOO_BIG = {
+    "model": {"preset": "llama3.1-70b"},
+    "resources": {"nodes": 1, "gpusPerNode": 1, "instanceTypes": ["g5.xlarge"]},
+}
+
+
+def test_plan_prints_a_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "-f", str(write(tmp_path, spec()))]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert out.startswith("FSDPTraining 'job' (16 ranks): fits: about ")
+    for row in ("parameters", "gradients", "optimizer state", "activations", "communication", "total"):
+        assert f"\n  {row} " in out
+    assert "          1.9  fp32 master weights, 1/16 of each" in out
+    assert "GPU memory" in out and "80.0  p5.48xlarge (NVIDIA H100)" in out
+    assert "\n  fits" in out and " yes" in out
+
+
+def test_plan_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "-f", str(write(tmp_path, spec(**TOO_BIG))), "-o", "json"]) == EXIT_OK
+    (item,) = json.loads(capsys.readouterr().out)
+    assert item["name"] == "job" and item["fits"] is False
+    assert item["gpuMemoryBytes"] == 24 * GIB
+    assert item["components"][0] == {
+        "name": "parameters",
+        "bytes": 70553706496 * 4,
+        "note": "fp32 master weights, whole",
+    }
+    assert item["suggestion"]
+
+
+def test_validate_memory_refuse_exits_1_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write(tmp_path, spec(**TOO_BIG))
+    assert main(["validate", "-f", str(path), "--memory", "refuse"]) == EXIT_INVALID
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1
+    assert out[0].startswith(f"{path}: FSDPTraining 'job': does not fit: about ")
+
+
+def test_validate_memory_warns_by_default_and_can_be_off(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write(tmp_path, spec(**TOO_BIG))
+    assert main(["validate", "-f", str(path)]) == EXIT_OK
+    err = capsys.readouterr().err
+    assert f"warning: {path}: FSDPTraining 'job': does not fit" in err
+    assert main(["validate", "-f", str(path), "--memory", "off"]) == EXIT_OK
+    assert "does not fit" not in capsys.readouterr().err
+    assert main(["validate", "-f", str(write(tmp_path, spec(), "ok")), "--memory", "refuse"]) == EXIT_OK
+
+
+def test_the_plan_becomes_the_fits_memory_condition_and_status_memory() -> None:
+    facts = TrainingFacts(
+        name="t",
+        namespace="ns",
+        uid="u",
+        generation=3,
+        suspend=False,
+        nodes=1,
+        gpus=1,
+        checkpoint_dir="/checkpoints",
+        checkpoint_claim=None,
+    )
+    plan = plan_memory(spec(resources={"nodes": 1, "gpusPerNode": 1, "instanceTypes": ["g5.xlarge"]}))
+    status = compute_status(facts, None, None, memory=plan, now="2026-01-01T00:00:00Z")
+    cond = {c.type: c for c in status.conditions}["FitsMemory"]
+    assert (cond.status, cond.reason, cond.observed_generation) == ("False", "DoesNotFit", 3)
+    assert cond.message == plan.summary()
+    assert status.memory is not None
+    assert status.memory.estimated_bytes_per_gpu == plan.total_bytes > status.memory.gpu_memory_bytes == 24 << 30
+    assert ("Warning", "DoesNotFit") in [(e.type, e.reason) for e in transition_events(None, status)]
+    # A status write without a new plan (a job event) keeps both.
+    stored = status_document(status)
+    kept = compute_status(facts, None, stored, now="2026-01-01T00:01:00Z")
+    assert {c.type: c.reason for c in kept.conditions}["FitsMemory"] == "DoesNotFit"
+    assert kept.memory == status.memory
+    assert transition_events(stored, kept) == []
+    unknown = plan_memory(spec(model={"preset": None, "pretrained": "Qwen/Qwen2.5-1.5B"}))
+    cond = {c.type: c for c in compute_status(facts, None, None, memory=unknown).conditions}["FitsMemory"]
+    assert (cond.status, cond.reason) == ("Unknown", "NoEstimate")

@@ -1,0 +1,78 @@
+"""The memory plan against the peak memory the real trainer allocates, on CPU with 2 gloo ranks.
+
+``memory_probe.py`` runs the trainer's own set-up and train steps under
+torchrun and reads the CPU allocator's running total (see its docstring);
+the plan of the same spec (gpusPerNode 0: a CPU job, so no CUDA overhead
+and the foreach AdamW) must be within 20% of the larger rank's peak.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fsdp_api.launch import torchrun_standalone
+from fsdp_api.memory_plan import plan_memory
+from fsdp_api.spec import FSDPTrainingSpec
+from fsdp_api.trainer_config import TrainerConfig
+
+from tests.trainer.harness import offline_env
+
+PROBE = Path(__file__).with_name("memory_probe.py")
+TOLERANCE = 0.20
+
+# tiny as it is; "small": wider and deeper than tiny (about 25M parameters),
+# still a few seconds per step on one core per rank. The vocabulary stays the
+# preset's so the embedded tokenizer fits.
+SMALL = {"hiddenSize": 512, "numLayers": 8, "numHeads": 8, "numKeyValueHeads": 4, "intermediateSize": 1376}
+CASES: dict[str, dict[str, Any]] = {
+    "tiny": {"model": {"preset": "tiny"}, "training": {"seqLen": 256, "microBatchSize": 4}},
+    "small": {"model": {"preset": "tiny", "config": SMALL}, "training": {"seqLen": 256, "microBatchSize": 2}},
+}
+
+
+def cpu_spec(case: dict[str, Any], checkpoint_dir: Path) -> FSDPTrainingSpec:
+    """A 2-rank CPU job (2 nodes of one process: the same world as torchrun's 2 local ranks)."""
+    return FSDPTrainingSpec.model_validate(
+        {
+            "image": "trainer:test",
+            "model": case["model"],
+            "training": {"maxSteps": 3, "precision": "fp32", "warmupSteps": 1, **case["training"]},
+            "fsdp": {"shardingStrategy": "full"},
+            "resources": {"nodes": 2, "gpusPerNode": 0},
+            "checkpoint": {"dir": str(checkpoint_dir), "intervalSteps": 1000},
+            "metrics": {"enabled": False},
+        }
+    )
+
+
+def measure(spec: FSDPTrainingSpec, workdir: Path) -> list[dict[str, Any]]:
+    """Run the probe under torchrun (2 ranks); one result per rank."""
+    config = workdir / "train.yaml"
+    config.write_text(TrainerConfig.from_spec(spec, "memory-probe", "test").to_yaml())
+    out = workdir / "out"
+    cmd = torchrun_standalone(2, [str(PROBE), str(config), str(out)], python=sys.executable)
+    proc = subprocess.run(cmd, env=offline_env(), cwd=workdir, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"memory probe failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    return [json.loads(p.read_text()) for p in sorted(out.glob("memory-rank*.json"))]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(CASES))
+def test_plan_is_within_20_percent_of_the_measured_peak(name: str, tmp_path: Path) -> None:
+    spec = cpu_spec(CASES[name], tmp_path / "checkpoints")
+    results = measure(spec, tmp_path)
+    assert len(results) == 2
+    measured = max(r["peak_bytes"] for r in results)
+    plan = plan_memory(spec)
+    assert plan.estimate is not None
+    estimated = plan.estimate.tensor_bytes
+    # The parameter share is exact: the trainer's own count of its shard.
+    assert plan.estimate.components[0].bytes == pytest.approx(max(r["param_bytes"] for r in results), rel=0.01)
+    error = estimated / measured - 1
+    print(f"{name}: estimated {estimated} bytes, measured {measured} bytes ({error:+.1%})")
+    assert abs(error) <= TOLERANCE, f"{name}: estimated {estimated}, measured {measured} ({error:+.1%})"
