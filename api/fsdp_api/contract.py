@@ -44,6 +44,16 @@ MONITORING_API_VERSION = "monitoring.coreos.com/v1"
 PODMONITOR_KIND = "PodMonitor"
 PODMONITOR_PLURAL = "podmonitors"
 
+# --- NetworkPolicy around a job's pods ---------------------------------------------
+
+NETWORKPOLICY_API_VERSION = "networking.k8s.io/v1"
+NETWORKPOLICY_KIND = "NetworkPolicy"
+NETWORKPOLICY_PLURAL = "networkpolicies"
+# The control plane labels every namespace with its own name (immutable; the
+# NamespaceDefaultLabelName feature, GA in Kubernetes 1.22): a NetworkPolicy can
+# name namespaces only through a label, and this one cannot be forged.
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
+
 # --- the trainer's process contract -------------------------------------------------
 
 # What torchrun starts (``-m``) and how it is told where its config is.

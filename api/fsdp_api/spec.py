@@ -458,6 +458,26 @@ class MetricsSpec(ApiModel):
     port: int = Field(9402, ge=1024, le=65535, description="Port of the metrics endpoint in each pod.")
 
 
+NamespaceName = Annotated[str, Field(pattern=DNS_LABEL, max_length=63, description="A namespace.")]
+
+
+class NetworkPolicySpec(ApiModel):
+    """A NetworkPolicy around the job's pods: only the job's pods and, on the metrics port, listed namespaces."""
+
+    enabled: bool = Field(
+        True,
+        description=(
+            "Emit the NetworkPolicy. It is enforced only where the cluster's network plugin implements "
+            "NetworkPolicy (on EKS: the VPC CNI with network policy enabled, or Calico/Cilium)."
+        ),
+    )
+    metrics_from_namespaces: list[NamespaceName] = Field(
+        default_factory=lambda: ["fsdp-system", "monitoring"],
+        max_length=32,
+        description="Namespaces whose pods may read the metrics port: the operator's and Prometheus'.",
+    )
+
+
 # --- stall watchdog -----------------------------------------------------------
 
 
@@ -623,6 +643,9 @@ class FSDPTrainingSpec(ApiModel):
     metrics: MetricsSpec = Field(default_factory=MetricsSpec, description="Prometheus metrics of the trainer.")
     stall: StallSpec = Field(
         default_factory=StallSpec, description="Stall watchdog: when no new step counts as stalled, and the action."
+    )
+    network_policy: NetworkPolicySpec = Field(
+        default_factory=NetworkPolicySpec, description="Who may reach the job's pods (a NetworkPolicy)."
     )
     # maxItems bounds the per-item CEL rules' cost, or the API server rejects the CRD.
     env: list[EnvVar] = Field(

@@ -133,7 +133,7 @@ def test_render_prints_what_the_operator_creates(capsys: pytest.CaptureFixture[s
     docs = list(yaml.safe_load_all(out))
     training = FSDPTraining.model_validate(yaml.safe_load(LLAMA.read_text()))
     assert docs == render(training)
-    assert [d["kind"] for d in docs] == ["ConfigMap", "PyTorchJob", "PodMonitor"]
+    assert [d["kind"] for d in docs] == ["ConfigMap", "PyTorchJob", "PodMonitor", "NetworkPolicy"]
     # train.yaml reads as YAML in the output, not as an escaped string.
     assert "train.yaml: |" in out
     assert "&id" not in out and "*id" not in out
@@ -144,7 +144,7 @@ def test_render_json_and_namespace(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 0
     doc = json.loads(out)
     assert (doc["apiVersion"], doc["kind"]) == ("v1", "List")
-    assert [i["kind"] for i in doc["items"]] == ["ConfigMap", "PyTorchJob", "PodMonitor"]
+    assert [i["kind"] for i in doc["items"]] == ["ConfigMap", "PyTorchJob", "PodMonitor", "NetworkPolicy"]
     assert {i["metadata"]["namespace"] for i in doc["items"]} == {"ml"}
     assert "namespace: ml" in doc["items"][0]["data"]["train.yaml"]
 

@@ -208,7 +208,7 @@ def test_create_applies_the_rendered_objects_owned_by_the_training(env: Env, cre
     body = env.get("fsdptraining", ns, name)
     assert body is not None
     expected = {o["kind"]: o for o in render(FSDPTraining.model_validate(body), set_owner=True)}
-    assert set(expected) == {"ConfigMap", "PyTorchJob", "PodMonitor"}
+    assert set(expected) == {"ConfigMap", "PyTorchJob", "PodMonitor", "NetworkPolicy"}
     owner = [
         {
             "apiVersion": "training.fsdp.dev/v1alpha1",
@@ -221,11 +221,13 @@ def test_create_applies_the_rendered_objects_owned_by_the_training(env: Env, cre
     ]
     config_map = env.get("configmap", ns, expected["ConfigMap"]["metadata"]["name"])
     monitor = env.get("podmonitor", ns, expected["PodMonitor"]["metadata"]["name"])
-    assert config_map is not None and monitor is not None
+    policy = env.get("networkpolicy", ns, expected["NetworkPolicy"]["metadata"]["name"])
+    assert config_map is not None and monitor is not None and policy is not None
     for obj, want in (
         (job, expected["PyTorchJob"]),
         (config_map, expected["ConfigMap"]),
         (monitor, expected["PodMonitor"]),
+        (policy, expected["NetworkPolicy"]),
     ):
         assert obj["metadata"]["ownerReferences"] == owner
         assert want["metadata"]["labels"].items() <= obj["metadata"]["labels"].items()
@@ -235,6 +237,7 @@ def test_create_applies_the_rendered_objects_owned_by_the_training(env: Env, cre
     assert job["spec"] == expected["PyTorchJob"]["spec"]
     assert config_map["data"] == expected["ConfigMap"]["data"]
     assert monitor["spec"] == expected["PodMonitor"]["spec"]
+    assert policy["spec"] == expected["NetworkPolicy"]["spec"]
 
     status = env.wait_status(ns, name, "status of a new training", phase="Created", observedGeneration=1)
     assert (status["jobName"], status["nodes"], status["gpus"]) == (name, 2, 0)
@@ -453,6 +456,22 @@ def test_disabling_metrics_removes_the_podmonitor(env: Env) -> None:
     cm = env.items("configmap", ns, "training.fsdp.dev/job=quiet")
     assert len(cm) == 1
     assert "enabled: false" in cm[0]["data"]["train.yaml"]
+
+
+def test_disabling_the_network_policy_deletes_it(env: Env) -> None:
+    ns, name = "e2e-update", "open"
+    env.apply_training(ns, name)
+    wait_for(lambda: env.get("networkpolicy", ns, name), JOB_TIMEOUT, what="the NetworkPolicy", interval=POLL)
+    # The label the policy selects namespaces by is the API server's own.
+    assert env.get("namespace", None, ns)["metadata"]["labels"]["kubernetes.io/metadata.name"] == ns
+    env.patch_spec(ns, name, {"networkPolicy": {"enabled": False}})
+    wait_for(
+        lambda: env.get("networkpolicy", ns, name) is None,
+        JOB_TIMEOUT,
+        what="the NetworkPolicy to be deleted",
+        interval=POLL,
+    )
+    assert env.get("podmonitor", ns, name) is not None
 
 
 def test_a_deleted_job_is_recreated(env: Env) -> None:

@@ -1,4 +1,4 @@
-"""The renderer: FSDPTraining -> ConfigMap + PyTorchJob + PodMonitor, object by object."""
+"""The renderer: FSDPTraining -> ConfigMap + PyTorchJob + PodMonitor + NetworkPolicy, object by object."""
 
 from __future__ import annotations
 
@@ -91,6 +91,7 @@ def test_objects_in_apply_order_with_common_labels() -> None:
         ("v1", "ConfigMap"),
         ("kubeflow.org/v1", "PyTorchJob"),
         ("monitoring.coreos.com/v1", "PodMonitor"),
+        ("networking.k8s.io/v1", "NetworkPolicy"),
     ]
     for obj in rendered:
         meta = obj["metadata"]
@@ -106,11 +107,12 @@ def test_objects_in_apply_order_with_common_labels() -> None:
         "ConfigMap": "llama-trainer",
         "PyTorchJob": "llama",
         "PodMonitor": "llama",
+        "NetworkPolicy": "llama",
     }
 
 
 def test_no_podmonitor_and_no_metrics_port_when_metrics_are_disabled() -> None:
-    rendered = objects(metrics={"enabled": False})
+    rendered = objects(metrics={"enabled": False}, networkPolicy={"enabled": False})
     assert set(rendered) == {"ConfigMap", "PyTorchJob"}
     job = rendered["PyTorchJob"]
     assert [p["name"] for p in container(job)["ports"]] == ["pytorchjob-port"]
@@ -413,6 +415,36 @@ def test_podmonitor_selects_the_trainer_pods_on_the_metrics_port() -> None:
     assert selector.items() <= pod_labels.items()
     assert selector["training.fsdp.dev/job"] == "llama"
     assert monitor["spec"]["podMetricsEndpoints"] == [{"port": "metrics", "path": "/metrics", "interval": "15s"}]
+
+
+# --- network policy ----------------------------------------------------------------------
+
+
+def test_network_policy_admits_the_jobs_own_pods_and_the_metrics_port_from_listed_namespaces() -> None:
+    rendered = objects(metrics={"port": 9500}, networkPolicy={"metricsFromNamespaces": ["ops", "prom"]})
+    job, policy = rendered["PyTorchJob"], rendered["NetworkPolicy"]
+    pod_labels = worker(job)["template"]["metadata"]["labels"]
+    selector = policy["spec"]["podSelector"]["matchLabels"]
+    assert selector.items() <= pod_labels.items() and selector["training.fsdp.dev/job"] == "llama"
+    assert policy["spec"]["policyTypes"] == ["Ingress"]  # egress stays open: hub, S3, DNS
+    same_job, metrics = policy["spec"]["ingress"]
+    # Every port between the job's pods: rendezvous, and the ephemeral ports of gloo/NCCL.
+    assert same_job == {"from": [{"podSelector": {"matchLabels": selector}}]}
+    assert metrics["ports"] == [{"protocol": "TCP", "port": 9500}]
+    assert metrics["from"] == [
+        {
+            "namespaceSelector": {
+                "matchExpressions": [
+                    {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["ops", "prom"]}
+                ]
+            }
+        }
+    ]
+
+
+def test_network_policy_without_metrics_admits_only_the_job() -> None:
+    policy = objects(metrics={"enabled": False})["NetworkPolicy"]
+    assert len(policy["spec"]["ingress"]) == 1 and "ports" not in policy["spec"]["ingress"][0]
 
 
 # --- the ConfigMap -----------------------------------------------------------------------

@@ -84,6 +84,7 @@ def test_valid_example_and_its_rendered_objects_are_accepted(api: Any, valid_exa
         f"configmap/{training.name}-trainer",
         f"pytorchjob.kubeflow.org/{training.name}",
         f"podmonitor.monitoring.coreos.com/{training.name}",
+        f"networkpolicy.networking.k8s.io/{training.name}",
     }
 
 

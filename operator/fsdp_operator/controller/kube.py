@@ -17,7 +17,16 @@ from urllib.parse import quote, urlencode
 
 import aiohttp
 import kopf
-from fsdp_api.contract import KIND, PLURAL, PODMONITOR_KIND, PODMONITOR_PLURAL, PYTORCHJOB_KIND, PYTORCHJOB_PLURAL
+from fsdp_api.contract import (
+    KIND,
+    NETWORKPOLICY_KIND,
+    NETWORKPOLICY_PLURAL,
+    PLURAL,
+    PODMONITOR_KIND,
+    PODMONITOR_PLURAL,
+    PYTORCHJOB_KIND,
+    PYTORCHJOB_PLURAL,
+)
 
 FIELD_MANAGER = "fsdp-operator"
 USER_AGENT = "fsdp-operator"
@@ -29,6 +38,7 @@ PLURALS = {
     "Pod": "pods",
     PYTORCHJOB_KIND: PYTORCHJOB_PLURAL,
     PODMONITOR_KIND: PODMONITOR_PLURAL,
+    NETWORKPOLICY_KIND: NETWORKPOLICY_PLURAL,
     "ServiceMonitor": "servicemonitors",
     KIND: PLURAL,
     "KopfPeering": "kopfpeerings",

@@ -22,7 +22,7 @@ from typing import Any
 
 import kopf
 from fsdp_api import API_VERSION, KIND, FSDPTraining, format_errors
-from fsdp_api.contract import PODMONITOR_KIND, PYTORCHJOB_API_VERSION, PYTORCHJOB_KIND
+from fsdp_api.contract import NETWORKPOLICY_KIND, PODMONITOR_KIND, PYTORCHJOB_API_VERSION, PYTORCHJOB_KIND
 from fsdp_api.memory_plan import MemoryPlan, plan_memory
 from fsdp_api.spec import FSDPTrainingSpec
 from pydantic import ValidationError
@@ -369,8 +369,11 @@ async def _apply_objects(
                     events.append(
                         EventSpec("Normal", "JobCreated", f"created PyTorchJob {result.body['metadata']['name']}")
                     )
-        if prune and not any(o["kind"] == PODMONITOR_KIND for o in objects):
-            await _delete_stale_pod_monitor(rt, body)
+        if prune:
+            rendered = {o["kind"] for o in objects}
+            for kind in OPTIONAL_KINDS:
+                if kind not in rendered:
+                    await _delete_stale(rt, body, kind)
     except ApiError as e:
         rt.metrics.reconciles.labels("error").inc()
         await _record_failure(rt, body, ReconcileOutcome(False, APPLY_FAILED, e.message), job=job)
@@ -409,21 +412,33 @@ async def _record_failure(
         log.warning("could not record %s on %s/%s: %s", outcome.reason, meta.get("namespace"), meta.get("name"), e)
 
 
-async def _delete_stale_pod_monitor(rt: Runtime, body: Mapping[str, Any]) -> None:
-    """Delete the PodMonitor an earlier generation rendered, if it is this training's."""
-    meta = body.get("metadata") or {}
-    # The renderer decides the name: ask it for the object it renders with metrics on.
-    model = _training_model(body)
+def _enable_metrics(model: FSDPTraining) -> None:
     model.spec.metrics.enabled = True
-    candidate = next((o for o in render(model) if o["kind"] == PODMONITOR_KIND), None)
+
+
+def _enable_network_policy(model: FSDPTraining) -> None:
+    model.spec.network_policy.enabled = True
+
+
+# Objects a spec field can turn off: a later generation without one deletes the earlier one.
+OPTIONAL_KINDS = {PODMONITOR_KIND: _enable_metrics, NETWORKPOLICY_KIND: _enable_network_policy}
+
+
+async def _delete_stale(rt: Runtime, body: Mapping[str, Any], kind: str) -> None:
+    """Delete the optional object of ``kind`` an earlier generation rendered, if it is this training's."""
+    meta = body.get("metadata") or {}
+    # The renderer decides the name: ask it for the object it renders with the option on.
+    model = _training_model(body)
+    OPTIONAL_KINDS[kind](model)
+    candidate = next((o for o in render(model) if o["kind"] == kind), None)
     if candidate is None:
         return
     api_version, name = candidate["apiVersion"], candidate["metadata"]["name"]
-    found = await rt.client.get(api_version, PODMONITOR_KIND, meta.get("namespace"), name)
+    found = await rt.client.get(api_version, kind, meta.get("namespace"), name)
     ref = owner_of(found) if found is not None else None
     if found is None or ref is None or ref.get("uid") != meta.get("uid"):
         return
-    await rt.client.delete(api_version, PODMONITOR_KIND, meta.get("namespace"), name, uid=found["metadata"]["uid"])
+    await rt.client.delete(api_version, kind, meta.get("namespace"), name, uid=found["metadata"]["uid"])
 
 
 def owner_of(job: Mapping[str, Any]) -> Mapping[str, Any] | None:

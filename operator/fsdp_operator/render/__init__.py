@@ -14,6 +14,7 @@ from fsdp_api import API_VERSION, KIND, FSDPTraining
 
 from . import names
 from .configmap import config_map, trainer_config
+from .networkpolicy import network_policy
 from .podmonitor import pod_monitor
 from .pytorchjob import pytorchjob
 
@@ -49,7 +50,7 @@ def owner_reference(training: FSDPTraining) -> dict[str, Any]:
 
 
 def render(training: FSDPTraining, *, set_owner: bool = False) -> list[dict[str, Any]]:
-    """Objects in apply order: trainer ConfigMap, PyTorchJob, PodMonitor (if metrics).
+    """Objects in apply order: trainer ConfigMap, PyTorchJob, PodMonitor (if metrics), NetworkPolicy (if enabled).
 
     With ``set_owner`` each object carries an ownerReference to the
     FSDPTraining (its ``metadata.uid`` must be set), so deleting it cleans up.
@@ -64,6 +65,8 @@ def render(training: FSDPTraining, *, set_owner: bool = False) -> list[dict[str,
     ]
     if spec.metrics.enabled:
         objects.append(pod_monitor(spec, name, namespace))
+    if spec.network_policy.enabled:
+        objects.append(network_policy(spec, name, namespace))
     if set_owner:
         ref = owner_reference(training)
         for obj in objects:

@@ -26,6 +26,7 @@ TRAINER = "trainer"
 TRAINER_CONFIG = "trainer-config"
 TRAINING_JOB = "training-job"
 METRICS = "metrics"
+NETWORK_POLICY = "network-policy"
 
 # The Kubeflow training operator's names (see fsdp_api.contract).
 CONTAINER_NAME = PYTORCHJOB_CONTAINER
