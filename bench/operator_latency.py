@@ -367,7 +367,7 @@ def main() -> int:
     cluster.start()
     op: OperatorProcess | None = None
     try:
-        install = install_operator(cluster, OPERATOR_NS, deploy=False)
+        install = install_operator(cluster, OPERATOR_NS, deploy=False, clusterwide=True)
         op = install.process(workdir / "operator.log", priority=100, pod_name="bench-operator")
         op.start()
         api = Api(cluster)

@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("-f", "--file", type=Path, default=REPO / "examples" / "fsdptraining-tiny.yaml")
     p.add_argument("--steps", type=int, default=None, help="override spec.training.maxSteps (a shorter demo)")
-    p.add_argument("--namespace", default="default")
+    p.add_argument("--namespace", default="fsdp-training")  # the namespace kustomize/default serves
     p.add_argument("--timeout", type=float, default=1200, help="seconds to wait for the training to finish")
     p.add_argument("--quiet", action="store_true", help="do not stream the trainer's output")
     p.add_argument("--keep", action="store_true", help="leave the cluster up until Ctrl-C")

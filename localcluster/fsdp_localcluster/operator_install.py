@@ -22,7 +22,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -42,7 +41,11 @@ from .wait import wait_for
 Obj = dict[str, Any]
 
 KUSTOMIZE_DEFAULT = REPO_ROOT / "kustomize" / "default"
+# The explicit opt-in: the operator bound and serving every namespace.
+KUSTOMIZE_CLUSTERWIDE = REPO_ROOT / "kustomize" / "overlays" / "clusterwide"
 OPERATOR_NAMESPACE = "fsdp-system"  # kustomize/default's
+# The one namespace kustomize/default serves (its --namespace and RoleBinding).
+SERVED_NAMESPACE = "fsdp-training"
 OPERATOR_DEPLOYMENT = "fsdp-operator"
 OPERATOR_SERVICE_ACCOUNT = "fsdp-operator"  # the name kustomize/rbac gives it
 # The operator image's ENTRYPOINT (Dockerfile), from this repository's virtualenv.
@@ -63,25 +66,38 @@ def can_i(cluster: TestCluster, kubeconfig: Path, *args: str) -> str:
     return cluster.kubectl("auth", "can-i", *args, kubeconfig=kubeconfig, check=False).stdout.strip()
 
 
-def operator_manifests(namespace: str = OPERATOR_NAMESPACE, env: Mapping[str, str] | None = None) -> list[Obj]:
-    """The objects of kustomize/default, moved to ``namespace``; ``env`` overrides variables of the operator container.
+def operator_manifests(
+    namespace: str = OPERATOR_NAMESPACE, env: Mapping[str, str] | None = None, *, clusterwide: bool = False
+) -> list[Obj]:
+    """The objects of kustomize/default (``clusterwide``: overlays/clusterwide), moved to ``namespace``.
 
-    Another namespace goes through a one-line overlay (``namespace:``), as a
-    user's would, so the ClusterRoleBinding's subject follows the ServiceAccount.
+    ``env`` overrides variables of the operator container. The move is made
+    here rather than by a ``namespace:`` overlay: kustomize's namespace
+    transformer would also move the default's RoleBinding out of the served
+    namespace, and it drops the namespace of a binding subject that comes from
+    another kustomization.
     """
-    if namespace == OPERATOR_NAMESPACE:
-        text = kustomize(KUSTOMIZE_DEFAULT)
-    else:
-        with tempfile.TemporaryDirectory(prefix="fsdp-operator-overlay-") as overlay:
-            rel = os.path.relpath(KUSTOMIZE_DEFAULT, overlay)
-            (Path(overlay) / "kustomization.yaml").write_text(f"namespace: {namespace}\nresources:\n  - {rel}\n")
-            text = kustomize(Path(overlay))
-    docs = [d for d in yaml.safe_load_all(text) if d]
+    docs = [d for d in yaml.safe_load_all(kustomize(KUSTOMIZE_CLUSTERWIDE if clusterwide else KUSTOMIZE_DEFAULT)) if d]
+    if namespace != OPERATOR_NAMESPACE:
+        docs = [_moved(d, namespace) for d in docs]
     if env:
         container = operator_deployment(docs)["spec"]["template"]["spec"]["containers"][0]
         kept = [e for e in container.get("env", []) if e["name"] not in env]
         container["env"] = kept + [{"name": k, "value": v} for k, v in env.items()]
     return docs
+
+
+def _moved(doc: Obj, namespace: str) -> Obj:
+    """``doc`` with the operator's namespace replaced by ``namespace`` (its own, a binding's subjects)."""
+    meta = doc["metadata"]
+    if doc["kind"] == "Namespace" and meta["name"] == OPERATOR_NAMESPACE:
+        meta["name"] = namespace
+    if meta.get("namespace") == OPERATOR_NAMESPACE:
+        meta["namespace"] = namespace
+    for subject in doc.get("subjects", []) if doc["kind"] in ("RoleBinding", "ClusterRoleBinding") else []:
+        if subject.get("namespace") == OPERATOR_NAMESPACE:
+            subject["namespace"] = namespace
+    return doc
 
 
 def operator_deployment(docs: Sequence[Obj]) -> Obj:
@@ -127,15 +143,18 @@ def install_operator(
     *,
     deploy: bool = True,
     env: Mapping[str, str] | None = None,
+    clusterwide: bool = False,
     timeout: float = 60.0,
 ) -> OperatorInstall:
-    """Apply kustomize/default (in ``namespace``); without ``deploy``, all but the Deployment.
+    """Apply kustomize/default (``clusterwide``: overlays/clusterwide) in ``namespace``.
+
+    Without ``deploy``, all but the Deployment.
 
     The CRDs are applied first and awaited (Established and served). Without
     ``deploy`` the result carries a kubeconfig of the Deployment's
     ServiceAccount, once its RBAC binding is effective.
     """
-    docs = operator_manifests(namespace, env)
+    docs = operator_manifests(namespace, env, clusterwide=clusterwide)
     crds = [d for d in docs if d["kind"] == "CustomResourceDefinition"]
     rest = [d for d in docs if d["kind"] != "CustomResourceDefinition" and (deploy or d["kind"] != "Deployment")]
     crd_file = cluster.workdir / "fsdp-operator-crds.yaml"
@@ -146,8 +165,9 @@ def install_operator(
     if not deploy:
         kubeconfig = cluster.serviceaccount_kubeconfig(namespace, installed.service_account)
         # The API server's RBAC cache is eventually consistent: wait until the binding is effective.
+        scope = ("-A",) if clusterwide else ("-n", SERVED_NAMESPACE)
         wait_for(
-            lambda: can_i(cluster, kubeconfig, "watch", FSDPTRAININGS, "-A") == "yes",
+            lambda: can_i(cluster, kubeconfig, "watch", FSDPTRAININGS, *scope) == "yes",
             30,
             "the operator's RBAC binding",
             interval=0.1,

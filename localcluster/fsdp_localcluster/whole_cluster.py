@@ -169,14 +169,16 @@ class WholeCluster:
 
     # --- the operator -----------------------------------------------------------
 
-    def install_operator(self, timeout: float = 180.0, env: Mapping[str, str] | None = None) -> float:
-        """``kubectl apply -k kustomize/default`` and wait for the operator pod to be ready; returns seconds.
+    def install_operator(
+        self, timeout: float = 180.0, env: Mapping[str, str] | None = None, *, clusterwide: bool = False
+    ) -> float:
+        """``kubectl apply -k kustomize/default`` (or overlays/clusterwide); wait for the operator pod; returns seconds.
 
         ``env`` overrides variables of the operator container (e.g. a shorter
         metrics scrape interval, so that short test runs show progress).
         """
         t = time.monotonic()
-        install_operator(self.cluster, OPERATOR_NAMESPACE, deploy=True, env=env)
+        install_operator(self.cluster, OPERATOR_NAMESPACE, deploy=True, env=env, clusterwide=clusterwide)
         self.wait_operator_ready(timeout)
         took = time.monotonic() - t
         self.timings["operator_install_s"] = took

@@ -29,6 +29,7 @@ FSDP_SOURCE = KUSTOMIZE / "overlays" / "fsdp" / "source" / "fsdptraining.yaml"
 # Overlays a user applies with `kubectl kustomize DIR | kubectl apply -f -`.
 OVERLAYS = (
     "default",
+    "overlays/clusterwide",
     "overlays/fsdp",
     "overlays/karpenter",
     "overlays/monitoring",

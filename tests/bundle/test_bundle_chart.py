@@ -63,14 +63,35 @@ def test_default_values_mirror_kustomize_default() -> None:
     createNamespace=true, checked below.
     """
     kust = [o for o in kustomize("default") if o["kind"] != "Namespace"]
-    helm = helm_template(namespace=NAMESPACE, include_crds=True)
+    helm = [o for o in helm_template(namespace=NAMESPACE, include_crds=True) if o["kind"] != "Namespace"]
     assert_same_objects(helm, kust)
 
 
-def test_create_namespace_renders_kustomize_s_namespace() -> None:
-    (kust,) = [o for o in kustomize("default") if o["kind"] == "Namespace"]
-    helm = [o for o in helm_template({"createNamespace": "true"}, namespace=NAMESPACE) if o["kind"] == "Namespace"]
-    assert [strip_helm(o) for o in helm] == [strip_helm(kust)]
+def test_create_namespace_renders_kustomize_s_namespaces() -> None:
+    kust = {o["metadata"]["name"]: o for o in kustomize("default") if o["kind"] == "Namespace"}
+    assert set(kust) == {NAMESPACE, "fsdp-training"}  # the operator's, and the one it serves
+    helm = {
+        o["metadata"]["name"]: o
+        for o in helm_template({"createNamespace": "true"}, namespace=NAMESPACE)
+        if o["kind"] == "Namespace"
+    }
+    assert strip_helm(helm[NAMESPACE]) == strip_helm(kust[NAMESPACE])
+    assert set(helm) == set(kust)
+    # The served namespace without Helm's --create-namespace: createWatchNamespaces (on by default).
+    plain = [o["metadata"]["name"] for o in helm_template(namespace=NAMESPACE) if o["kind"] == "Namespace"]
+    assert plain == ["fsdp-training"]
+    off = helm_template({"createWatchNamespaces": "false"}, namespace=NAMESPACE)
+    assert [o for o in off if o["kind"] == "Namespace"] == []
+
+
+def test_cluster_wide_is_an_opt_in_that_mirrors_the_clusterwide_overlay() -> None:
+    kust = [o for o in kustomize("overlays/clusterwide") if o["kind"] != "Namespace"]
+    helm = helm_template({"clusterWide": "true", "watchNamespaces": "null"}, namespace=NAMESPACE, include_crds=True)
+    assert_same_objects([o for o in helm if o["kind"] != "Namespace"], kust)
+    kinds = {o["kind"] for o in kust}
+    assert "ClusterRoleBinding" in kinds and "RoleBinding" not in kinds
+    assert "clusterWide=true serves every namespace: set watchNamespaces to []" in template_error("clusterWide=true")
+    assert "watchNamespaces is empty: list the namespaces to serve" in template_error("watchNamespaces=null")
 
 
 def test_full_install_mirrors_operator_with_monitoring() -> None:
@@ -78,7 +99,7 @@ def test_full_install_mirrors_operator_with_monitoring() -> None:
     helm = helm_template(
         {"serviceMonitor.enabled": "true", "monitoring.enabled": "true"}, namespace=NAMESPACE, include_crds=True
     )
-    assert_same_objects(helm, kust)
+    assert_same_objects([o for o in helm if o["kind"] != "Namespace"], kust)
 
 
 def test_karpenter_mirrors_the_kustomize_overlay() -> None:

@@ -108,7 +108,8 @@ def test_helm_install_dry_run_against_the_server(bundle_cluster: TestCluster) ->
             str(CHART),
             "--dry-run=server",
             f"--kubeconfig={bundle_cluster.kubeconfig}",
-            *helm_args(CHART_VALUES, "fsdp-system"),
+            # The served namespace exists already (the fixture made it): Helm would refuse to adopt it.
+            *helm_args({**CHART_VALUES, "createWatchNamespaces": "false"}, "fsdp-system"),
         ],
         capture_output=True,
         text=True,

@@ -39,10 +39,15 @@ def whole(request: pytest.FixtureRequest) -> Iterator[WholeCluster]:
 
 @pytest.fixture(scope="session")
 def operator(whole: WholeCluster) -> WholeCluster:
-    """The fsdp-operator installed from kustomize/default (CRDs, RBAC, Deployment) and Ready."""
+    """The fsdp-operator installed from kustomize/overlays/clusterwide (CRDs, RBAC, Deployment) and Ready.
+
+    Cluster-wide: every test uses a namespace of its own. The namespaced
+    default is tested on its own (tests/operator/test_operator_e2e.py).
+    """
     try:
         # Progress (step, loss) every 2 s instead of 30: the test runs last under a minute.
-        record("operator_install_s", whole.install_operator(env={"FSDP_OPERATOR_SCRAPE_INTERVAL": "2"}))
+        env = {"FSDP_OPERATOR_SCRAPE_INTERVAL": "2"}
+        record("operator_install_s", whole.install_operator(env=env, clusterwide=True))
     except Exception as e:
         pytest.fail(f"installing the operator failed: {e}\n{whole.describe('fsdp-system')}\n{whole.operator_logs()}")
     return whole

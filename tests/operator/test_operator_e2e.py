@@ -1,7 +1,8 @@
-"""The operator against a real API server, with exactly the RBAC of kustomize/default.
+"""The operator against a real API server, with exactly the RBAC of the bundle.
 
-kustomize/default (CRDs, RBAC, all but the Deployment; built with the test
-cluster's ``kubectl kustomize``) is installed in a namespace of its own, and
+kustomize/overlays/clusterwide (CRDs, RBAC, all but the Deployment; built
+with the test cluster's ``kubectl kustomize``; cluster-wide because every test
+uses a namespace of its own) is installed in a namespace of its own, and
 the operator runs as a child process with the Deployment's command line and
 the ServiceAccount's token as its only credentials (``fsdp_localcluster.
 operator_install``). There is no training operator: tests write PyTorchJob
@@ -154,7 +155,7 @@ def training(name: str, namespace: str, **spec: Any) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def env(cluster: TestCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     workdir = tmp_path_factory.mktemp("operator-e2e")
-    install = install_operator(cluster, OPERATOR_NS, deploy=False)
+    install = install_operator(cluster, OPERATOR_NS, deploy=False, clusterwide=True)
     assert install.kubeconfig is not None
     # pod_name: a stable peer identity across restarts, as in a pod.
     op = install.process(workdir / "operator.log", priority=100, scrape_interval=0.5, pod_name="fsdp-operator-e2e-0")
@@ -931,15 +932,20 @@ def test_kustomize_default_installs_a_locked_down_single_replica_operator(env: E
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     assert set(container["resources"]) == {"requests", "limits"}
-    binding = objs[("ClusterRoleBinding", "fsdp-operator")]
+    # Namespaced by default: the rules are bound in the served namespace only.
+    assert "--namespace=fsdp-training" in container["args"] and "--all-namespaces" not in container["args"]
+    binding = objs[("RoleBinding", "fsdp-operator")]
+    assert binding["metadata"]["namespace"] == "fsdp-training"
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "fsdp-operator", "namespace": "fsdp-system"}]
+    assert not [k for k in objs if k[0] == "ClusterRoleBinding"]
     assert ("CustomResourceDefinition", "fsdptrainings.training.fsdp.dev") in objs
     assert ("CustomResourceDefinition", "clusterkopfpeerings.kopf.dev") in objs
 
     # The API server accepts all of it, and the pod passes the restricted Pod Security level.
     c = env.cluster
     c.apply(objs[("Namespace", "fsdp-system")])
-    # --force-conflicts: the ClusterRoleBinding exists already, bound to this test's namespace.
+    c.apply(objs[("Namespace", "fsdp-training")])
+    # --force-conflicts: objects of the same names exist already (this module's cluster-wide install).
     default = kustomize(REPO_ROOT / "kustomize" / "default")
     c.kubectl("apply", "--server-side", "--force-conflicts", "--dry-run=server", "-f", "-", input=default)
     bare_pod = {
@@ -954,6 +960,44 @@ def test_kustomize_default_installs_a_locked_down_single_replica_operator(env: E
     service = objs[("Service", "fsdp-operator-metrics")]
     assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
     assert monitor["spec"]["endpoints"][0]["port"] == service["spec"]["ports"][0]["name"]
+
+
+def test_the_default_install_serves_one_namespace_as_its_service_account(env: Env) -> None:
+    """kustomize/default binds the operator's rules in fsdp-training only: proven as its ServiceAccount."""
+    c = env.cluster
+    install = install_operator(c, deploy=False)  # kustomize/default, in fsdp-system
+    kubeconfig = install.kubeconfig
+    assert kubeconfig is not None
+    for verb, resource in (("create", "configmaps"), ("patch", "configmaps"), ("create", "pytorchjobs.kubeflow.org")):
+        assert can_i(c, kubeconfig, verb, resource, "-n", "fsdp-training") == "yes", (verb, resource)
+    # Nothing elsewhere: no ConfigMaps in kube-system (aws-auth), no pods or jobs in other namespaces.
+    for verb, resource, where in (
+        ("create", "configmaps", ("-n", "kube-system")),
+        ("patch", "configmaps", ("-n", "kube-system")),
+        ("get", "configmaps", ("-n", "kube-system")),
+        ("create", "pytorchjobs.kubeflow.org", ("-n", "default")),
+        ("delete", "pods", ("-n", "kube-system")),
+        ("list", "pytorchjobs.kubeflow.org", ("-A",)),
+        ("list", "configmaps", ("-A",)),
+        ("create", "clusterrolebindings.rbac.authorization.k8s.io", ()),
+    ):
+        assert can_i(c, kubeconfig, verb, resource, *where) == "no", (verb, resource, where)
+    # The cluster-wide instance would serve these namespaces too: stop it meanwhile.
+    env.operator.stop()
+    op = install.process(env.workdir / "default.log", priority=100)
+    try:
+        op.start()
+        env.apply_training("fsdp-training", "served")
+        env.wait_job("fsdp-training", "served")
+        env.wait_status("fsdp-training", "served", "status from the default install", phase="Created")
+        env.apply_training("e2e-unserved", "ignored")
+        time.sleep(3)
+        assert env.get("pytorchjob", "e2e-unserved", "ignored") is None
+        assert not (env.get("fsdptraining", "e2e-unserved", "ignored") or {}).get("status")
+        assert "403" not in op.log() and "Forbidden" not in op.log()
+    finally:
+        op.stop()
+        env.operator.start()
 
 
 def test_the_deployments_command_line_runs_the_operator(env: Env) -> None:
@@ -974,8 +1018,9 @@ def test_the_deployments_command_line_runs_the_operator(env: Env) -> None:
     env.operator.stop()  # same peering priority: the two would pause each other
     try:
         op.start()
-        env.apply_training("e2e-deployment", "via-cli")
-        env.wait_status("e2e-deployment", "via-cli", "status from the CLI-started operator", phase="Created")
+        # The namespace kustomize/default serves (its --namespace argument).
+        env.apply_training("fsdp-training", "via-cli")
+        env.wait_status("fsdp-training", "via-cli", "status from the CLI-started operator", phase="Created")
         assert "priority 100" in op.log()
     finally:
         op.stop()
