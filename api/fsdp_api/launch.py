@@ -27,7 +27,10 @@ def trainer_program(config_path: str | Path, *extra: str) -> list[str]:
 
 
 def checked_launch(config_path: str | Path, launch: Sequence[str], *, python: str = PYTHON) -> list[str]:
-    """``launch`` preceded by the trainer's one-process config check, which execs it when the config is good.
+    """``launch`` preceded by the trainer's one-process config check, which starts it when the config is good.
+
+    The check execs ``launch``, except torchrun, whose parent it stays so that
+    a SIGTERM stop exits 143 (torchrun alone exits 1; see fsdp_trainer/check.py).
 
     A bad config then ends in the check with one line per mistake (exit
     code CONFIG_ERROR_EXIT_CODE) before torchrun starts any rank. The check

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from fsdp_api.contract import CHECK_COMMAND, CONFIG_ERROR_EXIT_CODE
 
-from .errors import ConfigError, UnloadableCheckpointError, UnsafeCheckpointError
+from .errors import CheckpointSaveError, ConfigError, UnloadableCheckpointError, UnsafeCheckpointError
 
 
 def setup_logging() -> None:
@@ -51,6 +51,10 @@ def train_main(argv: list[str]) -> int:
         run(cfg, trace_dir=args.trace_dir)
     except Stopped as e:
         logging.getLogger("fsdp_trainer").warning("%s", e)
+        from .check import record_stop
+
+        # torchrun drops this exit code; the supervising check reads the record instead.
+        record_stop(e.step)
         return 128 + signal.SIGTERM  # terminated, not finished: the job must not count as succeeded
     return 0
 
@@ -71,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"fsdp-train: {e}", file=sys.stderr)
         return CONFIG_ERROR_EXIT_CODE
-    except (UnsafeCheckpointError, UnloadableCheckpointError) as e:
+    except (UnsafeCheckpointError, UnloadableCheckpointError, CheckpointSaveError) as e:
         print(f"fsdp-train: {e}", file=sys.stderr)
         return 1
 

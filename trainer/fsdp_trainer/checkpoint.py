@@ -27,6 +27,7 @@ the data continues at a fresh epoch (see ``TrainData`` in data/loader.py).
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -36,8 +37,9 @@ import re
 import shutil
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,7 +60,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.checkpoint.stateful import Stateful
 
-from .errors import ConfigError, UnloadableCheckpointError, UnsafeCheckpointError, name_list
+from .errors import CheckpointSaveError, ConfigError, UnloadableCheckpointError, UnsafeCheckpointError, name_list
 from .faults import maybe_fault
 from .model.param_names import canonical
 from .parallel.distributed import WorldInfo, all_ranks, barrier, broadcast_object, max_over_ranks
@@ -101,6 +103,38 @@ def remove_stale(root: Path) -> list[Path]:
                 shutil.rmtree(entry, ignore_errors=True)
                 removed.append(entry)
     return removed
+
+
+# What a write returns when the checkpoint volume is full (a quota counts as full).
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def disk_full_error(e: BaseException) -> OSError | None:
+    """The full-volume OSError behind ``e``: itself, what it was raised from, or any rank's DCP failure.
+
+    DCP gathers each rank's write error into one CheckpointException whose
+    text is every rank's traceback; the errno is what the user needs.
+    """
+    pending, seen = [e], set()
+    while pending:
+        error = pending.pop()
+        if id(error) in seen:
+            continue
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno in DISK_FULL:
+            return error
+        if isinstance(error, CheckpointException):
+            pending += [failure for failure, _trace in error.failures.values()]
+        pending += [c for c in (error.__cause__, error.__context__) if c is not None]
+    return None
+
+
+def remove_partial(tmp: Path) -> bool:
+    """Delete an unfinished save (a ``.tmp-`` directory, never a complete checkpoint); whether it is gone."""
+    if not TMP_DIR.match(tmp.name):
+        raise ValueError(f"{tmp} is not an unfinished save")
+    shutil.rmtree(tmp, ignore_errors=True)  # another rank may be removing it too
+    return not tmp.exists()
 
 
 def _fsync_dir(path: Path) -> None:
@@ -390,19 +424,20 @@ class Checkpointer:
         self.finalize()
         final = self.root / step_dir_name(step)
         tmp = Path(str(broadcast_object(f"{final}.tmp-{uuid.uuid4().hex[:8]}" if self.world.is_main else None)))
-        rank_file = self._rank_file(tmp)
-        rank_file.parent.mkdir(parents=True, exist_ok=True)
-        torch.save({"step": step, "data": self.data.state_dict(), "rng": rng_state()}, rank_file)
-        if self.world.is_main and self.write_assets is not None:
-            self.write_assets(tmp)
-        state = self._dcp_state(step)
-        if self.spec.async_save:
-            future = dcp.async_save(state, checkpoint_id=str(tmp), process_group=self._async_group)
-            self._pending = _Pending(step, tmp, future)
-        else:
+        with self._disk_full_is_one_line(step, tmp):
+            rank_file = self._rank_file(tmp)
+            rank_file.parent.mkdir(parents=True, exist_ok=True)
+            torch.save({"step": step, "data": self.data.state_dict(), "rng": rng_state()}, rank_file)
+            if self.world.is_main and self.write_assets is not None:
+                self.write_assets(tmp)
+            state = self._dcp_state(step)
+            if self.spec.async_save:
+                future = dcp.async_save(state, checkpoint_id=str(tmp), process_group=self._async_group)
+                self._pending = _Pending(step, tmp, future)
+                return time.perf_counter() - t0
             dcp.save(state, checkpoint_id=str(tmp))
-            self._pending = _Pending(step, tmp, None)
-            self.finalize()
+        self._pending = _Pending(step, tmp, None)
+        self.finalize()
         return time.perf_counter() - t0
 
     def finalize(self) -> None:
@@ -410,14 +445,41 @@ class Checkpointer:
         pending, self._pending = self._pending, None
         if pending is None:
             return
-        if pending.future is not None:
-            pending.future.result()
-        maybe_fault("during_save", pending.step, self.world.rank, self.root)
-        barrier(self.world)
-        if self.world.is_main:
-            self._commit(pending)
+        with self._disk_full_is_one_line(pending.step, pending.tmp):
+            if pending.future is not None:
+                pending.future.result()  # an async save's write error surfaces here
+            maybe_fault("during_save", pending.step, self.world.rank, self.root)
+            barrier(self.world)
+            if self.world.is_main:
+                self._commit(pending)
         # Nobody may look for this checkpoint (or save the next) before it exists.
         barrier(self.world)
+
+    @contextmanager
+    def _disk_full_is_one_line(self, step: int, tmp: Path) -> Iterator[None]:
+        """A full volume while saving ``step`` into ``tmp``: CheckpointSaveError, the partial save deleted.
+
+        Deleting it gives back the space it took, so the next save can fit
+        after a restart; it was never complete, so it could not be resumed
+        anyway. Complete checkpoints are never deleted to make room: the
+        newest one is what the restart resumes from. Other errors pass
+        through unchanged (start-up removes the partial save).
+        """
+        try:
+            yield
+        except CheckpointSaveError:
+            raise
+        except (Exception, CheckpointException) as e:  # CheckpointException is a BaseException
+            full = disk_full_error(e)
+            if full is None:
+                raise
+            partial = "was removed" if remove_partial(tmp) else "could not be removed"
+            raise CheckpointSaveError(
+                f"checkpoint.dir {self.root}: cannot save the checkpoint of step {step}: "
+                f"{os.strerror(full.errno or errno.ENOSPC)}. The partial {tmp.name} {partial} and older "
+                "checkpoints were kept; free space on the checkpoint volume (or make it larger), then restart "
+                "to resume from the newest complete checkpoint"
+            ) from None
 
     def _commit(self, pending: _Pending) -> None:
         marker = {"step": pending.step, "world_size": self.world.world_size, "time": time.time()}

@@ -25,6 +25,10 @@ class UnloadableCheckpointError(RuntimeError):
     """No complete checkpoint under checkpoint.dir could be loaded; each is named with why."""
 
 
+class CheckpointSaveError(RuntimeError):
+    """A checkpoint could not be written for a reason only the user can fix (a full volume): one line."""
+
+
 class ConfigError(ValueError):
     """The configuration cannot work; each line names the field: ``path: message``.
 
