@@ -86,8 +86,9 @@ def test_a_hung_rank_is_flagged_stalled_restarted_and_resumes(operator: WholeClu
         ) from e
     detected = time.monotonic() - t_hang
     record("stall_detected_and_restarted_s", detected)
-    # The limit is the 10 s floor (steps take well under 1 s) plus up to two 2 s scrape ticks.
-    assert detected < 10 + 15, detected
+    # The limit is the 10 s floor (steps take well under 1 s) plus a scrape tick or two; well before the
+    # 60 s start-up allowance, which would mean the step time was never measured (loaded machines are slower).
+    assert detected < 45, detected
     assert f"no new step since step {hang_at}" in event["message"], event["message"]
     assert "deleted 2 pods" in event["message"] and "(stall restart 1 of 2)" in event["message"], event["message"]
     assert "Stalled" in reasons(training_events(whole, name, ns))
