@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import typing
+from pathlib import Path
 from typing import Any
 
 from fsdp_api.spec import ResourcesSpec
@@ -73,6 +74,50 @@ def test_gpu_pods_land_on_this_nodepool() -> None:
                 if expr["key"] == "node.kubernetes.io/instance-type":
                     for itype in expr["values"]:
                         assert itype.split(".")[0] in families, f"{itype} is outside the NodePool's families"
+
+
+# The NVIDIA device plugin chart's defaults (NVIDIA/k8s-device-plugin,
+# deployments/helm/nvidia-device-plugin/values.yaml): its DaemonSet requires one
+# of these node labels and tolerates these taints.
+DEVICE_PLUGIN_NODE_TERMS = [
+    {"key": "feature.node.kubernetes.io/pci-10de.present", "operator": "In", "values": ["true"]},
+    {"key": "feature.node.kubernetes.io/cpu-model.vendor_id", "operator": "In", "values": ["NVIDIA"]},
+    {"key": "nvidia.com/gpu.present", "operator": "In", "values": ["true"]},
+]
+DEVICE_PLUGIN_TOLERATIONS = [
+    {"key": "CriticalAddonsOnly", "operator": "Exists"},
+    {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+]
+QUICKSTART = Path(__file__).resolve().parents[2] / "docs" / "quickstart-eks.md"
+
+
+def helm_set(text: str, variable: str) -> dict[str, str]:
+    """The ``--set`` pairs of a shell variable the quickstart defines (``NAME='k=v,k=v'``)."""
+    (value,) = re.findall(rf"^{variable}='([^']*)'$", text, re.MULTILINE)
+    pairs = [pair.split("=", 1) for pair in re.split(r"(?<!\\),", value)]
+    return {k.replace("\\.", "."): v for k, v in pairs}
+
+
+def test_the_device_plugins_run_on_the_gpu_nodes() -> None:
+    """Without the NVIDIA plugin on a node, its GPUs are never advertised and every GPU pod stays Pending."""
+    nodepool = objects()["NodePool"]
+    labels = nodepool["spec"]["template"]["metadata"]["labels"]
+    taints = nodepool["spec"]["template"]["spec"]["taints"]
+    assert any(labels.get(t["key"]) in t["values"] for t in DEVICE_PLUGIN_NODE_TERMS), labels
+    for taint in taints:
+        assert any(tolerates(t, taint) for t in DEVICE_PLUGIN_TOLERATIONS), taint
+    doc = QUICKSTART.read_text()
+    # The NVIDIA plugin keeps its own tolerations: a --set tolerations[0] would replace the list.
+    (nvidia,) = [line for line in doc.splitlines() if line.startswith("helm upgrade --install nvidia-device-plugin")]
+    assert "--set" not in nvidia, nvidia
+    # The EFA plugin and dcgm-exporter get the quickstart's toleration; dcgm-exporter also the node selector.
+    toleration = helm_set(doc, "GPU_TOLERATION")
+    given = {k.split(".", 1)[1]: v for k, v in toleration.items()}
+    for taint in taints:
+        assert tolerates(given, taint), (given, taint)
+    selector = helm_set(doc, "GPU_NODES")
+    assert {k.removeprefix("nodeSelector."): v for k, v in selector.items()}.items() <= labels.items()
+    assert '--set "$GPU_NODES"' in doc
 
 
 def test_the_default_pool_name_and_capacity_types_match_the_api() -> None:
