@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import email
 import re
 import typing
 from pathlib import Path
 from typing import Any
 
+import yaml
 from fsdp_api.spec import ResourcesSpec
 
 from tests.bundle.manifests import example_files, kustomize, render_training
@@ -118,6 +120,33 @@ def test_the_device_plugins_run_on_the_gpu_nodes() -> None:
     selector = helm_set(doc, "GPU_NODES")
     assert {k.removeprefix("nodeSelector."): v for k, v in selector.items()}.items() <= labels.items()
     assert '--set "$GPU_NODES"' in doc
+
+
+# The AL2023 AMI's base runtime spec (awslabs/amazon-eks-ami,
+# nodeadm/internal/containerd/base-runtime-spec.json) sets only this rlimit.
+AMI_NOFILE = {"type": "RLIMIT_NOFILE", "soft": 65536, "hard": 1048576}
+
+
+def node_config(nodeclass: dict[str, Any]) -> dict[str, Any]:
+    """The NodeConfig in the EC2NodeClass's MIME user data (what nodeadm reads)."""
+    message = email.message_from_string(nodeclass["spec"]["userData"])
+    assert message.is_multipart()
+    (part,) = [p for p in message.walk() if p.get_content_type() == "application/node.eks.aws"]
+    config = yaml.safe_load(part.get_payload())
+    assert (config["apiVersion"], config["kind"]) == ("node.eks.aws/v1alpha1", "NodeConfig")
+    return config
+
+
+def test_the_nodes_let_efa_lock_memory() -> None:
+    """A non-root trainer gets the node's RLIMIT_MEMLOCK: the AMI's default would make libfabric fail with -12."""
+    config = node_config(objects()["EC2NodeClass"])
+    rlimits = {r["type"]: r for r in config["spec"]["containerd"]["baseRuntimeSpec"]["process"]["rlimits"]}
+    # nodeadm's merge replaces the list: the AMI's NOFILE must be repeated, unchanged.
+    assert rlimits["RLIMIT_NOFILE"] == AMI_NOFILE
+    memlock = rlimits["RLIMIT_MEMLOCK"]
+    assert memlock["soft"] == memlock["hard"] >= 1 << 50
+    # The merge round-trips numbers through float64: the value must survive it and fit the spec's uint64.
+    assert int(float(memlock["hard"])) == memlock["hard"] <= (1 << 64) - 1
 
 
 def test_the_default_pool_name_and_capacity_types_match_the_api() -> None:
