@@ -21,7 +21,11 @@ ARG CUDA_BASE=nvidia/cuda:13.2.0-base-ubuntu24.04
 ARG PYTHON_BASE=python:3.11.14-slim-bookworm
 # EFA installer: libfabric with the EFA provider, rdma-core and the
 # aws-ofi-nccl plugin that lets NCCL talk to EFA (installed to /opt/amazon).
-ARG EFA_INSTALLER_VERSION=1.43.1
+# 1.51.0 ships aws-ofi-nccl 1.22.0 and libfabric 2.7.0 (AWS EC2 user guide,
+# "Elastic Fabric Adapter release notes"); 1.50.0's aws-ofi-nccl 1.21.1 was
+# tested with NCCL 2.31.2 (its release notes). The torch pin brings NCCL 2.30:
+# tests/bundle/test_bundle_dockerfile.py keeps the two in step.
+ARG EFA_INSTALLER_VERSION=1.51.0
 
 # ---------------------------------------------------------------------------
 # trainer: torchrun + FSDP2 on CUDA, EFA-capable

@@ -257,3 +257,28 @@ def test_dockerignore_lets_in_exactly_what_the_dockerfile_copies() -> None:
     for kept_out in (".venv/bin/python", ".git/HEAD", "tests/conftest.py", "runs/local/x", "charts/x"):
         assert not dockerignore_allows(kept_out), kept_out
     assert not dockerignore_allows("operator/fsdp_operator/__pycache__/cli.cpython-311.pyc")
+
+
+# EFA installer -> the aws-ofi-nccl it ships and the newest NCCL that plugin was
+# tested with (AWS "Elastic Fabric Adapter release notes"; aws/aws-ofi-nccl
+# release v1.21.1: "tested with NCCL v2.31.2-1", backward compatible to 2.17.1).
+EFA_INSTALLER_FLOOR = (1, 50, 0)
+NCCL_TESTED_WITH_FLOOR_PLUGIN = (2, 31)
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", text)[:3])
+
+
+def test_the_efa_installer_is_new_enough_for_the_pinned_torchs_nccl() -> None:
+    """An installer older than the NCCL in the torch wheel leaves NCCL on sockets, or failing, over EFA."""
+    (pinned,) = re.findall(r"^ARG EFA_INSTALLER_VERSION=(\S+)$", DOCKERFILE.read_text(), re.MULTILINE)
+    assert _version(pinned) >= EFA_INSTALLER_FLOOR, pinned
+    # The NCCL the pinned torch brings (the same wheel the image installs): a newer one means
+    # re-checking the plugin's release notes and raising the floor above.
+    nccl = next(
+        metadata.version(d.metadata["Name"])
+        for d in metadata.distributions()
+        if (d.metadata["Name"] or "").lower().startswith("nvidia-nccl")
+    )
+    assert _version(nccl)[:2] <= NCCL_TESTED_WITH_FLOOR_PLUGIN, nccl
