@@ -65,10 +65,20 @@ class TestCluster:
 
     __test__ = False  # the name starts with "Test"; keep pytest from collecting it
 
-    def __init__(self, workdir: Path | None = None, extra_crds: Iterable[str | Path] = ()) -> None:
-        """``extra_crds``: more CRD files/dirs to install (and wait for) at start()."""
+    def __init__(
+        self,
+        workdir: Path | None = None,
+        extra_crds: Iterable[str | Path] = (),
+        crds: Iterable[str | Path] | None = None,
+    ) -> None:
+        """``extra_crds``: more CRD files/dirs to install (and wait for) at start().
+
+        ``crds``: instead of the shared third-party CRDs, exactly these (e.g. an
+        older Karpenter's, to test the manifests against a minimum version).
+        """
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="fsdp-test-cluster-"))
         self.extra_crds = [Path(p) for p in extra_crds]
+        self.crds = [Path(p) for p in crds] if crds is not None else None
         self.pki = self.workdir / "pki"
         self.kubeconfig = self.workdir / "admin.kubeconfig"
         self.etcd_port = free_port()
@@ -105,7 +115,8 @@ class TestCluster:
         lap("etcd")
         self.start_apiserver(timeout)
         lap("apiserver")
-        self.install_crds(*[shared_dir() / "crds" / d for d in DEFAULT_CRD_DIRS], *self.extra_crds, timeout=timeout)
+        base = self.crds if self.crds is not None else [shared_dir() / "crds" / d for d in DEFAULT_CRD_DIRS]
+        self.install_crds(*base, *self.extra_crds, timeout=timeout)
         lap("crds")
         return self
 

@@ -20,6 +20,7 @@ from pathlib import Path
 # The package is used from its checkout (an editable install): the repository
 # holds the build script, the kustomize bundle and the examples it needs.
 REPO_ROOT = Path(__file__).resolve().parents[2]
+FETCH_CRDS_SCRIPT = REPO_ROOT / "tools" / "fetch-karpenter-crds.sh"
 BUILD_SCRIPT = REPO_ROOT / "tools" / "build-binaries.sh"
 # The binaries a TestCluster needs; helm is included so one build covers the suite.
 CLUSTER_TOOLS = ("etcd", "kube-apiserver", "kubectl", "helm")
@@ -52,6 +53,24 @@ def ensure_tools(names: Sequence[str] = CLUSTER_TOOLS) -> None:
             f"{BUILD_SCRIPT} {' '.join(names)} failed (exit {rc}); it needs the Go toolchain "
             f"(go on PATH or /usr/local/go/bin/go) and the Go module proxy. Full log: {log}\n{tail}"
         )
+
+
+@functools.cache
+def karpenter_crds(variable: str) -> Path:
+    """The CRD directory of the Karpenter version pinned as ``variable`` in tools/versions.env.
+
+    Fetched from the Go module proxy on first use (tools/fetch-karpenter-crds.sh),
+    then cached like the binaries.
+    """
+    res = subprocess.run(["bash", str(FETCH_CRDS_SCRIPT)], capture_output=True, text=True)
+    if res.returncode != 0:
+        raise ToolBuildError(
+            f"{FETCH_CRDS_SCRIPT} failed (exit {res.returncode}); it needs the Go module proxy:\n{res.stderr[-2000:]}"
+        )
+    out = subprocess.run(
+        ["bash", str(FETCH_CRDS_SCRIPT), "--print-path", variable], capture_output=True, text=True, check=True
+    )
+    return Path(out.stdout.strip())
 
 
 @functools.cache
