@@ -15,6 +15,8 @@ from fsdp_api.spec import FSDPTrainingSpec
 from fsdp_operator.cli import EXIT_INVALID, EXIT_OK, main
 from fsdp_operator.controller.status import TrainingFacts, compute_status, status_document, transition_events
 
+from tests.operator.test_status import training
+
 
 def spec(**sections: dict[str, Any]) -> FSDPTrainingSpec:
     body: dict[str, Any] = {
@@ -231,17 +233,7 @@ def test_validate_memory_warns_by_default_and_can_be_off(tmp_path: Path, capsys:
 
 
 def test_the_plan_becomes_the_fits_memory_condition_and_status_memory() -> None:
-    facts = TrainingFacts(
-        name="t",
-        namespace="ns",
-        uid="u",
-        generation=3,
-        suspend=False,
-        nodes=1,
-        gpus=1,
-        checkpoint_dir="/checkpoints",
-        checkpoint_claim=None,
-    )
+    facts = TrainingFacts.from_body(training(generation=3))
     plan = plan_memory(spec(resources={"nodes": 1, "gpusPerNode": 1, "instanceTypes": ["g5.xlarge"]}))
     status = compute_status(facts, None, None, memory=plan, now="2026-01-01T00:00:00Z")
     cond = {c.type: c for c in status.conditions}["FitsMemory"]

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 from fsdp_api.spec import StallSpec
 from fsdp_operator.controller.stall import StallRules, StepClock, observe, start_clock, verdict
-from fsdp_operator.controller.status import TrainingFacts, compute_status, transition_events
+from fsdp_operator.controller.status import compute_status, transition_events
+
+from tests.operator.test_status import facts
 
 SPEC = StallSpec(step_time_factor=10, min_seconds=30, startup_seconds=600, checkpoint_seconds=120)
 RULES = StallRules(spec=SPEC, checkpoint_interval=50, eval_interval=0, max_steps=1000)
@@ -90,18 +92,8 @@ def test_boundaries_include_validation_and_the_last_step() -> None:
     assert rules.boundary_in(31, 59) is False and rules.boundary_in(31, 60) is True
 
 
-FACTS = TrainingFacts(
-    name="t",
-    namespace="ns",
-    uid="u",
-    generation=1,
-    suspend=False,
-    nodes=2,
-    gpus=2,
-    checkpoint_dir="/checkpoints",
-    checkpoint_claim="ckpt",
-    max_steps=1000,
-)
+# A two-node training with a claim: the facts the status needs, read as the operator reads them.
+FACTS = facts(training={"maxSteps": 1000}, resources={"nodes": 2, "gpusPerNode": 1}, checkpoint={"claimName": "ckpt"})
 RUNNING_JOB = {
     "metadata": {"name": "t", "annotations": {"training.fsdp.dev/generation": "1"}},
     "status": {"conditions": [{"type": "Running", "status": "True", "reason": "Running"}]},

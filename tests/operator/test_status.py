@@ -26,6 +26,7 @@ from fsdp_operator.controller.reconcile import (
     trim_job,
 )
 from fsdp_operator.controller.scraper import check_pods_once, waiting_trainings
+from fsdp_operator.controller.stall_check import check_stall
 from fsdp_operator.controller.status import (
     GENERATION_ANNOTATION,
     MAX_MESSAGE,
@@ -932,3 +933,25 @@ def test_the_pod_loop_reads_the_training_operators_refusal_while_pods_are_missin
     client.listed.clear()
     asyncio.run(check_pods_once(rt, None))
     assert [kind for kind, _, _ in client.listed] == ["Pod"]
+
+
+def test_the_stall_check_writes_only_when_the_condition_changes() -> None:
+    """It runs on every scrape of every running training: steady progress must not patch the status each time."""
+    rt, client, body = fake_runtime(SCRAPED_MID_RUN, job(cond("Running")))
+    stall = {"minSeconds": 30, "startupSeconds": 600, "checkpointSeconds": 0}
+    body = {**body, "spec": {**body["spec"], "stall": stall, "checkpoint": {"intervalSteps": 1000}}}
+
+    def tick(step: int | None, now: float) -> None:
+        asyncio.run(check_stall(rt, body, TrainerProgress(step=step), now))
+
+    for i, step in enumerate(range(1, 30)):  # a step every 2 s
+        tick(step, 100.0 + 2 * i)
+    assert len(client.patches) == 1, client.patches  # Stalled=False once, not once per step
+    conds = {c["type"]: c for c in client.status["conditions"]}
+    assert (conds["Stalled"]["status"], conds["Stalled"]["reason"]) == ("False", "Progressing")
+    for now in (200.0, 205.0, 210.0):  # step 29 seen at 156 s: stalled past 186 s
+        tick(29, now)
+    assert len(client.patches) == 2, client.patches  # turned True once
+    conds = {c["type"]: c for c in client.status["conditions"]}
+    assert (conds["Stalled"]["status"], conds["Stalled"]["reason"]) == ("True", "NoProgress")
+    assert conds["Stalled"]["message"] == "no new step since step 29 for 44 s (limit 30 s)"

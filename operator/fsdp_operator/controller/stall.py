@@ -118,7 +118,8 @@ class StallVerdict:
         if self.stalled:
             text = f"no new step since {where} for {self.seconds:.0f} s (limit {self.limit:.0f} s)"
         else:
-            text = f"progressing: last step {self.step}" if self.step is not None else "starting: no step reported yet"
+            # No step number: the condition is written when it changes, not at every step.
+            text = "progressing" if self.step is not None else "starting: no step reported yet"
         return f"{text}; {self.note}" if self.note else text
 
 

@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from .progress import TrainerProgress
 from .reconcile import Runtime, record_stall
 from .stall import StallRules, observe, start_clock, verdict
-from .status import EventSpec
+from .status import STALLED, EventSpec, stall_state
 
 log = logging.getLogger(__name__)
 
@@ -97,4 +97,9 @@ async def check_stall(rt: Runtime, training: Mapping[str, Any], progress: Traine
             limit = rules.spec.max_restarts
             found = replace(found, note=f"not restarted: the limit of {limit} stall restarts is reached")
     rt.step_clocks[uid] = clock
+    # Only a change of the condition (or a restart) is written: the check runs on
+    # every scrape of every running training, and the clock itself stays in memory.
+    previous = {c.get("type"): c for c in rt.previous_status(training).get("conditions") or []}.get(STALLED)
+    if not events and previous is not None and (previous.get("status"), previous.get("reason")) == stall_state(found):
+        return False
     return await record_stall(rt, training, found, restarts=new_restarts, events=events)

@@ -453,6 +453,13 @@ def _config_condition(
     return Condition.model_validate(old)
 
 
+def stall_state(stall: StallVerdict) -> tuple[str, str]:
+    """The Stalled condition's status and reason for a verdict."""
+    if stall.stalled:
+        return "True", NO_PROGRESS
+    return "False", PROGRESSING if stall.step is not None else STARTING
+
+
 def _stall_condition(
     phase: Phase, stall: StallVerdict | None, previous: Mapping[str, Json], generation: int, now: str
 ) -> Condition | None:
@@ -460,10 +467,7 @@ def _stall_condition(
     if phase in ("Suspended", "Succeeded"):
         return None
     if stall is not None:
-        if stall.stalled:
-            status, reason = "True", NO_PROGRESS
-        else:
-            status, reason = "False", PROGRESSING if stall.step is not None else STARTING
+        status, reason = stall_state(stall)
         return _condition(STALLED, status, reason, stall.message(), generation, previous, now)
     old = previous.get(STALLED)
     return Condition.model_validate(old) if old is not None else None
