@@ -665,6 +665,10 @@ def test_rank0_pod_is_worker_zero_or_the_master() -> None:
     done = [pod("w0", "worker", 0, phase="Succeeded"), pod("w1", "worker", 1, phase="Succeeded", ip=None)]
     assert rank0_pod(done) is None
     assert rank0_pod(done, running_only=False)["metadata"]["name"] == "w0"  # type: ignore[index]
+    # A pod being deleted (a stall restart) still answers with its old step: it is not the one to read.
+    leaving = [{**pod("w0", "worker", 0), "metadata": {**pod("w0", "worker", 0)["metadata"], "deletionTimestamp": NOW}}]
+    assert rank0_pod(leaving) is None
+    assert rank0_pod(leaving, running_only=False)["metadata"]["name"] == "w0"  # type: ignore[index]
 
 
 # --- peering ---------------------------------------------------------------------------------

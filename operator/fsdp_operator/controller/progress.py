@@ -108,13 +108,17 @@ def parse_trainer_metrics(text: str) -> TrainerProgress:
 def rank0_pod(pods: Iterable[Mapping[str, Any]], *, running_only: bool = True) -> Mapping[str, Any] | None:
     """The running pod hosting node rank 0: the Master if any, else Worker 0.
 
-    ``running_only=False`` also accepts a finished pod that still has its IP
-    (the last read after the job ended: its endpoint may still answer).
+    A pod being deleted does not count as running: after a stall restart its
+    trainer still answers with the old step until it is gone, which would read
+    as no progress. ``running_only=False`` also accepts a finished or
+    terminating pod that still has its IP (the last read after the job ended:
+    its endpoint may still answer).
     """
     candidates = []
     for pod in pods:
         status = pod.get("status") or {}
-        if (running_only and status.get("phase") != "Running") or not status.get("podIP"):
+        terminating = bool((pod.get("metadata") or {}).get("deletionTimestamp"))
+        if (running_only and (status.get("phase") != "Running" or terminating)) or not status.get("podIP"):
             continue
         labels = (pod.get("metadata") or {}).get("labels") or {}
         rtype = str(labels.get(REPLICA_TYPE_LABEL, "")).lower()
