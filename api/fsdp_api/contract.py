@@ -181,6 +181,13 @@ CHECKPOINT_LAST_STEP = Metric("fsdp_checkpoint_last_step", "gauge", "Step of the
 CHECKPOINT_LAST_SAVE = Metric(
     "fsdp_checkpoint_last_save_timestamp_seconds", "gauge", "Unix time of the last checkpoint save."
 )
+CHECKPOINT_SIZE = Metric(
+    "fsdp_checkpoint_size_bytes", "gauge", "Bytes on disk of the newest complete checkpoint (rank 0 only)."
+)
+MODEL_PARAMETERS = Metric("fsdp_model_parameters", "gauge", "Parameters of the model, tied ones once.")
+MODEL_TRAINABLE_PARAMETERS = Metric(
+    "fsdp_model_trainable_parameters", "gauge", "Parameters the optimizer updates (with LoRA: the adapters)."
+)
 LAST_STEP_TIMESTAMP = Metric(
     "fsdp_train_last_step_timestamp_seconds", "gauge", "Unix time the last optimizer step completed."
 )

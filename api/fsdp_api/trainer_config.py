@@ -23,6 +23,7 @@ from .spec import (
     FSDPTrainingSpec,
     MetricsSpec,
     ModelSpec,
+    PeftSpec,
     StallSpec,
     TrainingSpec,
     effective_seq_len,
@@ -46,6 +47,7 @@ class TrainerConfig(ApiModel):
     data: DataSpec = Field(default_factory=DataSpec, description="Training data and tokenizer.")
     training: TrainingSpec = Field(description="Optimisation settings.")
     fsdp: FSDPSpec = Field(default_factory=FSDPSpec, description="FSDP2 sharding settings.")
+    peft: PeftSpec | None = Field(None, description="LoRA fine-tuning; unset: train every weight.")
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpointing and resume.")
     metrics: MetricsSpec = Field(default_factory=MetricsSpec, description="Prometheus metrics.")
     stall: StallSpec = Field(default_factory=StallSpec, description="Stall watchdog (the trainer's step timeout).")
@@ -61,6 +63,7 @@ class TrainerConfig(ApiModel):
             data=spec.data,
             training=spec.training,
             fsdp=spec.fsdp,
+            peft=spec.peft,
             checkpoint=spec.checkpoint,
             metrics=spec.metrics,
             stall=spec.stall,

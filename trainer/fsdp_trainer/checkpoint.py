@@ -49,10 +49,12 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from fsdp_api.contract import CHECKPOINT_COMPLETE_MARKER
-from fsdp_api.spec import CheckpointSpec
+from fsdp_api.spec import CheckpointSpec, PeftSpec
+from fsdp_api.trainer_config import TrainerConfig
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
     get_model_state_dict,
     get_optimizer_state_dict,
     set_model_state_dict,
@@ -137,6 +139,11 @@ def remove_partial(tmp: Path) -> bool:
     return not tmp.exists()
 
 
+def directory_bytes(path: Path) -> int:
+    """Bytes of the files under ``path``."""
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -164,9 +171,26 @@ def _saved_shapes(path: Path) -> dict[str, tuple[int, ...]]:
     }
 
 
+def has_frozen(model: nn.Module) -> bool:
+    """Whether some weights are frozen (LoRA's base): checkpoints then hold only the trainable ones."""
+    return any(not p.requires_grad for p in model.parameters())
+
+
+def checkpointed_tensors(model: nn.Module) -> dict[str, tuple[int, ...]]:
+    """The model tensors a checkpoint of this model holds, by name, with their full shapes.
+
+    Everything in the state dict, or with frozen weights only the trainable
+    parameters: the frozen base comes from ``model.pretrained`` (or the seed)
+    at every start, so saving it again would only make checkpoints large.
+    """
+    if has_frozen(model):
+        return {canonical(n): tuple(p.shape) for n, p in model.named_parameters() if p.requires_grad}
+    return {canonical(k): tuple(v.shape) for k, v in model.state_dict(keep_vars=True).items()}
+
+
 def architecture_changes(saved: dict[str, tuple[int, ...]], model: nn.Module) -> list[str]:
     """What differs between a checkpoint's model tensors and this model's (names and shapes)."""
-    current = {canonical(k): tuple(v.shape) for k, v in model.state_dict(keep_vars=True).items()}
+    current = checkpointed_tensors(model)
     changes = []
     if gone := [n for n in saved if n not in current]:
         changes.append(f"the checkpoint has tensors this model lacks: {name_list(gone)}")
@@ -183,18 +207,44 @@ class _Unreadable(Exception):
     """A checkpoint's own files cannot be read (not a config problem): try an older one."""
 
 
-def check_resumable(path: Path, model: nn.Module) -> None:
+def _peft_of(path: Path) -> tuple[bool, dict[str, Any] | None]:
+    """(whether the checkpoint's config could be read, its ``peft`` section)."""
+    try:
+        saved = TrainerConfig.from_yaml((path / CONFIG_FILE).read_text())
+    except Exception:  # absent or unreadable: the tensor check below still guards the resume
+        return False, None
+    return True, saved.peft.model_dump(by_alias=True, mode="json") if saved.peft else None
+
+
+def peft_changes(path: Path, peft: PeftSpec | None) -> list[str]:
+    """How the checkpoint's LoRA settings differ from this run's (alpha and dropout change no shape)."""
+    known, saved = _peft_of(path)
+    current = peft.model_dump(by_alias=True, mode="json") if peft else None
+    if not known or saved == current:
+        return []
+    if saved is None or current is None:
+        before, now = ("full fine-tuning", "LoRA") if saved is None else ("LoRA", "full fine-tuning")
+        return [f"peft: the checkpoint was trained with {before}, this run uses {now}"]
+    return [
+        f"peft.{key}: the checkpoint was trained with {saved.get(key)!r}, this run has {current.get(key)!r}"
+        for key in sorted(set(saved) | set(current))
+        if saved.get(key) != current.get(key)
+    ]
+
+
+def check_resumable(path: Path, model: nn.Module, peft: PeftSpec | None = None) -> None:
     """Refuse to resume ``path`` into a model of another architecture (``model``: the meta model).
 
     DCP loads what it finds by name: with fewer layers it would drop the rest
     and train on, silently. Learning rate, steps, batch settings and the
-    sharding strategy may change; the model's tensors may not.
+    sharding strategy may change; the model's tensors may not, nor the LoRA
+    settings (``peft``), some of which (alpha, dropout) no tensor shape shows.
     """
     try:
         saved = _saved_shapes(path)
     except Exception as e:  # a truncated or garbage .metadata raises pickle, EOF, OS or value errors
         raise _Unreadable(f"cannot read its metadata: {_first_line(e)}") from None
-    changes = architecture_changes(saved, model)
+    changes = peft_changes(path, peft) or architecture_changes(saved, model)
     if changes:
         raise ConfigError(
             [f"model: {change} (checkpoint {path} holds another architecture)" for change in changes]
@@ -255,7 +305,7 @@ class Skipped:
 
 
 def check_candidates(
-    candidates: list[tuple[int, Path]], model: nn.Module, world: WorldInfo
+    candidates: list[tuple[int, Path]], model: nn.Module, world: WorldInfo, peft: PeftSpec | None = None
 ) -> tuple[list[tuple[int, Path]], list[Skipped]]:
     """Check every candidate's metadata against ``model`` (the meta model): (loadable ones, unreadable ones).
 
@@ -270,7 +320,7 @@ def check_candidates(
     for step, path in candidates:
         reason, changed = None, None
         try:
-            check_resumable(path, model)
+            check_resumable(path, model, peft)
         except _Unreadable as e:
             reason = str(e)
         except ConfigError as e:
@@ -287,16 +337,32 @@ def check_candidates(
 
 
 class ModelState(Stateful):
-    """The model's sharded state dict, produced lazily when DCP asks for it."""
+    """The model's sharded state dict, produced lazily when DCP asks for it.
+
+    With frozen weights (LoRA) only the trainable parameters: frozen ones are
+    left out by ``ignore_frozen_params``, and the filter drops what still
+    comes through under a second name (a tied output head).
+    """
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
+        self.trainable_only = has_frozen(model)
 
     def state_dict(self) -> dict[str, Any]:
-        return get_model_state_dict(self.model)
+        if not self.trainable_only:
+            return get_model_state_dict(self.model)
+        state = get_model_state_dict(self.model, options=StateDictOptions(ignore_frozen_params=True))
+        keep = checkpointed_tensors(self.model)
+        return {k: v for k, v in state.items() if canonical(k) in keep}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        set_model_state_dict(self.model, state_dict)
+        if not self.trainable_only:
+            set_model_state_dict(self.model, state_dict)
+            return
+        # DCP has already refused a checkpoint lacking any key of state_dict():
+        # strict=False only lets the frozen weights (not in it) keep their values.
+        options = StateDictOptions(strict=False, ignore_frozen_params=True)
+        set_model_state_dict(self.model, state_dict, options=options)
 
 
 class OptimizerState(Stateful):
@@ -396,6 +462,8 @@ class Checkpointer:
         self.model, self.optimizer, self.data = model, optimizer, data
         self.write_assets = write_assets
         self._pending: _Pending | None = None
+        # Bytes of the newest checkpoint this process committed (rank 0 commits; None elsewhere).
+        self.last_size_bytes: int | None = None
         # Async saves run collectives from a background thread: they get their
         # own gloo group so they never interleave with the training's.
         self._async_group = dist.new_group(backend="gloo") if spec.async_save else None
@@ -494,7 +562,8 @@ class Checkpointer:
             shutil.rmtree(final)
         pending.tmp.rename(final)
         _fsync_dir(self.root)
-        log.info("checkpoint step %d saved to %s", pending.step, final)
+        self.last_size_bytes = directory_bytes(final)
+        log.info("checkpoint step %d saved to %s (%.1f MB)", pending.step, final, self.last_size_bytes / 1e6)
         self._prune()
 
     def _prune(self) -> None:

@@ -1,6 +1,6 @@
-"""Export a DCP checkpoint as a Hugging Face model directory.
+"""Export a DCP checkpoint as a Hugging Face model directory, or as a PEFT adapter.
 
-    fsdp-train export --checkpoint DIR --output HFDIR [--dtype bfloat16]
+    fsdp-train export --checkpoint DIR --output HFDIR [--dtype bfloat16] [--format merged|peft]
 
 DIR is one checkpoint (``step-00001000/``) or a checkpoint root, in which case
 the newest complete checkpoint is used. The output is the model in its own
@@ -13,6 +13,14 @@ One process, no process group: DCP reads the sharded files of any world size
 straight into the full tensors of a model materialised on the CPU (it needs
 host memory for the whole model in the chosen dtype, plus one tensor).
 Optimizer state is not read.
+
+A LoRA checkpoint (``spec.peft``) holds only the adapters. ``--format merged``
+(the default) rebuilds the base (``model.pretrained``, or the seeded random
+init of a preset/architecture), loads the adapters into it and folds them in
+(W + alpha/r * B A), giving a plain model of the base's architecture.
+``--format peft`` writes only the adapters as a PEFT adapter directory
+(``adapter_config.json`` + ``adapter_model.safetensors``) that
+``PeftModel.from_pretrained(base, HFDIR)`` puts on top of the base model.
 """
 
 from __future__ import annotations
@@ -29,13 +37,20 @@ from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrained
 
 from .checkpoint import CONFIG_FILE, MARKER, MODEL_CONFIG_DIR, latest_checkpoint
 from .errors import ConfigError
-from .model.architecture import build_meta_model, materialize
-from .model.init import reset_buffers
+from .model.architecture import build_meta_model, materialize, model_dir
+from .model.init import init_weights, reset_buffers
 from .model.llama import llama_config
+from .model.lora import ADAPTER, apply_lora, lora_config, lora_layers, uses_conv1d
+from .model.param_names import canonical, is_adapter
+from .model.pretrained import check_pretrained, load_pretrained
 
 log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+FORMATS = ("merged", "peft")
+# PEFT's file names and key prefix (peft/utils/constants.py, peft/peft_model.py).
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+PEFT_PREFIX = "base_model.model."
 
 
 def find_checkpoint(path: Path) -> Path:
@@ -61,28 +76,90 @@ def saved_model_config(ckpt: Path, cfg: TrainerConfig, tokenizer: PreTrainedToke
     )
 
 
-def export_checkpoint(checkpoint: Path, output: Path, dtype: str = "float32") -> Path:
+def export_checkpoint(checkpoint: Path, output: Path, dtype: str = "float32", fmt: str = "merged") -> Path:
     ckpt = find_checkpoint(checkpoint)
     cfg = TrainerConfig.from_yaml((ckpt / CONFIG_FILE).read_text())
+    if fmt == "peft" and cfg.peft is None:
+        raise ConfigError([f"--format peft: {ckpt} is a full fine-tuning checkpoint (no peft); use --format merged"])
+    if fmt == "peft" and not cfg.model.pretrained:
+        field = "preset" if cfg.model.preset else "architecture"
+        raise ConfigError(
+            [
+                f"--format peft: {ckpt} adapts a randomly initialised base (model.{field}), "
+                "which PEFT cannot load by name; use --format merged"
+            ]
+        )
     tokenizer = AutoTokenizer.from_pretrained(ckpt / "tokenizer")
     model = build_meta_model(saved_model_config(ckpt, cfg, tokenizer))
+    targets = apply_lora(model, cfg.peft) if cfg.peft is not None else []
     materialize(model, "cpu")
     reset_buffers(model)  # first: persistent buffers then come from the checkpoint
+    if targets:
+        _load_base(model, cfg)
     # Same keys as the trainer saved ("model.<parameter name>"); DCP fills the
     # tensors in place and fails on any missing one.
-    state = {"model": model.state_dict()}
+    state = {"model": _checkpointed_state(model, adapters_only=bool(targets))}
     with warnings.catch_warnings():
         # DCP warns that it runs without a process group: that is the point here.
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         dcp.load(state, checkpoint_id=str(ckpt), no_dist=True)
-    model.to(DTYPES[dtype])
-    model.config.dtype = DTYPES[dtype]
-    model.config.use_cache = True  # trained without a KV cache; generation wants one
     output.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(output)
+    if fmt == "peft":
+        _save_adapter(model, cfg, targets, output, DTYPES[dtype])
+    else:
+        if targets:
+            _merge_adapters(model)
+        model.to(DTYPES[dtype])
+        model.config.dtype = DTYPES[dtype]
+        model.config.use_cache = True  # trained without a KV cache; generation wants one
+        model.save_pretrained(output)
     tokenizer.save_pretrained(output)
-    log.info("exported %s to %s (%s)", ckpt, output, dtype)
+    log.info("exported %s to %s (%s, %s)", ckpt, output, fmt, dtype)
     return output
+
+
+def _checkpointed_state(model: torch.nn.Module, *, adapters_only: bool) -> dict[str, torch.Tensor]:
+    state = model.state_dict()
+    if not adapters_only:
+        return state
+    return {k: v for k, v in state.items() if is_adapter(k)}
+
+
+def _load_base(model: torch.nn.Module, cfg: TrainerConfig) -> None:
+    """The frozen base a LoRA run trained on: the pretrained weights, or the run's seeded init."""
+    found = model_dir(cfg) if cfg.model.pretrained else None
+    if found is None:
+        init_weights(model, cfg.training.seed, torch.device("cpu"))
+        return
+    load_pretrained(model, check_pretrained(model, found[0]), torch.device("cpu"))
+
+
+@torch.no_grad()
+def _merge_adapters(model: torch.nn.Module) -> None:
+    """Fold every adapter into its base weight and put the plain layer back (PEFT's merge)."""
+    modules = dict(model.named_modules())
+    for name, layer in list(lora_layers(model)):
+        layer.merge()
+        parent_name, _, child = name.rpartition(".")
+        setattr(modules[parent_name] if parent_name else model, child, layer.get_base_layer())
+
+
+def _save_adapter(
+    model: torch.nn.Module, cfg: TrainerConfig, targets: list[str], output: Path, dtype: torch.dtype
+) -> None:
+    """A PEFT adapter directory: PEFT's key names (no adapter name), its config, safetensors."""
+    from safetensors.torch import save_file
+
+    assert cfg.peft is not None
+    tensors = {
+        PEFT_PREFIX + canonical(k).replace(f".{ADAPTER}.", "."): v.detach().to(dtype).contiguous()
+        for k, v in model.state_dict().items()
+        if is_adapter(k)
+    }
+    # The metadata PEFT itself writes: without "format" safetensors' loaders warn.
+    save_file(tensors, str(output / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+    config = lora_config(cfg.peft, targets, fan_in_fan_out=uses_conv1d(model, targets), base=cfg.model.pretrained)
+    config.save_pretrained(str(output))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,6 +167,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkpoint", type=Path, required=True, help="a checkpoint, or checkpoint.dir for the newest")
     parser.add_argument("--output", type=Path, required=True, help="Hugging Face model directory to write")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="dtype of the saved weights")
+    parser.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="merged",
+        help="merged: a full model (LoRA adapters folded in); peft: a LoRA checkpoint's adapters as a PEFT adapter",
+    )
     args = parser.parse_args(argv)
-    print(export_checkpoint(args.checkpoint, args.output, args.dtype))
+    print(export_checkpoint(args.checkpoint, args.output, args.dtype, args.format))
     return 0

@@ -61,6 +61,7 @@ from .model.architecture import (
     model_dir,
 )
 from .model.init import init_weights, reset_buffers
+from .model.lora import apply_lora, count_trainable, init_adapters
 from .model.param_names import unique_parameters
 from .model.pretrained import LoadPlan, check_pretrained, load_pretrained
 from .model.shards import local_tensor
@@ -93,6 +94,7 @@ class Prepared:
     model: PreTrainedModel  # on the meta device: shapes only
     seq_len: int
     pretrained: LoadPlan | None
+    adapted: list[str]  # LoRA's target modules (spec.peft); empty: every weight trains
 
 
 def prepare(cfg: TrainerConfig, world: WorldInfo | None = None) -> Prepared:
@@ -129,8 +131,9 @@ def prepare(cfg: TrainerConfig, world: WorldInfo | None = None) -> Prepared:
     except (ValueError, TypeError, AttributeError) as e:
         raise ConfigError([f"model: transformers cannot build {type(config).__name__} as configured: {e}"]) from None
     decoder_units(model)
+    adapted = apply_lora(model, cfg.peft) if cfg.peft is not None else []
     pretrained = check_pretrained(model, path) if cfg.model.pretrained and path is not None else None
-    return Prepared(cfg, world, plan, tokenizer, model, seq_len, pretrained)
+    return Prepared(cfg, world, plan, tokenizer, model, seq_len, pretrained, adapted)
 
 
 def build_model(p: Prepared, *, resuming: bool = False) -> nn.Module:
@@ -138,18 +141,21 @@ def build_model(p: Prepared, *, resuming: bool = False) -> nn.Module:
 
     When a checkpoint will be loaded anyway, pretrained weights are not read
     (for a large model that is minutes of I/O); the quick random init still
-    runs so no parameter is ever garbage.
+    runs so no parameter is ever garbage. With LoRA the checkpoint holds only
+    the adapters, so the pretrained base is always read.
     """
     cfg, world, plan = p.cfg, p.world, p.plan
     model = p.model
     mesh = build_mesh(world, plan) if plan.uses_fsdp else None
     parallelize(model, cfg, plan, mesh)
     materialize(model, "cpu" if plan.fsdp.cpu_offload else world.device)
-    if p.pretrained is not None and not resuming:
+    if p.pretrained is not None and (not resuming or p.adapted):
         reset_buffers(model)
         load_pretrained(model, p.pretrained, world.device)
     else:
         init_weights(model, cfg.training.seed, world.device)
+    if p.adapted:
+        init_adapters(model, cfg.training.seed, world.device)
     check_tied(model)
     model.train()
     return model
@@ -185,9 +191,10 @@ class Trainer:
         # Newest first; an architecture change stops here, before anything is materialised,
         # and checkpoints whose metadata cannot be read are passed over (Checkpointer.resume).
         found = resume_candidates(cfg.checkpoint, world)
-        self.resume_candidates, self.unreadable = check_candidates(found, p.model, world)
+        self.resume_candidates, self.unreadable = check_candidates(found, p.model, world, cfg.peft)
         self.model = build_model(p, resuming=bool(found))
         self.num_params = count_parameters(self.model)
+        self.num_trainable = count_trainable(self.model)
         # Packed rows of the supervised formats attend only within their row.
         self.packed = PackedAttention(self.model, self.seq_len) if cfg.data.format != "text" else None
         if self.packed is not None:
@@ -209,7 +216,14 @@ class Trainer:
             cfg.checkpoint, world, self.model, self.optimizer, self.data, self._write_assets
         )
         self.trace = Trace(trace_dir, world.rank)
-        self.metrics = MetricsProcessor(cfg, world, self.num_params, seq_len=self.seq_len, flops=shape_of(self.model))
+        self.metrics = MetricsProcessor(
+            cfg,
+            world,
+            self.num_params,
+            seq_len=self.seq_len,
+            flops=shape_of(self.model),
+            num_trainable=self.num_trainable,
+        )
         self._validation: list[Batch] | None = None
         self.stop_signal: int | None = None
         self.watchdog = StepWatchdog(
@@ -221,13 +235,20 @@ class Trainer:
         self.tokens_per_rank_step = cfg.training.micro_batch_size * self.seq_len * accum
         self.step = 0
         log.info(
-            "model: %s (%s), %.1fM parameters, seq_len %d, global batch %d sequences",
+            "model: %s (%s), %.1fM parameters%s, seq_len %d, global batch %d sequences",
             cfg.model.source(),
             type(self.model).__name__,
             self.num_params / 1e6,
+            self._lora_summary(p.adapted),
             self.seq_len,
             cfg.training.micro_batch_size * accum * world.world_size,
         )
+
+    def _lora_summary(self, adapted: list[str]) -> str:
+        if not adapted:
+            return ""
+        share = 100 * self.num_trainable / max(1, self.num_params)
+        return f" ({self.num_trainable / 1e6:.2f}M trainable, {share:.2f}%: LoRA on {len(adapted)} modules)"
 
     def _write_assets(self, directory: Path) -> None:
         """Files export needs besides the weights (rank 0, inside the checkpoint)."""
@@ -262,7 +283,13 @@ class Trainer:
             self.step, seconds, skipped = self.checkpointer.resume(self.resume_candidates, self.unreadable)
             restore_schedule(self.optimizer, self.scheduler, cfg.training, self.step)
             self.metrics.on_checkpoint_loaded(self.step, seconds, skipped=len(skipped))
-        self.trace.write("start", step=self.step, world_size=self.world.world_size, num_params=self.num_params)
+        self.trace.write(
+            "start",
+            step=self.step,
+            world_size=self.world.world_size,
+            num_params=self.num_params,
+            trainable_params=self.num_trainable,
+        )
         max_steps = cfg.training.max_steps
         eval_every = cfg.training.eval_interval_steps
         first = True
@@ -289,7 +316,7 @@ class Trainer:
             if stop or self.checkpointer.due(self.step, max_steps):
                 self.watchdog.arm(f"the checkpoint save of step {self.step}", timeout + stall.checkpoint_seconds)
                 seconds = self.checkpointer.save(self.step)
-                self.metrics.on_checkpoint_saved(self.step, seconds)
+                self.metrics.on_checkpoint_saved(self.step, seconds, self.checkpointer.last_size_bytes)
             if stop:
                 self.checkpointer.finalize()
                 self.watchdog.disarm()
@@ -301,7 +328,13 @@ class Trainer:
         self._log_rows()
         if self.trace.enabled:
             params, optim = state_bytes(self.model, self.optimizer)
-            self.trace.write("memory", param_bytes=params, optim_bytes=optim)
+            self.trace.write(
+                "memory",
+                param_bytes=params,
+                optim_bytes=optim,
+                checkpoint_bytes=self.checkpointer.last_size_bytes,
+                trainable_params=self.num_trainable,
+            )
             self._write_probe()
         self.trace.write("end", step=self.step)
 

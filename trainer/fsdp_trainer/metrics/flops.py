@@ -18,6 +18,11 @@ it, counted on the actual model (any architecture) rather than a formula::
   as Llama 3.2). For mixture-of-experts, a token passes through
   ``num_experts_per_tok`` of the experts: expert parameters (those under a
   module named ``experts``) count by that fraction.
+- Frozen weights (LoRA's base, ``spec.peft``) get no weight gradient: a
+  frozen matmul parameter costs 2 FLOPs forward and 2 backward (the
+  gradient of its input, which the adapters below it need), so
+  ``6 * N`` becomes ``6 * N_trainable + 4 * N_frozen``; the adapters are
+  trainable matmul parameters like any other.
 - ``12 * L * W * S``: the attention score and value matmuls (QK^T and AV), 2
   FLOPs per multiply-add forward, twice that backward, per layer, where
   ``W = num_heads * head_dim`` (the hidden size for Llama, not for
@@ -51,13 +56,15 @@ class FlopsShape:
     matmul_params: int  # active per token (MoE: the routed fraction of the experts)
     num_layers: int
     attention_width: int  # num_heads * head_dim
+    frozen_matmul_params: int = 0  # the part of matmul_params that is frozen (no weight gradient)
 
     def attention_flops_per_token(self, seq_len: int) -> int:
         return 12 * self.num_layers * self.attention_width * seq_len
 
     def flops_per_token(self, seq_len: int) -> int:
         """Training (forward + backward) model FLOPs per token; see the module docstring."""
-        return 6 * self.matmul_params + self.attention_flops_per_token(seq_len)
+        trainable = self.matmul_params - self.frozen_matmul_params
+        return 6 * trainable + 4 * self.frozen_matmul_params + self.attention_flops_per_token(seq_len)
 
 
 def _expert_fraction(config: Any) -> float:
@@ -74,15 +81,17 @@ def shape_of(model: nn.Module) -> FlopsShape:
     if head is not None:
         lookups.discard(id(head.weight))  # tied: the table is also the output matmul
     fraction = _expert_fraction(config)
-    matmul = 0.0
+    matmul = frozen = 0.0
     for name, param in model.named_parameters():  # tied parameters once
         if id(param) in lookups:
             continue
         share = fraction if ".experts." in f".{name}." else 1.0
         matmul += param.numel() * share
+        if not param.requires_grad:
+            frozen += param.numel() * share
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    return FlopsShape(round(matmul), config.num_hidden_layers, heads * head_dim)
+    return FlopsShape(round(matmul), config.num_hidden_layers, heads * head_dim, round(frozen))
 
 
 @dataclass(frozen=True)

@@ -77,12 +77,14 @@ class MetricsProcessor:
         num_params: int,
         *,
         seq_len: int,
+        num_trainable: int | None = None,
         flops: FlopsShape,
         stream: TextIO | None = None,
     ) -> None:
         self.cfg = cfg
         self.world = world
         self.num_params = num_params
+        self.num_trainable = num_params if num_trainable is None else num_trainable
         self.seq_len = seq_len
         self.flops_per_token = flops.flops_per_token(seq_len)
         self.device_name = torch.cuda.get_device_name(world.device) if world.device.type == "cuda" else None
@@ -138,6 +140,8 @@ class MetricsProcessor:
         m.max_steps.labels(**self.labels).set(self.max_steps)
         m.restart_count.labels(**self.labels).set(self.restart_count)
         m.peak_tflops.labels(**self.labels).set(self.peak_tflops)
+        m.parameters.labels(**self.labels).set(self.num_params)
+        m.trainable_parameters.labels(**self.labels).set(self.num_trainable)
         # Touch the counters and histograms so they export 0 before the first
         # step or save, not nothing: rate()/increase() need a sample before
         # the first increment, or that increment is never seen. Without it a
@@ -187,12 +191,15 @@ class MetricsProcessor:
         self._print(f"eval step {step} | loss {loss:.4f} | perplexity {ppl:.2f}")
 
     # The checkpointer logs saves and resumes itself; these only feed metrics.
-    def on_checkpoint_saved(self, step: int, seconds: float) -> None:
+    def on_checkpoint_saved(self, step: int, seconds: float, size_bytes: int | None = None) -> None:
+        """``size_bytes``: the newest complete checkpoint's size, where known (rank 0)."""
         if self.metrics is not None:
             m = self.metrics
             m.checkpoint_save.labels(**self.labels).observe(seconds)
             m.checkpoint_last_step.labels(**self.labels).set(step)
             m.checkpoint_last_save.labels(**self.labels).set(time.time())
+            if size_bytes is not None:
+                m.checkpoint_size.labels(**self.labels).set(size_bytes)
 
     def on_checkpoint_loaded(self, step: int, seconds: float, skipped: int = 0) -> None:
         if self.metrics is not None:

@@ -29,7 +29,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from .architecture import decoder_units
-from .param_names import canonical
+from .param_names import base_name
 from .shards import copy_full_into
 
 InitFn = Callable[[nn.Module], None]
@@ -74,6 +74,11 @@ def _swapped(modules: list[nn.Module], replacement: Callable[[nn.Parameter], tor
             module._parameters[pname] = param
 
 
+def _seed_name(module_name: str) -> str:
+    """The module's name in the plain model: a LoRA-wrapped layer's base draws what it would unwrapped."""
+    return base_name(f"{module_name}.")[:-1] if module_name else module_name
+
+
 def _unit_roots(model: PreTrainedModel) -> list[nn.Module]:
     return [unit.module for unit in decoder_units(model)]
 
@@ -86,7 +91,7 @@ def init_weights(model: PreTrainedModel, seed: int, device: torch.device) -> Non
     prefix = {id(m): name for name, m in model.named_modules()}
     # The root unit goes last: what it ties (the output head to the
     # embedding) may be reached from it only.
-    plan = [(m, canonical(prefix[id(m)]), layer_ids - {id(m)}) for m in layers]
+    plan = [(m, _seed_name(prefix[id(m)]), layer_ids - {id(m)}) for m in layers]
     plan.append((model, "", layer_ids))
     done: set[int] = set()
     fork_devices = [device] if device.type == "cuda" else []
@@ -105,9 +110,11 @@ def init_weights(model: PreTrainedModel, seed: int, device: torch.device) -> Non
 
             with _swapped(modules, full_for):
                 for name, module, init in order:
-                    torch.manual_seed(_seed_for(seed, canonical(name)))
+                    torch.manual_seed(_seed_for(seed, _seed_name(name)))
                     init(module)
-            names = {id(p): f"{canonical(n)}.{pn}" if n else pn for n, m, _ in order for pn, p in m._parameters.items()}
+            names = {
+                id(p): f"{_seed_name(n)}.{pn}" if n else pn for n, m, _ in order for pn, p in m._parameters.items()
+            }
             for key, (param, full) in fulls.items():
                 if key in done:
                     continue

@@ -38,7 +38,7 @@ from transformers import PreTrainedModel
 
 from ..errors import ConfigError, name_list
 from .architecture import embeddings_tied
-from .param_names import canonical, unique_parameters
+from .param_names import base_name, base_parameters
 from .shards import copy_full_into, local_slices, local_tensor
 
 log = logging.getLogger(__name__)
@@ -89,15 +89,15 @@ def _tied_names(model: PreTrainedModel) -> set[str]:
     if not embeddings_tied(model):
         return set()
     head = model.get_output_embeddings()
-    return {f"{canonical(n)}.weight" for n, m in model.named_modules() if m is head}
+    return {f"{base_name(n)}.weight" for n, m in model.named_modules() if m is head}
 
 
 def expected_tensors(model: nn.Module) -> dict[str, tuple[int, ...]]:
-    """What a checkpoint must hold: every parameter (tied ones once) and persistent buffer."""
-    names = dict(unique_parameters(model))
+    """What a checkpoint must hold: every parameter (tied ones once, LoRA adapters never) and persistent buffer."""
+    names = dict(base_parameters(model))
     out = {name: tuple(p.shape) for name, p in names.items()}
     for name, buf in model.state_dict(keep_vars=True).items():
-        name = canonical(name)
+        name = base_name(name)
         if name not in out and not isinstance(buf, nn.Parameter):
             out[name] = tuple(buf.shape)
     return out
@@ -135,7 +135,7 @@ def check_pretrained(model: PreTrainedModel, path: Path) -> LoadPlan:
         raise ConfigError([f"model.pretrained: no safetensors weights in {path}"])
     shapes = {name: shape for name, (_, shape) in index.items()}
     prefix = getattr(model, "base_model_prefix", "") or ""
-    params = {name for name, _ in unique_parameters(model)}
+    params = {name for name, _ in base_parameters(model)}
     expected = expected_tensors(model)
     sources: dict[str, tuple[str, Path]] = {}
     missing, wrong = [], []
@@ -182,9 +182,9 @@ def load_pretrained(model: PreTrainedModel, plan: LoadPlan, device: torch.device
 
 
 def _targets(model: nn.Module) -> dict[str, torch.Tensor]:
-    out: dict[str, torch.Tensor] = dict(unique_parameters(model))
+    out: dict[str, torch.Tensor] = dict(base_parameters(model))
     for name, buf in model.named_buffers():
-        out.setdefault(canonical(name), buf)
+        out.setdefault(base_name(name), buf)
     return out
 
 
@@ -204,6 +204,14 @@ def _stream(model: nn.Module, plan: LoadPlan) -> None:
 
 
 def _convert_on_rank0(model: PreTrainedModel, plan: LoadPlan, device: torch.device) -> None:
+    if not dist.is_initialized():  # one process (export): nothing to broadcast
+        reference, errors = _load_with_transformers(plan.path)
+        if errors:
+            raise ConfigError(errors)
+        for name, target in _targets(model).items():
+            if name in reference:
+                copy_full_into(target, reference.pop(name).to(dtype=torch.float32))
+        return
     reference: dict[str, torch.Tensor] = {}
     errors: list[str] = []
     if dist.get_rank() == 0:
@@ -246,5 +254,5 @@ def _load_with_transformers(path: Path) -> tuple[dict[str, torch.Tensor], list[s
     if problems:
         name = type(reference).__name__
         return {}, [f"model.pretrained: {path} does not match {name} ({'; '.join(problems)})"]
-    state = {canonical(n): t for n, t in reference.state_dict().items()}
+    state = {base_name(n): t for n, t in reference.state_dict().items()}
     return state, []
