@@ -76,6 +76,7 @@ def check(config: str, nnodes: str, nproc_per_node: int) -> str:
     """Check ``config`` for every world size the launch allows; the one-line summary, or ConfigError."""
     from .config import load_config
     from .model.architecture import count_parameters
+    from .model.lora import count_trainable
     from .parallel.distributed import world_from_env
     from .parallel.plan import ParallelPlan
     from .train import prepare
@@ -105,8 +106,11 @@ def check(config: str, nnodes: str, nproc_per_node: int) -> str:
     if errors:
         raise ConfigError(errors)
     sizes = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
+    params = f"{count_parameters(prepared.model):,} parameters"
+    if prepared.adapted:
+        params += f" ({count_trainable(prepared.model):,} trainable: LoRA on {len(prepared.adapted)} modules)"
     return (
-        f"configuration ok: {type(prepared.model).__name__}, {count_parameters(prepared.model):,} parameters, "
+        f"configuration ok: {type(prepared.model).__name__}, {params}, "
         f"seqLen {prepared.seq_len}, {sizes} node(s) x {nproc_per_node} process(es)"
     )
 

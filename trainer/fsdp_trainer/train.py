@@ -20,6 +20,7 @@ fetched together).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import signal
@@ -181,6 +182,18 @@ def state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[int
     return params, optim
 
 
+def frozen_digest(model: nn.Module) -> str | None:
+    """SHA-256 of this rank's shards of the frozen parameters (None: nothing is frozen); for the trace."""
+    frozen = [(n, p) for n, p in model.named_parameters() if not p.requires_grad]
+    if not frozen:
+        return None
+    digest = hashlib.sha256()
+    for name, param in frozen:
+        digest.update(name.encode())
+        digest.update(local_tensor(param).detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
 class Trainer:
     def __init__(self, p: Prepared, trace_dir: Path | None = None) -> None:
         self.cfg, self.world, self.tokenizer = p.cfg, p.world, p.tokenizer
@@ -289,6 +302,7 @@ class Trainer:
             world_size=self.world.world_size,
             num_params=self.num_params,
             trainable_params=self.num_trainable,
+            **({"frozen_sha256": frozen_digest(self.model)} if self.trace.enabled else {}),
         )
         max_steps = cfg.training.max_steps
         eval_every = cfg.training.eval_interval_steps
@@ -336,7 +350,7 @@ class Trainer:
                 trainable_params=self.num_trainable,
             )
             self._write_probe()
-        self.trace.write("end", step=self.step)
+        self.trace.write("end", step=self.step, frozen_sha256=frozen_digest(self.model))
 
     def train_step(self, step: int) -> tuple[StepStats, list[str], bool]:
         """One optimizer step; also returns whether any rank was asked to stop."""
