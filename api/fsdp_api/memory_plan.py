@@ -10,6 +10,9 @@ use it. The numbers model what the trainer does (``fsdp_trainer.parallel``,
   gradAccumSteps > 1 FSDP2 keeps whole (unsharded) gradients between the
   micro-batches, since the reduce-scatter only runs on the last one;
 - optimizer: AdamW's two fp32 states per parameter, sharded;
+- with LoRA (``spec.peft``) gradients and optimizer state exist only for
+  the adapters (r x (in + out) per adapted projection), while the frozen
+  base still takes its fp32 weights, its activations and its gathers;
 - activations: the tensors autograd saves per decoder layer, by seqLen,
   microBatchSize and activationCheckpointing;
 - logits: the output head's logits, their fp32 copy and log-softmax;
@@ -36,7 +39,7 @@ from typing import Any, Literal
 from .instance_types import GIB, INSTANCE_TYPES, InstanceType
 from .model_files import local_model_dir
 from .presets import HUB_MODEL_PRESETS, PRESETS, ModelDims
-from .spec import MAX_NODES, FSDPTrainingSpec, ModelOverrides, effective_seq_len
+from .spec import MAX_NODES, FSDPTrainingSpec, ModelOverrides, PeftSpec, effective_seq_len
 
 Device = Literal["cuda", "cpu"]
 
@@ -134,11 +137,17 @@ class Workload:
     cpu_offload: bool
     prefetch: int
     device: Device
+    adapter_params: int = 0  # LoRA's trainable parameters; 0: every weight trains
 
     @property
     def compute_bytes(self) -> int:
         """Bytes per element of the compute dtype (FSDP's param_dtype, or autocast's)."""
         return BF16 if self.precision == "bf16" else FP32
+
+    @property
+    def trainable_params(self) -> int:
+        """Parameters with gradients and optimizer state."""
+        return self.adapter_params or self.dims.num_params()
 
 
 def _shard_size(spec: FSDPTrainingSpec, world_size: int, uses_fsdp: bool) -> int:
@@ -171,7 +180,30 @@ def workload(spec: FSDPTrainingSpec, dims: ModelDims) -> Workload:
         cpu_offload=spec.fsdp.cpu_offload,
         prefetch=spec.fsdp.prefetch,
         device="cuda" if spec.resources.gpus_per_node > 0 else "cpu",
+        adapter_params=lora_params(dims, spec.peft) if spec.peft is not None else 0,
     )
+
+
+def lora_params(d: ModelDims, peft: PeftSpec) -> int:
+    """LoRA's parameters on a Llama-shaped decoder: r x (in + out) per adapted projection.
+
+    Unset targets adapt every projection (the trainer's default); listed ones
+    count where their last name matches a Llama projection (an estimate: the
+    trainer finds the real modules).
+    """
+    h, i, kv = d.hidden_size, d.intermediate_size, d.num_key_value_heads * d.head_dim
+    shapes = {
+        "q_proj": (h, h),
+        "k_proj": (h, kv),
+        "v_proj": (h, kv),
+        "o_proj": (h, h),
+        "gate_proj": (h, i),
+        "up_proj": (h, i),
+        "down_proj": (i, h),
+    }
+    names = set(shapes) if peft.target_modules is None else {t.rsplit(".", 1)[-1] for t in peft.target_modules}
+    per_layer = sum(a + b for name, (a, b) in shapes.items() if name in names)
+    return d.num_layers * peft.rank * per_layer
 
 
 # --- the formulas --------------------------------------------------------------------
@@ -266,19 +298,19 @@ def gradient_bytes(w: Workload) -> int:
     Sharded at the optimizer step; with gradient accumulation FSDP2 keeps the
     whole gradient (in the fp32 reduce dtype) between micro-batches.
     """
-    whole = w.dims.num_params() * FP32
+    whole = w.trainable_params * FP32
     if w.uses_fsdp and w.grad_accum > 1:
         return whole
-    return sharded(w.dims.num_params(), w) * FP32
+    return sharded(w.trainable_params, w) * FP32
 
 
 def optimizer_bytes(w: Workload) -> int:
-    return 2 * sharded(w.dims.num_params(), w) * FP32
+    return 2 * sharded(w.trainable_params, w) * FP32
 
 
 def optimizer_temp_bytes(w: Workload) -> int:
     """The foreach AdamW (off CUDA) computes sqrt(exp_avg_sq) into a new tensor list; fused CUDA AdamW does not."""
-    return 0 if w.device == "cuda" and not w.cpu_offload else sharded(w.dims.num_params(), w) * FP32
+    return 0 if w.device == "cuda" and not w.cpu_offload else sharded(w.trainable_params, w) * FP32
 
 
 # --- the plan --------------------------------------------------------------------------
@@ -315,14 +347,15 @@ class Estimate:
 
 
 def estimate(w: Workload) -> Estimate:
-    n = w.dims.num_params()
+    n = w.dims.num_params() + w.adapter_params
     params = sharded(n, w) * FP32
     grads, optim = gradient_bytes(w), optimizer_bytes(w)
     temp = optimizer_temp_bytes(w)
     acts, logits, comm = activation_bytes(w), logits_bytes(w), communication_bytes(w)
     # Before the last micro-batch's reduce-scatter the only gradient alive is
     # the one being accumulated (whole), or the head's, computed first.
-    grads_in_backward = grads if w.uses_fsdp and w.grad_accum > 1 else w.dims.vocab_size * w.dims.hidden_size * FP32
+    head = w.dims.vocab_size * w.dims.hidden_size * FP32 if not w.adapter_params else 0  # LoRA: a frozen head
+    grads_in_backward = grads if w.uses_fsdp and w.grad_accum > 1 else head
     offloaded = params + grads + optim if w.cpu_offload else 0
     on_device = (params, grads, optim) if not w.cpu_offload else (0, 0, 0)
     d_params, d_grads, d_optim = on_device
@@ -336,12 +369,17 @@ def estimate(w: Workload) -> Estimate:
     components = (
         Component("parameters", d_params, f"fp32 master weights, {where}"),
         Component(
-            "gradients", d_grads, "fp32; whole while accumulating" if w.grad_accum > 1 else "fp32, like the weights"
+            "gradients",
+            d_grads,
+            ("LoRA adapters only; " if w.adapter_params else "")
+            + ("fp32; whole while accumulating" if w.grad_accum > 1 else "fp32, like the weights"),
         ),
         Component(
             "optimizer state",
             d_optim + temp,
-            "AdamW exp_avg + exp_avg_sq (fp32)" + (", + foreach temp" if temp else ""),
+            "AdamW exp_avg + exp_avg_sq (fp32)"
+            + (f" of {w.adapter_params:,} adapter parameters" if w.adapter_params else "")
+            + (", + foreach temp" if temp else ""),
         ),
         Component("activations", acts, f"{w.micro_batch}x{w.seq_len} tokens, checkpointing {w.checkpointing}"),
         Component("logits", logits, f"vocab {w.dims.vocab_size}: log-softmax and its gradients (fp32)"),
