@@ -122,6 +122,42 @@ def test_a_pretrained_qwen2_directory_fine_tunes_on_the_cluster(operator: WholeC
     assert saved["model_type"] == "qwen2"
 
 
+def test_lora_fine_tunes_a_pretrained_directory_and_saves_only_the_adapters(operator: WholeCluster, ns: str) -> None:
+    """spec.peft on the cluster: the same tiny Qwen2 directory, LoRA adapters trained over two pods."""
+    import torch.distributed.checkpoint as dcp
+
+    from tests.trainer.harness import build_word_tokenizer, write_ragged_jsonl
+    from tests.trainer.model.architectures import build_checkpoint
+
+    create_claim(operator, ns)
+    volume = wait_for(lambda: _bound_claim(operator, ns), 60, "the claim's volume")
+    build_checkpoint("qwen2", volume / "models" / "qwen2", build_word_tokenizer(volume / "tokenizer"))
+    (volume / "data").mkdir()
+    write_ragged_jsonl(volume / "data" / "docs.jsonl", 200)
+    training = fsdptraining(
+        "lora",
+        ns,
+        max_steps=5,
+        interval=5,
+        model={"pretrained": "/checkpoints/models/qwen2"},
+        data={"path": "/checkpoints/data/docs.jsonl"},
+    )
+    training["spec"]["training"]["seqLen"] = 32
+    training["spec"]["peft"] = {"rank": 4, "targetModules": ["q_proj", "v_proj"]}
+    operator.cluster.apply(training)
+    phase = wait_phase(operator, "lora", ns, TERMINAL, 300)
+    logs = trainer_logs(operator, "lora", ns)
+    assert phase == "Succeeded", logs[-4000:]
+    assert "LoRA on 4 modules" in logs, logs[-3000:]
+    losses = step_losses(operator, "lora", ns)
+    assert sorted(losses) == [1, 2, 3, 4, 5], logs[-3000:]
+    assert checkpoint_steps(operator, ns) == [5]
+    metadata = dcp.FileSystemReader(str(volume / "step-00000005")).read_metadata().state_dict_metadata
+    model_keys = sorted(k for k in metadata if k.startswith("model."))
+    # q_proj and v_proj of 2 layers, A and B each: nothing of the frozen base.
+    assert len(model_keys) == 8 and all(".lora_" in k for k in model_keys), model_keys
+
+
 def test_a_config_the_trainer_rejects_is_its_status_not_a_traceback(operator: WholeCluster, ns: str) -> None:
     """Admission cannot see the pod's files: the trainer's check in the pod does, and the status says what."""
     whole, name = operator, "nodata"

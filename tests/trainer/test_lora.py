@@ -231,3 +231,38 @@ def test_mixture_of_experts_routers_and_fused_experts_are_left_alone() -> None:
     config = AutoConfig.for_model("mixtral", **ARCHITECTURES["mixtral"])
     targets = find_targets(build_meta_model(config), PeftSpec())
     assert {t.rsplit(".", 1)[-1] for t in targets} == {"q_proj", "k_proj", "v_proj", "o_proj"}
+
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "fsdptraining-lora.yaml"
+
+
+def test_the_lora_example_runs_locally_and_exports_an_adapter(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """examples/fsdptraining-lora.yaml under run-local, its hub references swapped for local copies."""
+    from fsdp_operator.local import run_local
+    from peft import PeftModel
+
+    from tests.trainer.data.chat_inputs import build_chat_tokenizer, write_chat_jsonl
+
+    body = yaml.safe_load(EXAMPLE.read_text())
+    spec = body["spec"]
+    assert spec["peft"]["rank"] == 16 and spec["model"]["pretrained"].startswith("meta-llama/")
+    base = build_checkpoint("llama", tmp_path / "base", build_chat_tokenizer(tmp_path / "tokenizer"))
+    spec["model"]["pretrained"] = str(base)
+    spec["data"] = {"path": str(write_chat_jsonl(tmp_path / "chats.jsonl", 300)), "format": "chat"}
+    spec["training"].update(seqLen=64, microBatchSize=2, precision="fp32", warmupSteps=2)
+    spec["env"] = []
+    path = tmp_path / "lora.yaml"
+    path.write_text(yaml.safe_dump(body))
+
+    out = tmp_path / "run"
+    assert run_local(path, nproc=2, output_dir=out, steps=6) == 0
+    err = capfd.readouterr().err
+    assert "trainable, " in err and "LoRA on 14 modules" in err, err[-3000:]
+    assert all(".lora_" in k for k in _model_keys(latest_checkpoint(out / "checkpoints")[1]))
+
+    adapter = tmp_path / "adapter"
+    assert cli(["export", "--checkpoint", str(out / "checkpoints"), "--output", str(adapter), "--format", "peft"]) == 0
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), adapter)
+    assert model.peft_config["default"].r == 16
