@@ -32,6 +32,12 @@ SMALL = {"hiddenSize": 512, "numLayers": 8, "numHeads": 8, "numKeyValueHeads": 4
 CASES: dict[str, dict[str, Any]] = {
     "tiny": {"model": {"preset": "tiny"}, "training": {"seqLen": 256, "microBatchSize": 4}},
     "small": {"model": {"preset": "tiny", "config": SMALL}, "training": {"seqLen": 256, "microBatchSize": 2}},
+    # LoRA on the same model: gradients and optimizer state for the adapters only.
+    "small-lora": {
+        "model": {"preset": "tiny", "config": SMALL},
+        "training": {"seqLen": 256, "microBatchSize": 2},
+        "peft": {"rank": 16},
+    },
 }
 
 
@@ -46,6 +52,7 @@ def cpu_spec(case: dict[str, Any], checkpoint_dir: Path) -> FSDPTrainingSpec:
             "resources": {"nodes": 2, "gpusPerNode": 0},
             "checkpoint": {"dir": str(checkpoint_dir), "intervalSteps": 1000},
             "metrics": {"enabled": False},
+            **({"peft": case["peft"]} if "peft" in case else {}),
         }
     )
 
