@@ -122,6 +122,8 @@ IMMUTABILITY = (
         ({"training__microBatchSize": 16}, "spec.training.microBatchSize"),
         ({"checkpoint__claimName": "ckpt"}, "spec.checkpoint.claimName"),
         ({"checkpoint__dir": "/data/ckpt"}, "spec.checkpoint.dir"),
+        # Turning LoRA on (or changing it) would make the checkpoints unloadable.
+        ({"peft__rank": 8}, "spec.peft"),
     ],
 )
 def test_immutable_fields_are_refused_on_update(change: dict[str, Any], path: str) -> None:

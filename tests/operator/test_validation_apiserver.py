@@ -152,6 +152,7 @@ def test_immutable_fields_are_refused_and_mutable_ones_accepted(api: Any) -> Non
         {"model__preset": "llama3.2-1b", "training__seqLen": 256},
         {"resources__nodes": 2},
         {"fsdp__shardingStrategy": "no_shard"},
+        {"peft__rank": 8},  # unset -> set: LoRA cannot be turned on under existing checkpoints
     ):
         new = changed(**edits)
         (expected,) = check_update(old_spec, FSDPTraining.model_validate(new).spec)

@@ -331,6 +331,7 @@ class Trainer:
                 self.watchdog.arm(f"the checkpoint save of step {self.step}", timeout + stall.checkpoint_seconds)
                 seconds = self.checkpointer.save(self.step)
                 self.metrics.on_checkpoint_saved(self.step, seconds, self.checkpointer.last_size_bytes)
+                self.trace.write("checkpoint", step=self.step, seconds=seconds, bytes=self.checkpointer.last_size_bytes)
             if stop:
                 self.checkpointer.finalize()
                 self.watchdog.disarm()
@@ -350,7 +351,8 @@ class Trainer:
                 trainable_params=self.num_trainable,
             )
             self._write_probe()
-        self.trace.write("end", step=self.step, frozen_sha256=frozen_digest(self.model))
+        if self.trace.enabled:  # hashing the frozen base is a test aid, not for production runs
+            self.trace.write("end", step=self.step, frozen_sha256=frozen_digest(self.model))
 
     def train_step(self, step: int) -> tuple[StepStats, list[str], bool]:
         """One optimizer step; also returns whether any rank was asked to stop."""
