@@ -56,6 +56,7 @@ bench: setup tools
 	$(BIN)/python bench/operator_latency.py
 	$(BIN)/python bench/trainer_throughput.py
 	$(BIN)/python bench/trainer_throughput.py --accelerate
+	$(BIN)/python bench/lora_vs_full.py
 
 # On a GPU machine: llama3.2-1b tokens/s, MFU and peak memory (docs/benchmarks.md).
 bench-gpu: setup
