@@ -86,11 +86,12 @@ def test_happy_path_succeeds_with_checkpoints_status_and_prometheus(operator: Wh
     record("checkpoint_steps_seen", json.dumps(checkpoint_steps(whole, ns)))
 
 
-def test_a_pretrained_qwen2_directory_fine_tunes_on_the_cluster(operator: WholeCluster, ns: str) -> None:
-    """Not a Llama: a tiny Qwen2 checkpoint with its tokenizer, read by both worker pods from the shared volume.
+def _qwen2_on_the_claim(operator: WholeCluster, ns: str, name: str, **spec: object) -> tuple[Path, str, str]:
+    """A tiny Qwen2 checkpoint, its tokenizer and documents on the claim; trains ``name`` on them for 5 steps.
 
     The model and data sit on the claim the pods mount at /checkpoints (on
     EKS: FSx for Lustre or EFS); pods see only their volumes, not the host.
+    Returns the claim's volume, the final phase and rank 0's log.
     """
     from tests.trainer.harness import build_word_tokenizer, write_ragged_jsonl
     from tests.trainer.model.architectures import build_checkpoint
@@ -101,7 +102,7 @@ def test_a_pretrained_qwen2_directory_fine_tunes_on_the_cluster(operator: WholeC
     (volume / "data").mkdir()
     write_ragged_jsonl(volume / "data" / "docs.jsonl", 200)
     training = fsdptraining(
-        "qwen",
+        name,
         ns,
         max_steps=5,
         interval=5,
@@ -109,9 +110,15 @@ def test_a_pretrained_qwen2_directory_fine_tunes_on_the_cluster(operator: WholeC
         data={"path": "/checkpoints/data/docs.jsonl"},
     )
     training["spec"]["training"]["seqLen"] = 32
+    training["spec"].update(spec)
     operator.cluster.apply(training)
-    phase = wait_phase(operator, "qwen", ns, TERMINAL, 300)
-    logs = trainer_logs(operator, "qwen", ns)
+    phase = wait_phase(operator, name, ns, TERMINAL, 300)
+    return volume, phase, trainer_logs(operator, name, ns)
+
+
+def test_a_pretrained_qwen2_directory_fine_tunes_on_the_cluster(operator: WholeCluster, ns: str) -> None:
+    """Not a Llama: a tiny Qwen2 checkpoint with its tokenizer, read by both worker pods from the shared volume."""
+    volume, phase, logs = _qwen2_on_the_claim(operator, ns, "qwen")
     assert phase == "Succeeded", logs[-4000:]
     # Rank 0's log has every step (the operator's scraped status may miss a job this short).
     losses = step_losses(operator, "qwen", ns)
@@ -126,31 +133,11 @@ def test_lora_fine_tunes_a_pretrained_directory_and_saves_only_the_adapters(oper
     """spec.peft on the cluster: the same tiny Qwen2 directory, LoRA adapters trained over two pods."""
     import torch.distributed.checkpoint as dcp
 
-    from tests.trainer.harness import build_word_tokenizer, write_ragged_jsonl
-    from tests.trainer.model.architectures import build_checkpoint
-
-    create_claim(operator, ns)
-    volume = wait_for(lambda: _bound_claim(operator, ns), 60, "the claim's volume")
-    build_checkpoint("qwen2", volume / "models" / "qwen2", build_word_tokenizer(volume / "tokenizer"))
-    (volume / "data").mkdir()
-    write_ragged_jsonl(volume / "data" / "docs.jsonl", 200)
-    training = fsdptraining(
-        "lora",
-        ns,
-        max_steps=5,
-        interval=5,
-        model={"pretrained": "/checkpoints/models/qwen2"},
-        data={"path": "/checkpoints/data/docs.jsonl"},
-    )
-    training["spec"]["training"]["seqLen"] = 32
-    training["spec"]["peft"] = {"rank": 4, "targetModules": ["q_proj", "v_proj"]}
-    operator.cluster.apply(training)
-    phase = wait_phase(operator, "lora", ns, TERMINAL, 300)
-    logs = trainer_logs(operator, "lora", ns)
+    peft = {"rank": 4, "targetModules": ["q_proj", "v_proj"]}
+    volume, phase, logs = _qwen2_on_the_claim(operator, ns, "lora", peft=peft)
     assert phase == "Succeeded", logs[-4000:]
     assert "LoRA on 4 modules" in logs, logs[-3000:]
-    losses = step_losses(operator, "lora", ns)
-    assert sorted(losses) == [1, 2, 3, 4, 5], logs[-3000:]
+    assert sorted(step_losses(operator, "lora", ns)) == [1, 2, 3, 4, 5], logs[-3000:]
     assert checkpoint_steps(operator, ns) == [5]
     metadata = dcp.FileSystemReader(str(volume / "step-00000005")).read_metadata().state_dict_metadata
     model_keys = sorted(k for k in metadata if k.startswith("model."))
