@@ -37,7 +37,9 @@ REPLICA_TYPE = WORKER_REPLICA
 TMP_DIR = contract.TMP_DIR
 SHM_DIR = contract.SHM_DIR
 # A fixed non-root identity: the image needs no matching /etc/passwd entry
-# because HOME is set explicitly, and fsGroup makes the checkpoint PVC writable.
+# because HOME is set explicitly. fsGroup makes a block-device PVC (EBS)
+# writable, but CSI drivers of shared volumes (FSx for Lustre, EFS) do not
+# apply it: there the volume itself must let uid 1000 write (docs/eks-checkpoint-storage.md).
 RUN_AS_USER = 1000
 RUN_AS_GROUP = 1000
 
