@@ -58,6 +58,9 @@ def dry_run(cluster: TestCluster, manifests: str) -> str:
         "--server-side",
         "--dry-run=server",
         "--field-manager=bundle-test",
+        # The cluster is shared: another test may have applied the same objects (the operator's
+        # RBAC) under its own field manager. What is checked is that the server accepts them.
+        "--force-conflicts",
         "-f",
         "-",
         input=manifests,
@@ -99,7 +102,13 @@ def test_helm_template_is_accepted(bundle_cluster: TestCluster) -> None:
 
 
 def test_helm_install_dry_run_against_the_server(bundle_cluster: TestCluster) -> None:
-    """`helm install --dry-run=server` (server-side lookups and validation) succeeds and prints the NOTES."""
+    """`helm install --dry-run=server` (server-side lookups and validation) succeeds and prints the NOTES.
+
+    Helm refuses to adopt objects another installer made: this runs before the operator
+    tests (tests/operator) install the kustomize bundle into the shared cluster, as pytest's
+    default order does, and fails if they ran first.
+    """
+    namespace = "fsdp-system"
     res = subprocess.run(
         [
             str(tool_path("helm")),
@@ -109,7 +118,7 @@ def test_helm_install_dry_run_against_the_server(bundle_cluster: TestCluster) ->
             "--dry-run=server",
             f"--kubeconfig={bundle_cluster.kubeconfig}",
             # The served namespace exists already (the fixture made it): Helm would refuse to adopt it.
-            *helm_args({**CHART_VALUES, "createWatchNamespaces": "false"}, "fsdp-system"),
+            *helm_args({**CHART_VALUES, "createWatchNamespaces": "false"}, namespace),
         ],
         capture_output=True,
         text=True,
@@ -117,7 +126,7 @@ def test_helm_install_dry_run_against_the_server(bundle_cluster: TestCluster) ->
     )
     assert res.returncode == 0, res.stderr
     notes = res.stdout.split("NOTES:", 1)[1]
-    assert "kubectl -n fsdp-system get deploy fsdp-operator" in notes
+    assert f"kubectl -n {namespace} get deploy fsdp-operator" in notes
     assert "Grafana" in notes and "installed by this release" in notes
 
 
