@@ -1,11 +1,14 @@
-"""EC2 GPU instance types: how many GPUs, which, and how much memory each has.
+"""EC2 GPU instance types: their GPUs, and the host's vCPUs, memory and pod count.
 
-Used by the memory plan (``fsdp_api.memory_plan``) to say whether a training
-fits the GPUs of ``resources.instanceTypes``. Only numbers checked against
-AWS's own public pages are listed; a type whose numbers could not be checked
-is left out (the plan then says it does not know the type) rather than
-guessed. Left out for that reason: p4de, g6e, p6-b200, and g6 sizes above
-16xlarge. Memory is per GPU, in GiB, as AWS states it.
+``INSTANCE_TYPES`` (GPUs, and how much memory each has) is used by the memory
+plan (``fsdp_api.memory_plan``) to say whether a training fits the GPUs of
+``resources.instanceTypes``. ``HOST_RESOURCES`` (vCPUs, host memory, pods per
+node) gives the default CPU and memory requests of the trainer pod
+(``fsdp_api.pod_resources``). Only numbers checked against AWS's own public
+pages are listed; a type whose numbers could not be checked is left out (the
+plan then says it does not know the type, and the pod gets no default
+requests) rather than guessed. Left out for that reason: p4de, g6e, p6-b200,
+and g6 sizes above 16xlarge. GPU memory is per GPU, in GiB, as AWS states it.
 """
 
 from __future__ import annotations
@@ -76,3 +79,83 @@ INSTANCE_TYPES: dict[str, InstanceType] = {
 
 def lookup(name: str) -> InstanceType | None:
     return INSTANCE_TYPES.get(name)
+
+
+# --- the host: vCPUs, memory, pods ------------------------------------------------------
+
+# EC2 User Guide, accelerated computing instances, "Hardware specifications" (Default vCPUs,
+# Memory (GiB)) for g5.* and p4d.24xlarge; its source is awsdocs/amazon-ec2-user-guide
+# doc_source/accelerated-computing-instances.md (commit d289961421fa79447add68ca26e3ec5ae96fdf41).
+EC2_ACCELERATED_SPECS = (
+    "https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/accelerated-computing-instances.html"
+    "#gpu-instance-specifications"
+)
+# EC2 User Guide, "IP addresses per network interface per instance type" (maximum network
+# interfaces, private IPv4 addresses per interface) for g5.*: the ENI-limited pod count is
+# interfaces x (addresses - 1) + 2 (source: doc_source/using-eni.md, same commit).
+EC2_IP_PER_ENI = "https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/using-eni.html#AvailableIpPerENI"
+# Karpenter's AWS provider reference (aws/karpenter-provider-aws,
+# website/content/en/docs/reference/instance-types.md, commit
+# 692ccdd0629e488300821443f0fa0bc3c3e08047), generated from EC2 DescribeInstanceTypes for the
+# AL2023 AMI family: karpenter.k8s.aws/instance-cpu, instance-memory (MiB) and the pods of every
+# type. The only AWS page found with the p5 family's vCPUs and memory, and with the pod counts of
+# the g6, p4d and p5 types (the ENI table gives p4d's interfaces for all 4 network cards, not
+# for the default card the pod count uses).
+KARPENTER_INSTANCE_TYPES = "https://karpenter.sh/docs/reference/instance-types/"
+
+
+@dataclass(frozen=True)
+class HostResources:
+    """What one node of an instance type has for pods, before Kubernetes takes its share."""
+
+    name: str
+    vcpus: int
+    memory_gib: int  # host memory, as AWS states it
+    max_pods: int  # the ENI-limited pod count (VPC CNI, no prefix delegation)
+    source: str
+
+    @property
+    def memory_mib(self) -> int:
+        return self.memory_gib * 1024
+
+
+def _hosts(rows: dict[str, tuple[int, int, int]], source: str) -> dict[str, HostResources]:
+    return {name: HostResources(name, cpus, mem, pods, source) for name, (cpus, mem, pods) in rows.items()}
+
+
+HOST_RESOURCES: dict[str, HostResources] = {
+    # (vCPUs, memory GiB, pods). g5: vCPUs and memory from the EC2 guide (the Batch table agrees),
+    # pods from its ENI table (4x15 -> 58, 8x30 -> 234, 15x50 -> 737, 7x50 -> 345); Karpenter's
+    # reference gives the same three numbers for every size.
+    **_hosts(
+        {
+            "g5.xlarge": (4, 16, 58),
+            "g5.2xlarge": (8, 32, 58),
+            "g5.4xlarge": (16, 64, 234),
+            "g5.8xlarge": (32, 128, 234),
+            "g5.12xlarge": (48, 192, 737),
+            "g5.16xlarge": (64, 256, 234),
+            "g5.24xlarge": (96, 384, 737),
+            "g5.48xlarge": (192, 768, 345),
+        },
+        f"{EC2_ACCELERATED_SPECS} ; {EC2_IP_PER_ENI}",
+    ),
+    # g6: vCPUs and memory from the Batch table, pods from Karpenter's reference.
+    **_hosts(
+        {
+            "g6.xlarge": (4, 16, 58),
+            "g6.2xlarge": (8, 32, 58),
+            "g6.4xlarge": (16, 64, 234),
+            "g6.8xlarge": (32, 128, 234),
+            "g6.16xlarge": (64, 256, 737),
+        },
+        f"{BATCH_GPU_JOBS} ; {KARPENTER_INSTANCE_TYPES}",
+    ),
+    # p4d: vCPUs and memory from the EC2 guide, pods from Karpenter's reference.
+    **_hosts({"p4d.24xlarge": (96, 1152, 737)}, f"{EC2_ACCELERATED_SPECS} ; {KARPENTER_INSTANCE_TYPES}"),
+    # p5, p5e, p5en: 192 vCPUs and 2097152 MiB (2048 GiB), from Karpenter's reference only.
+    **_hosts(
+        {"p5.48xlarge": (192, 2048, 100), "p5e.48xlarge": (192, 2048, 100), "p5en.48xlarge": (192, 2048, 198)},
+        KARPENTER_INSTANCE_TYPES,
+    ),
+}

@@ -11,10 +11,18 @@ import re
 from typing import Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic.alias_generators import to_snake
 from pydantic_core import PydanticCustomError
 
 from .base import ApiModel
-from .contract import API_VERSION, KIND, POD_MOUNTS, RDZV_PORT
+from .contract import API_VERSION, CONFIG_DIR, GROUP, KIND, POD_MOUNTS, RDZV_PORT, SHM_DIR
+from .pod_resources import (
+    DefaultRequests,
+    default_memory_bytes,
+    default_requests,
+    default_shared_memory,
+    parse_quantity,
+)
 from .presets import PRESETS, ModelDims, PresetName
 from .rules import Rule, TransitionRule, immutable
 
@@ -331,6 +339,15 @@ class FSDPSpec(ApiModel):
 
 # A module name as transformers spells it (q_proj, mlp.down_proj, c_attn).
 MODULE_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*$"
+ModuleName = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=128,
+        pattern=MODULE_NAME_PATTERN,
+        description="A module name or a suffix of one (q_proj, self_attn.v_proj).",
+    ),
+]
 
 
 class PeftSpec(ApiModel):
@@ -354,17 +371,15 @@ class PeftSpec(ApiModel):
         description="LoRA alpha: the adapter's output is scaled by alpha / rank. Unset: twice the rank.",
     )
     dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapters' input while training.")
-    target_modules: list[Annotated[str, Field(min_length=1, max_length=128, pattern=MODULE_NAME_PATTERN)]] | None = (
-        Field(
-            None,
-            min_length=1,
-            max_length=64,
-            description=(
-                "Modules to adapt, by name or name suffix as PEFT matches them (q_proj, self_attn.v_proj); "
-                "each must match a Linear layer inside the decoder layers. Unset: every Linear layer of the "
-                "decoder layers (attention and MLP projections; MoE routers excepted), found from the model."
-            ),
-        )
+    target_modules: list[ModuleName] | None = Field(
+        None,
+        min_length=1,
+        max_length=64,
+        description=(
+            "Modules to adapt, by name or name suffix as PEFT matches them (q_proj, self_attn.v_proj); "
+            "each must match a Linear layer inside the decoder layers. Unset: every Linear layer of the "
+            "decoder layers (attention and MLP projections; MoE routers excepted), found from the model."
+        ),
     )
 
     rules: ClassVar[tuple[Rule, ...]] = (
@@ -386,6 +401,23 @@ class PeftSpec(ApiModel):
 # --- resources -------------------------------------------------------------
 
 
+# sharedMemory <= the memory limit: memory, else the smallest default of the listed instance
+# types (when all of them have one). Quantities are compared with the API server's quantity
+# library; the defaults (bytes) are a table from pod_resources, so both sides use the same
+# numbers. Against the table the comparison is in float64, exact for any size up to 8 PiB:
+# quantity(string(<an int the estimator cannot bound>)) exceeds the CEL cost budget.
+_DEFAULT_MEMORY = "{" + ", ".join(f"'{name}': {size}" for name, size in default_memory_bytes().items()) + "}"
+_SHARED_MEMORY_CEL = (
+    "!has(self.sharedMemory) || !isQuantity(string(self.sharedMemory)) || ("
+    "has(self.memory) ? (!isQuantity(string(self.memory)) || "
+    "quantity(string(self.sharedMemory)).compareTo(quantity(string(self.memory))) <= 0) : ("
+    "!has(self.instanceTypes) || self.instanceTypes.size() == 0 || "
+    f"self.instanceTypes.exists(t, !(t in {_DEFAULT_MEMORY})) || "
+    "quantity(string(self.sharedMemory)).asApproximateFloat() <= "
+    f"double(self.instanceTypes.map(t, {_DEFAULT_MEMORY}[t]).min())))"
+)
+
+
 class ResourcesSpec(ApiModel):
     """Where the job runs: node count, GPUs, EFA and Karpenter capacity."""
 
@@ -404,11 +436,36 @@ class ResourcesSpec(ApiModel):
         "on-demand", description="Karpenter capacity type to run on."
     )
     node_pool: str = Field("gpu", pattern=DNS_LABEL, description="Karpenter NodePool that provisions the nodes.")
+    placement: Literal["karpenter", "none"] = Field(
+        "karpenter",
+        description=(
+            "karpenter: select nodes of nodePool with capacityType (Karpenter's labels) and ask Karpenter not to "
+            "disrupt them; none: no Karpenter label, selector or annotation at all (SageMaker HyperPod, managed "
+            "node groups): nodePool and capacityType are ignored, pod.nodeSelector and pod.affinity choose the nodes."
+        ),
+    )
     efa_per_node: int = Field(0, ge=0, le=32, description="EFA interfaces (vpc.amazonaws.com/efa) per node; 0: no EFA.")
-    cpu: Quantity | None = Field(None, description="CPU request per pod (e.g. 90).")
-    memory: Quantity | None = Field(None, description="Memory request and limit per pod (e.g. 1800Gi).")
+    cpu: Quantity | None = Field(
+        None,
+        description=(
+            "CPU request per pod (e.g. 90); no limit. Unset: derived from instanceTypes, the smallest "
+            "type's allocatable vCPUs as Karpenter computes them less room for DaemonSets "
+            "(docs/renderer.md); no request when none is listed or one has no known size."
+        ),
+    )
+    memory: Quantity | None = Field(
+        None,
+        description=(
+            "Memory request and limit per pod (e.g. 1800Gi). Unset: derived from instanceTypes like cpu "
+            "(docs/renderer.md); none when none is listed or one has no known size."
+        ),
+    )
     shared_memory: Quantity | None = Field(
-        None, description="Size limit of the memory-backed /dev/shm; unset: no limit beyond the pod's memory."
+        None,
+        description=(
+            "Size limit of the memory-backed /dev/shm, whose pages count against the memory limit "
+            "(at most that limit). Unset: a quarter of the memory limit; no limit when the pod has none."
+        ),
     )
 
     @field_validator("cpu", "memory", "shared_memory")
@@ -436,7 +493,47 @@ class ResourcesSpec(ApiModel):
             field_path=".instanceTypes",
             check=lambda r: r.gpus_per_node > 0 or not any(re.match(GPU_INSTANCE_PATTERN, t) for t in r.instance_types),
         ),
+        Rule(
+            cel=_SHARED_MEMORY_CEL,
+            message=(
+                "sharedMemory must not exceed the memory limit (memory, or the one derived from "
+                "instanceTypes): /dev/shm's pages count against it"
+            ),
+            field_path=".sharedMemory",
+            check=lambda r: r.shared_memory_fits(),
+        ),
     )
+
+    def default_requests(self) -> DefaultRequests | None:
+        """CPU and memory derived from instanceTypes (pod_resources), whether or not cpu/memory are set."""
+        return default_requests(self.instance_types)
+
+    def effective_cpu(self) -> str | None:
+        """The CPU request: cpu, else derived from instanceTypes, else None."""
+        if self.cpu is not None:
+            return str(self.cpu)
+        defaults = self.default_requests()
+        return defaults.cpu if defaults else None
+
+    def effective_memory(self) -> str | None:
+        """The memory request and limit: memory, else derived from instanceTypes, else None."""
+        if self.memory is not None:
+            return str(self.memory)
+        defaults = self.default_requests()
+        return defaults.memory if defaults else None
+
+    def effective_shared_memory(self) -> str | None:
+        """/dev/shm's size limit: sharedMemory, else a quarter of the memory limit, else None."""
+        if self.shared_memory is not None:
+            return str(self.shared_memory)
+        memory = self.effective_memory()
+        return default_shared_memory(memory) if memory is not None else None
+
+    def shared_memory_fits(self) -> bool:
+        memory = self.effective_memory()
+        if self.shared_memory is None or memory is None:
+            return True
+        return parse_quantity(self.shared_memory) <= parse_quantity(memory)
 
 
 # --- checkpoint ------------------------------------------------------------
@@ -642,6 +739,493 @@ class EnvVar(ApiModel):
     )
 
 
+# --- pod -------------------------------------------------------------------
+
+# Label and annotation keys that are ours or the Kubeflow training operator's:
+# the renderer sets them and selectors, the PodMonitor and the operator's pod
+# loop rely on them, so a user value must not replace them.
+RESERVED_KEY_PREFIXES = ("app.kubernetes.io/", f"{GROUP}/", "training.kubeflow.org/")
+# Set on every pod under placement karpenter (docs/renderer.md).
+DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
+# Keys of the nodeSelector that resources.nodePool and resources.capacityType own.
+KARPENTER_SELECTOR_KEYS = ("karpenter.sh/nodepool", "karpenter.sh/capacity-type")
+# A qualified name, as label and annotation keys are (an optional DNS-subdomain
+# prefix and '/', then at most 63 characters), bounded for the CEL cost budget.
+QUALIFIED_NAME_PATTERN = r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$"
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
+# Where the default grace period comes from: docs/renderer.md, "Pod settings".
+DEFAULT_GRACE_SECONDS = 300
+# Volume names the renderer uses (pod.volumes in operator/fsdp_operator/render).
+RESERVED_VOLUME_NAMES = ("config", "dshm", "checkpoints", "tmp", "home")
+# Mounts of ours that a user mount may not lie inside: read-only config, the
+# memory-backed /dev/shm, and checkpoint.dir (the trainer rotates its contents).
+NO_NESTING_MOUNTS = (CONFIG_DIR, SHM_DIR)
+
+LabelValue = Annotated[str, Field(max_length=63, pattern=LABEL_VALUE_PATTERN, description="A label value.")]
+AnnotationValue = Annotated[str, Field(max_length=8192, description="An annotation value.")]
+
+
+def _reserved_key(key: str) -> bool:
+    return key.startswith(RESERVED_KEY_PREFIXES)
+
+
+_RESERVED_CEL = " || ".join(f"k.startsWith('{p}')" for p in RESERVED_KEY_PREFIXES)
+_RESERVED_TEXT = ", ".join(f"{p}*" for p in RESERVED_KEY_PREFIXES)
+
+
+def _keys_rule(field: str, what: str) -> Rule:
+    return Rule(
+        cel=f"!has(self.{field}) || self.{field}.all(k, k.matches('{QUALIFIED_NAME_PATTERN}'))",
+        message=f"{field} keys must be {what}: an optional DNS-subdomain prefix and '/', then a name of at most 63 "
+        "letters, digits, '-', '_' or '.' that starts and ends with a letter or digit",
+        field_path=f".{field}",
+        check=lambda p: all(re.match(QUALIFIED_NAME_PATTERN, k) for k in getattr(p, to_snake(field))),
+    )
+
+
+class Toleration(ApiModel):
+    """A toleration of a node taint, added to the pods' own (the nvidia.com/gpu taint for GPU jobs)."""
+
+    key: str | None = Field(
+        None, min_length=1, max_length=317, description="Taint key to tolerate; unset (with Exists): every taint."
+    )
+    operator: Literal["Exists", "Equal"] | None = Field(
+        None, description="Equal (default): the taint's value must equal value; Exists: any value."
+    )
+    value: str | None = Field(None, max_length=63, description="Taint value to match (operator Equal).")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        None, description="Taint effect to tolerate; unset: every effect."
+    )
+    toleration_seconds: int | None = Field(
+        None, ge=0, le=2**31 - 1, description="NoExecute only: how long the pod stays bound after the taint appears."
+    )
+
+    rules: ClassVar[tuple[Rule, ...]] = (
+        Rule(
+            cel="has(self.key) || (has(self.operator) && self.operator == 'Exists')",
+            message="a toleration without key needs operator Exists (it then tolerates every taint)",
+            field_path=".operator",
+            check=lambda t: t.key is not None or t.operator == "Exists",
+        ),
+        Rule(
+            cel="!(has(self.operator) && self.operator == 'Exists' && has(self.value))",
+            message="value must be unset with operator Exists",
+            field_path=".value",
+            check=lambda t: not (t.operator == "Exists" and t.value is not None),
+        ),
+        Rule(
+            cel="!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
+            message="tolerationSeconds needs effect NoExecute",
+            field_path=".tolerationSeconds",
+            check=lambda t: t.toleration_seconds is None or t.effect == "NoExecute",
+        ),
+    )
+
+
+_SET_OPERATORS = ("In", "NotIn")
+_VALUE_RULE_CEL = (
+    "self.operator in ['Exists', 'DoesNotExist'] ? (!has(self.values) || size(self.values) == 0) : "
+    "(has(self.values) && (self.operator in ['In', 'NotIn'] ? size(self.values) > 0 : size(self.values) == 1))"
+)
+
+
+def _values_ok(r: NodeSelectorRequirement | LabelSelectorRequirement) -> bool:
+    n = len(r.values or [])
+    if r.operator in ("Exists", "DoesNotExist"):
+        return n == 0
+    return n > 0 if r.operator in _SET_OPERATORS else n == 1
+
+
+_VALUES_MESSAGE = (
+    "values must be empty with Exists or DoesNotExist, non-empty with In or NotIn, one value with Gt or Lt"
+)
+
+
+class NodeSelectorRequirement(ApiModel):
+    """A requirement on a node label."""
+
+    key: str = Field(min_length=1, max_length=317, description="Node label key.")
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"] = Field(
+        description="How the label relates to values."
+    )
+    values: list[Annotated[str, Field(max_length=63, description="A label value.")]] | None = Field(
+        None, max_length=64, description="Values (In, NotIn: one or more; Gt, Lt: one integer; else none)."
+    )
+
+    rules: ClassVar[tuple[Rule, ...]] = (
+        Rule(cel=_VALUE_RULE_CEL, message=_VALUES_MESSAGE, field_path=".values", check=_values_ok),
+    )
+
+
+class NodeSelectorTerm(ApiModel):
+    """Requirements that a node must all meet (ANDed)."""
+
+    match_expressions: list[NodeSelectorRequirement] = Field(
+        min_length=1, max_length=16, description="Requirements on node labels, all of which must hold."
+    )
+
+
+class NodeSelector(ApiModel):
+    """Node selector terms, any one of which suffices (ORed)."""
+
+    node_selector_terms: list[NodeSelectorTerm] = Field(
+        min_length=1, max_length=8, description="Terms; a node must meet at least one."
+    )
+
+
+class PreferredSchedulingTerm(ApiModel):
+    """A weighted node preference."""
+
+    weight: int = Field(ge=1, le=100, description="Weight of the preference (1-100).")
+    preference: NodeSelectorTerm = Field(description="The preferred node term.")
+
+
+class NodeAffinity(ApiModel):
+    """Node affinity, combined with the pods' own (resources.instanceTypes)."""
+
+    required_during_scheduling_ignored_during_execution: NodeSelector | None = Field(
+        None, description="Nodes the pods must run on; each term is ANDed with resources.instanceTypes."
+    )
+    preferred_during_scheduling_ignored_during_execution: list[PreferredSchedulingTerm] | None = Field(
+        None, max_length=8, description="Nodes the pods prefer."
+    )
+
+
+class LabelSelectorRequirement(ApiModel):
+    """A requirement on a pod label."""
+
+    key: str = Field(min_length=1, max_length=317, description="Pod label key.")
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"] = Field(description="How the label relates to values.")
+    values: list[Annotated[str, Field(max_length=63, description="A label value.")]] | None = Field(
+        None, max_length=64, description="Values (In, NotIn: one or more; else none)."
+    )
+
+    rules: ClassVar[tuple[Rule, ...]] = (
+        Rule(cel=_VALUE_RULE_CEL, message=_VALUES_MESSAGE, field_path=".values", check=_values_ok),
+    )
+
+
+class LabelSelector(ApiModel):
+    """A pod label selector."""
+
+    match_labels: dict[str, LabelValue] | None = Field(None, max_length=16, description="Labels to match.")
+    match_expressions: list[LabelSelectorRequirement] | None = Field(
+        None, max_length=8, description="Requirements on pod labels."
+    )
+
+
+class PodAffinityTerm(ApiModel):
+    """Pods (by label) in whose topology domain the pods must, or must not, run."""
+
+    label_selector: LabelSelector | None = Field(None, description="Pods this term is about.")
+    namespaces: list[Annotated[str, Field(pattern=DNS_LABEL, max_length=63, description="A namespace.")]] | None = (
+        Field(None, max_length=16, description="Namespaces of those pods; unset: the training's namespace.")
+    )
+    topology_key: str = Field(
+        min_length=1, max_length=317, description="Node label of the domain (e.g. topology.kubernetes.io/zone)."
+    )
+
+
+class WeightedPodAffinityTerm(ApiModel):
+    """A weighted pod (anti-)affinity preference."""
+
+    weight: int = Field(ge=1, le=100, description="Weight of the preference (1-100).")
+    pod_affinity_term: PodAffinityTerm = Field(description="The preferred term.")
+
+
+class PodAffinity(ApiModel):
+    """Pod affinity or anti-affinity terms, added to the pods' own."""
+
+    required_during_scheduling_ignored_during_execution: list[PodAffinityTerm] | None = Field(
+        None, max_length=8, description="Terms the pods must meet."
+    )
+    preferred_during_scheduling_ignored_during_execution: list[WeightedPodAffinityTerm] | None = Field(
+        None, max_length=8, description="Terms the pods prefer."
+    )
+
+
+class Affinity(ApiModel):
+    """Extra affinity: a typed subset of the pod's affinity, merged with the renderer's (docs/renderer.md)."""
+
+    node_affinity: NodeAffinity | None = Field(None, description="Node affinity.")
+    pod_affinity: PodAffinity | None = Field(None, description="Pod affinity (added to the EFA zone affinity).")
+    pod_anti_affinity: PodAffinity | None = Field(
+        None, description="Pod anti-affinity (added to the one-pod-per-node term)."
+    )
+
+
+class PersistentVolumeClaimSource(ApiModel):
+    """A PersistentVolumeClaim in the training's namespace (e.g. a data set on EBS or FSx for Lustre)."""
+
+    claim_name: str = Field(pattern=DNS_SUBDOMAIN, max_length=253, description="Name of the claim.")
+    read_only: bool | None = Field(None, description="Mount read-only.")
+
+
+class ConfigMapSource(ApiModel):
+    """A ConfigMap's keys as files."""
+
+    name: str = Field(pattern=DNS_SUBDOMAIN, max_length=253, description="Name of the ConfigMap.")
+    optional: bool | None = Field(None, description="Whether the ConfigMap may be missing.")
+
+
+class SecretSource(ApiModel):
+    """A Secret's keys as files."""
+
+    secret_name: str = Field(pattern=DNS_SUBDOMAIN, max_length=253, description="Name of the Secret.")
+    optional: bool | None = Field(None, description="Whether the Secret may be missing.")
+
+
+class EmptyDirSource(ApiModel):
+    """Scratch space that lives as long as the pod."""
+
+    medium: Literal["", "Memory"] | None = Field(None, description="Memory: a tmpfs counted against memory.")
+    size_limit: Quantity | None = Field(None, description="Size limit (e.g. 100Gi).")
+
+    @field_validator("size_limit")
+    @classmethod
+    def _quantity(cls, v: int | str | None) -> str | None:
+        if v is not None and not re.match(QUANTITY_PATTERN, str(v)):
+            raise ValueError(f"{v!r} is not a Kubernetes quantity (e.g. 64Gi)")
+        return None if v is None else str(v)
+
+
+class CSISource(ApiModel):
+    """An inline CSI volume (drivers that support ephemeral inline volumes, e.g. the Mountpoint for S3 driver)."""
+
+    driver: str = Field(pattern=DNS_SUBDOMAIN, max_length=63, description="CSI driver name.")
+    read_only: bool | None = Field(None, description="Mount read-only.")
+    volume_attributes: dict[str, Annotated[str, Field(max_length=1024, description="An attribute value.")]] | None = (
+        Field(None, max_length=32, description="Driver-specific attributes.")
+    )
+
+
+class NFSSource(ApiModel):
+    """An NFS export (e.g. EFS by its DNS name)."""
+
+    server: str = Field(min_length=1, max_length=253, description="NFS server host name or IP.")
+    path: str = Field(min_length=1, max_length=4096, pattern=r"^/", description="Exported path.")
+    read_only: bool | None = Field(None, description="Mount read-only.")
+
+
+class Volume(ApiModel):
+    """An extra volume of the training pods: exactly one source."""
+
+    name: str = Field(pattern=DNS_LABEL, max_length=63, description="Volume name, referenced by volumeMounts.")
+    persistent_volume_claim: PersistentVolumeClaimSource | None = Field(None, description="A PVC.")
+    config_map: ConfigMapSource | None = Field(None, description="A ConfigMap.")
+    secret: SecretSource | None = Field(None, description="A Secret.")
+    empty_dir: EmptyDirSource | None = Field(None, description="An emptyDir.")
+    csi: CSISource | None = Field(None, description="An inline CSI volume.")
+    nfs: NFSSource | None = Field(None, description="An NFS export.")
+
+    rules: ClassVar[tuple[Rule, ...]] = (
+        Rule(
+            cel=(
+                "[has(self.persistentVolumeClaim), has(self.configMap), has(self.secret), has(self.emptyDir),"
+                " has(self.csi), has(self.nfs)].filter(x, x).size() == 1"
+            ),
+            message="set exactly one source: persistentVolumeClaim, configMap, secret, emptyDir, csi or nfs",
+            check=lambda v: v.source_count() == 1,
+        ),
+    )
+
+    def source_count(self) -> int:
+        sources = (self.persistent_volume_claim, self.config_map, self.secret, self.empty_dir, self.csi, self.nfs)
+        return sum(x is not None for x in sources)
+
+
+class VolumeMount(ApiModel):
+    """Where an extra volume is mounted in the trainer container."""
+
+    name: str = Field(pattern=DNS_LABEL, max_length=63, description="Name of a volume in pod.volumes.")
+    mount_path: str = Field(
+        max_length=1024,
+        pattern=r"^(/[^/]+)+$",
+        description=(
+            "Absolute path (no trailing slash); not one of the pod's own mounts nor a parent of one, "
+            "not inside /etc/fsdp, /dev/shm or checkpoint.dir."
+        ),
+    )
+    read_only: bool | None = Field(None, description="Mount read-only.")
+    sub_path: str | None = Field(
+        None, min_length=1, max_length=1024, pattern=r"^[^/]", description="Path inside the volume to mount."
+    )
+
+    rules: ClassVar[tuple[Rule, ...]] = (
+        Rule(
+            cel=(
+                r"!self.mountPath.matches('(^|/)\\.\\.?(/|$)')"
+                r" && (!has(self.subPath) || !self.subPath.matches('(^|/)\\.\\.(/|$)'))"
+            ),
+            message="mountPath must not contain . or .. segments, nor subPath ..",
+            field_path=".mountPath",
+            check=lambda m: (
+                re.search(r"(^|/)\.\.?(/|$)", m.mount_path) is None
+                and (m.sub_path is None or re.search(r"(^|/)\.\.(/|$)", m.sub_path) is None)
+            ),
+        ),
+    )
+
+
+class PodSettings(ApiModel):
+    """Settings of the training pods beyond what the renderer derives (docs/renderer.md, "Pod settings").
+
+    Immutable: the training operator does not re-create running pods when their
+    template changes, so a change would apply to some pods and not others.
+    """
+
+    labels: dict[str, LabelValue] = Field(
+        default_factory=dict,
+        max_length=64,
+        description=(
+            "Labels added to the PyTorchJob and to its pods (e.g. a team or cost-center label). "
+            f"Keys under {_RESERVED_TEXT} are the operator's and are refused."
+        ),
+    )
+    annotations: dict[str, AnnotationValue] = Field(
+        default_factory=dict,
+        max_length=64,
+        description=(
+            "Annotations added to the PyTorchJob and to its pods. Keys under "
+            f"{_RESERVED_TEXT} and {DO_NOT_DISRUPT} are the operator's and are refused."
+        ),
+    )
+    priority_class_name: str | None = Field(
+        None, pattern=DNS_SUBDOMAIN, max_length=253, description="PriorityClass of the pods."
+    )
+    node_selector: dict[str, LabelValue] = Field(
+        default_factory=dict,
+        max_length=32,
+        description=(
+            "Node labels the pods require, added to the Karpenter selector of resources "
+            "(karpenter.sh/nodepool and karpenter.sh/capacity-type come from resources and are refused here)."
+        ),
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list, max_length=16, description="Tolerations added to the pods' own."
+    )
+    affinity: Affinity | None = Field(None, description="Affinity merged with the pods' own (docs/renderer.md).")
+    volumes: list[Volume] = Field(
+        default_factory=list, max_length=16, description="Extra volumes (a data PVC, FSx for Lustre, a Secret)."
+    )
+    volume_mounts: list[VolumeMount] = Field(
+        default_factory=list, max_length=16, description="Mounts of the extra volumes in the trainer container."
+    )
+    termination_grace_period_seconds: int = Field(
+        DEFAULT_GRACE_SECONDS,
+        ge=0,
+        le=86400,
+        description=(
+            "Seconds between SIGTERM and SIGKILL on pod deletion (drain, spot interruption, suspend, preemption); "
+            "the trainer checkpoints its current step in that time, and torchrun waits for it up to 15 s less. "
+            f"Default {DEFAULT_GRACE_SECONDS}: room for a sharded save (docs/renderer.md)."
+        ),
+    )
+
+    rules: ClassVar[tuple[Rule, ...]] = (
+        _keys_rule("labels", "label keys"),
+        Rule(
+            cel=f"!has(self.labels) || !self.labels.exists(k, {_RESERVED_CEL})",
+            message=f"labels must not use the operator's keys ({_RESERVED_TEXT}): they select the job's pods",
+            field_path=".labels",
+            check=lambda p: not any(_reserved_key(k) for k in p.labels),
+        ),
+        _keys_rule("annotations", "qualified names"),
+        Rule(
+            cel=f"!has(self.annotations) || !self.annotations.exists(k, {_RESERVED_CEL} || k == '{DO_NOT_DISRUPT}')",
+            message=f"annotations must not use the operator's keys ({_RESERVED_TEXT}, {DO_NOT_DISRUPT})",
+            field_path=".annotations",
+            check=lambda p: not any(_reserved_key(k) or k == DO_NOT_DISRUPT for k in p.annotations),
+        ),
+        _keys_rule("nodeSelector", "label keys"),
+        Rule(
+            cel="!has(self.nodeSelector) || !["
+            + ", ".join(f"'{k}'" for k in KARPENTER_SELECTOR_KEYS)
+            + "].exists(k, k in self.nodeSelector)",
+            message=(
+                "nodeSelector must not set karpenter.sh/nodepool or karpenter.sh/capacity-type: "
+                "use resources.nodePool and resources.capacityType"
+            ),
+            field_path=".nodeSelector",
+            check=lambda p: not any(k in p.node_selector for k in KARPENTER_SELECTOR_KEYS),
+        ),
+        Rule(
+            cel=(
+                "!has(self.volumes) || self.volumes.all(v, !(v.name in ["
+                + ", ".join(f"'{n}'" for n in RESERVED_VOLUME_NAMES)
+                + "]) && self.volumes.filter(w, w.name == v.name).size() == 1)"
+            ),
+            message=(
+                "volume names must be unique and not one of the pod's own (" + ", ".join(RESERVED_VOLUME_NAMES) + ")"
+            ),
+            field_path=".volumes",
+            check=lambda p: (
+                len({v.name for v in p.volumes}) == len(p.volumes)
+                and not any(v.name in RESERVED_VOLUME_NAMES for v in p.volumes)
+            ),
+        ),
+        Rule(
+            cel=(
+                "!has(self.volumeMounts) || self.volumeMounts.all(m, "
+                "has(self.volumes) && self.volumes.exists(v, v.name == m.name))"
+            ),
+            message="each volumeMount must name a volume of pod.volumes",
+            field_path=".volumeMounts",
+            check=lambda p: all(any(v.name == m.name for v in p.volumes) for m in p.volume_mounts),
+        ),
+        Rule(
+            cel=(
+                "!has(self.volumeMounts) || self.volumeMounts.all(m, self.volumeMounts.all(n, "
+                "m == n || (m.mountPath != n.mountPath && !n.mountPath.startsWith(m.mountPath + '/'))))"
+            ),
+            message="volumeMounts must not share a mountPath nor lie inside one another",
+            field_path=".volumeMounts",
+            check=lambda p: all(
+                m is n or (m.mount_path != n.mount_path and not n.mount_path.startswith(m.mount_path + "/"))
+                for m in p.volume_mounts
+                for n in p.volume_mounts
+            ),
+        ),
+    )
+
+
+class RunPolicySpec(ApiModel):
+    """Deadlines of the whole job (the PyTorchJob's runPolicy)."""
+
+    active_deadline_seconds: int | None = Field(
+        None,
+        ge=1,
+        le=2**31 - 1,
+        description=(
+            "Seconds after the job starts before the training operator fails it and deletes its running pods; "
+            "unset: no deadline. Set it above the expected run time (plus restarts)."
+        ),
+    )
+    ttl_seconds_after_finished: int | None = Field(
+        None,
+        ge=0,
+        le=2**31 - 1,
+        description=(
+            "Seconds after the job finishes before the training operator deletes it and its pods "
+            "(the FSDPTraining, its status and the checkpoints stay); unset: kept until the FSDPTraining is deleted."
+        ),
+    )
+
+
+def _mounts_clash(mount_path: str, checkpoint_dir: str) -> bool:
+    ours = (*POD_MOUNTS, checkpoint_dir)
+    hides = any(p == mount_path or p.startswith(mount_path + "/") for p in ours)
+    inside = any(mount_path.startswith(p + "/") for p in (*NO_NESTING_MOUNTS, checkpoint_dir))
+    return hides or inside
+
+
+_CKPT_CEL = (
+    "(has(self.checkpoint) && has(self.checkpoint.dir) ? self.checkpoint.dir : "
+    f"'{CheckpointSpec.model_fields['dir'].default}')"
+)
+
+
 # --- the whole spec --------------------------------------------------------
 
 
@@ -716,6 +1300,16 @@ class FSDPTrainingSpec(ApiModel):
     suspend: bool = Field(
         False, description="Suspend the job: its pods are deleted; unsuspending resumes from checkpoint."
     )
+    pod: PodSettings = Field(
+        default_factory=PodSettings,
+        description=(
+            "Settings of the training pods: labels, annotations, priority class, extra volumes, node selection, "
+            "tolerations, affinity and the termination grace period (immutable)."
+        ),
+    )
+    run_policy: RunPolicySpec = Field(
+        default_factory=RunPolicySpec, description="Deadlines of the job: active deadline and TTL after it finishes."
+    )
 
     rules: ClassVar[tuple[Rule, ...]] = (
         Rule(
@@ -764,6 +1358,24 @@ class FSDPTrainingSpec(ApiModel):
         ),
         SEQ_LEN_RULE,
         Rule(
+            cel=(
+                "!has(self.pod) || !has(self.pod.volumeMounts) || self.pod.volumeMounts.all(m, !["
+                + ", ".join(f"'{d}'" for d in POD_MOUNTS)
+                + f", {_CKPT_CEL}].exists(p, p == m.mountPath || p.startsWith(m.mountPath + '/')) && !["
+                + ", ".join(f"'{d}'" for d in NO_NESTING_MOUNTS)
+                + f", {_CKPT_CEL}].exists(p, m.mountPath.startsWith(p + '/')))"
+            ),
+            message=(
+                "pod.volumeMounts: a mountPath must not be one of the pod's own mounts ("
+                + ", ".join(POD_MOUNTS)
+                + ", checkpoint.dir) nor a parent of one, nor lie inside "
+                + ", ".join(NO_NESTING_MOUNTS)
+                + " or checkpoint.dir"
+            ),
+            field_path=".pod.volumeMounts",
+            check=lambda s: not any(_mounts_clash(m.mount_path, s.checkpoint.dir) for m in s.pod.volume_mounts),
+        ),
+        Rule(
             cel="!has(self.resources) || self.resources.efaPerNode == 0 || self.resources.gpusPerNode > 0",
             message="EFA needs GPU nodes: set resources.gpusPerNode",
             field_path=".resources.efaPerNode",
@@ -785,7 +1397,7 @@ class FSDPTrainingSpec(ApiModel):
 # data position or its pods' placement, so the API server refuses the update
 # (a `self == oldSelf` rule on the field) and check_update() mirrors it.
 IMMUTABLE_FIELDS: dict[type[ApiModel], tuple[str, tuple[str, ...]]] = {
-    FSDPTrainingSpec: ("spec", ("model", "data", "fsdp", "resources", "peft")),
+    FSDPTrainingSpec: ("spec", ("model", "data", "fsdp", "resources", "peft", "pod")),
     TrainingSpec: ("spec.training", ("seqLen", "microBatchSize", "gradAccumSteps", "precision", "seed")),
     CheckpointSpec: ("spec.checkpoint", ("dir", "claimName")),
 }

@@ -211,7 +211,7 @@ def supervise(command: list[str], local_ranks: int) -> int:
     """Run the torchrun ``command`` as a child; its exit code, or 143 when every local rank stopped cleanly.
 
     Why not exec: on SIGTERM torchrun's agent passes the signal to the ranks,
-    waits for them (up to 30 s, then SIGKILL), and re-raises its
+    waits for them (up to TORCH_ELASTIC_SHUTDOWN_TIMEOUT, 30 s by default, then SIGKILL), and re-raises its
     SignalException, so torchrun exits 1 even when every rank saved the
     checkpoint of its step and exited 143 (torch/distributed/elastic/agent/
     server/api.py ``run``, launcher/api.py ``launch_agent``). Their exit codes

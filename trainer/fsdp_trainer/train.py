@@ -279,7 +279,7 @@ class Trainer:
 
         Kubernetes sends SIGTERM before deleting a pod (spot interruption,
         node drain, suspend) and torchrun passes it to the workers, then
-        waits 30 s: the current step finishes, every rank agrees to stop at
+        waits (TORCH_ELASTIC_SHUTDOWN_TIMEOUT, 30 s by default): the current step finishes, every rank agrees to stop at
         the same step, and that step is checkpointed, so nothing is lost if
         the save fits in the grace period (and nothing is corrupted if not).
         """

@@ -47,6 +47,14 @@ def _literal(values: dict[str, str]) -> Env:
     return [{"name": k, "value": v} for k, v in values.items()]
 
 
+# Seconds of the grace period kept for torchrun and the container's PID 1 to exit.
+SHUTDOWN_MARGIN_SECONDS = 15
+
+
+def shutdown_timeout(spec: FSDPTrainingSpec) -> int:
+    return max(0, spec.pod.termination_grace_period_seconds - SHUTDOWN_MARGIN_SECONDS)
+
+
 def container_env(spec: FSDPTrainingSpec, name: str) -> Env:
     """Operator-set variables first, then ``spec.env``; a user variable replaces ours of the same name.
 
@@ -66,6 +74,11 @@ def container_env(spec: FSDPTrainingSpec, name: str) -> Env:
         # rewrites for the new round (pytorch/pytorch#135712, reproduced by
         # tests/e2e/test_faults.py). A separate store per round avoids it.
         {"name": "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "value": "1"},
+        # On SIGTERM torchrun waits this long for the ranks' checkpoint save
+        # before it SIGKILLs them (default 30 s; torch/distributed/launcher/api.py,
+        # LaunchConfig.shutdown_timeout, torch 2.15): most of the pod's grace
+        # period, leaving torchrun and the check time to exit (docs/renderer.md).
+        {"name": "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "value": str(shutdown_timeout(spec))},
     ]
     if spec.metrics.enabled:
         env.append({"name": ENV_METRICS_PORT, "value": str(spec.metrics.port)})

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from fsdp_api import FSDPTrainingSpec, contract
+from fsdp_api.spec import DO_NOT_DISRUPT
 
 from . import names
 from .command import pod_command
@@ -22,15 +23,19 @@ def resources(spec: FSDPTrainingSpec) -> Obj:
     Extended resources (GPUs, EFA) need request == limit. Memory gets a limit
     equal to its request so the pod cannot be OOM-killed for a neighbour's
     overcommit; CPU gets no limit because CFS throttling of the DataLoader and
-    NCCL proxy threads shows up directly as step time.
+    NCCL proxy threads shows up directly as step time. Without ``cpu`` or
+    ``memory`` in the spec, both come from the instance types
+    (``fsdp_api.pod_resources``), so the pod has a memory request.
     """
     res = spec.resources
     requests: Obj = {}
     limits: Obj = {}
-    if res.cpu is not None:
-        requests["cpu"] = res.cpu
-    if res.memory is not None:
-        requests["memory"] = limits["memory"] = res.memory
+    cpu = res.effective_cpu()
+    memory = res.effective_memory()
+    if cpu is not None:
+        requests["cpu"] = cpu
+    if memory is not None:
+        requests["memory"] = limits["memory"] = memory
     if res.gpus_per_node > 0:
         requests[GPU_RESOURCE] = limits[GPU_RESOURCE] = res.gpus_per_node
     if res.efa_per_node > 0:
@@ -74,8 +79,10 @@ def pod_security() -> Obj:
 def volumes(spec: FSDPTrainingSpec, name: str) -> tuple[list[Obj], list[Obj]]:
     """(volumes, volumeMounts) of the trainer."""
     shm: Obj = {"medium": "Memory"}
-    if spec.resources.shared_memory is not None:
-        shm["sizeLimit"] = spec.resources.shared_memory
+    # Its pages count against the memory limit: bounded by default (a quarter of it).
+    shm_size = spec.resources.effective_shared_memory()
+    if shm_size is not None:
+        shm["sizeLimit"] = shm_size
     claim = spec.checkpoint.claim_name
     checkpoints: Obj = {"persistentVolumeClaim": {"claimName": claim}} if claim else {"emptyDir": {}}
     vols = [
@@ -94,6 +101,9 @@ def volumes(spec: FSDPTrainingSpec, name: str) -> tuple[list[Obj], list[Obj]]:
         {"name": "tmp", "mountPath": names.TMP_DIR},
         {"name": "home", "mountPath": contract.HOME_DIR},
     ]
+    user = spec.pod
+    vols += [v.model_dump(by_alias=True, exclude_none=True, mode="json") for v in user.volumes]
+    mounts += [m.model_dump(by_alias=True, exclude_none=True, mode="json") for m in user.volume_mounts]
     return vols, mounts
 
 
@@ -138,7 +148,64 @@ def affinity(spec: FSDPTrainingSpec, name: str) -> Obj:
                 ]
             }
         }
+    if spec.pod.affinity is not None:
+        merge_affinity(out, spec.pod.affinity.model_dump(by_alias=True, exclude_none=True, mode="json"))
     return out
+
+
+REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
+PREFERRED = "preferredDuringSchedulingIgnoredDuringExecution"
+
+
+def merge_affinity(ours: Obj, user: Obj) -> None:
+    """Add ``spec.pod.affinity`` to ours, in place, so that both hold.
+
+    Lists of pod (anti-)affinity terms and of preferences are ANDed or summed
+    by the scheduler, so the user's are appended. Required node selector terms
+    are ORed, so our one term (the instance types) is ANDed into each of the
+    user's terms instead.
+    """
+    for kind in ("podAffinity", "podAntiAffinity"):
+        for when in (REQUIRED, PREFERRED):
+            terms = user.get(kind, {}).get(when)
+            if terms:
+                ours.setdefault(kind, {}).setdefault(when, []).extend(terms)
+    node = user.get("nodeAffinity", {})
+    if node.get(PREFERRED):
+        ours.setdefault("nodeAffinity", {}).setdefault(PREFERRED, []).extend(node[PREFERRED])
+    if node.get(REQUIRED):
+        mine = ours.get("nodeAffinity", {}).get(REQUIRED, {}).get("nodeSelectorTerms", [{}])[0]
+        terms = [
+            {"matchExpressions": [*mine.get("matchExpressions", []), *term["matchExpressions"]]}
+            for term in node[REQUIRED]["nodeSelectorTerms"]
+        ]
+        ours.setdefault("nodeAffinity", {})[REQUIRED] = {"nodeSelectorTerms": terms}
+
+
+def node_selector(spec: FSDPTrainingSpec) -> Obj:
+    """Karpenter's NodePool and capacity type (placement karpenter), then ``spec.pod.nodeSelector``."""
+    out: Obj = {}
+    if spec.resources.placement == "karpenter":
+        out["karpenter.sh/nodepool"] = spec.resources.node_pool
+        out["karpenter.sh/capacity-type"] = spec.resources.capacity_type
+    return {**out, **spec.pod.node_selector}
+
+
+def tolerations(spec: FSDPTrainingSpec) -> list[Obj]:
+    out: list[Obj] = []
+    if spec.resources.gpus_per_node > 0:
+        out.append({"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"})
+    return out + [t.model_dump(by_alias=True, exclude_none=True, mode="json") for t in spec.pod.tolerations]
+
+
+def template_annotations(spec: FSDPTrainingSpec, annotations: dict[str, str]) -> dict[str, str]:
+    """The pods' annotations: the user's, Karpenter's do-not-disrupt (placement karpenter), then ours."""
+    out = dict(spec.pod.annotations)
+    if spec.resources.placement == "karpenter":
+        # A consolidation or drift that moves one rank restarts every
+        # rank from the last checkpoint: Karpenter must leave the node be.
+        out[DO_NOT_DISRUPT] = "true"
+    return {**out, **annotations}
 
 
 def pod_template(spec: FSDPTrainingSpec, name: str, annotations: dict[str, str]) -> Obj:
@@ -163,27 +230,27 @@ def pod_template(spec: FSDPTrainingSpec, name: str, annotations: dict[str, str])
         # inject their own token volume, so this does not break S3 access.
         "automountServiceAccountToken": False,
         "securityContext": pod_security(),
-        "nodeSelector": {
-            "karpenter.sh/nodepool": spec.resources.node_pool,
-            "karpenter.sh/capacity-type": spec.resources.capacity_type,
-        },
+        # Omitted when empty (placement none and no pod.nodeSelector).
+        "nodeSelector": node_selector(spec),
         "affinity": affinity(spec, name),
         "containers": [container],
         "volumes": vols,
+        # Room for the checkpoint the trainer saves on SIGTERM (docs/renderer.md).
+        "terminationGracePeriodSeconds": spec.pod.termination_grace_period_seconds,
     }
+    if not pod["nodeSelector"]:
+        del pod["nodeSelector"]
     if spec.service_account_name:
         pod["serviceAccountName"] = spec.service_account_name
-    if spec.resources.gpus_per_node > 0:
-        pod["tolerations"] = [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
+    if spec.pod.priority_class_name:
+        pod["priorityClassName"] = spec.pod.priority_class_name
+    tols = tolerations(spec)
+    if tols:
+        pod["tolerations"] = tols
     return {
         "metadata": {
-            "labels": names.labels(name, names.TRAINER),
-            "annotations": {
-                # A consolidation or drift that moves one rank restarts every
-                # rank from the last checkpoint: Karpenter must leave the node be.
-                "karpenter.sh/do-not-disrupt": "true",
-                **annotations,
-            },
+            "labels": {**spec.pod.labels, **names.labels(name, names.TRAINER)},
+            "annotations": template_annotations(spec, annotations),
         },
         "spec": pod,
     }

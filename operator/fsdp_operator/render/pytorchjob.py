@@ -42,6 +42,7 @@ def run_policy(spec: FSDPTrainingSpec) -> dict[str, Any]:
         "cleanPodPolicy": "Running",
         "backoffLimit": backoff_limit(spec),
         "suspend": spec.suspend,
+        **spec.run_policy.model_dump(by_alias=True, exclude_none=True, mode="json"),
     }
 
 
@@ -88,8 +89,8 @@ def pytorchjob(spec: FSDPTrainingSpec, name: str, namespace: str, annotations: d
         "metadata": {
             "name": name,
             "namespace": namespace,
-            "labels": names.labels(name, names.TRAINING_JOB),
-            "annotations": dict(annotations),
+            "labels": {**spec.pod.labels, **names.labels(name, names.TRAINING_JOB)},
+            "annotations": {**spec.pod.annotations, **annotations},
         },
         "spec": job_spec,
     }
