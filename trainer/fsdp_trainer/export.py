@@ -35,7 +35,7 @@ import torch.distributed.checkpoint as dcp
 from fsdp_api.trainer_config import TrainerConfig
 from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
 
-from .checkpoint import CONFIG_FILE, MARKER, MODEL_CONFIG_DIR, latest_checkpoint
+from .checkpoint import CONFIG_FILE, MARKER, MODEL_CONFIG_DIR, checkpointed_tensors, latest_checkpoint
 from .errors import ConfigError
 from .model.architecture import build_meta_model, materialize, model_dir
 from .model.init import init_weights, reset_buffers
@@ -98,7 +98,8 @@ def export_checkpoint(checkpoint: Path, output: Path, dtype: str = "float32", fm
         _load_base(model, cfg)
     # Same keys as the trainer saved ("model.<parameter name>"); DCP fills the
     # tensors in place and fails on any missing one.
-    state = {"model": _checkpointed_state(model, adapters_only=bool(targets))}
+    kept = checkpointed_tensors(model)  # with LoRA: the adapters only
+    state = {"model": {k: v for k, v in model.state_dict().items() if canonical(k) in kept}}
     with warnings.catch_warnings():
         # DCP warns that it runs without a process group: that is the point here.
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
@@ -116,13 +117,6 @@ def export_checkpoint(checkpoint: Path, output: Path, dtype: str = "float32", fm
     tokenizer.save_pretrained(output)
     log.info("exported %s to %s (%s, %s)", ckpt, output, fmt, dtype)
     return output
-
-
-def _checkpointed_state(model: torch.nn.Module, *, adapters_only: bool) -> dict[str, torch.Tensor]:
-    state = model.state_dict()
-    if not adapters_only:
-        return state
-    return {k: v for k, v in state.items() if is_adapter(k)}
 
 
 def _load_base(model: torch.nn.Module, cfg: TrainerConfig) -> None:

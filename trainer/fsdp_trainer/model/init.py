@@ -35,7 +35,8 @@ from .shards import copy_full_into
 InitFn = Callable[[nn.Module], None]
 
 
-def _seed_for(seed: int, name: str) -> int:
+def seed_for(seed: int, name: str) -> int:
+    """A generator seed for the tensors drawn under ``name``: the same on every rank and world size."""
     digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
@@ -110,7 +111,7 @@ def init_weights(model: PreTrainedModel, seed: int, device: torch.device) -> Non
 
             with _swapped(modules, full_for):
                 for name, module, init in order:
-                    torch.manual_seed(_seed_for(seed, _seed_name(name)))
+                    torch.manual_seed(seed_for(seed, _seed_name(name)))
                     init(module)
             names = {
                 id(p): f"{_seed_name(n)}.{pn}" if n else pn for n, m, _ in order for pn, p in m._parameters.items()

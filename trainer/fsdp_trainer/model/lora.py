@@ -25,7 +25,6 @@ module): adapting it would change which experts see each token.
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Iterator
 from typing import Any
@@ -37,6 +36,7 @@ from transformers.pytorch_utils import Conv1D
 
 from ..errors import ConfigError
 from .architecture import decoder_units
+from .init import seed_for
 from .param_names import canonical, is_adapter
 from .shards import copy_full_into
 
@@ -150,11 +150,6 @@ def lora_layers(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
             yield canonical(name), module
 
 
-def _seed_for(seed: int, name: str) -> int:
-    digest = hashlib.sha256(f"{seed}:lora:{name}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
-
-
 @torch.no_grad()
 def init_adapters(model: nn.Module, seed: int, device: torch.device) -> None:
     """PEFT's default LoRA init (A Kaiming-uniform, B zero), drawn whole per layer and sharded.
@@ -169,7 +164,7 @@ def init_adapters(model: nn.Module, seed: int, device: torch.device) -> None:
         for name, layer in lora_layers(model):
             a = layer.lora_A[ADAPTER].weight
             b = layer.lora_B[ADAPTER].weight
-            torch.manual_seed(_seed_for(seed, name))
+            torch.manual_seed(seed_for(seed, f"lora:{name}"))
             full_a = torch.empty(a.shape, device=device, dtype=torch.float32)
             nn.init.kaiming_uniform_(full_a, a=math.sqrt(5))
             copy_full_into(a, full_a)
