@@ -423,6 +423,11 @@ def load_rank_state(path: Path) -> dict[str, Any]:
             f"{path}: refusing to load it: it holds more than tensors, numbers and strings ({detail}). "
             "Checkpoint files are data; whoever can write the checkpoint volume could otherwise run code here"
         ) from None
+    except Exception as e:
+        # Bytes that are no pickle at all fail inside torch.load's own parsing before
+        # the unpickler judges them (an IndexError, a KeyError, a UnicodeDecodeError,
+        # "Invalid magic number", a zip without its central directory): damage too.
+        raise ValueError(f"{path}: damaged ({_first_line(e)})") from None
     if not isinstance(state, dict):
         raise UnsafeCheckpointError(f"{path}: not a rank state (a {type(state).__name__}, not a mapping)")
     return state
