@@ -34,6 +34,7 @@ kube-scheduler           KUBERNETES_VERSION  k8s.io/kubernetes           k8s.io/
 kube-controller-manager  KUBERNETES_VERSION  k8s.io/kubernetes           k8s.io/kubernetes/cmd/kube-controller-manager
 helm                     HELM_VERSION        helm.sh/helm/v3             helm.sh/helm/v3/cmd/helm
 training-operator        TRAINING_OPERATOR_VERSION github.com/kubeflow/training-operator github.com/kubeflow/training-operator/cmd/training-operator.v1
+kueue                    KUEUE_VERSION       sigs.k8s.io/kueue           sigs.k8s.io/kueue/cmd/kueue
 '
 DEFAULT_TOOLS=(etcd kube-apiserver kubectl helm)
 

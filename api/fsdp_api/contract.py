@@ -93,6 +93,9 @@ CHECKPOINT_DIR_PREFIX = "step-"
 ENV_JOB_NAME = "FSDP_JOB_NAME"
 ENV_JOB_NAMESPACE = "FSDP_JOB_NAMESPACE"
 ENV_CONFIG = "FSDP_CONFIG"
+# Where checkpoints go (checkpoint.dir, the checkpoint volume): the built-in
+# trainer reads its config instead; a script of your own (spec.command) reads this.
+ENV_CHECKPOINT_DIR = "FSDP_CHECKPOINT_DIR"
 ENV_METRICS_PORT = "FSDP_METRICS_PORT"
 # Local runs: serve metrics on loopback only, and keep the per-rank files in a
 # private directory instead of the shared temp dir.

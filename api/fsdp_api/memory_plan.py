@@ -94,6 +94,8 @@ def model_dims(spec: FSDPTrainingSpec) -> tuple[ModelDims | None, str | None]:
 
     Nothing is downloaded: a hub id or a path only the pod can see is unknown here.
     """
+    if spec.model is None:
+        return None, "the model is your script's (spec.command): its memory cannot be estimated"
     dims = spec.model.dims()
     if dims is not None:
         return dims, None

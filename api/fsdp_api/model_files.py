@@ -21,6 +21,8 @@ MAX_POSITION_KEYS = ("max_position_embeddings", "n_positions")
 def local_model_dir(spec: FSDPTrainingSpec) -> tuple[str, Path] | None:
     """(field, directory) when the model reference is a directory on this machine."""
     model = spec.model
+    if model is None:
+        return None
     field, ref = ("pretrained", model.pretrained) if model.pretrained else ("architecture", model.architecture)
     if not ref:
         return None
@@ -46,7 +48,7 @@ def check_local_model(spec: FSDPTrainingSpec) -> list[str]:
     if config.get("is_encoder_decoder"):
         errors.append(f"{field}: {config['model_type']} is an encoder-decoder model, not a decoder-only causal LM")
     limit = next((int(config[k]) for k in MAX_POSITION_KEYS if isinstance(config.get(k), int)), None)
-    seq_len = spec.training.seq_len
+    seq_len = spec.training.seq_len if spec.training is not None else None
     if limit is not None and seq_len is not None and seq_len > limit:
         errors.append(f"spec.training.seqLen: {seq_len} exceeds the model's maximum sequence length {limit}")
     if field.endswith("pretrained") and not any(path.glob("*.safetensors")):

@@ -58,6 +58,9 @@ Quantity = Annotated[
 ]
 
 
+ScriptWord = Annotated[str, Field(min_length=1, max_length=4096, description="One word of the command line.")]
+
+
 # --- model -----------------------------------------------------------------
 
 
@@ -1250,14 +1253,120 @@ def effective_seq_len(training: TrainingSpec, model: ModelSpec, max_positions: i
 # CLI overrides can change seqLen after kubectl apply has accepted the object.
 SEQ_LEN_RULE = Rule(
     cel=(
-        "!has(self.training.seqLen) || !has(self.model.preset) || self.training.seqLen <= "
-        + _preset_cel("maxSeqLen").replace("self.", "self.model.")
+        "!has(self.training) || !has(self.training.seqLen) || !has(self.model) || !has(self.model.preset)"
+        " || self.training.seqLen <= " + _preset_cel("maxSeqLen").replace("self.", "self.model.")
     ),
     message="training.seqLen must not exceed the model's maxSeqLen",
     field_path=".training.seqLen",
     check=lambda s: (
-        s.training.seq_len is None or s.model.dims() is None or s.training.seq_len <= s.model.dims().max_seq_len
+        s.training is None
+        or s.training.seq_len is None
+        or s.model is None
+        or s.model.dims() is None
+        or s.training.seq_len <= s.model.dims().max_seq_len
     ),
+)
+
+
+# --- your own training script (spec.command) -------------------------------------
+
+
+def _cel_literal(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str) and "'" not in value:
+        return f"'{value}'"
+    raise TypeError(f"no CEL literal for {value!r}")
+
+
+def _wire_name(owner: type[BaseModel], attr: str) -> str:
+    return owner.model_fields[attr].alias or attr
+
+
+def _left_alone(section: str, owner: type[BaseModel], attrs: tuple[str, ...]) -> Rule:
+    """With spec.command, ``section``'s ``attrs`` (settings only the built-in trainer reads) keep their defaults.
+
+    The CRD defaults these sections, so the API server cannot tell "unset"
+    from "set to the default": comparing with the defaults is what both sides
+    can check, and a value the script would silently ignore is refused.
+    """
+    fields = [(attr, _wire_name(owner, attr), owner.model_fields[attr].default) for attr in attrs]
+    terms = [
+        f"!has(self.{section}.{wire})"
+        if default is None
+        else f"(!has(self.{section}.{wire}) || self.{section}.{wire} == {_cel_literal(default)})"
+        for _, wire, default in fields
+    ]
+    whole = len(fields) == len(owner.model_fields)
+    shown = [section] if whole else [f"{section}.{wire}" for _, wire, _ in fields]
+    return Rule(
+        cel=f"!has(self.command) || !has(self.{section}) || (" + " && ".join(terms) + ")",
+        message=_replaced_message(shown),
+        field_path=f".{section}",
+        check=lambda s: (
+            s.command is None or all(getattr(getattr(s, section), attr) == default for attr, _, default in fields)
+        ),
+    )
+
+
+def _replaced_message(names: list[str]) -> str:
+    one = len(names) == 1
+    return (
+        f"{', '.join(names)} {'is a setting' if one else 'are settings'} of the built-in trainer, which command "
+        f"replaces: leave {'it' if one else 'them'} unset and give your script its own settings in args"
+    )
+
+
+def _all_fields(owner: type[BaseModel]) -> tuple[str, ...]:
+    return tuple(owner.model_fields)
+
+
+COMMAND_RULES: tuple[Rule, ...] = (
+    Rule(
+        cel="has(self.command) || has(self.model)",
+        message="model is required (unless command runs your own training script)",
+        field_path=".model",
+        check=lambda s: s.command is not None or s.model is not None,
+    ),
+    Rule(
+        cel="has(self.command) || has(self.training)",
+        message="training is required (unless command runs your own training script)",
+        field_path=".training",
+        check=lambda s: s.command is not None or s.training is not None,
+    ),
+    Rule(
+        cel="!has(self.args) || has(self.command)",
+        message="args are the arguments of command: set command too",
+        field_path=".args",
+        check=lambda s: s.args is None or s.command is not None,
+    ),
+    Rule(
+        cel=(
+            "!has(self.command)"
+            " || (self.command[0] == '-m' ? size(self.command) >= 2 : !self.command[0].startsWith('-'))"
+        ),
+        message="command must start with a script path or with -m and a module name, as torchrun takes them "
+        "(torchrun's own flags are the operator's)",
+        field_path=".command",
+        check=lambda s: (
+            s.command is None or (len(s.command) >= 2 if s.command[0] == "-m" else not s.command[0].startswith("-"))
+        ),
+    ),
+    *(
+        Rule(
+            cel=f"!has(self.command) || !has(self.{section})",
+            message=_replaced_message([section]),
+            field_path=f".{section}",
+            check=lambda s, attr=attr: s.command is None or getattr(s, attr) is None,
+        )
+        for section, attr in (("model", "model"), ("training", "training"), ("peft", "peft"))
+    ),
+    _left_alone("data", DataSpec, _all_fields(DataSpec)),
+    _left_alone("fsdp", FSDPSpec, _all_fields(FSDPSpec)),
+    _left_alone("checkpoint", CheckpointSpec, ("interval_steps", "keep_last", "resume", "async_save")),
+    _left_alone("stall", StallSpec, ("trainer_step_timeout_seconds",)),
 )
 
 
@@ -1273,9 +1382,26 @@ class FSDPTrainingSpec(ApiModel):
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
         "IfNotPresent", description="Image pull policy of the trainer container."
     )
-    model: ModelSpec = Field(description="The model to train.")
+    model: ModelSpec | None = Field(None, description="The model to train (required unless command is set).")
     data: DataSpec = Field(default_factory=DataSpec, description="Training data and tokenizer.")
-    training: TrainingSpec = Field(description="Optimisation settings.")
+    training: TrainingSpec | None = Field(None, description="Optimisation settings (required unless command is set).")
+    command: list[ScriptWord] | None = Field(
+        None,
+        min_length=1,
+        max_length=16,
+        description=(
+            "Your own training program instead of the built-in trainer: what torchrun runs on every rank, "
+            "a script path (e.g. /workspace/train.py) or -m and a module, as torchrun takes it. The pods keep the "
+            "same launch (c10d rendezvous), environment, /dev/shm, GPUs/EFA, volumes and placement "
+            "(docs/your-own-script.md). model, training, peft, data and fsdp are then refused (immutable)."
+        ),
+    )
+    args: list[ScriptWord] | None = Field(
+        None,
+        min_length=1,
+        max_length=256,
+        description="Arguments of command, after it on torchrun's command line (immutable).",
+    )
     fsdp: FSDPSpec = Field(default_factory=FSDPSpec, description="FSDP2 sharding settings.")
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="Nodes, GPUs, EFA and capacity.")
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpointing and resume.")
@@ -1357,6 +1483,7 @@ class FSDPTrainingSpec(ApiModel):
             check=lambda s: s.elastic is None or s.elastic.min_nodes <= s.resources.nodes <= s.elastic.max_nodes,
         ),
         SEQ_LEN_RULE,
+        *COMMAND_RULES,
         Rule(
             cel=(
                 "!has(self.pod) || !has(self.pod.volumeMounts) || self.pod.volumeMounts.all(m, !["
@@ -1384,7 +1511,13 @@ class FSDPTrainingSpec(ApiModel):
     )
 
     def seq_len(self) -> int:
+        assert self.model is not None and self.training is not None, "a job of the built-in trainer"
         return effective_seq_len(self.training, self.model)
+
+    @property
+    def runs_own_script(self) -> bool:
+        """Whether the pods run the user's command instead of the built-in trainer."""
+        return self.command is not None
 
     def procs_per_node(self) -> int:
         return max(1, self.resources.gpus_per_node)
@@ -1397,7 +1530,7 @@ class FSDPTrainingSpec(ApiModel):
 # data position or its pods' placement, so the API server refuses the update
 # (a `self == oldSelf` rule on the field) and check_update() mirrors it.
 IMMUTABLE_FIELDS: dict[type[ApiModel], tuple[str, tuple[str, ...]]] = {
-    FSDPTrainingSpec: ("spec", ("model", "data", "fsdp", "resources", "peft", "pod")),
+    FSDPTrainingSpec: ("spec", ("model", "data", "fsdp", "resources", "peft", "pod", "command", "args")),
     TrainingSpec: ("spec.training", ("seqLen", "microBatchSize", "gradAccumSteps", "precision", "seed")),
     CheckpointSpec: ("spec.checkpoint", ("dir", "claimName")),
 }

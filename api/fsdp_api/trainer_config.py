@@ -57,6 +57,8 @@ class TrainerConfig(ApiModel):
 
     @classmethod
     def from_spec(cls, spec: FSDPTrainingSpec, name: str, namespace: str) -> TrainerConfig:
+        if spec.runs_own_script:
+            raise ValueError(f"{name}: spec.command runs your own script, which has no built-in trainer config")
         return cls(
             job=JobInfo(name=name, namespace=namespace),
             model=spec.model,

@@ -64,6 +64,11 @@ def run_local(spec_file: str | Path, nproc: int = 2, output_dir: Path | None = N
     if steps is not None and steps < 1:
         raise InputError("steps must be at least 1")
     training = load_one(str(spec_file))
+    if training.spec.runs_own_script:
+        raise InputError(
+            f"{training.name}: spec.command runs your own script, and run-local runs the built-in trainer; "
+            "run the script with torchrun --standalone instead (docs/your-own-script.md#run-it-on-your-machine)"
+        )
     out = Path(output_dir) if output_dir is not None else Path("runs") / training.name
     try:
         out.mkdir(parents=True, exist_ok=True)

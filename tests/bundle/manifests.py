@@ -103,7 +103,8 @@ def render_training(path: Path) -> list[Obj]:
 def example_files() -> list[Path]:
     """FSDPTraining examples shipped with the project (whatever examples/ holds, plus the overlay's source)."""
     examples = sorted((REPO_ROOT / "examples").glob("*.yaml"))
-    return [p for p in [*examples, FSDP_SOURCE] if "kind: FSDPTraining" in p.read_text()]
+    own_script = REPO_ROOT / "examples" / "your-own-script" / "fsdptraining.yaml"
+    return [p for p in [*examples, own_script, FSDP_SOURCE] if "kind: FSDPTraining" in p.read_text()]
 
 
 # --- walking objects -------------------------------------------------------------

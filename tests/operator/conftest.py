@@ -20,7 +20,8 @@ from fsdp_api import FSDPTraining
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
-VALID_EXAMPLES = sorted(EXAMPLES.glob("*.yaml"))
+# The FSDPTraining of examples/your-own-script sits beside its script and kustomization.
+VALID_EXAMPLES = sorted([*EXAMPLES.glob("*.yaml"), EXAMPLES / "your-own-script" / "fsdptraining.yaml"])
 INVALID_EXAMPLES = sorted((EXAMPLES / "invalid").glob("*.yaml"))
 
 _EXPECT = re.compile(r"^# (expect|expect-apiserver): (\S+) (.+)$", re.MULTILINE)

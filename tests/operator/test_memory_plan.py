@@ -137,6 +137,13 @@ def test_a_hub_model_is_unknown_rather_than_guessed() -> None:
     assert "not a local directory" in plan.summary()
 
 
+def test_a_script_of_your_own_is_unknown_and_says_why() -> None:
+    body = {"image": "trainer:1.0", "command": ["/workspace/train.py"], "resources": {"instanceTypes": ["g5.xlarge"]}}
+    plan = plan_memory(FSDPTrainingSpec.model_validate(body))
+    assert plan.estimate is None and plan.fits is None
+    assert "the model is your script's (spec.command)" in plan.summary()
+
+
 def test_a_hub_model_with_a_presets_numbers_is_planned_as_that_preset() -> None:
     by_hub = plan_memory(spec(model={"preset": None, "pretrained": "meta-llama/Llama-3.2-1B-Instruct"}))
     by_preset = plan_memory(spec(model={"preset": "llama3.2-1b"}))

@@ -468,6 +468,9 @@ def test_configmap_train_yaml_parses_back_to_the_spec_values() -> None:
 
 def test_examples_render_their_own_config(valid_example: Any, training_from: Any) -> None:
     t = training_from(valid_example)
+    if t.spec.runs_own_script:
+        assert render(t)[0]["kind"] == "PyTorchJob"  # no trainer config to render
+        return
     cm = render(t)[0]
     assert (
         TrainerConfig.from_yaml(cm["data"]["train.yaml"]).model_dump()
@@ -490,3 +493,36 @@ def test_deterministic_and_does_not_mutate_its_input() -> None:
     rendered = render(t)
     container(rendered[1])["env"].clear()
     assert env_of(render(t)[1])
+
+
+# --- a training script of your own (spec.command) ------------------------------------------
+
+SCRIPT = {"model": None, "training": None, "command": ["/workspace/train.py"], "args": ["--epochs", "3"]}
+
+
+def test_a_script_of_your_own_runs_under_the_same_torchrun_launch() -> None:
+    built_in, own = job_of(), job_of(**SCRIPT)
+    ours, theirs = container(built_in), container(own)
+    # torchrun directly (no config check: there is no trainer config), the same rendezvous flags.
+    assert theirs["command"] == ["torchrun"]
+    flags = [a for a in theirs["args"] if a.startswith("--") and "=" in a]
+    assert flags == [a for a in ours["args"] if a.startswith("--") and "=" in a and a != "--config"]
+    assert theirs["args"][len(flags) :] == ["/workspace/train.py", "--epochs", "3"]
+    # No trainer ConfigMap, volume, mount or FSDP_CONFIG; the checkpoint dir is in the environment instead.
+    assert "ConfigMap" not in objects(**SCRIPT)
+    assert "config" not in {v["name"] for v in pod_spec(own)["volumes"]}
+    assert "/etc/fsdp" not in {m["mountPath"] for m in theirs["volumeMounts"]}
+    env = {e["name"]: e.get("value") for e in theirs["env"]}
+    assert "FSDP_CONFIG" not in env and env["FSDP_CHECKPOINT_DIR"] == "/checkpoints"
+    assert env["FSDP_METRICS_PORT"] == "9402" and env["FSDP_JOB_NAME"] == "llama"
+    # Everything else about the pods is the same: resources, security, /dev/shm, placement.
+    for key in ("resources", "securityContext", "ports"):
+        assert theirs[key] == ours[key], key
+    for key in ("affinity", "nodeSelector", "tolerations", "securityContext", "terminationGracePeriodSeconds"):
+        assert pod_spec(own).get(key) == pod_spec(built_in).get(key), key
+
+
+def test_a_module_runs_with_torchruns_module_flag() -> None:
+    args = container(job_of(**{**SCRIPT, "command": ["-m", "mypkg.train"], "args": None}))["args"]
+    assert args[-2:] == ["-m", "mypkg.train"]
+    assert args[-3].startswith("--max-restarts=")

@@ -137,6 +137,13 @@ def test_an_unusable_output_dir_or_step_count_is_one_error(tmp_path: Path) -> No
         run_local(EXAMPLE, output_dir=tmp_path / "run", steps=1_000_000_000)
 
 
+def test_a_script_of_your_own_is_one_line_pointing_at_torchrun(tmp_path: Path) -> None:
+    script_job = REPO / "examples" / "your-own-script" / "fsdptraining.yaml"
+    with pytest.raises(InputError, match=r"^t5-finetune: spec.command runs your own script, .*torchrun --standalone"):
+        run_local(script_job, output_dir=tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
 def _processes_mentioning(text: str) -> list[int]:
     """Pids whose command line contains ``text`` (torchrun and its ranks name the run's train.yaml)."""
     found = []

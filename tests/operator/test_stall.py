@@ -68,6 +68,27 @@ def test_a_checkpoint_step_gets_the_save_allowance_and_gives_no_step_time() -> N
     assert verdict(after, RULES, 220 + 31).stalled is True
 
 
+def test_a_script_of_your_own_gets_the_save_allowance_at_every_step_and_no_start_up_verdict() -> None:
+    script = StallRules(spec=SPEC, checkpoint_interval=50, own_script=True)
+    # A script that reports no step (it need not follow the metrics contract) is never called stalled.
+    assert verdict(start_clock(0), script, 10_000).stalled is False
+    assert verdict(start_clock(0), RULES, 10_000).stalled is True
+    # Its saves are at steps the operator cannot know: every step gets checkpointSeconds on top.
+    clock = observe(start_clock(0), 7, 100, script, reported=2.0)
+    assert verdict(clock, script, 100 + 30 + 120).stalled is False
+    v = verdict(clock, script, 100 + 30 + 121)
+    assert v.stalled and v.limit == 150
+    # Its step time then comes from its own histogram only (every interval may hold a save).
+    assert observe(clock, 12, 110, script, reported=2.0).seconds_per_step is None
+
+
+def test_stall_rules_know_a_script_of_your_own_from_the_spec() -> None:
+    from fsdp_operator.controller.stall_check import stall_rules
+
+    assert stall_rules({"command": ["/workspace/train.py"]}).own_script is True
+    assert stall_rules({"model": {"preset": "tiny"}, "training": {"maxSteps": 5}}).own_script is False
+
+
 def test_a_restart_is_seen_as_a_start() -> None:
     clock = run_steps([(0, None), (100, 10), (110, 15), (120, 20)])
     # The trainer restarted: no step for a while, then an older step (resumed from a checkpoint).

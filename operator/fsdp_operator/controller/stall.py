@@ -50,6 +50,10 @@ class StallRules:
     checkpoint_interval: int
     eval_interval: int = 0
     max_steps: int | None = None
+    # A script of your own (spec.command): which steps save is unknown, so every
+    # step gets the checkpoint allowance; and a script need not report steps at
+    # all, so one that has reported none is never called stalled.
+    own_script: bool = False
 
     def _multiple_in(self, every: int, first: int, last: int) -> bool:
         return every > 0 and last >= first and last // every >= -(-first // every)
@@ -57,6 +61,8 @@ class StallRules:
     def boundary_in(self, first: int, last: int) -> bool:
         """Whether a step in [first, last] is followed by a checkpoint save or a validation."""
         first = max(first, 1)
+        if self.own_script and last >= first:
+            return True
         if self.max_steps is not None and last >= self.max_steps:
             return True
         return self._multiple_in(self.checkpoint_interval, first, last) or self._multiple_in(
@@ -126,4 +132,5 @@ class StallVerdict:
 def verdict(clock: StepClock, rules: StallRules, now: float) -> StallVerdict:
     limit = allowance(clock, rules)
     seconds = max(0.0, now - clock.changed_at)
-    return StallVerdict(seconds > limit, seconds, limit, clock.step)
+    silent_script = rules.own_script and clock.step is None
+    return StallVerdict(seconds > limit and not silent_script, seconds, limit, clock.step)

@@ -45,6 +45,7 @@ def stall_rules(spec: Mapping[str, Any]) -> StallRules:
         ),
         eval_interval=int(training.get("evalIntervalSteps") or 0),
         max_steps=max_steps if isinstance(max_steps, int) else None,
+        own_script=spec.get("command") is not None,
     )
 
 

@@ -50,7 +50,7 @@ def owner_reference(training: FSDPTraining) -> dict[str, Any]:
 
 
 def render(training: FSDPTraining, *, set_owner: bool = False) -> list[dict[str, Any]]:
-    """Objects in apply order: trainer ConfigMap, PyTorchJob, PodMonitor (if metrics), NetworkPolicy (if enabled).
+    """Objects in apply order: ConfigMap (not with spec.command), PyTorchJob, PodMonitor, NetworkPolicy.
 
     With ``set_owner`` each object carries an ownerReference to the
     FSDPTraining (its ``metadata.uid`` must be set), so deleting it cleans up.
@@ -59,10 +59,9 @@ def render(training: FSDPTraining, *, set_owner: bool = False) -> list[dict[str,
     name = training.name
     namespace = names.namespace_of(training)
     annotations = checkpoint_annotations(training)
-    objects = [
-        config_map(spec, name, namespace, annotations),
-        pytorchjob(spec, name, namespace, annotations),
-    ]
+    # A script of your own (spec.command) has no trainer config to mount.
+    objects = [] if spec.runs_own_script else [config_map(spec, name, namespace, annotations)]
+    objects.append(pytorchjob(spec, name, namespace, annotations))
     if spec.metrics.enabled:
         objects.append(pod_monitor(spec, name, namespace))
     if spec.network_policy.enabled:

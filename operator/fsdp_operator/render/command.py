@@ -47,7 +47,15 @@ def max_restarts(spec: FSDPTrainingSpec) -> int:
 
 
 def pod_command(spec: FSDPTrainingSpec, name: str) -> dict[str, Any]:
-    """The trainer container's ``command`` and ``args``: the config check, which then execs torchrun."""
+    """The trainer container's ``command`` and ``args``.
+
+    The built-in trainer: its config check, which then starts torchrun. A
+    script of your own (spec.command): torchrun directly, with the same
+    rendezvous, running the command and its args on every rank (the image
+    needs torchrun on its PATH, as any PyTorch image has).
+    """
+    own = spec.command is not None
+    program = [*spec.command, *(spec.args or [])] if spec.command is not None else None
     torchrun = torchrun_rendezvous(
         nnodes=nnodes(spec),
         nproc_per_node=spec.procs_per_node(),
@@ -55,7 +63,7 @@ def pod_command(spec: FSDPTrainingSpec, name: str) -> dict[str, Any]:
         run_id=name,
         rdzv_conf=RDZV_CONF,
         max_restarts=max_restarts(spec),
-        program=trainer_program(contract.CONFIG_PATH),
+        program=program if program is not None else trainer_program(contract.CONFIG_PATH),
     )
-    cmd = checked_launch(contract.CONFIG_PATH, torchrun)
+    cmd = torchrun if own else checked_launch(contract.CONFIG_PATH, torchrun)
     return {"command": cmd[:1], "args": cmd[1:]}

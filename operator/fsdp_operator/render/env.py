@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from fsdp_api import FSDPTrainingSpec, contract
-from fsdp_api.contract import ENV_CONFIG, ENV_JOB_NAME, ENV_JOB_NAMESPACE, ENV_METRICS_PORT
+from fsdp_api.contract import ENV_CHECKPOINT_DIR, ENV_CONFIG, ENV_JOB_NAME, ENV_JOB_NAMESPACE, ENV_METRICS_PORT
 
 Env = list[dict[str, Any]]
 
@@ -63,7 +63,7 @@ def container_env(spec: FSDPTrainingSpec, name: str) -> Env:
     env: Env = [
         {"name": ENV_JOB_NAME, "value": name},
         {"name": ENV_JOB_NAMESPACE, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
-        {"name": ENV_CONFIG, "value": contract.CONFIG_PATH},
+        {"name": ENV_CHECKPOINT_DIR, "value": spec.checkpoint.dir},
         # The root filesystem is read-only: everything that caches (HF hub,
         # torch/triton compile caches under ~/.cache) goes to the HOME emptyDir.
         {"name": "HOME", "value": contract.HOME_DIR},
@@ -80,6 +80,8 @@ def container_env(spec: FSDPTrainingSpec, name: str) -> Env:
         # period, leaving torchrun and the check time to exit (docs/renderer.md).
         {"name": "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "value": str(shutdown_timeout(spec))},
     ]
+    if not spec.runs_own_script:
+        env.insert(2, {"name": ENV_CONFIG, "value": contract.CONFIG_PATH})
     if spec.metrics.enabled:
         env.append({"name": ENV_METRICS_PORT, "value": str(spec.metrics.port)})
     if spec.resources.gpus_per_node > 0:

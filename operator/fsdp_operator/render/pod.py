@@ -86,7 +86,6 @@ def volumes(spec: FSDPTrainingSpec, name: str) -> tuple[list[Obj], list[Obj]]:
     claim = spec.checkpoint.claim_name
     checkpoints: Obj = {"persistentVolumeClaim": {"claimName": claim}} if claim else {"emptyDir": {}}
     vols = [
-        {"name": "config", "configMap": {"name": names.config_map_name(name)}},
         # NCCL and DataLoader workers exchange tensors through /dev/shm; the
         # runtime's default 64Mi is far too small for either.
         {"name": "dshm", "emptyDir": shm},
@@ -95,12 +94,15 @@ def volumes(spec: FSDPTrainingSpec, name: str) -> tuple[list[Obj], list[Obj]]:
         {"name": "home", "emptyDir": {}},
     ]
     mounts = [
-        {"name": "config", "mountPath": contract.CONFIG_DIR, "readOnly": True},
         {"name": "dshm", "mountPath": names.SHM_DIR},
         {"name": "checkpoints", "mountPath": spec.checkpoint.dir},
         {"name": "tmp", "mountPath": names.TMP_DIR},
         {"name": "home", "mountPath": contract.HOME_DIR},
     ]
+    if not spec.runs_own_script:
+        # The built-in trainer's config (a script of your own has none).
+        vols.insert(0, {"name": "config", "configMap": {"name": names.config_map_name(name)}})
+        mounts.insert(0, {"name": "config", "mountPath": contract.CONFIG_DIR, "readOnly": True})
     user = spec.pod
     vols += [v.model_dump(by_alias=True, exclude_none=True, mode="json") for v in user.volumes]
     mounts += [m.model_dump(by_alias=True, exclude_none=True, mode="json") for m in user.volume_mounts]

@@ -16,7 +16,6 @@ import sys
 import time
 from collections import deque
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 import torch
@@ -26,15 +25,7 @@ from .flops import FlopsShape, mfu, peak_tflops
 from .logline import IntervalSummary, ProgressBar, RunSummary, step_line, summary_line
 from .memory import memory_bytes
 from .nvml import GpuSampler
-from .prometheus import (
-    MetricsServer,
-    TrainerMetrics,
-    enable_multiprocess,
-    multiproc_dir,
-    remove_dead_agents,
-    remove_stale_generations,
-    serve,
-)
+from .prometheus import MetricsServer, TrainerMetrics, open_pod_endpoint
 from .stats import StepStats
 
 if TYPE_CHECKING:
@@ -123,12 +114,11 @@ class MetricsProcessor:
         """Create this rank's series; local rank 0 also serves the pod's endpoint."""
         if not self.cfg.metrics.enabled:
             return
-        path = multiproc_dir()
-        enable_multiprocess(path)
-        if self.world.local_rank == 0:
-            for stale in remove_stale_generations(path) + remove_dead_agents(path):
-                log.info("removed stale metrics files: %s", stale)
-            self.server = self._serve(path)
+        addr = os.environ.get(ADDR_ENV, "0.0.0.0")
+        self.server, line = open_pod_endpoint(self.world.local_rank, self.cfg.metrics.port, addr)
+        if line is not None:
+            w = self.world
+            self._print(f"{line} (node {w.node_rank}, {w.local_world_size} local ranks)", force=True)
         self.metrics = m = TrainerMetrics()
         m.info.labels(
             **self.labels,
@@ -149,23 +139,6 @@ class MetricsProcessor:
         for series in (m.tokens, m.trained_tokens, m.data_wait, m.step_duration, m.checkpoint_save):
             series.labels(**self.labels)
         self.gpu = GpuSampler.open(self.world.device)
-
-    def _serve(self, path: Path) -> MetricsServer | None:
-        port = self.cfg.metrics.port
-        addr = os.environ.get(ADDR_ENV, "0.0.0.0")
-        try:
-            server = serve(port, path=path, addr=addr)
-        except OSError as e:
-            # Losing the endpoint must not lose the training run.
-            log.warning("cannot serve metrics on %s:%d (%s); training continues without them", addr, port, e)
-            return None
-        shown = "127.0.0.1" if addr in ("0.0.0.0", "") else addr
-        self._print(
-            f"metrics: serving http://{shown}:{server.port}/metrics "
-            f"(node {self.world.node_rank}, {self.world.local_world_size} local ranks)",
-            force=True,
-        )
-        return server
 
     def on_step(self, stats: StepStats) -> None:
         self._window.append(stats)

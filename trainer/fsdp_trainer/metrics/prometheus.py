@@ -17,6 +17,7 @@ and of agents that are gone.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import sys
@@ -31,6 +32,8 @@ from fsdp_api import contract
 from fsdp_api.contract import Metric
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server, values
 from prometheus_client.multiprocess import MultiProcessCollector
+
+log = logging.getLogger(__name__)
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 # Where the per-agent directories go; default: the system temp dir (/tmp, an
@@ -159,6 +162,28 @@ def serve(port: int, path: Path, addr: str = "0.0.0.0") -> MetricsServer:
     _OrderedCollector(registry, path)
     server, thread = start_http_server(port, addr=addr, registry=registry)
     return MetricsServer(server, thread)
+
+
+def open_pod_endpoint(local_rank: int, port: int, addr: str) -> tuple[MetricsServer | None, str | None]:
+    """Switch this process to the pod's shared metrics files; local rank 0 also serves them on ``port``.
+
+    Returns (the server or None, a line to print on rank 0's log). Not being
+    able to serve (the port taken) is a warning, not an error: losing the
+    endpoint must not lose the training run.
+    """
+    path = multiproc_dir()
+    enable_multiprocess(path)
+    if local_rank != 0:
+        return None, None
+    for stale in remove_stale_generations(path) + remove_dead_agents(path):
+        log.info("removed stale metrics files: %s", stale)
+    try:
+        server = serve(port, path=path, addr=addr)
+    except OSError as e:
+        log.warning("cannot serve metrics on %s:%d (%s); training continues without them", addr, port, e)
+        return None, None
+    shown = "127.0.0.1" if addr in ("0.0.0.0", "") else addr
+    return server, f"metrics: serving http://{shown}:{server.port}/metrics"
 
 
 def _create(metric: Metric) -> Gauge | Counter | Histogram:
