@@ -21,7 +21,7 @@ system-deps:
 # Every binary the tests run, built from Go modules once and cached in ~/.cache/fsdp-k8s,
 # and the older Karpenter CRDs the bundle is checked against (from the Go module proxy too).
 tools:
-	bash tools/build-binaries.sh etcd kube-apiserver kubectl helm kube-scheduler kube-controller-manager training-operator
+	bash tools/build-binaries.sh etcd kube-apiserver kubectl helm kube-scheduler kube-controller-manager training-operator kueue
 	bash tools/fetch-karpenter-crds.sh
 
 # The embedded default: a real FSDP2 training job on the CPU (2 ranks, gloo), no cluster, no GPU, no internet.

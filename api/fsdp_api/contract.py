@@ -38,6 +38,21 @@ JOB_NAME_LABEL = "training.kubeflow.org/job-name"
 REPLICA_TYPE_LABEL = "training.kubeflow.org/replica-type"
 REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-index"
 
+# --- Kueue (sigs.k8s.io/kueue v0.17.0, pkg/controller/constants/constants.go) ------
+
+KUEUE_GROUP = "kueue.x-k8s.io"
+# On a job: the LocalQueue (in the job's namespace) that admits it.
+KUEUE_QUEUE_LABEL = f"{KUEUE_GROUP}/queue-name"
+# On a job: the WorkloadPriorityClass that orders and preempts its Workload.
+KUEUE_PRIORITY_LABEL = f"{KUEUE_GROUP}/priority-class"
+# Kueue's Workload of a job (v1beta2 is v0.17.0's storage version), found by this
+# label, which holds the job's uid (pkg/controller/jobframework).
+KUEUE_VERSION = "v1beta2"
+WORKLOAD_API_VERSION = f"{KUEUE_GROUP}/{KUEUE_VERSION}"
+WORKLOAD_KIND = "Workload"
+WORKLOAD_PLURAL = "workloads"
+KUEUE_JOB_UID_LABEL = f"{KUEUE_GROUP}/job-uid"
+
 # --- Prometheus operator ---------------------------------------------------------
 
 MONITORING_API_VERSION = "monitoring.coreos.com/v1"

@@ -15,7 +15,7 @@ from pydantic.alias_generators import to_snake
 from pydantic_core import PydanticCustomError
 
 from .base import ApiModel
-from .contract import API_VERSION, CONFIG_DIR, GROUP, KIND, POD_MOUNTS, RDZV_PORT, SHM_DIR
+from .contract import API_VERSION, CONFIG_DIR, GROUP, KIND, KUEUE_GROUP, POD_MOUNTS, RDZV_PORT, SHM_DIR
 from .pod_resources import (
     DefaultRequests,
     default_memory_bytes,
@@ -1134,6 +1134,12 @@ class PodSettings(ApiModel):
             field_path=".labels",
             check=lambda p: not any(_reserved_key(k) for k in p.labels),
         ),
+        Rule(
+            cel=f"!has(self.labels) || !self.labels.exists(k, k.startsWith('{KUEUE_GROUP}/'))",
+            message=f"labels must not set Kueue's keys ({KUEUE_GROUP}/*): use spec.scheduling",
+            field_path=".labels",
+            check=lambda p: not any(k.startswith(f"{KUEUE_GROUP}/") for k in p.labels),
+        ),
         _keys_rule("annotations", "qualified names"),
         Rule(
             cel=f"!has(self.annotations) || !self.annotations.exists(k, {_RESERVED_CEL} || k == '{DO_NOT_DISRUPT}')",
@@ -1189,6 +1195,38 @@ class PodSettings(ApiModel):
                 for m in p.volume_mounts
                 for n in p.volume_mounts
             ),
+        ),
+    )
+
+
+class SchedulingSpec(ApiModel):
+    """Queueing on a shared cluster with Kueue (docs/kueue.md)."""
+
+    queue: str | None = Field(
+        None,
+        max_length=63,
+        pattern=LABEL_VALUE_PATTERN,
+        description=(
+            "Kueue LocalQueue in the training's namespace that admits the job (the kueue.x-k8s.io/queue-name "
+            "label). The job is then created suspended and Kueue decides when it runs; unset: no queueing."
+        ),
+    )
+    priority_class: str | None = Field(
+        None,
+        max_length=63,
+        pattern=LABEL_VALUE_PATTERN,
+        description=(
+            "Kueue WorkloadPriorityClass of the job (the kueue.x-k8s.io/priority-class label): orders the queue "
+            "and decides who preempts whom. The pods' own PriorityClass is pod.priorityClassName."
+        ),
+    )
+
+    rules: ClassVar[tuple[Rule, ...]] = (
+        Rule(
+            cel="!has(self.priorityClass) || has(self.queue)",
+            message="priorityClass is Kueue's: set queue too",
+            field_path=".priorityClass",
+            check=lambda s: s.priority_class is None or s.queue is not None,
         ),
     )
 
@@ -1436,6 +1474,10 @@ class FSDPTrainingSpec(ApiModel):
     run_policy: RunPolicySpec = Field(
         default_factory=RunPolicySpec, description="Deadlines of the job: active deadline and TTL after it finishes."
     )
+    scheduling: SchedulingSpec = Field(
+        default_factory=SchedulingSpec,
+        description="Queueing with Kueue: the LocalQueue and the WorkloadPriorityClass (immutable).",
+    )
 
     rules: ClassVar[tuple[Rule, ...]] = (
         Rule(
@@ -1530,7 +1572,7 @@ class FSDPTrainingSpec(ApiModel):
 # data position or its pods' placement, so the API server refuses the update
 # (a `self == oldSelf` rule on the field) and check_update() mirrors it.
 IMMUTABLE_FIELDS: dict[type[ApiModel], tuple[str, tuple[str, ...]]] = {
-    FSDPTrainingSpec: ("spec", ("model", "data", "fsdp", "resources", "peft", "pod", "command", "args")),
+    FSDPTrainingSpec: ("spec", ("model", "data", "fsdp", "resources", "peft", "pod", "command", "args", "scheduling")),
     TrainingSpec: ("spec.training", ("seqLen", "microBatchSize", "gradAccumSteps", "precision", "seed")),
     CheckpointSpec: ("spec.checkpoint", ("dir", "claimName")),
 }

@@ -12,7 +12,7 @@ from pydantic import Field
 
 from .base import ApiModel
 
-Phase = Literal["Pending", "Created", "Running", "Restarting", "Suspended", "Succeeded", "Failed"]
+Phase = Literal["Pending", "Queued", "Created", "Running", "Restarting", "Suspended", "Succeeded", "Failed"]
 
 
 class Condition(ApiModel):

@@ -93,17 +93,27 @@ def tool_path(name: str, build: bool = True) -> Path:
 
 
 def training_operator_source() -> Path:
-    """The training operator's module source at the pinned version (for its upstream manifests).
+    """The training operator's module source at the pinned version (for its upstream manifests)."""
+    return module_source("training-operator", "github.com/kubeflow/training-operator")
+
+
+def kueue_source() -> Path:
+    """Kueue's module source at the pinned version (its CRDs and webhook manifests)."""
+    return module_source("kueue", "sigs.k8s.io/kueue")
+
+
+def module_source(tool: str, module: str) -> Path:
+    """The source of the Go ``module`` that ``tool`` was built from, at the pinned version.
 
     Resolved from the build's throwaway module, so it is the version that was
     built; ``go mod download`` is a no-op when the module cache has it.
     """
     binary = subprocess.run(
-        ["bash", str(BUILD_SCRIPT), "--print-path", "training-operator"], check=True, capture_output=True, text=True
+        ["bash", str(BUILD_SCRIPT), "--print-path", tool], check=True, capture_output=True, text=True
     ).stdout.strip()
     go = os.environ.get("GO") or shutil.which("go") or "/usr/local/go/bin/go"
     out = subprocess.run(
-        [go, "mod", "download", "-json", "github.com/kubeflow/training-operator"],
+        [go, "mod", "download", "-json", module],
         cwd=Path(binary).parent.parent / "src",
         env={**os.environ, "GOFLAGS": "-mod=mod", "GOWORK": "off"},
         capture_output=True,

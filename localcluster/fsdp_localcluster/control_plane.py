@@ -334,13 +334,12 @@ class ControlPlane:
             OPERATOR_NAMESPACE, OPERATOR_SERVICE_ACCOUNT, path=self.dir / "training-operator.kubeconfig"
         )
 
-    def _install_webhook(self, port: int) -> None:
-        """Serving certs (in the operator's Secret) and the ValidatingWebhookConfiguration.
+    def webhook_certs(self) -> Path:
+        """The webhook CA and a serving cert for 127.0.0.1 (and the training operator's Service name), made once.
 
-        Upstream points the webhook at a Service; with no pod network the API
-        server calls the operator on loopback by URL instead, so the serving
-        cert carries IP:127.0.0.1 besides the Service DNS name the rotator
-        checks (a cert it finds valid it keeps rather than regenerates).
+        Every webhook server of this control plane (the training operator's,
+        Kueue's) serves this pair: the API server calls them by URL on loopback.
+        Returns the directory holding webhook-{ca,tls}.{crt,key}.
         """
         p, cnf = self.pki, self.pki / "openssl.cnf"
         if not (p / "webhook-tls.crt").exists():
@@ -372,6 +371,17 @@ class ControlPlane:
                 p / "webhook-ca.key",
                 p / "webhook-tls.crt",
             )
+        return p
+
+    def _install_webhook(self, port: int) -> None:
+        """Serving certs (in the operator's Secret) and the ValidatingWebhookConfiguration.
+
+        Upstream points the webhook at a Service; with no pod network the API
+        server calls the operator on loopback by URL instead, so the serving
+        cert carries IP:127.0.0.1 besides the Service DNS name the rotator
+        checks (a cert it finds valid it keeps rather than regenerates).
+        """
+        p = self.webhook_certs()
         files = {
             "ca.crt": "webhook-ca.crt",
             "ca.key": "webhook-ca.key",

@@ -118,7 +118,7 @@ def test_cel_rules_of_the_models_are_in_the_schema() -> None:
 def test_immutable_fields_carry_a_transition_rule() -> None:
     nodes = dict(walk(schema()))
     expected = [f".{prefix}.{field}" for prefix, fields in IMMUTABLE_FIELDS.values() for field in fields]
-    assert len(expected) == 15
+    assert len(expected) == 16
     for path in expected:
         rules = nodes[path].get("x-kubernetes-validations", [])
         assert any(r["rule"] == "self == oldSelf" and "is immutable" in r["message"] for r in rules), path

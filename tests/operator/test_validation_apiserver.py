@@ -80,8 +80,9 @@ def test_valid_example_and_its_rendered_objects_are_accepted(api: Any, valid_exa
     res = dry_run(api, json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}))
     assert res.returncode == 0, res.stderr
     created = {line.split()[0] for line in res.stdout.splitlines() if line.endswith("created (server dry run)")}
-    assert created == {
-        f"configmap/{training.name}-trainer",
+    # A script of your own (spec.command) has no trainer config.
+    config = set() if training.spec.runs_own_script else {f"configmap/{training.name}-trainer"}
+    assert created == config | {
         f"pytorchjob.kubeflow.org/{training.name}",
         f"podmonitor.monitoring.coreos.com/{training.name}",
         f"networkpolicy.networking.k8s.io/{training.name}",

@@ -2,6 +2,7 @@
 
 - FSDPTraining create / update / resume → render + server-side apply + status.
 - FSDPTraining events → the in-memory view used by job events and the scraper.
+- Kueue Workload events (of a queued training's job) → its suspend intent and status;
 - PyTorchJob events (owned by an FSDPTraining) → status mirror; a job deleted
   under a live training is re-applied; a job that just finished gets a last
   read of its trainer's metrics.
@@ -21,15 +22,19 @@ from fsdp_api.contract import (
     GROUP,
     KUBEFLOW_GROUP,
     KUBEFLOW_VERSION,
+    KUEUE_GROUP,
+    KUEUE_VERSION,
     PLURAL,
     PYTORCHJOB_PLURAL,
     VERSION,
+    WORKLOAD_PLURAL,
 )
 
 from .kube import KubeClient, default_login
 from .metrics import OperatorMetrics
 from .peering import ensure_peering_object
-from .reconcile import Runtime, apply_training, handle_job_event, owner_of
+from .queueing import owning_job
+from .reconcile import Runtime, apply_training, handle_job_event, handle_workload_event, owner_of
 from .scraper import PeeringView, final_scrape, run_scraper
 
 log = logging.getLogger(__name__)
@@ -45,6 +50,10 @@ class Options:
 
 def _owned(body: kopf.Body, **_: Any) -> bool:
     return owner_of(body) is not None
+
+
+def _a_jobs(body: kopf.Body, **_: Any) -> bool:
+    return owning_job(body) is not None
 
 
 def _forget(tasks: list[asyncio.Task[Any]]) -> Any:
@@ -118,6 +127,13 @@ def build_registry(rt: Runtime, options: Options) -> kopf.OperatorRegistry:
             task = asyncio.create_task(final_scrape(rt, finished))
             background.append(task)
             task.add_done_callback(_forget(background))
+
+    # Kueue's Workloads of queued trainings. Without Kueue installed kopf serves
+    # nothing here (it logs that the resource is unresolved); installed later,
+    # it is noticed when the operator restarts (scanning is off, settings.py).
+    @kopf.on.event(KUEUE_GROUP, KUEUE_VERSION, WORKLOAD_PLURAL, id="workload", when=_a_jobs, registry=registry)
+    async def workload_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
+        await handle_workload_event(rt, event["type"], body)
 
     return registry
 

@@ -26,6 +26,8 @@ from fsdp_api.contract import (
     PODMONITOR_PLURAL,
     PYTORCHJOB_KIND,
     PYTORCHJOB_PLURAL,
+    WORKLOAD_KIND,
+    WORKLOAD_PLURAL,
 )
 
 FIELD_MANAGER = "fsdp-operator"
@@ -39,6 +41,7 @@ PLURALS = {
     PYTORCHJOB_KIND: PYTORCHJOB_PLURAL,
     PODMONITOR_KIND: PODMONITOR_PLURAL,
     NETWORKPOLICY_KIND: NETWORKPOLICY_PLURAL,
+    WORKLOAD_KIND: WORKLOAD_PLURAL,
     "ServiceMonitor": "servicemonitors",
     KIND: PLURAL,
     "KopfPeering": "kopfpeerings",
@@ -217,6 +220,12 @@ class KubeClient:
         except ApiError as e:
             if e.status not in (404, 409):  # 409: replaced by a new object meanwhile, not ours to delete
                 raise
+
+    async def merge_patch(
+        self, api_version: str, kind: str, namespace: str | None, name: str, patch: Mapping[str, Any]
+    ) -> Json:
+        path = resource_path(api_version, kind, namespace, name)
+        return (await self.request("PATCH", path, body=dict(patch), content_type="application/merge-patch+json"))[1]
 
     async def patch_status(
         self, api_version: str, kind: str, namespace: str, name: str, patch: Mapping[str, Any]

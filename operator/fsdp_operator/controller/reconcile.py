@@ -31,6 +31,7 @@ from ..render import render
 from .events import create_events, post_events
 from .kube import NETWORK_ERRORS, ApiError, KubeClient
 from .metrics import OperatorMetrics
+from .queueing import is_active, owning_job, queue_state, set_active, trim_workload
 from .stall import StallVerdict, StepClock
 from .status import (
     APPLY_FAILED,
@@ -73,6 +74,8 @@ class Runtime:
     statuses: dict[str, tuple[int, Json]] = field(default_factory=dict)
     # training uid -> its PyTorchJob as last seen on the watch (trimmed).
     jobs: dict[str, Json] = field(default_factory=dict)
+    # training uid -> its job's Kueue Workload as last seen on the watch (trimmed), for queued trainings.
+    workloads: dict[str, Json] = field(default_factory=dict)
     # training uid -> its stall check's clock (controller/stall.py), while it runs.
     step_clocks: dict[str, StepClock] = field(default_factory=dict)
     # training uids with an apply in flight.
@@ -105,6 +108,7 @@ class Runtime:
             del self.trainings[key]
         self.statuses.pop(uid, None)
         self.jobs.pop(uid, None)
+        self.workloads.pop(uid, None)
         self.step_clocks.pop(uid, None)
         self._locks.pop(uid, None)
         self.metrics.forget([uid])
@@ -221,8 +225,10 @@ async def _sync_locked(
     previous = rt.previous_status(body)
     # The plan depends on the spec only: made when it is applied, kept in between.
     plan = memory_plan_of(body) if outcome is not None else None
+    facts = TrainingFacts.from_body(body)
+    queue = queue_state(rt.workloads.get(uid), facts.queue) if facts.queue is not None else None
     new = compute_status(
-        TrainingFacts.from_body(body),
+        facts,
         job,
         previous,
         outcome=outcome,
@@ -232,6 +238,7 @@ async def _sync_locked(
         stall=stall,
         stall_restarts=stall_restarts,
         memory=plan,
+        queue=queue,
     )
     patch = status_patch(previous, new)
     to_post = list(events or []) + transition_events(previous, new)
@@ -311,6 +318,7 @@ async def apply_training(rt: Runtime, body: Mapping[str, Any], *, prune: bool = 
         await _apply_objects(rt, body, objects, events, prune=prune, retry=retry)
     finally:
         rt.applying.discard(uid)
+    await keep_suspend_intent(rt, body)
     rt.metrics.reconciles.labels("success").inc()
     rt.metrics.reconcile_duration.observe(time.perf_counter() - started)
 
@@ -392,6 +400,30 @@ async def _apply_objects(
         # The objects are applied; only the status lags. Retrying re-applies (a no-op) and writes it.
         rt.metrics.reconciles.labels("error").inc()
         raise kopf.TemporaryError(f"status update failed: {e!r}", delay=retry_delay(retry, 2)) from e
+
+
+async def keep_suspend_intent(rt: Runtime, body: Mapping[str, Any]) -> None:
+    """A queued training's spec.suspend, as its Workload's spec.active (Kueue owns the job's suspend).
+
+    Called after each apply and each Workload event: the Workload appears
+    after the job, so the first call may find none and a later one sets it.
+    """
+    spec = body.get("spec") or {}
+    if not (spec.get("scheduling") or {}).get("queue"):
+        return
+    uid = (body.get("metadata") or {}).get("uid", "")
+    workload = rt.workloads.get(uid)
+    want = not bool(spec.get("suspend", False))
+    if workload is None or is_active(workload) == want:
+        return
+    try:
+        patched = await set_active(rt.client, workload, want)
+    except (ApiError, *NETWORK_ERRORS) as e:
+        # The next Workload event (or apply) tries again.
+        log.warning("could not set spec.active=%s on Workload %s: %s", want, workload["metadata"].get("name"), e)
+        return
+    rt.workloads[uid] = {**workload, "spec": {**workload.get("spec", {}), "active": want}}
+    log.info("Workload %s: spec.active=%s (spec.suspend=%s)", patched["metadata"]["name"], want, not want)
 
 
 async def _record_failure(
@@ -628,3 +660,28 @@ async def record_progress(
         rt.wrote_status(uid, response, declared_subset(response.get("status")))
         rt.metrics.status_updates.labels("progress").inc()
         return True
+
+
+async def handle_workload_event(rt: Runtime, event_type: str | None, workload: Mapping[str, Any]) -> None:
+    """A Kueue Workload of one of our jobs changed: keep the suspend intent, mirror it into the status."""
+    ref = owning_job(workload)
+    if ref is None:
+        return
+    namespace = (workload.get("metadata") or {}).get("namespace", "")
+    # Our jobs are named after their training; the job's uid tells whether it is ours.
+    known = rt.trainings.get((namespace, ref.get("name", "")))
+    if known is None:
+        return
+    uid = known["metadata"].get("uid", "")
+    job = rt.jobs.get(uid)
+    if job is None or (job.get("metadata") or {}).get("uid") != ref.get("uid"):
+        return
+    if event_type == "DELETED":
+        rt.workloads.pop(uid, None)
+    else:
+        rt.workloads[uid] = trim_workload(workload)
+        await keep_suspend_intent(rt, known)
+    async with rt.lock(uid):
+        if uid in rt.applying:
+            return
+        await _sync_locked(rt, known, rt.jobs[uid], outcome=None, source="workload")

@@ -16,6 +16,7 @@ from fsdp_api.memory_plan import MemoryPlan
 from fsdp_api.spec import CheckpointSpec, ResourcesSpec
 from fsdp_api.status import CheckpointStatus, Condition, FSDPTrainingStatus, MemoryStatus, Phase, ReplicaStatus
 
+from .queueing import ADMITTED, EVICTED, QueueState
 from .stall import StallVerdict
 
 # The PyTorchJob carries the FSDPTraining generation it was rendered from, so
@@ -102,6 +103,7 @@ class TrainingFacts:
     checkpoint_dir: str
     checkpoint_claim: str | None
     max_steps: int | None = None
+    queue: str | None = None  # spec.scheduling.queue: Kueue owns the job's suspension
 
     @classmethod
     def from_body(cls, body: Json) -> TrainingFacts:
@@ -128,6 +130,7 @@ class TrainingFacts:
             checkpoint_dir=str(checkpoint.get("dir", CheckpointSpec.model_fields["dir"].default)),
             checkpoint_claim=checkpoint.get("claimName"),
             max_steps=max_steps if isinstance(max_steps, int) and max_steps > 0 else None,
+            queue=(spec.get("scheduling") or {}).get("queue"),
         )
 
 
@@ -393,6 +396,8 @@ def _replica_statuses(job: Json) -> dict[str, ReplicaStatus]:
 # Phases in which pods are expected to be (or become) scheduled: a placement
 # problem is the most useful thing the status can say then.
 _WAITING: tuple[Phase, ...] = ("Pending", "Created", "Restarting", "Running")
+# Phases in which the job has no pods: conditions about pods go until it runs again.
+_PODLESS: tuple[Phase, ...] = ("Suspended", "Queued")
 
 
 def _schedulable_condition(
@@ -404,7 +409,7 @@ def _schedulable_condition(
     resume). A job that succeeded had all its pods placed. A failed job keeps
     the last word: "could not be scheduled" may be why it failed.
     """
-    if phase == "Suspended":
+    if phase in _PODLESS:
         return None
     if scheduling is not None:
         return _condition(
@@ -428,7 +433,7 @@ def _start_condition(
     phase: Phase, start: Start | None, previous: Mapping[str, Json], generation: int, now: str
 ) -> Condition | None:
     """PodsStarted: set from the pods, kept until they say otherwise; gone while suspended (no pods)."""
-    if phase == "Suspended":
+    if phase in _PODLESS:
         return None
     if start is not None:
         status = "True" if start.started else "False"
@@ -464,7 +469,7 @@ def _stall_condition(
     phase: Phase, stall: StallVerdict | None, previous: Mapping[str, Json], generation: int, now: str
 ) -> Condition | None:
     """Stalled: set by the stall check while the job runs; gone once it is suspended or has succeeded."""
-    if phase in ("Suspended", "Succeeded"):
+    if phase in (*_PODLESS, "Succeeded"):
         return None
     if stall is not None:
         status, reason = stall_state(stall)
@@ -494,6 +499,35 @@ def _memory(
     return _condition(FITS_MEMORY, status, reason, plan.summary(), generation, prev_conds, now), memory
 
 
+def _queue_conditions(
+    training: TrainingFacts, queue: QueueState | None, previous: Mapping[str, Json], now: str
+) -> list[Condition]:
+    """Admitted (Kueue's verdict, or why it waits) and Evicted (the last eviction) of a queued training.
+
+    ``queue`` None (no Workload read on this path) keeps the previous ones.
+    """
+    if training.queue is None:
+        return []
+    if queue is None:
+        return [Condition.model_validate(previous[t]) for t in (ADMITTED, EVICTED) if t in previous]
+    status = "True" if queue.admitted else "False"
+    out = [_condition(ADMITTED, status, queue.reason, queue.message, training.generation, previous, now)]
+    if queue.evicted is not None:
+        ev = queue.evicted
+        out.append(
+            _condition(
+                EVICTED,
+                str(ev.get("status") or "Unknown"),
+                str(ev.get("reason") or EVICTED),
+                str(ev.get("message") or ""),
+                training.generation,
+                previous,
+                now,
+            )
+        )
+    return out
+
+
 def observed_generation(job: Json | None, previous: Json | None) -> int | None:
     if job is not None:
         raw = ((job.get("metadata") or {}).get("annotations") or {}).get(GENERATION_ANNOTATION)
@@ -515,6 +549,7 @@ def compute_status(
     stall: StallVerdict | None = None,
     stall_restarts: int | None = None,
     memory: MemoryPlan | None = None,
+    queue: QueueState | None = None,
     now: str | None = None,
 ) -> FSDPTrainingStatus:
     """The whole declared status, from the training, its PyTorchJob (None if absent) and the previous status.
@@ -529,7 +564,8 @@ def compute_status(
     verdict; None keeps the previous Stalled condition. ``stall_restarts``
     replaces the count of restarts for stalls (None keeps it). ``memory`` is
     the spec's memory plan, made when it is applied; None keeps the previous
-    FitsMemory condition and status.memory.
+    FitsMemory condition and status.memory. ``queue`` is what Kueue's Workload
+    says of a queued training; None keeps its previous Admitted and Evicted.
     Metric-derived fields (step, loss, tokens/s, last checkpoint step) are
     carried over: only the scraper sets them, except that a Succeeded job
     has by construction trained and checkpointed its last step (below).
@@ -582,6 +618,13 @@ def compute_status(
             )
         )
     phase, message = job_phase(job)
+    queue_conditions = _queue_conditions(training, queue, prev_conds, now)
+    conditions += queue_conditions
+    if training.queue is not None and phase == "Suspended" and not training.suspend:
+        # Suspended by Kueue, not by the user: waiting for admission, or requeued after an eviction.
+        phase = "Queued"
+        admitted = next((c for c in queue_conditions if c.type == ADMITTED), None)
+        message = admitted.message if admitted is not None and admitted.message else f"queued in {training.queue}"
     if job is None and reconciled is not None and reconciled.status == "False" and reconciled.reason == INVALID_SPEC:
         # Retrying cannot fix a spec the renderer rejects: without a job, the training has failed.
         phase, message = "Failed", reconciled.message
@@ -698,6 +741,7 @@ _PHASE_EVENTS: dict[str, tuple[str, str]] = {
     "Running": ("Normal", "Running"),
     "Restarting": ("Warning", "Restarting"),
     "Suspended": ("Normal", "Suspended"),
+    "Queued": ("Normal", "Queued"),
     "Succeeded": ("Normal", "Succeeded"),
     "Failed": ("Warning", "Failed"),
 }
@@ -748,6 +792,9 @@ def transition_events(previous: Json | None, status: FSDPTrainingStatus) -> list
     for cond_type, key in renotify.items():
         if cond := _newly_false(cond_type, new_conds, old_conds, key):
             events.append(EventSpec("Warning", cond.reason, cond.message))
+    evicted, was = new_conds.get(EVICTED), old_conds.get(EVICTED)
+    if evicted is not None and evicted.status == "True" and (was or {}).get("status") != "True":
+        events.append(EventSpec("Warning", evicted.reason, evicted.message))
     stalled, was = new_conds.get(STALLED), old_conds.get(STALLED)
     if stalled is not None and stalled.status != (was or {}).get("status"):
         if stalled.status == "True":

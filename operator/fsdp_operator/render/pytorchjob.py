@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from fsdp_api import FSDPTrainingSpec
-from fsdp_api.contract import PYTORCHJOB_API_VERSION, PYTORCHJOB_KIND
+from fsdp_api.contract import KUEUE_PRIORITY_LABEL, KUEUE_QUEUE_LABEL, PYTORCHJOB_API_VERSION, PYTORCHJOB_KIND
 
 from . import names
 from .command import max_restarts
@@ -35,7 +35,7 @@ def backoff_limit(spec: FSDPTrainingSpec) -> int:
 
 
 def run_policy(spec: FSDPTrainingSpec) -> dict[str, Any]:
-    return {
+    policy: dict[str, Any] = {
         # Running: when the job ends, pods still running (e.g. ranks stuck
         # after rank 0 finished) are deleted so their GPU nodes can go, while
         # finished pods and their logs stay for inspection.
@@ -44,6 +44,24 @@ def run_policy(spec: FSDPTrainingSpec) -> dict[str, Any]:
         "suspend": spec.suspend,
         **spec.run_policy.model_dump(by_alias=True, exclude_none=True, mode="json"),
     }
+    if spec.scheduling.queue is not None:
+        # Kueue owns suspend on a queued job: its webhook suspends it at creation,
+        # it unsuspends it on admission and suspends it again on preemption (as
+        # field manager "kueue"). Applying the field at all would take it back or
+        # conflict; spec.suspend goes through the Workload's spec.active instead
+        # (controller/queueing.py, docs/kueue.md).
+        del policy["suspend"]
+    return policy
+
+
+def queue_labels(spec: FSDPTrainingSpec) -> dict[str, str]:
+    """Kueue's labels on the job: its LocalQueue and WorkloadPriorityClass."""
+    labels = {}
+    if spec.scheduling.queue is not None:
+        labels[KUEUE_QUEUE_LABEL] = spec.scheduling.queue
+    if spec.scheduling.priority_class is not None:
+        labels[KUEUE_PRIORITY_LABEL] = spec.scheduling.priority_class
+    return labels
 
 
 def elastic_policy(spec: FSDPTrainingSpec, name: str) -> dict[str, Any] | None:
@@ -89,7 +107,7 @@ def pytorchjob(spec: FSDPTrainingSpec, name: str, namespace: str, annotations: d
         "metadata": {
             "name": name,
             "namespace": namespace,
-            "labels": {**spec.pod.labels, **names.labels(name, names.TRAINING_JOB)},
+            "labels": {**spec.pod.labels, **queue_labels(spec), **names.labels(name, names.TRAINING_JOB)},
             "annotations": {**spec.pod.annotations, **annotations},
         },
         "spec": job_spec,

@@ -1,0 +1,139 @@
+"""Kueue's controller manager next to a ControlPlane: real queueing, quotas and preemption of PyTorchJobs.
+
+Built from its Go module like the other components (tools/versions.env pins
+it), with its CRDs and webhook manifests from the same module source. What
+differs from an in-cluster install, and why:
+
+- its webhooks are registered by URL on loopback (no pod network), with the
+  control plane's webhook CA and serving cert (``ControlPlane.webhook_certs``);
+  only those of the PyTorchJob integration and of Kueue's own objects: the
+  others' paths belong to frameworks that are not enabled, and with
+  ``failurePolicy: Fail`` they would only add ways to fail;
+- the CRDs are installed as the module ships them (no conversion webhook):
+  everything here speaks v1beta2, the storage version;
+- it runs as the cluster admin rather than its upstream ClusterRole;
+- with its internal cert management off it reads its metrics serving cert from
+  the fixed path /etc/kueue/metrics/certs (cmd/kueue/main.go, v0.17.0), which
+  no setting moves: the same pair is written there when missing (as root, like CI);
+- ``VisibilityOnDemand`` is off: its API server would want certs of its own.
+
+Usage::
+
+    kueue = Kueue(control_plane).start()
+    ...
+    kueue.stop()      # also removes its webhook configurations
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import yaml
+from fsdp_api.launch import free_port
+
+from .binaries import ensure_tools, kueue_source
+from .control_plane import Component, ControlPlane
+from .pki import b64
+
+KUEUE = "kueue"
+# The integration our jobs need; Kueue needs no other (batch/job is only its default).
+FRAMEWORKS = ("kubeflow.org/pytorchjob",)
+METRICS_CERT_DIR = Path("/etc/kueue/metrics/certs")
+MUTATING = "kueue-mutating-webhook-configuration"
+VALIDATING = "kueue-validating-webhook-configuration"
+# The webhooks of config/components/webhook/manifests.yaml that concern PyTorchJobs and Kueue's own objects.
+WEBHOOKS = frozenset(
+    {
+        "mpytorchjob.kb.io",
+        "vpytorchjob.kb.io",
+        "mclusterqueue.kb.io",
+        "vclusterqueue.kb.io",
+        "vcohort.kb.io",
+        "mresourceflavor.kb.io",
+        "vresourceflavor.kb.io",
+        "mworkload.kb.io",
+        "vworkload.kb.io",
+    }
+)
+
+
+class Kueue:
+    """One Kueue controller manager for a ControlPlane's cluster."""
+
+    def __init__(self, control_plane: ControlPlane) -> None:
+        self.cp = control_plane
+        self.cluster = control_plane.cluster
+        self.dir = control_plane.dir / "kueue"
+
+    def start(self, timeout: float = 120.0) -> Kueue:
+        ensure_tools([KUEUE])
+        source = kueue_source()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.cluster.install_crds(source / "config" / "components" / "crd" / "bases")
+        pki = self.cp.webhook_certs()
+        certs = self.dir / "webhook-certs"
+        certs.mkdir(exist_ok=True)
+        for name in ("tls.crt", "tls.key"):
+            shutil.copyfile(pki / f"webhook-{name}", certs / name)
+        if not (METRICS_CERT_DIR / "tls.crt").exists():
+            METRICS_CERT_DIR.mkdir(parents=True, exist_ok=True)
+            for name in ("tls.crt", "tls.key"):
+                shutil.copyfile(pki / f"webhook-{name}", METRICS_CERT_DIR / name)
+        webhook, metrics, health = free_port(), free_port(), free_port()
+        config = self.dir / "config.yaml"
+        config.write_text(yaml.safe_dump(self._config(certs, webhook, metrics, health), sort_keys=False))
+        self._install_webhooks(source, webhook, b64(pki / "webhook-ca.crt"))
+        args = [f"--config={config}", f"--kubeconfig={self.cluster.kubeconfig}", "--zap-log-level=2"]
+        self.cp.components[KUEUE] = Component(KUEUE, args, f"http://127.0.0.1:{health}/healthz")
+        self.cp.start_component(KUEUE, timeout)
+        return self
+
+    def stop(self) -> None:
+        self.cp.stop_component(KUEUE)
+        self.cp.components.pop(KUEUE, None)
+        # Webhooks that fail closed must not outlive their server.
+        for kind, name in (("mutatingwebhookconfiguration", MUTATING), ("validatingwebhookconfiguration", VALIDATING)):
+            self.cluster.kubectl("delete", kind, name, "--ignore-not-found")
+
+    def logs(self, lines: int = 60) -> str:
+        return self.cp.logs(KUEUE, lines)
+
+    @staticmethod
+    def _config(certs: Path, webhook: int, metrics: int, health: int) -> dict[str, Any]:
+        """The Configuration (config.kueue.x-k8s.io/v1beta2) of a local run; defaults for the rest."""
+        return {
+            "apiVersion": "config.kueue.x-k8s.io/v1beta2",
+            "kind": "Configuration",
+            "namespace": "kueue-system",
+            "manageJobsWithoutQueueName": False,
+            "internalCertManagement": {"enable": False},
+            "webhook": {"port": webhook, "host": "127.0.0.1", "certDir": str(certs)},
+            "metrics": {"bindAddress": f"127.0.0.1:{metrics}"},
+            "health": {"healthProbeBindAddress": f"127.0.0.1:{health}"},
+            # Its default is true, and one instance has nobody to elect.
+            "leaderElection": {"leaderElect": False},
+            "integrations": {"frameworks": list(FRAMEWORKS)},
+            "featureGates": {"VisibilityOnDemand": False},
+        }
+
+    def _install_webhooks(self, source: Path, port: int, ca_bundle: str) -> None:
+        manifests = source / "config" / "components" / "webhook" / "manifests.yaml"
+        names = {"MutatingWebhookConfiguration": MUTATING, "ValidatingWebhookConfiguration": VALIDATING}
+        for doc in yaml.safe_load_all(manifests.read_text()):
+            if not doc or doc.get("kind") not in names:
+                continue
+            hooks = [h for h in doc.get("webhooks") or [] if h["name"] in WEBHOOKS]
+            for h in hooks:
+                path = h["clientConfig"]["service"]["path"]
+                h["clientConfig"] = {"url": f"https://127.0.0.1:{port}{path}", "caBundle": ca_bundle}
+                h["timeoutSeconds"] = 10
+            self.cluster.apply(
+                {
+                    "apiVersion": doc["apiVersion"],
+                    "kind": doc["kind"],
+                    "metadata": {"name": names[doc["kind"]]},
+                    "webhooks": hooks,
+                }
+            )
