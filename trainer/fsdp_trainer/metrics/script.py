@@ -28,36 +28,27 @@ trainer image as its base).
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 from collections.abc import Mapping
 
 from fsdp_api.contract import ENV_JOB_NAME, ENV_METRICS_ADDR, ENV_METRICS_LINGER_SECONDS, ENV_METRICS_PORT
 
+from ..parallel.distributed import world_from_env
 from .prometheus import MetricsServer, TrainerMetrics, open_pod_endpoint
-
-log = logging.getLogger(__name__)
-
-
-def _env_int(env: Mapping[str, str], *names: str, default: int) -> int:
-    for name in names:
-        value = env.get(name)
-        if value not in (None, ""):
-            return int(value)
-    return default
 
 
 class ScriptMetrics:
     """One rank's metrics in the shared names (fsdp_api.contract); see the module docstring."""
 
     def __init__(self, max_steps: int | None = None, *, env: Mapping[str, str] = os.environ) -> None:
-        self.local_rank = _env_int(env, "LOCAL_RANK", default=0)
-        self.world_size = max(1, _env_int(env, "WORLD_SIZE", default=1))
+        # torchrun's variables, read as the built-in trainer reads them.
+        world = world_from_env(env, use_cuda=False)
+        self.local_rank = world.local_rank
+        self.world_size = max(1, world.world_size)
         self.labels = {
             "job_name": env.get(ENV_JOB_NAME) or "local",
-            # torchrun's GROUP_RANK is the node's index, as in the built-in trainer.
-            "node_rank": str(_env_int(env, "GROUP_RANK", "NODE_RANK", default=0)),
+            "node_rank": str(world.node_rank),
             "local_rank": str(self.local_rank),
         }
         self._linger = float(env.get(ENV_METRICS_LINGER_SECONDS) or 0)
@@ -73,7 +64,7 @@ class ScriptMetrics:
         lb = self.labels
         if max_steps is not None:
             m.max_steps.labels(**lb).set(max_steps)
-        m.restart_count.labels(**lb).set(_env_int(env, "TORCHELASTIC_RESTART_COUNT", default=0))
+        m.restart_count.labels(**lb).set(int(env.get("TORCHELASTIC_RESTART_COUNT") or 0))
         # Exported as 0 before the first increment, so rate() sees that increment.
         for series in (m.tokens, m.step_duration, m.checkpoint_save):
             series.labels(**lb)
