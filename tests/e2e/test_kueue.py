@@ -125,7 +125,8 @@ def test_a_second_training_waits_in_the_queue_with_kueues_reason_then_runs(opera
     create_claim(whole, ns, "ckpt-a")
     create_claim(whole, ns, "ckpt-b")
     t0 = time.monotonic()
-    whole.cluster.apply(queued("first", ns, max_steps=30, interval=10, claim="ckpt-a"))
+    # Long enough that the second one is seen waiting (the tiny model trains about 10 steps a second).
+    whole.cluster.apply(queued("first", ns, max_steps=80, interval=20, claim="ckpt-a"))
     wait_for(lambda: last_step(whole, "first", ns) >= 1, 240, "the first training's first step")
     record("queued_apply_to_first_step_s", time.monotonic() - t0)
     assert admitted(whole, "first", ns) == "True", dump(status(whole, "first", ns))
