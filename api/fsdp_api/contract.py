@@ -45,13 +45,11 @@ KUEUE_GROUP = "kueue.x-k8s.io"
 KUEUE_QUEUE_LABEL = f"{KUEUE_GROUP}/queue-name"
 # On a job: the WorkloadPriorityClass that orders and preempts its Workload.
 KUEUE_PRIORITY_LABEL = f"{KUEUE_GROUP}/priority-class"
-# Kueue's Workload of a job (v1beta2 is v0.17.0's storage version), found by this
-# label, which holds the job's uid (pkg/controller/jobframework).
+# Kueue's Workload of a job, owned by the job (v1beta2 is v0.17.0's storage version).
 KUEUE_VERSION = "v1beta2"
 WORKLOAD_API_VERSION = f"{KUEUE_GROUP}/{KUEUE_VERSION}"
 WORKLOAD_KIND = "Workload"
 WORKLOAD_PLURAL = "workloads"
-KUEUE_JOB_UID_LABEL = f"{KUEUE_GROUP}/job-uid"
 
 # --- Prometheus operator ---------------------------------------------------------
 

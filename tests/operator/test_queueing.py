@@ -86,7 +86,8 @@ def test_queue_state_says_why_it_waits_or_that_it_was_preempted() -> None:
     admitted = queue_state(ADMITTED, "team-a")
     assert (admitted.admitted, admitted.reason) == (True, "Admitted")
     preempted = queue_state(PREEMPTED, "team-a")
-    assert (preempted.admitted, preempted.reason, preempted.preempted) == (False, "Preempted", True)
+    assert (preempted.admitted, preempted.reason) == (False, "Preempted")
+    assert preempted.evicted is not None and preempted.evicted["status"] == "True"
     assert preempted.message == f"Preempted: {PREEMPTED_MESSAGE}"
 
 

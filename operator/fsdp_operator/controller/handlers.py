@@ -52,7 +52,7 @@ def _owned(body: kopf.Body, **_: Any) -> bool:
     return owner_of(body) is not None
 
 
-def _a_jobs(body: kopf.Body, **_: Any) -> bool:
+def _of_a_pytorchjob(body: kopf.Body, **_: Any) -> bool:
     return owning_job(body) is not None
 
 
@@ -131,7 +131,7 @@ def build_registry(rt: Runtime, options: Options) -> kopf.OperatorRegistry:
     # Kueue's Workloads of queued trainings. Without Kueue installed kopf serves
     # nothing here (it logs that the resource is unresolved); installed later,
     # it is noticed when the operator restarts (scanning is off, settings.py).
-    @kopf.on.event(KUEUE_GROUP, KUEUE_VERSION, WORKLOAD_PLURAL, id="workload", when=_a_jobs, registry=registry)
+    @kopf.on.event(KUEUE_GROUP, KUEUE_VERSION, WORKLOAD_PLURAL, id="workload", when=_of_a_pytorchjob, registry=registry)
     async def workload_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
         await handle_workload_event(rt, event["type"], body)
 

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from fsdp_api.contract import KUEUE_JOB_UID_LABEL, PYTORCHJOB_KIND, WORKLOAD_API_VERSION, WORKLOAD_KIND
+from fsdp_api.contract import PYTORCHJOB_KIND, WORKLOAD_API_VERSION, WORKLOAD_KIND
 
 from .kube import KubeClient
 
@@ -27,8 +27,6 @@ Json = dict[str, Any]
 QUOTA_RESERVED = "QuotaReserved"
 ADMITTED = "Admitted"
 EVICTED = "Evicted"
-# The Evicted reason of a preemption.
-PREEMPTED = "Preempted"
 
 
 def owning_job(workload: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -63,14 +61,6 @@ class QueueState:
     message: str
     evicted: Json | None = None  # the Workload's Evicted condition, when it has one
 
-    @property
-    def preempted(self) -> bool:
-        return self.evicted is not None and self.evicted.get("status") == "True" and self.evicted_reason == PREEMPTED
-
-    @property
-    def evicted_reason(self) -> str:
-        return str((self.evicted or {}).get("reason") or "")
-
 
 def queue_state(workload: Mapping[str, Any] | None, queue: str) -> QueueState:
     """The training's queue state from its Workload (None: Kueue has not made one yet)."""
@@ -96,12 +86,6 @@ def queue_state(workload: Mapping[str, Any] | None, queue: str) -> QueueState:
     if pending is not None:
         return QueueState(False, "QuotaReserved", str(pending.get("message") or ""), evicted)
     return QueueState(False, "Pending", f"queued in LocalQueue {queue}; Kueue has not evaluated it yet", evicted)
-
-
-async def find_workload(client: KubeClient, namespace: str, job_uid: str) -> Json | None:
-    """The Workload Kueue made for the job with ``job_uid`` (it carries that uid as a label)."""
-    found = await client.list(WORKLOAD_API_VERSION, WORKLOAD_KIND, namespace, f"{KUEUE_JOB_UID_LABEL}={job_uid}")
-    return found[0] if found else None
 
 
 async def set_active(client: KubeClient, workload: Mapping[str, Any], active: bool) -> Json:
