@@ -21,7 +21,8 @@ system-deps:
 # Every binary the tests run, built from Go modules once and cached in ~/.cache/fsdp-k8s,
 # and the older Karpenter CRDs the bundle is checked against (from the Go module proxy too).
 tools:
-	bash tools/build-binaries.sh etcd kube-apiserver kubectl helm kube-scheduler kube-controller-manager training-operator kueue
+	bash tools/build-binaries.sh etcd kube-apiserver kubectl helm kube-scheduler kube-controller-manager training-operator kueue \
+		trainer-controller-manager jobset
 	bash tools/fetch-karpenter-crds.sh
 
 # The embedded default: a real FSDP2 training job on the CPU (2 ranks, gloo), no cluster, no GPU, no internet.
@@ -42,9 +43,10 @@ lint: setup
 	$(BIN)/ruff format --check .
 	$(BIN)/hadolint Dockerfile
 
-# Regenerate the committed CRD and rendered manifests from the Python sources.
+# Regenerate the committed CRD, Trainer v2 runtime and API reference from the Python sources.
 crd: setup
 	$(BIN)/fsdp-operator crd > kustomize/crd/training.fsdp.dev_fsdptrainings.yaml
+	$(BIN)/fsdp-operator runtime > kustomize/components/trainjob/clustertrainingruntime.yaml
 	$(BIN)/fsdp-operator docs > docs/api-reference.md
 
 # Regenerate kustomize/overlays/fsdp/generated from its FSDPTraining (a test checks for drift).

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Build the binaries of the test cluster (etcd, kube-apiserver, kubectl, helm,
-# and on request kube-scheduler, kube-controller-manager, training-operator) from Go modules,
+# and on request kube-scheduler, kube-controller-manager, training-operator, kueue,
+# trainer-controller-manager, jobset) from Go modules,
 # using only the Go toolchain and the Go module proxy. Versions come from
 # tools/versions.env. Results are cached under
 #   ${FSDP_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/fsdp-k8s}/<module>-<version>/bin/<name>
@@ -35,6 +36,8 @@ kube-controller-manager  KUBERNETES_VERSION  k8s.io/kubernetes           k8s.io/
 helm                     HELM_VERSION        helm.sh/helm/v3             helm.sh/helm/v3/cmd/helm
 training-operator        TRAINING_OPERATOR_VERSION github.com/kubeflow/training-operator github.com/kubeflow/training-operator/cmd/training-operator.v1
 kueue                    KUEUE_VERSION       sigs.k8s.io/kueue           sigs.k8s.io/kueue/cmd/kueue
+trainer-controller-manager TRAINER_VERSION   github.com/kubeflow/trainer/v2 github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager
+jobset                   JOBSET_VERSION      sigs.k8s.io/jobset          sigs.k8s.io/jobset
 '
 DEFAULT_TOOLS=(etcd kube-apiserver kubectl helm)
 

@@ -9,6 +9,8 @@ the kubelet and the container runtime, which the node agent stands in for:
 - ``apiserver``: ``TestCluster``, etcd + kube-apiserver (RBAC on) with kubectl helpers;
 - ``control_plane``: ``ControlPlane``, kube-scheduler, kube-controller-manager
   and the Kubeflow training operator;
+- ``kueue``: ``Kueue``, and ``trainer_v2``: ``TrainerV2`` (Kubeflow Trainer v2
+  with JobSet), controllers added next to a running ControlPlane;
 - ``node_agent``: ``NodeAgent``, Karpenter-shaped nodes whose pods run as processes;
 - ``operator_install``: the fsdp-operator from kustomize/default, as a pod or
   as a child process (``OperatorProcess``);

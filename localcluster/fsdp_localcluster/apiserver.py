@@ -37,7 +37,7 @@ from .pki import b64, generate_pki
 from .processes import stop_process
 
 # Third-party CRDs (sub-directories of $FSDP_SHARED_DIR/crds) installed in every cluster.
-DEFAULT_CRD_DIRS = ("kubeflow-training-operator-v1", "karpenter", "prometheus-operator")
+DEFAULT_CRD_DIRS = ("kubeflow-training-operator-v1", "kubeflow-trainer-v2", "karpenter", "prometheus-operator")
 SERVICE_CLUSTER_IP_RANGE = "10.96.0.0/16"
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 
@@ -320,16 +320,21 @@ class TestCluster:
             ]
         if not names:
             return names
-        self.kubectl(
-            "wait",
-            "--for=condition=Established",
-            f"--timeout={int(timeout)}s",
-            *[f"crd/{n}" for n in names],
-            timeout=timeout + 10,
-        )
+        deadline = time.monotonic() + timeout
+        wait = ["wait", "--for=condition=Established", *[f"crd/{n}" for n in names]]
+        # kubectl wait gives up at once on a CRD whose status has no conditions
+        # yet (".status.conditions accessor error: <nil> is of the type <nil>"),
+        # which a freshly applied one can show for a moment: ask again.
+        while True:
+            left = max(1, int(deadline - time.monotonic()))
+            res = self.kubectl(*wait, f"--timeout={left}s", timeout=left + 10, check=False)
+            if res.returncode == 0:
+                break
+            if "accessor error" not in res.stderr or time.monotonic() > deadline:
+                raise KubectlError(res.returncode, res.args, res.stdout, res.stderr)
+            time.sleep(0.2)
         # Established can precede the moment the new endpoints are served;
         # listing every new resource once proves they are.
-        deadline = time.monotonic() + timeout
         while self.kubectl("get", ",".join(names), "-A", "-o", "name", check=False).returncode != 0:
             if time.monotonic() > deadline:
                 self.kubectl("get", ",".join(names), "-A", "-o", "name")  # raises, showing kubectl's error

@@ -1,8 +1,8 @@
 """Where the local cluster's binaries and data come from: the repository, the build script, the shared dir.
 
-etcd, kube-apiserver, kubectl, helm, kube-scheduler, kube-controller-manager
-and the Kubeflow training operator are built from Go modules by
-``tools/build-binaries.sh`` (versions in ``tools/versions.env``; see
+etcd, kube-apiserver, kubectl, helm, kube-scheduler, kube-controller-manager,
+the Kubeflow training operator, Kueue, Kubeflow Trainer v2 and JobSet are
+built from Go modules by ``tools/build-binaries.sh`` (versions in ``tools/versions.env``; see
 ``docs/test-cluster.md``) into a cache; ``tool_path`` finds (and builds) one.
 """
 
@@ -100,6 +100,16 @@ def training_operator_source() -> Path:
 def kueue_source() -> Path:
     """Kueue's module source at the pinned version (its CRDs and webhook manifests)."""
     return module_source("kueue", "sigs.k8s.io/kueue")
+
+
+def trainer_source() -> Path:
+    """Kubeflow Trainer v2's module source at the pinned version (its CRDs and webhook manifests)."""
+    return module_source("trainer-controller-manager", "github.com/kubeflow/trainer/v2")
+
+
+def jobset_source() -> Path:
+    """JobSet's module source at the pinned version (its CRD and webhook manifests)."""
+    return module_source("jobset", "sigs.k8s.io/jobset")
 
 
 def module_source(tool: str, module: str) -> Path:

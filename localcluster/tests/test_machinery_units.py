@@ -102,3 +102,53 @@ def test_a_pod_worker_depends_on_its_context_not_on_the_agent() -> None:
     pods = imported_modules(PACKAGE / "node_agent" / "pods.py")
     assert ".agent" not in pods and "fsdp_localcluster.node_agent.agent" not in pods
     assert ".pods" in imported_modules(PACKAGE / "node_agent" / "agent.py")
+
+
+def test_upstream_webhook_patches_apply_and_only_kept_webhooks_are_registered_by_url(tmp_path: Path) -> None:
+    """JobSet's kustomize patch (replace /webhooks/1) and Trainer's (object selectors), as trainer_v2 applies them."""
+    from fsdp_localcluster.trainer_v2 import MUTATING, json_patch, register_webhooks
+
+    manifests = tmp_path / "manifests.yaml"
+    manifests.write_text(
+        "---\napiVersion: admissionregistration.k8s.io/v1\nkind: MutatingWebhookConfiguration\n"
+        "metadata: {name: mutating-webhook-configuration}\nwebhooks:\n"
+        "- {name: mjobset.kb.io, clientConfig: {service: {name: s, path: /mutate-jobset}}}\n"
+        "- {name: mpod.kb.io, clientConfig: {service: {name: s, path: /mutate--v1-pod}}}\n"
+        "- {name: other.kb.io, clientConfig: {service: {name: s, path: /other}}}\n"
+    )
+    patch = tmp_path / "patch.yaml"
+    selector = {"matchExpressions": [{"key": "jobset.sigs.k8s.io/jobset-name", "operator": "Exists"}]}
+    patch.write_text(
+        "- op: add\n  path: /webhooks/1/objectSelector\n"
+        "  value: {matchExpressions: [{key: jobset.sigs.k8s.io/jobset-name, operator: Exists}]}\n"
+        "- op: replace\n  path: /metadata/name\n  value: patched\n"
+    )
+    applied: list[dict[str, object]] = []
+
+    class Cluster:
+        def apply(self, obj: dict[str, object]) -> None:
+            applied.append(obj)
+
+    register_webhooks(
+        Cluster(),  # type: ignore[arg-type]
+        manifests,
+        {MUTATING: patch},
+        {MUTATING: "jobset-mutating-webhook-configuration"},
+        {"mjobset.kb.io", "mpod.kb.io"},
+        9443,
+        "Q0E=",
+    )
+    [cfg] = applied
+    assert cfg["metadata"] == {"name": "jobset-mutating-webhook-configuration"}
+    hooks = cfg["webhooks"]
+    assert isinstance(hooks, list) and [h["name"] for h in hooks] == ["mjobset.kb.io", "mpod.kb.io"]
+    assert hooks[1]["clientConfig"] == {"url": "https://127.0.0.1:9443/mutate--v1-pod", "caBundle": "Q0E="}
+    assert hooks[1]["objectSelector"] == selector and "objectSelector" not in hooks[0]
+    assert all(h["timeoutSeconds"] == 10 for h in hooks)
+
+    doc = {"webhooks": [{"name": "a"}, {"name": "b"}]}
+    json_patch(doc, [{"op": "replace", "path": "/webhooks/1", "value": {"name": "c"}}])
+    json_patch(doc, [{"op": "add", "path": "/webhooks/-", "value": {"name": "d"}}])
+    assert doc == {"webhooks": [{"name": "a"}, {"name": "c"}, {"name": "d"}]}
+    with pytest.raises(ValueError, match="remove"):
+        json_patch(doc, [{"op": "remove", "path": "/webhooks/0"}])

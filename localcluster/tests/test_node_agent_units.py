@@ -10,12 +10,19 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
+import pytest
 from fsdp_localcluster.node_agent import (
     POD_IP_ENV,
     SITECUSTOMIZE,
+    NotReady,
+    PodContext,
     PodNetwork,
+    PodWorker,
     expand,
     karpenter_node,
     parse_quantity,
@@ -56,6 +63,135 @@ def test_service_names_resolve_to_the_selected_pods_address(tmp_path: Path) -> N
     # Short names are namespace-local, as in cluster DNS.
     assert net.rewrite("job-worker-0:29400", "other") == "job-worker-0:29400"
     assert f"{ip} job-worker-0.ns.svc" in (tmp_path / "hosts").read_text()
+
+
+def jobset_pod(name: str, hostname: str, subdomain: str = "tj", phase: str = "Running") -> dict[str, Any]:
+    """A pod as JobSet's Indexed Jobs make it: random name suffix, hostname and subdomain."""
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": "ns",
+            "uid": f"uid-{name}",
+            "labels": {"jobset.sigs.k8s.io/jobset-name": "tj"},
+            "annotations": {"batch.kubernetes.io/job-completion-index": hostname.rsplit("-", 1)[1]},
+        },
+        "spec": {"hostname": hostname, "subdomain": subdomain, "nodeName": "n", "containers": [{"name": "node"}]},
+        "status": {"phase": phase},
+    }
+
+
+def headless_service(name: str = "tj", cluster_ip: str = "None") -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "namespace": "ns"},
+        "spec": {"clusterIP": cluster_ip, "selector": {"jobset.sigs.k8s.io/jobset-name": "tj"}},
+    }
+
+
+def test_hostname_subdomain_names_resolve_to_their_pod(tmp_path: Path) -> None:
+    """A headless Service's pods with spec.hostname/subdomain get cluster DNS's per-pod names."""
+    net = PodNetwork(tmp_path / "hosts")
+    pods = [jobset_pod("tj-node-0-0-x7k2p", "tj-node-0-0"), jobset_pod("tj-node-0-1-m4q9z", "tj-node-0-1")]
+    net.refresh([headless_service()], pods)
+    ip0, ip1 = net.ip_for("ns", "tj-node-0-0-x7k2p"), net.ip_for("ns", "tj-node-0-1-m4q9z")
+    assert ip0 != ip1
+    assert net.rewrite("PET_MASTER_ADDR=tj-node-0-0.tj", "ns") == f"PET_MASTER_ADDR={ip0}"
+    assert net.rewrite("tj-node-0-1.tj:29400", "ns") == f"{ip1}:29400"
+    assert net.rewrite("tj-node-0-1.tj.ns.svc", "ns") == ip1
+    assert net.rewrite("http://tj-node-0-0.tj.ns.svc.cluster.local:8080/", "ns") == f"http://{ip0}:8080/"
+    # The short form is namespace-local; the qualified ones resolve anywhere.
+    assert net.rewrite("tj-node-0-0.tj", "other") == "tj-node-0-0.tj"
+    assert net.rewrite("tj-node-0-0.tj.ns", "other") == ip0
+    hosts = (tmp_path / "hosts").read_text()
+    assert f"{ip1} tj-node-0-1.tj.ns.svc.cluster.local" in hosts
+    # The Service's own name still resolves to its first pod.
+    assert net.rewrite("tj.ns.svc", "ns") == ip0
+
+
+def test_hostname_names_need_a_headless_service_named_by_the_subdomain(tmp_path: Path) -> None:
+    net = PodNetwork(tmp_path / "hosts")
+    pods = [
+        jobset_pod("a-x", "tj-node-0-0"),
+        jobset_pod("b-x", "tj-node-0-1", subdomain="elsewhere"),
+        jobset_pod("c-x", "tj-node-0-2", phase="Succeeded"),  # finished pods leave the endpoints
+    ]
+    net.refresh([headless_service()], pods)
+    names = net.names_for("ns")
+    assert "tj-node-0-0.tj" in names
+    assert not any(n.startswith(("tj-node-0-1.", "tj-node-0-2.")) for n in names)
+    # A Service with a cluster IP has no per-pod records.
+    net.refresh([headless_service(cluster_ip="10.96.0.10")], pods)
+    assert "tj-node-0-0.tj" not in net.names_for("ns") and "tj" in net.names_for("ns")
+
+
+def test_a_replaced_pod_keeps_its_hostname_and_gets_the_new_address(tmp_path: Path) -> None:
+    net = PodNetwork(tmp_path / "hosts")
+    old, new = jobset_pod("tj-node-0-0-aaaaa", "tj-node-0-0"), jobset_pod("tj-node-0-0-bbbbb", "tj-node-0-0")
+    old["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    net.refresh([headless_service()], [old, new])
+    assert net.names_for("ns")["tj-node-0-0.tj"] == net.ip_for("ns", "tj-node-0-0-bbbbb")
+
+
+def pod_worker(tmp_path: Path, pod: dict[str, Any], net: PodNetwork, peers: Sequence[dict[str, Any]]) -> PodWorker:
+    """A PodWorker with no API server behind it: enough for its translation rules."""
+    ctx = PodContext(
+        api=None,  # type: ignore[arg-type]
+        network=net,
+        pods_dir=tmp_path,
+        agent_id="test",
+        node_ip="127.0.0.1",
+        node_capacity={},
+        shim_dir=tmp_path,
+        site_dir=tmp_path,
+        extra_env={},
+        image_commands={},
+        restart_backoff=(1.0, 5.0),
+        max_grace=1.0,
+        stopping=threading.Event(),
+        refresh_dns=lambda: None,
+        pod_names=lambda ns: [p["metadata"]["name"] for p in peers if p["metadata"]["namespace"] == ns],
+        pod_hostnames=lambda ns: [
+            f"{p['spec']['hostname']}.{p['spec']['subdomain']}" for p in peers if p["metadata"]["namespace"] == ns
+        ],
+    )
+    return PodWorker(ctx, pod)
+
+
+def test_a_start_waits_for_the_hostname_of_a_peer_pod(tmp_path: Path) -> None:
+    """A command naming <hostname>.<subdomain> of a pod of its namespace waits until DNS has it."""
+    net = PodNetwork(tmp_path / "hosts")
+    pods = [jobset_pod("tj-node-0-0-x7k2p", "tj-node-0-0"), jobset_pod("tj-node-0-1-m4q9z", "tj-node-0-1")]
+    worker = pod_worker(tmp_path, pods[1], net, pods)
+    run = worker.container()
+    net.refresh([], pods)  # the headless Service does not exist yet
+    with pytest.raises(NotReady, match=r"tj-node-0-0\.tj"):
+        worker._await_peer_names(run, ["python", "-c", "connect('tj-node-0-0.tj', 29400)"])
+    worker._await_peer_names(run, ["python", "-c", "print('no peer named')"])  # nothing to wait for
+    net.refresh([headless_service()], pods)
+    worker._await_peer_names(run, ["python", "-c", "connect('tj-node-0-0.tj', 29400)"])
+
+
+def test_a_start_waits_for_a_peer_under_its_subdomain_that_does_not_exist_yet(tmp_path: Path) -> None:
+    """A Job creates its pods one by one: rank 1 may start before rank 0's pod exists."""
+    net = PodNetwork(tmp_path / "hosts")
+    rank1 = jobset_pod("tj-node-0-1-m4q9z", "tj-node-0-1")
+    worker = pod_worker(tmp_path, rank1, net, [rank1])
+    run = worker.container()
+    net.refresh([headless_service()], [rank1])
+    with pytest.raises(NotReady, match=r"tj-node-0-0\.tj"):
+        worker._await_peer_names(run, ["PET_MASTER_ADDR=tj-node-0-0.tj"])
+    worker._await_peer_names(run, ["tj-node-0-1.tj"])  # its own name resolves already
+    worker._await_peer_names(run, ["x-0.other"])  # not under its subdomain: no peer of it
+    rank0 = jobset_pod("tj-node-0-0-x7k2p", "tj-node-0-0")
+    net.refresh([headless_service()], [rank0, rank1])
+    worker._await_peer_names(run, ["PET_MASTER_ADDR=tj-node-0-0.tj"])
+
+
+def test_job_completion_index_annotation_as_a_field_ref(tmp_path: Path) -> None:
+    """PET_NODE_RANK's source in Trainer v2 (constants.JobCompletionIndexFieldPath)."""
+    net = PodNetwork(tmp_path / "hosts")
+    pod = jobset_pod("tj-node-0-1-m4q9z", "tj-node-0-1")
+    worker = pod_worker(tmp_path, pod, net, [pod])
+    assert worker._field("metadata.annotations['batch.kubernetes.io/job-completion-index']") == "1"
 
 
 def test_pod_ips_are_stable_per_pod_name(tmp_path: Path) -> None:

@@ -282,6 +282,7 @@ class NodeAgent:
             stopping=self.stopping,
             refresh_dns=self.refresh_dns,
             pod_names=self.pod_names,
+            pod_hostnames=self.pod_hostnames,
         )
 
     # --- lifecycle ------------------------------------------------------------------
@@ -543,6 +544,16 @@ class NodeAgent:
                 for p in self.pods.values()
                 if p["metadata"]["namespace"] == namespace and not p["metadata"].get("deletionTimestamp")
             ]
+
+    def pod_hostnames(self, namespace: str) -> list[str]:
+        """``<hostname>.<subdomain>`` of the live pods of a namespace that set both (the names peers use)."""
+        with self._lock:
+            specs = [
+                p["spec"]
+                for p in self.pods.values()
+                if p["metadata"]["namespace"] == namespace and not p["metadata"].get("deletionTimestamp")
+            ]
+        return [f"{s['hostname']}.{s['subdomain']}" for s in specs if s.get("hostname") and s.get("subdomain")]
 
     def refresh_dns(self) -> None:
         services = self.api.get("/api/v1/services")["items"]

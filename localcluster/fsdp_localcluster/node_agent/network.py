@@ -1,7 +1,8 @@
 """The pod network of the node agent, on loopback: pod IPs, cluster DNS, and the Python shim.
 
 Each pod gets its own 127/8 address. Service names resolve to the address of
-the pod the Service selects: the agent writes them into command lines and
+the pod the Service selects, and ``<hostname>.<subdomain>`` names (a headless
+Service's pods) to that pod's: the agent writes them into command lines and
 environments (``PodNetwork.rewrite``), and an ``nslookup`` shim answers from
 the same table. ``SITECUSTOMIZE`` gives Python processes the rest of a pod's
 network identity (wildcard binds, their own name, "is this address mine").
@@ -45,7 +46,15 @@ class PodNetwork:
             return self._ips[key]
 
     def refresh(self, services: Sequence[Obj], pods: Sequence[Obj]) -> None:
-        """Rebuild the DNS table: each Service name resolves to the first live pod it selects."""
+        """Rebuild the DNS table from the Services and the live pods they select.
+
+        Each Service name resolves to the first live pod it selects. A headless
+        Service also gives each pod it selects that sets ``spec.hostname`` and
+        names the Service as its ``spec.subdomain`` a name of its own,
+        ``<hostname>.<subdomain>[.<ns>.svc[.cluster.local]]``: the records
+        cluster DNS serves from the Service's endpoints (hostname-addressed
+        pods: JobSet's, Indexed Jobs' with a subdomain).
+        """
         table: dict[str, str] = {}
         for svc in services:
             meta, spec = svc["metadata"], svc.get("spec") or {}
@@ -53,23 +62,29 @@ class PodNetwork:
             if not selector:
                 continue
             ns = meta["namespace"]
-            selected = sorted(
+            live = sorted(
                 (
-                    p["metadata"]["name"]
+                    p
                     for p in pods
                     if p["metadata"]["namespace"] == ns
                     and not p["metadata"].get("deletionTimestamp")
                     and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
                     and all((p["metadata"].get("labels") or {}).get(k) == v for k, v in selector.items())
                 ),
+                key=lambda p: str(p["metadata"]["name"]),
             )
-            if not selected:
+            if not live:
                 continue
-            ip = self.ip_for(ns, selected[0])
             name = meta["name"]
-            for alias in (f"{name}.{ns}.svc.cluster.local", f"{name}.{ns}.svc", f"{name}.{ns}"):
-                table[alias] = ip
-            table.setdefault(f"{ns}/{name}", ip)  # namespace-local short name, resolved per pod
+            self._add(table, ns, name, self.ip_for(ns, live[0]["metadata"]["name"]))
+            if spec.get("clusterIP") != "None":
+                continue
+            for p in live:
+                pod_spec = p.get("spec") or {}
+                hostname, subdomain = pod_spec.get("hostname"), pod_spec.get("subdomain")
+                # Of two live pods with one hostname (a replacement), the first by name, like a Service's.
+                if hostname and subdomain == name and f"{ns}/{hostname}.{name}" not in table:
+                    self._add(table, ns, f"{hostname}.{name}", self.ip_for(ns, p["metadata"]["name"]))
         with self._lock:
             self.table = table
         lines = [f"{ip} {name}" for name, ip in sorted(table.items()) if "/" not in name]
@@ -77,6 +92,13 @@ class PodNetwork:
             tmp = self.hosts_file.with_suffix(".tmp")
             tmp.write_text("\n".join(lines) + "\n")
             tmp.replace(self.hosts_file)
+
+    @staticmethod
+    def _add(table: dict[str, str], ns: str, name: str, ip: str) -> None:
+        """``name`` as cluster DNS serves it: qualified by namespace, and namespace-local (resolved per pod)."""
+        for alias in (f"{name}.{ns}.svc.cluster.local", f"{name}.{ns}.svc", f"{name}.{ns}"):
+            table[alias] = ip
+        table.setdefault(f"{ns}/{name}", ip)
 
     def names_for(self, namespace: str) -> dict[str, str]:
         """Resolvable names as seen from ``namespace``: short names plus qualified ones, longest first."""

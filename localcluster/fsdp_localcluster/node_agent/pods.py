@@ -194,6 +194,7 @@ class PodContext:
     stopping: threading.Event  # the agent is shutting down
     refresh_dns: Callable[[], None]  # rebuild the DNS table from the cluster now
     pod_names: Callable[[str], list[str]]  # live pods of a namespace (any node)
+    pod_hostnames: Callable[[str], list[str]]  # "<hostname>.<subdomain>" of those that set both
 
 
 @dataclass
@@ -680,7 +681,8 @@ class PodWorker(threading.Thread):
             "PATH": f"{self.ctx.shim_dir}:{VENV_BIN}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
             "HOME": str(home),
             "LANG": os.environ.get("LANG", "C.UTF-8"),
-            "HOSTNAME": self.pod_name,
+            # The pod's hostname: spec.hostname when set (JobSet's, Indexed Jobs'), else its name.
+            "HOSTNAME": self.pod["spec"].get("hostname") or self.pod_name,
             "KUBERNETES_SERVICE_HOST": api.hostname or "127.0.0.1",
             "KUBERNETES_SERVICE_PORT": str(api.port or 443),
             "KUBERNETES_SERVICE_PORT_HTTPS": str(api.port or 443),
@@ -763,15 +765,26 @@ class PodWorker(threading.Thread):
     def _await_peer_names(self, run: ContainerRun, texts: Sequence[str]) -> None:
         """Hold the start while the command names a pod of this namespace that DNS cannot resolve yet.
 
-        The training operator creates each pod's headless Service just after the
-        pod. Real DNS would answer once the Service exists, and the process'
-        retries would then succeed; here names are resolved once, when the
-        process starts, so the start waits (at most DNS_WAIT_SECONDS) instead.
+        A pod is named by its name or, when it sets ``spec.hostname`` and
+        ``spec.subdomain`` (JobSet's pods, whose names end in a random suffix),
+        by ``<hostname>.<subdomain>``. The training operator creates each pod's
+        headless Service just after the pod; JobSet creates its one Service
+        first, but a Job's pods one by one, so a peer may not exist yet: a name
+        under this pod's own subdomain is a peer's too. Real DNS would answer
+        once the Service selects the pod, and the process' retries would then
+        succeed; here names are resolved once, when the process starts, so the
+        start waits (at most DNS_WAIT_SECONDS) instead.
         """
         known = self.ctx.network.names_for(self.namespace)
+        names = [*self.ctx.pod_names(self.namespace), *self.ctx.pod_hostnames(self.namespace)]
+        subdomain = self.pod["spec"].get("subdomain")
+        if subdomain:
+            under = rf"(?<![\w.-])[a-z0-9](?:[-a-z0-9]*[a-z0-9])?\.{re.escape(subdomain)}(?![\w-])"
+            names += [m.group(0) for t in texts for m in re.finditer(under, t)]
+        names = list(dict.fromkeys(names))
         pending = [
             n
-            for n in self.ctx.pod_names(self.namespace)
+            for n in names
             if n not in known and any(re.search(rf"(?<![\w.-]){re.escape(n)}(?![\w-])", t) for t in texts)
         ]
         if not pending:

@@ -1,0 +1,303 @@
+"""Kubeflow Trainer v2 and JobSet next to a ControlPlane: real TrainJobs, run as JobSets of Indexed Jobs.
+
+Both controller managers are built from their Go modules like the other
+components (``tools/versions.env`` pins ``TRAINER_VERSION`` and
+``JOBSET_VERSION``), with their CRDs and webhook manifests from the same module
+sources. A TrainJob goes the upstream way: Trainer's webhooks default and
+validate it, its controller renders the (Cluster)TrainingRuntime into a JobSet
+with the ``PET_*`` environment of its torch plugin, the JobSet controller makes
+the headless Service and the Indexed Jobs, kube-controller-manager's Job
+controller the pods (``spec.hostname``/``spec.subdomain``), the node agent runs
+them, and the statuses flow back up to the TrainJob's ``Complete``/``Failed``.
+
+What differs from an in-cluster install, and why:
+
+- the webhooks are registered by URL on loopback (no pod network), with the
+  control plane's webhook CA and serving cert (``ControlPlane.webhook_certs``),
+  under upstream's configuration names and with upstream's kustomize patches
+  (object selectors) applied; ``timeoutSeconds`` is 10;
+- their own cert management is off (it would write a Secret and patch the
+  webhook configurations for a Service that does not exist here): JobSet reads
+  the serving pair from ``webhook.certDir``; Trainer's Configuration has no such
+  field, so its controller-runtime webhook server reads the default
+  ``$TMPDIR/k8s-webhook-server/serving-certs``, and the process gets a private
+  ``TMPDIR`` holding the pair;
+- metrics are off (``bindAddress: "0"``): upstream serves them over TLS with
+  authn/authz delegation, which nothing here scrapes;
+- no leader election (one instance each): JobSet's is on by default and is
+  turned off; Trainer's is off unless its Configuration sets it;
+- both run as the cluster admin rather than their upstream ClusterRoles;
+- the Trainer needs the JobSet CRD to exist when it starts (it checks the
+  RESTMapping once, pkg/runtime/framework/plugins/jobset/jobset.go, and would
+  otherwise never watch JobSets): ``TrainerV2.start`` starts JobSet first.
+
+Usage::
+
+    trainer = TrainerV2(control_plane).start()   # JobSet first, then Trainer
+    ...
+    trainer.stop()   # both stopped, their webhook configurations removed
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Mapping, Set
+from pathlib import Path
+from typing import Any
+
+import yaml
+from fsdp_api.launch import free_port
+
+from .apiserver import TestCluster
+from .binaries import ensure_tools, jobset_source, trainer_source
+from .control_plane import Component, ControlPlane
+from .pki import b64
+
+JOBSET = "jobset"
+TRAINER = "trainer-controller-manager"
+
+MUTATING = "MutatingWebhookConfiguration"
+VALIDATING = "ValidatingWebhookConfiguration"
+
+# The configuration names of an upstream install (JobSet: pkg/util/cert/cert.go;
+# Trainer: cmd/trainer-controller-manager/main.go and its kustomize patches).
+JOBSET_WEBHOOK_CONFIGURATIONS = {
+    MUTATING: "jobset-mutating-webhook-configuration",
+    VALIDATING: "jobset-validating-webhook-configuration",
+}
+TRAINER_WEBHOOK_CONFIGURATIONS = {
+    MUTATING: "defaulter.trainer.kubeflow.org",
+    VALIDATING: "validator.trainer.kubeflow.org",
+}
+# Every webhook of config/components/webhook/manifests.yaml: the JobSet ones
+# default (Indexed completion, DNS hostnames, ...) and validate JobSets; the pod
+# ones (only for pods labelled with a JobSet name) carry exclusive placement.
+JOBSET_WEBHOOKS = frozenset({"mjobset.kb.io", "vjobset.kb.io", "mpod.kb.io", "vpod.kb.io"})
+# Every webhook of manifests/base/webhook/manifests.yaml.
+TRAINER_WEBHOOKS = frozenset(
+    {
+        "defaulter.trainjob.trainer.kubeflow.org",
+        "validator.trainjob.trainer.kubeflow.org",
+        "validator.clustertrainingruntime.trainer.kubeflow.org",
+        "validator.trainingruntime.trainer.kubeflow.org",
+    }
+)
+
+
+def json_patch(doc: dict[str, Any], ops: list[dict[str, Any]]) -> dict[str, Any]:
+    """Apply the ``add``/``replace`` operations of an RFC 6902 patch (what upstream's kustomize patches use)."""
+    for op in ops:
+        if op["op"] not in ("add", "replace"):
+            raise ValueError(f"unsupported JSON patch op {op['op']!r}")
+        tokens = [t.replace("~1", "/").replace("~0", "~") for t in op["path"].lstrip("/").split("/")]
+        parent: Any = doc
+        for t in tokens[:-1]:
+            parent = parent[int(t)] if isinstance(parent, list) else parent[t]
+        last = tokens[-1]
+        if isinstance(parent, list):
+            if op["op"] == "add":
+                parent.insert(len(parent) if last == "-" else int(last), op["value"])
+            else:
+                parent[int(last)] = op["value"]
+        else:
+            parent[last] = op["value"]
+    return doc
+
+
+def register_webhooks(
+    cluster: TestCluster,
+    manifests: Path,
+    patches: Mapping[str, Path],
+    names: Mapping[str, str],
+    keep: Set[str],
+    port: int,
+    ca_bundle: str,
+) -> None:
+    """Apply upstream's webhook configurations, pointed by URL at ``https://127.0.0.1:<port><path>``.
+
+    ``patches`` maps a kind to upstream's JSON patch of it (applied first, so
+    its indices are upstream's); ``names`` gives each kind its configuration
+    name; only the webhooks named in ``keep`` are registered.
+    """
+    for doc in yaml.safe_load_all(manifests.read_text()):
+        if not doc or doc.get("kind") not in names:
+            continue
+        if doc["kind"] in patches:
+            doc = json_patch(doc, yaml.safe_load(patches[doc["kind"]].read_text()))
+        hooks = [h for h in doc.get("webhooks") or [] if h["name"] in keep]
+        for h in hooks:
+            path = h["clientConfig"]["service"]["path"]
+            h["clientConfig"] = {"url": f"https://127.0.0.1:{port}{path}", "caBundle": ca_bundle}
+            h["timeoutSeconds"] = 10
+        cluster.apply(
+            {
+                "apiVersion": doc["apiVersion"],
+                "kind": doc["kind"],
+                "metadata": {"name": names[doc["kind"]]},
+                "webhooks": hooks,
+            }
+        )
+
+
+def delete_webhooks(cluster: TestCluster, names: Mapping[str, str]) -> None:
+    # Webhooks that fail closed must not outlive their server.
+    for kind, name in names.items():
+        cluster.kubectl("delete", kind.lower(), name, "--ignore-not-found")
+
+
+class JobSet:
+    """One JobSet controller manager for a ControlPlane's cluster."""
+
+    def __init__(self, control_plane: ControlPlane) -> None:
+        self.cp = control_plane
+        self.cluster = control_plane.cluster
+        self.dir = control_plane.dir / JOBSET
+        self.startup_seconds = 0.0
+
+    def start(self, timeout: float = 120.0) -> JobSet:
+        t = time.monotonic()
+        ensure_tools([JOBSET])
+        source = jobset_source()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.cluster.install_crds(source / "config" / "components" / "crd" / "bases")
+        pki = self.cp.webhook_certs()
+        certs = self.dir / "webhook-certs"
+        certs.mkdir(exist_ok=True)
+        for name in ("tls.crt", "tls.key"):
+            shutil.copyfile(pki / f"webhook-{name}", certs / name)
+        webhook, health = free_port(), free_port()
+        config = self.dir / "config.yaml"
+        config.write_text(yaml.safe_dump(self._config(certs, webhook, health), sort_keys=False))
+        hooks = source / "config" / "components" / "webhook"
+        register_webhooks(
+            self.cluster,
+            hooks / "manifests.yaml",
+            {
+                MUTATING: hooks / "patches" / "mutating-patch.yaml",
+                VALIDATING: hooks / "patches" / "validating-patch.yaml",
+            },
+            JOBSET_WEBHOOK_CONFIGURATIONS,
+            JOBSET_WEBHOOKS,
+            webhook,
+            b64(pki / "webhook-ca.crt"),
+        )
+        args = [f"--config={config}", f"--kubeconfig={self.cluster.kubeconfig}", "--zap-log-level=info"]
+        # /readyz answers once the webhook server listens (main.go), so JobSets can be created.
+        self.cp.components[JOBSET] = Component(JOBSET, args, f"http://127.0.0.1:{health}/readyz")
+        self.cp.start_component(JOBSET, timeout)
+        self.startup_seconds = time.monotonic() - t
+        return self
+
+    def stop(self) -> None:
+        self.cp.stop_component(JOBSET)
+        self.cp.components.pop(JOBSET, None)
+        delete_webhooks(self.cluster, JOBSET_WEBHOOK_CONFIGURATIONS)
+
+    def logs(self, lines: int = 60) -> str:
+        return self.cp.logs(JOBSET, lines)
+
+    @staticmethod
+    def _config(certs: Path, webhook: int, health: int) -> dict[str, Any]:
+        """The Configuration (config.jobset.x-k8s.io/v1alpha1, api/config/v1alpha1) of a local run."""
+        return {
+            "apiVersion": "config.jobset.x-k8s.io/v1alpha1",
+            "kind": "Configuration",
+            "webhook": {"port": webhook, "host": "127.0.0.1", "certDir": str(certs)},
+            # "0" turns the metrics server off; with cert management off its
+            # cert dir would default to /tmp/k8s-metrics-server/serving-certs.
+            "metrics": {"bindAddress": "0", "certDir": str(certs)},
+            "health": {"healthProbeBindAddress": f"127.0.0.1:{health}"},
+            # Defaulted to true (RecommendedDefaultLeaderElectionConfiguration).
+            "leaderElection": {"leaderElect": False},
+            "internalCertManagement": {"enable": False},
+        }
+
+
+class TrainerV2:
+    """Kubeflow Trainer v2's controller manager, with the JobSet controller it runs TrainJobs on."""
+
+    def __init__(self, control_plane: ControlPlane) -> None:
+        self.cp = control_plane
+        self.cluster = control_plane.cluster
+        self.dir = control_plane.dir / TRAINER
+        self.jobset = JobSet(control_plane)
+        self.startup_seconds: dict[str, float] = {}
+
+    def start(self, timeout: float = 120.0) -> TrainerV2:
+        ensure_tools([JOBSET, TRAINER])  # one script run builds whichever is missing
+        try:
+            self.jobset.start(timeout)
+            self.startup_seconds[JOBSET] = self.jobset.startup_seconds
+            t = time.monotonic()
+            self._start_trainer(timeout)
+            self.startup_seconds[TRAINER] = time.monotonic() - t
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        self.cp.stop_component(TRAINER)
+        self.cp.components.pop(TRAINER, None)
+        delete_webhooks(self.cluster, TRAINER_WEBHOOK_CONFIGURATIONS)
+        self.jobset.stop()
+
+    def __enter__(self) -> TrainerV2:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def logs(self, lines: int = 60) -> str:
+        return self.cp.logs(TRAINER, lines) + "\n" + self.jobset.logs(lines)
+
+    def _start_trainer(self, timeout: float) -> None:
+        source = trainer_source()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        crds = source / "manifests" / "base" / "crds"
+        # Not the directory: it also holds a kustomization.yaml, which is no manifest.
+        self.cluster.install_crds(*sorted(crds.glob("trainer.kubeflow.org_*.yaml")))
+        pki = self.cp.webhook_certs()
+        # No certDir setting (pkg/apis/config/v1alpha1): controller-runtime's
+        # default, $TMPDIR/k8s-webhook-server/serving-certs, private to this process.
+        tmp = self.dir / "tmp"
+        certs = tmp / "k8s-webhook-server" / "serving-certs"
+        certs.mkdir(parents=True, exist_ok=True)
+        for name in ("tls.crt", "tls.key"):
+            shutil.copyfile(pki / f"webhook-{name}", certs / name)
+        webhook, health = free_port(), free_port()
+        config = self.dir / "config.yaml"
+        config.write_text(yaml.safe_dump(self._config(webhook, health), sort_keys=False))
+        hooks = source / "manifests" / "base" / "webhook"
+        register_webhooks(
+            self.cluster,
+            hooks / "manifests.yaml",
+            {MUTATING: hooks / "patch_mutating.yaml", VALIDATING: hooks / "patch_validating.yaml"},
+            TRAINER_WEBHOOK_CONFIGURATIONS,
+            TRAINER_WEBHOOKS,
+            webhook,
+            b64(pki / "webhook-ca.crt"),
+        )
+        args = [f"--config={config}", f"--kubeconfig={self.cluster.kubeconfig}", "--zap-log-level=info"]
+        # /readyz answers once the webhook server listens (main.go setupProbeEndpoints).
+        self.cp.components[TRAINER] = Component(
+            TRAINER, args, f"http://127.0.0.1:{health}/readyz", env={"TMPDIR": str(tmp)}
+        )
+        self.cp.start_component(TRAINER, timeout)
+
+    @staticmethod
+    def _config(webhook: int, health: int) -> dict[str, Any]:
+        """The Configuration (config.trainer.kubeflow.org/v1alpha1) of a local run; defaults for the rest.
+
+        No ``leaderElection``: without it the manager does not elect
+        (pkg/config/config.go only sets it from the file).
+        """
+        return {
+            "apiVersion": "config.trainer.kubeflow.org/v1alpha1",
+            "kind": "Configuration",
+            "webhook": {"port": webhook, "host": "127.0.0.1"},
+            "metrics": {"bindAddress": "0"},
+            "health": {"healthProbeBindAddress": f"127.0.0.1:{health}"},
+            "certManagement": {"enable": False},
+        }
