@@ -38,6 +38,71 @@ JOB_NAME_LABEL = "training.kubeflow.org/job-name"
 REPLICA_TYPE_LABEL = "training.kubeflow.org/replica-type"
 REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-index"
 
+# --- Kubeflow Trainer v2 (github.com/kubeflow/trainer/v2 v2.3.0, pkg/apis/trainer/v1alpha1) -
+
+TRAINER_GROUP = "trainer.kubeflow.org"
+TRAINER_VERSION = "v1alpha1"
+TRAINJOB_API_VERSION = f"{TRAINER_GROUP}/{TRAINER_VERSION}"
+TRAINJOB_KIND = "TrainJob"
+TRAINJOB_PLURAL = "trainjobs"
+CLUSTER_TRAINING_RUNTIME_KIND = "ClusterTrainingRuntime"
+# The ClusterTrainingRuntime the bundle ships and every TrainJob of ours references.
+TRAINJOB_RUNTIME = "fsdp-torchrun"
+# Trainer v2's fixed names (pkg/constants/constants.go): the trainer's replicated
+# job and container are both "node", and the runtime marks that replicated job
+# as the trainer step with the ancestor label.
+TRAINJOB_NODE = "node"
+TRAINJOB_ANCESTOR_LABEL = f"{TRAINER_GROUP}/trainjob-ancestor-step"
+TRAINJOB_ANCESTOR_TRAINER = "trainer"
+# Owner of our entry in a TrainJob's spec.runtimePatches (a domain-prefixed path).
+TRAINJOB_PATCH_MANAGER = f"{GROUP}/fsdp-operator"
+# Labels JobSet and the Job controller set on every pod of a TrainJob.
+JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
+JOB_COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
+
+
+@dataclass(frozen=True)
+class JobBackend:
+    """One kind of job an FSDPTraining can run as (spec.backend), and how its pods are found."""
+
+    name: str  # the spec.backend value
+    group: str
+    version: str
+    kind: str
+    plural: str
+    container: str  # the trainer container's name
+    job_label: str  # pod label: the job's name
+    index_label: str  # pod label: the node's index (0 hosts the rendezvous and rank 0)
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}"
+
+
+PYTORCHJOB = JobBackend(
+    "pytorchjob",
+    KUBEFLOW_GROUP,
+    KUBEFLOW_VERSION,
+    PYTORCHJOB_KIND,
+    PYTORCHJOB_PLURAL,
+    PYTORCHJOB_CONTAINER,
+    JOB_NAME_LABEL,
+    REPLICA_INDEX_LABEL,
+)
+TRAINJOB = JobBackend(
+    "trainjob",
+    TRAINER_GROUP,
+    TRAINER_VERSION,
+    TRAINJOB_KIND,
+    TRAINJOB_PLURAL,
+    TRAINJOB_NODE,
+    JOBSET_NAME_LABEL,
+    JOB_COMPLETION_INDEX_LABEL,
+)
+BACKENDS: dict[str, JobBackend] = {b.name: b for b in (PYTORCHJOB, TRAINJOB)}
+JOB_KINDS: dict[str, JobBackend] = {b.kind: b for b in BACKENDS.values()}
+TRAINER_CONTAINERS = frozenset(b.container for b in BACKENDS.values())
+
 # --- Kueue (sigs.k8s.io/kueue v0.17.0, pkg/controller/constants/constants.go) ------
 
 KUEUE_GROUP = "kueue.x-k8s.io"
@@ -97,6 +162,9 @@ SHM_DIR = "/dev/shm"
 POD_MOUNTS = (CONFIG_DIR, SHM_DIR, TMP_DIR, HOME_DIR)
 # torchrun's own default c10d port, so a job reads like the PyTorch docs.
 RDZV_PORT = 29400
+# The trainer's metrics port unless spec.metrics.port says otherwise (the
+# ClusterTrainingRuntime of backend: trainjob declares this one).
+METRICS_PORT = 9402
 # A checkpoint directory counts only once this file exists in it (written last).
 CHECKPOINT_COMPLETE_MARKER = "COMPLETE"
 CHECKPOINT_DIR_PREFIX = "step-"

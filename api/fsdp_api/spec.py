@@ -15,7 +15,20 @@ from pydantic.alias_generators import to_snake
 from pydantic_core import PydanticCustomError
 
 from .base import ApiModel
-from .contract import API_VERSION, CONFIG_DIR, GROUP, KIND, KUEUE_GROUP, POD_MOUNTS, RDZV_PORT, SHM_DIR
+from .contract import (
+    API_VERSION,
+    BACKENDS,
+    CONFIG_DIR,
+    GROUP,
+    KIND,
+    KUEUE_GROUP,
+    METRICS_PORT,
+    POD_MOUNTS,
+    RDZV_PORT,
+    SHM_DIR,
+    TRAINJOB,
+    TRAINJOB_RUNTIME,
+)
 from .pod_resources import (
     DefaultRequests,
     default_memory_bytes,
@@ -611,7 +624,7 @@ class MetricsSpec(ApiModel):
     """The trainer's Prometheus endpoint (one per pod, covering all local ranks)."""
 
     enabled: bool = Field(True, description="Serve Prometheus metrics and emit a PodMonitor.")
-    port: int = Field(9402, ge=1024, le=65535, description="Port of the metrics endpoint in each pod.")
+    port: int = Field(METRICS_PORT, ge=1024, le=65535, description="Port of the metrics endpoint in each pod.")
 
 
 NamespaceName = Annotated[str, Field(pattern=DNS_LABEL, max_length=63, description="A namespace.")]
@@ -1408,8 +1421,67 @@ COMMAND_RULES: tuple[Rule, ...] = (
 )
 
 
+Backend = Literal["pytorchjob", "trainjob"]
+assert set(Backend.__args__) == set(BACKENDS)  # type: ignore[attr-defined]
+
+_TRAINJOB = f"self.backend == '{TRAINJOB.name}'"
+_TRAINJOB_WHY = (
+    f"with backend: trainjob the pods come from the ClusterTrainingRuntime {TRAINJOB_RUNTIME}, and a TrainJob "
+    "can change only some of their fields (docs/backends.md)"
+)
+
+# What a TrainJob (Kubeflow Trainer v2.3) cannot express; each is refused with
+# that backend rather than dropped (docs/backends.md lists them).
+BACKEND_RULES: tuple[Rule, ...] = (
+    Rule(
+        cel=f"!has(self.elastic) || !({_TRAINJOB})",
+        message="elastic needs backend: pytorchjob: Kubeflow Trainer v2 has no elastic node range "
+        "(a TrainJob runs a fixed numNodes)",
+        field_path=".elastic",
+        check=lambda s: s.elastic is None or s.backend != TRAINJOB.name,
+    ),
+    Rule(
+        cel=f"!has(self.runPolicy) || !has(self.runPolicy.ttlSecondsAfterFinished) || !({_TRAINJOB})",
+        message="runPolicy.ttlSecondsAfterFinished needs backend: pytorchjob: a TrainJob has no TTL "
+        "(delete the FSDPTraining, or its TrainJob, when done)",
+        field_path=".runPolicy.ttlSecondsAfterFinished",
+        check=lambda s: s.run_policy.ttl_seconds_after_finished is None or s.backend != TRAINJOB.name,
+    ),
+    Rule(
+        cel=f"!has(self.pod) || !has(self.pod.priorityClassName) || !({_TRAINJOB})",
+        message="pod.priorityClassName needs backend: pytorchjob: a TrainJob's runtimePatches cannot set it "
+        "(use scheduling.priorityClass with Kueue, or a runtime of your own)",
+        field_path=".pod.priorityClassName",
+        check=lambda s: s.pod.priority_class_name is None or s.backend != TRAINJOB.name,
+    ),
+    Rule(
+        cel=f"!has(self.metrics) || self.metrics.port == {METRICS_PORT} || !({_TRAINJOB})",
+        message=f"metrics.port must be {METRICS_PORT} with backend: trainjob: {_TRAINJOB_WHY}",
+        field_path=".metrics.port",
+        check=lambda s: s.metrics.port == METRICS_PORT or s.backend != TRAINJOB.name,
+    ),
+    Rule(
+        cel=f"!has(self.imagePullPolicy) || self.imagePullPolicy == 'IfNotPresent' || !({_TRAINJOB})",
+        message=f"imagePullPolicy must be IfNotPresent with backend: trainjob: {_TRAINJOB_WHY}",
+        field_path=".imagePullPolicy",
+        check=lambda s: s.image_pull_policy == "IfNotPresent" or s.backend != TRAINJOB.name,
+    ),
+)
+
+
 class FSDPTrainingSpec(ApiModel):
     """Desired state of an FSDP training job."""
+
+    backend: Backend = Field(
+        "pytorchjob",
+        description=(
+            "What runs the pods: pytorchjob (a Kubeflow PyTorchJob, training operator v1) or trainjob "
+            f"(a Kubeflow Trainer v2 TrainJob on the ClusterTrainingRuntime {TRAINJOB_RUNTIME}, which the bundle "
+            "ships). Same trainer, status and checkpoints either way; trainjob refuses elastic, "
+            "runPolicy.ttlSecondsAfterFinished, pod.priorityClassName, a non-default metrics.port and "
+            "imagePullPolicy (docs/backends.md). Immutable."
+        ),
+    )
 
     image: str = Field(
         min_length=1,
@@ -1526,6 +1598,7 @@ class FSDPTrainingSpec(ApiModel):
         ),
         SEQ_LEN_RULE,
         *COMMAND_RULES,
+        *BACKEND_RULES,
         Rule(
             cel=(
                 "!has(self.pod) || !has(self.pod.volumeMounts) || self.pod.volumeMounts.all(m, !["
@@ -1572,10 +1645,34 @@ class FSDPTrainingSpec(ApiModel):
 # data position or its pods' placement, so the API server refuses the update
 # (a `self == oldSelf` rule on the field) and check_update() mirrors it.
 IMMUTABLE_FIELDS: dict[type[ApiModel], tuple[str, tuple[str, ...]]] = {
-    FSDPTrainingSpec: ("spec", ("model", "data", "fsdp", "resources", "peft", "pod", "command", "args", "scheduling")),
+    FSDPTrainingSpec: (
+        "spec",
+        ("backend", "model", "data", "fsdp", "resources", "peft", "pod", "command", "args", "scheduling"),
+    ),
     TrainingSpec: ("spec.training", ("seqLen", "microBatchSize", "gradAccumSteps", "precision", "seed")),
     CheckpointSpec: ("spec.checkpoint", ("dir", "claimName")),
 }
+
+
+# A TrainJob's spec.trainer and activeDeadlineSeconds are immutable (Trainer
+# v2.3.0, "self == oldSelf" on both): with backend trainjob the spec fields
+# rendered there cannot change either. One rule on spec, as it needs the backend.
+TRAINJOB_FROZEN = ("image", "env", "serviceAccountName", "runPolicy")
+
+
+def _unchanged_cel(field: str) -> str:
+    return f"(has(self.{field}) == has(oldSelf.{field}) && (!has(self.{field}) || self.{field} == oldSelf.{field}))"
+
+
+TRAINJOB_FROZEN_RULE = TransitionRule(
+    cel=f"!has(oldSelf.backend) || oldSelf.backend != '{TRAINJOB.name}' || ("
+    + " && ".join(_unchanged_cel(f) for f in TRAINJOB_FROZEN)
+    + ")",
+    message=(
+        f"with backend: trainjob, {', '.join(TRAINJOB_FROZEN)} cannot change on an existing job (a TrainJob's "
+        "trainer and deadline are immutable): delete and recreate the FSDPTraining (checkpoints on the PVC are kept)"
+    ),
+)
 
 
 def immutable_rule(owner: type[BaseModel], field: str) -> TransitionRule | None:
@@ -1595,6 +1692,10 @@ def check_update(old: FSDPTrainingSpec, new: FSDPTrainingSpec) -> list[str]:
             if getattr(o, attr) != getattr(n, attr):
                 rule = immutable(f"{prefix}.{field}")
                 errors.append(f"{prefix}.{field}: {rule.message}")
+    if old.backend == TRAINJOB.name:
+        by_alias = {(f.alias or k): k for k, f in FSDPTrainingSpec.model_fields.items()}
+        if any(getattr(old, by_alias[f]) != getattr(new, by_alias[f]) for f in TRAINJOB_FROZEN):
+            errors.append(f"spec: {TRAINJOB_FROZEN_RULE.message}")
     return errors
 
 

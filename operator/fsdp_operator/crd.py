@@ -17,7 +17,7 @@ from fsdp_api import status as status_mod
 from fsdp_api.base import ApiModel
 from fsdp_api.contract import GROUP, KIND, PLURAL, VERSION
 from fsdp_api.rules import immutable
-from fsdp_api.spec import IMMUTABLE_FIELDS, ROOT_RULES, FSDPTrainingSpec, immutable_rule
+from fsdp_api.spec import IMMUTABLE_FIELDS, ROOT_RULES, TRAINJOB_FROZEN_RULE, FSDPTrainingSpec, immutable_rule
 from fsdp_api.status import FSDPTrainingStatus
 from pydantic import BaseModel
 
@@ -112,6 +112,8 @@ class _Converter:
         if node.get("type") == "object" and "properties" in node:
             node["properties"] = self._properties(node["properties"], owner)
             rules = [r.to_crd() for r in getattr(owner, "rules", ())] + _presence_rules(owner, node)
+            if owner is FSDPTrainingSpec:
+                rules.append({"rule": TRAINJOB_FROZEN_RULE.cel, "message": TRAINJOB_FROZEN_RULE.message})
             if rules:
                 node["x-kubernetes-validations"] = rules
         if isinstance(node.get("additionalProperties"), dict):

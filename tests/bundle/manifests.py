@@ -34,6 +34,7 @@ OVERLAYS = (
     "overlays/karpenter",
     "overlays/monitoring",
     "overlays/operator-with-monitoring",
+    "overlays/trainjob",
 )
 
 Obj = dict[str, Any]

@@ -10,6 +10,7 @@ from typing import Any
 import yaml
 from fsdp_localcluster.binaries import tool_path
 from fsdp_operator.crd import crd
+from fsdp_operator.render import cluster_training_runtime
 
 from tests.bundle.manifests import (
     CHART,
@@ -108,6 +109,18 @@ def test_karpenter_mirrors_the_kustomize_overlay() -> None:
     karpenter = [o for o in helm if o["apiVersion"].startswith("karpenter")]
     assert_same_objects(karpenter, load_all(overlay))
     assert "${CLUSTER_NAME}" not in yaml.safe_dump(karpenter)
+
+
+def test_trainjob_runtime_mirrors_the_kustomize_overlay_and_the_renderer() -> None:
+    """trainJobRuntime.enabled adds exactly what overlays/trainjob adds to default: the renderer's runtime."""
+    kust = [o for o in kustomize("overlays/trainjob") if o["kind"] != "Namespace"]
+    default = {(o["kind"], o["metadata"]["name"]) for o in kustomize("default")}
+    (added,) = [o for o in kust if (o["kind"], o["metadata"]["name"]) not in default]
+    assert added == cluster_training_runtime()
+    helm = helm_template({"trainJobRuntime.enabled": "true"}, namespace=NAMESPACE)
+    (runtime,) = [o for o in helm if o["kind"] == added["kind"]]
+    assert_same_objects([runtime], [added])
+    assert not [o for o in helm_template({}, namespace=NAMESPACE) if o["kind"] == added["kind"]]
 
 
 def test_karpenter_overrides_merge_over_the_canonical_spec() -> None:

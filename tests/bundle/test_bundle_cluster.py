@@ -35,6 +35,7 @@ CHART_VALUES = {
     "serviceMonitor.enabled": "true",
     "karpenter.enabled": "true",
     "karpenter.clusterName": "dry-run",
+    "trainJobRuntime.enabled": "true",
 }
 
 
@@ -96,6 +97,7 @@ def test_helm_template_is_accepted(bundle_cluster: TestCluster) -> None:
         "prometheusrule.monitoring.coreos.com",
         "nodepool.karpenter.sh",
         "ec2nodeclass.karpenter.k8s.aws",
+        "clustertrainingruntime.trainer.kubeflow.org",
         "customresourcedefinition.apiextensions.k8s.io",
     ):
         assert kind in out, kind

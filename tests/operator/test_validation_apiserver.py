@@ -15,7 +15,9 @@ from typing import Any
 import pytest
 import yaml
 from fsdp_api import FSDPTraining, check_update, format_errors
-from fsdp_operator.render import render
+from fsdp_api.contract import BACKENDS, TRAINJOB_RUNTIME
+from fsdp_api.spec import TRAINJOB_FROZEN_RULE
+from fsdp_operator.render import cluster_training_runtime, render
 from pydantic import ValidationError
 
 pytestmark = pytest.mark.cluster
@@ -31,7 +33,7 @@ NAMESPACE = "fsdp-api-validation"
 def api(cluster: Any) -> Any:
     """The test cluster with our CRD installed and the examples' namespaces created."""
     assert cluster.install_crds(CRD_FILE) == ["fsdptrainings.training.fsdp.dev"]
-    for ns in (NAMESPACE, "training"):
+    for ns in (NAMESPACE, "training", "fsdp-training"):
         cluster.create_namespace(ns)
     return cluster
 
@@ -83,7 +85,7 @@ def test_valid_example_and_its_rendered_objects_are_accepted(api: Any, valid_exa
     # A script of your own (spec.command) has no trainer config.
     config = set() if training.spec.runs_own_script else {f"configmap/{training.name}-trainer"}
     assert created == config | {
-        f"pytorchjob.kubeflow.org/{training.name}",
+        f"{training.spec.backend}.{BACKENDS[training.spec.backend].group}/{training.name}",
         f"podmonitor.monitoring.coreos.com/{training.name}",
         f"networkpolicy.networking.k8s.io/{training.name}",
     }
@@ -174,6 +176,42 @@ def test_immutable_fields_are_refused_and_mutable_ones_accepted(api: Any) -> Non
     # The API server filled in the model's defaults.
     assert stored["spec"]["fsdp"]["shardingStrategy"] == "full"
     assert stored["spec"]["metrics"] == {"enabled": True, "port": 9402}
+
+
+def test_a_trainjob_trainings_trainer_fields_are_frozen_and_a_pytorchjobs_are_not(api: Any) -> None:
+    """A TrainJob's spec.trainer is immutable: the fields rendered there cannot change with backend trainjob."""
+    for backend in ("trainjob", "pytorchjob"):
+        name = f"frozen-{backend}"
+        original = yaml.safe_load(TINY.read_text())
+        original["metadata"] = {"name": name, "namespace": NAMESPACE}
+        original["spec"]["backend"] = backend
+        api.kubectl("delete", "fsdptraining", name, f"--namespace={NAMESPACE}", "--ignore-not-found")
+        assert apply(api, original).returncode == 0
+        old_spec = FSDPTraining.model_validate(original).spec
+        for edit in ({"image": "ghcr.io/fsdp-k8s/trainer:0.2.0"}, {"env": [{"name": "X", "value": "1"}]}):
+            new = {**original, "spec": {**original["spec"], **edit}}
+            expected = check_update(old_spec, FSDPTraining.model_validate(new).spec)
+            res = apply(api, new)
+            if backend == "trainjob":
+                assert expected == [f"spec: {TRAINJOB_FROZEN_RULE.message}"]
+                assert res.returncode != 0, f"{edit} was accepted"
+                assert TRAINJOB_FROZEN_RULE.message in res.stderr, res.stderr
+            else:
+                assert expected == []
+                assert res.returncode == 0, res.stderr
+                original = new
+        # Mutable either way: the trainer config's fields and suspend.
+        new = {**original, "spec": {**original["spec"], "suspend": True}}
+        new["spec"]["training"] = {**original["spec"]["training"], "maxSteps": 500}
+        assert check_update(old_spec, FSDPTraining.model_validate(new).spec) == []
+        res = apply(api, new)
+        assert res.returncode == 0, res.stderr
+
+
+def test_the_cluster_training_runtime_is_accepted_by_trainer_v2s_crd(api: Any) -> None:
+    res = dry_run(api, json.dumps(cluster_training_runtime()))
+    assert res.returncode == 0, res.stderr
+    assert f"clustertrainingruntime.trainer.kubeflow.org/{TRAINJOB_RUNTIME} created (server dry run)" in res.stdout
 
 
 # --- pod security --------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 - FSDPTraining create / update / resume → render + server-side apply + status.
 - FSDPTraining events → the in-memory view used by job events and the scraper.
 - Kueue Workload events (of a queued training's job) → its suspend intent and status;
-- PyTorchJob events (owned by an FSDPTraining) → status mirror; a job deleted
+- job events (PyTorchJobs and TrainJobs owned by an FSDPTraining) → status mirror; a job deleted
   under a live training is re-applied; a job that just finished gets a last
   read of its trainer's metrics.
 - start-up: API check, peering object, the pod loop (progress, scheduling); probe: liveness.
@@ -19,13 +19,13 @@ from typing import Any
 
 import kopf
 from fsdp_api.contract import (
+    BACKENDS,
     GROUP,
-    KUBEFLOW_GROUP,
-    KUBEFLOW_VERSION,
     KUEUE_GROUP,
     KUEUE_VERSION,
     PLURAL,
-    PYTORCHJOB_PLURAL,
+    PYTORCHJOB,
+    TRAINJOB,
     VERSION,
     WORKLOAD_PLURAL,
 )
@@ -52,7 +52,7 @@ def _owned(body: kopf.Body, **_: Any) -> bool:
     return owner_of(body) is not None
 
 
-def _of_a_pytorchjob(body: kopf.Body, **_: Any) -> bool:
+def _of_a_job(body: kopf.Body, **_: Any) -> bool:
     return owning_job(body) is not None
 
 
@@ -80,10 +80,13 @@ def build_registry(rt: Runtime, options: Options) -> kopf.OperatorRegistry:
         served = await rt.client.discover(f"{GROUP}/{VERSION}")
         if PLURAL not in served:
             raise kopf.PermanentError(f"{PLURAL}.{GROUP}/{VERSION} is not served: install the CRD (kustomize/crd)")
-        if PYTORCHJOB_PLURAL not in await rt.client.discover(f"{KUBEFLOW_GROUP}/{KUBEFLOW_VERSION}"):
+        served_backends = [b.name for b in BACKENDS.values() if b.plural in await rt.client.discover(b.api_version)]
+        if not served_backends:
             raise kopf.PermanentError(
-                "pytorchjobs.kubeflow.org/v1 is not served: install the Kubeflow training operator"
+                f"neither {PYTORCHJOB.plural}.{PYTORCHJOB.api_version} nor {TRAINJOB.plural}.{TRAINJOB.api_version} "
+                "is served: install the Kubeflow training operator or Kubeflow Trainer v2 (docs/backends.md)"
             )
+        log.info("backends served by this cluster: %s", ", ".join(served_backends))
         if options.peering is not None:
             if not await rt.client.discover("kopf.dev/v1"):
                 raise kopf.PermanentError(
@@ -119,7 +122,15 @@ def build_registry(rt: Runtime, options: Options) -> kopf.OperatorRegistry:
         # A new training has nothing stale to prune: skip that GET on the hot path.
         await apply_training(rt, body, prune=reason != kopf.Reason.CREATE, retry=retry)
 
-    @kopf.on.event(KUBEFLOW_GROUP, KUBEFLOW_VERSION, PYTORCHJOB_PLURAL, id="job-status", when=_owned, registry=registry)
+    # Both backends' jobs. Without Trainer v2 (or the training operator) installed kopf
+    # serves nothing for that kind (it logs the resource as unresolved); installed
+    # later, it is noticed when the operator restarts (scanning is off, settings.py).
+    @kopf.on.event(
+        PYTORCHJOB.group, PYTORCHJOB.version, PYTORCHJOB.plural, id="job-status", when=_owned, registry=registry
+    )
+    @kopf.on.event(
+        TRAINJOB.group, TRAINJOB.version, TRAINJOB.plural, id="trainjob-status", when=_owned, registry=registry
+    )
     async def job_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
         finished = await handle_job_event(rt, event["type"], body)
         if finished is not None and options.scrape_interval > 0:
@@ -131,7 +142,7 @@ def build_registry(rt: Runtime, options: Options) -> kopf.OperatorRegistry:
     # Kueue's Workloads of queued trainings. Without Kueue installed kopf serves
     # nothing here (it logs that the resource is unresolved); installed later,
     # it is noticed when the operator restarts (scanning is off, settings.py).
-    @kopf.on.event(KUEUE_GROUP, KUEUE_VERSION, WORKLOAD_PLURAL, id="workload", when=_of_a_pytorchjob, registry=registry)
+    @kopf.on.event(KUEUE_GROUP, KUEUE_VERSION, WORKLOAD_PLURAL, id="workload", when=_of_a_job, registry=registry)
     async def workload_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
         await handle_workload_event(rt, event["type"], body)
 

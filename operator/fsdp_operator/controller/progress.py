@@ -19,6 +19,7 @@ import aiohttp
 from fsdp_api.contract import (
     CHECKPOINT_LAST_STEP,
     GLOBAL_TOKENS_PER_SECOND,
+    JOB_COMPLETION_INDEX_LABEL,
     LABEL_LOCAL_RANK,
     LABEL_NODE_RANK,
     LOSS,
@@ -106,7 +107,7 @@ def parse_trainer_metrics(text: str) -> TrainerProgress:
 
 
 def rank0_pod(pods: Iterable[Mapping[str, Any]], *, running_only: bool = True) -> Mapping[str, Any] | None:
-    """The running pod hosting node rank 0: the Master if any, else Worker 0.
+    """The running pod hosting node rank 0: the Master if any, else Worker 0 (node 0 of a TrainJob).
 
     A pod being deleted does not count as running: after a stall restart its
     trainer still answers with the old step until it is gone, which would read
@@ -123,7 +124,8 @@ def rank0_pod(pods: Iterable[Mapping[str, Any]], *, running_only: bool = True) -
         labels = (pod.get("metadata") or {}).get("labels") or {}
         rtype = str(labels.get(REPLICA_TYPE_LABEL, "")).lower()
         try:
-            index = int(labels.get(REPLICA_INDEX_LABEL, "0"))
+            # A PyTorchJob's replica index, or a TrainJob's completion index (its node rank).
+            index = int(labels.get(REPLICA_INDEX_LABEL) or labels.get(JOB_COMPLETION_INDEX_LABEL) or "0")
         except ValueError:
             index = 1 << 30
         candidates.append((0 if rtype == "master" else 1, index, pod))

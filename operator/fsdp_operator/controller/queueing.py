@@ -1,10 +1,11 @@
 """Queued trainings (spec.scheduling.queue): Kueue's Workload of each job, read into the status, and spec.suspend.
 
-Kueue creates one Workload per queued PyTorchJob (owned by the job, labelled
-with the job's uid) and owns the job's runPolicy.suspend: suspended at
-creation, unsuspended on admission, suspended again on preemption. So the
-renderer leaves that field out of a queued job, and the user's spec.suspend
-becomes the Workload's spec.active instead, which is Kueue's documented way
+Kueue creates one Workload per queued job (owned by the job, labelled
+with the job's uid) and owns the job's suspend (a PyTorchJob's
+runPolicy.suspend, a TrainJob's spec.suspend): suspended at creation,
+unsuspended on admission, suspended again on preemption. So the renderer
+leaves that field out of a queued job, and the user's spec.suspend becomes
+the Workload's spec.active instead, which is Kueue's documented way
 to stop a workload (Kueue then evicts it: reason Deactivated) and to let it
 queue again. Names and condition types are Kueue v0.17.0's
 (apis/kueue/v1beta2/workload_types.go).
@@ -17,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from fsdp_api.contract import PYTORCHJOB_KIND, WORKLOAD_API_VERSION, WORKLOAD_KIND
+from fsdp_api.contract import JOB_KINDS, WORKLOAD_API_VERSION, WORKLOAD_KIND
 
 from .kube import KubeClient
 
@@ -30,9 +31,9 @@ EVICTED = "Evicted"
 
 
 def owning_job(workload: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    """The PyTorchJob ownerReference of a Workload, if it is a PyTorchJob's."""
+    """The job ownerReference of a Workload, if it is a PyTorchJob's or a TrainJob's."""
     for ref in (workload.get("metadata") or {}).get("ownerReferences") or []:
-        if ref.get("kind") == PYTORCHJOB_KIND and ref.get("controller"):
+        if ref.get("kind") in JOB_KINDS and ref.get("controller"):
             return ref
     return None
 
@@ -69,7 +70,8 @@ def queue_state(workload: Mapping[str, Any] | None, queue: str) -> QueueState:
             False,
             "NoWorkload",
             f"waiting for Kueue to create the job's Workload in LocalQueue {queue} "
-            "(Kueue must run with the kubeflow.org/pytorchjob integration)",
+            "(Kueue must run with the integration of the job's kind: kubeflow.org/pytorchjob "
+            "or trainer.kubeflow.org/trainjob)",
         )
     conds = {c.get("type", ""): c for c in (workload.get("status") or {}).get("conditions") or []}
     evicted = conds.get(EVICTED)

@@ -1,4 +1,4 @@
-"""What the handlers do: apply the rendered objects, mirror the PyTorchJob into the status.
+"""What the handlers do: apply the rendered objects, mirror the job (PyTorchJob or TrainJob) into the status.
 
 Apply is server-side apply of objects with deterministic names, so running
 it twice (a retry, a restart mid-reconcile, a resume) converges on the same
@@ -22,7 +22,16 @@ from typing import Any
 
 import kopf
 from fsdp_api import API_VERSION, KIND, FSDPTraining, format_errors
-from fsdp_api.contract import NETWORKPOLICY_KIND, PODMONITOR_KIND, PYTORCHJOB_API_VERSION, PYTORCHJOB_KIND
+from fsdp_api.contract import (
+    BACKENDS,
+    JOB_KINDS,
+    NETWORKPOLICY_KIND,
+    PODMONITOR_KIND,
+    PYTORCHJOB,
+    PYTORCHJOB_KIND,
+    TRAINJOB_KIND,
+    JobBackend,
+)
 from fsdp_api.memory_plan import MemoryPlan, plan_memory
 from fsdp_api.spec import FSDPTrainingSpec
 from pydantic import ValidationError
@@ -54,6 +63,7 @@ from .status import (
     status_patch,
     transition_events,
 )
+from .trainjob_view import trainjob_status, trainjob_suspended
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +82,7 @@ class Runtime:
     # uid -> (resourceVersion, status) this process last wrote: newer than the watch's copy
     # until the watch delivers that version (or a later one, which may hold others' writes).
     statuses: dict[str, tuple[int, Json]] = field(default_factory=dict)
-    # training uid -> its PyTorchJob as last seen on the watch (trimmed).
+    # training uid -> its job as last seen on the watch (trimmed: trim_job).
     jobs: dict[str, Json] = field(default_factory=dict)
     # training uid -> its job's Kueue Workload as last seen on the watch (trimmed), for queued trainings.
     workloads: dict[str, Json] = field(default_factory=dict)
@@ -149,17 +159,34 @@ def trim(body: Mapping[str, Any]) -> Json:
 
 
 def trim_job(job: Mapping[str, Any]) -> Json:
-    """The parts of a PyTorchJob the status needs."""
+    """The parts of a job the status needs; a TrainJob in the PyTorchJob's terms (trainjob_view.py)."""
     meta = job.get("metadata") or {}
+    kind = job.get("kind") or PYTORCHJOB_KIND
+    if kind == TRAINJOB_KIND:
+        spec: Json = {"runPolicy": {"suspend": trainjob_suspended(job)}}
+        status = trainjob_status(job)
+    else:
+        spec = {"runPolicy": copy.deepcopy(((job.get("spec") or {}).get("runPolicy")) or {})}
+        status = copy.deepcopy(dict(job.get("status") or {}))
     return {
+        "kind": kind,
         "metadata": {
             k: copy.deepcopy(meta[k])
-            for k in ("name", "namespace", "uid", "resourceVersion", "annotations")
+            for k in ("name", "namespace", "uid", "resourceVersion", "annotations", "creationTimestamp")
             if k in meta
         },
-        "spec": {"runPolicy": copy.deepcopy(((job.get("spec") or {}).get("runPolicy")) or {})},
-        "status": copy.deepcopy(dict(job.get("status") or {})),
+        "spec": spec,
+        "status": status,
     }
+
+
+def backend_of(body: Mapping[str, Any]) -> str:
+    """The training's spec.backend (the API server defaults it; older objects lack it)."""
+    return str((body.get("spec") or {}).get("backend") or PYTORCHJOB.name)
+
+
+def job_backend(body: Mapping[str, Any]) -> JobBackend:
+    return BACKENDS.get(backend_of(body), PYTORCHJOB)
 
 
 def _seconds_since(timestamp: str | None) -> float | None:
@@ -368,14 +395,14 @@ async def _apply_objects(
             raise kopf.TemporaryError(message, delay=delay)
         for obj in objects:
             result = await rt.client.apply(obj)
-            if obj["kind"] == PYTORCHJOB_KIND:
+            if obj["kind"] in JOB_KINDS:
                 job = result.body
                 if result.created:
                     latency = _seconds_since(meta.get("creationTimestamp"))
                     if latency is not None:
                         rt.metrics.create_to_job.observe(latency)
                     events.append(
-                        EventSpec("Normal", "JobCreated", f"created PyTorchJob {result.body['metadata']['name']}")
+                        EventSpec("Normal", "JobCreated", f"created {obj['kind']} {result.body['metadata']['name']}")
                     )
         if prune:
             rendered = {o["kind"] for o in objects}
@@ -435,7 +462,8 @@ async def _record_failure(
     job = newest_job(job, rt.jobs.get(meta.get("uid", "")))
     if job is None:
         try:
-            job = await rt.client.get(PYTORCHJOB_API_VERSION, PYTORCHJOB_KIND, meta.get("namespace"), meta["name"])
+            backend = job_backend(body)
+            job = await rt.client.get(backend.api_version, backend.kind, meta.get("namespace"), meta["name"])
         except (ApiError, *NETWORK_ERRORS):
             job = None
     try:
@@ -474,7 +502,7 @@ async def _delete_stale(rt: Runtime, body: Mapping[str, Any], kind: str) -> None
 
 
 def owner_of(job: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    """The FSDPTraining ownerReference of a PyTorchJob, if it is one of ours."""
+    """The FSDPTraining ownerReference of a job, if it is one of ours."""
     for ref in (job.get("metadata") or {}).get("ownerReferences") or []:
         if ref.get("kind") == KIND and str(ref.get("apiVersion", "")).split("/")[0] == API_VERSION.split("/")[0]:
             return ref
@@ -495,12 +523,12 @@ async def _owner_body(rt: Runtime, namespace: str, ref: Mapping[str, Any]) -> Js
 
 TERMINAL_PHASES = ("Succeeded", "Failed")
 JOB_DELETED_AFTER_END = (
-    "the PyTorchJob of this {phase} training was deleted; it is not re-created, so the training does not run again"
+    "the {kind} of this {phase} training was deleted; it is not re-created, so the training does not run again"
 )
 
 
 async def handle_job_event(rt: Runtime, event_type: str | None, job: Mapping[str, Any]) -> Json | None:
-    """Mirror a PyTorchJob change into its FSDPTraining; re-create a job deleted from under a live training.
+    """Mirror a job's change into its FSDPTraining; re-create a job deleted from under a live training.
 
     Returns the training when this event made it finish (Succeeded or
     Failed), so the caller can read the trainer's metrics one last time.
@@ -538,7 +566,7 @@ async def _live_training(rt: Runtime, namespace: str, name: str, uid: str) -> Js
 
 
 async def recreate_job(rt: Runtime, namespace: str, name: str, uid: str) -> None:
-    """A PyTorchJob was deleted under its training: apply it again, retrying until it exists.
+    """A job was deleted under its training: apply it again, retrying until it exists.
 
     A finished (Succeeded or Failed) training never gets its job back: that
     would train it again, from step 0 when checkpoints are ephemeral. A
@@ -551,16 +579,18 @@ async def recreate_job(rt: Runtime, namespace: str, name: str, uid: str) -> None
             if fresh is None or uid in rt.jobs:  # gone, replaced, or re-created meanwhile
                 return
             phase = (fresh.get("status") or {}).get("phase")
+            kind = job_backend(fresh).kind
             if phase in TERMINAL_PHASES:
-                log.info("PyTorchJob %s/%s of a %s training was deleted; not re-creating it", namespace, name, phase)
-                post_events(fresh, [EventSpec("Normal", "JobDeleted", JOB_DELETED_AFTER_END.format(phase=phase))])
+                log.info("%s %s/%s of a %s training was deleted; not re-creating it", kind, namespace, name, phase)
+                message = JOB_DELETED_AFTER_END.format(kind=kind, phase=phase)
+                post_events(fresh, [EventSpec("Normal", "JobDeleted", message)])
                 return
-            log.info("PyTorchJob %s/%s was deleted under a live FSDPTraining; re-applying", namespace, name)
+            log.info("%s %s/%s was deleted under a live FSDPTraining; re-applying", kind, namespace, name)
             await apply_training(rt, fresh)
             return
         except (kopf.TemporaryError, ApiError, *NETWORK_ERRORS) as e:
             delay = RECREATE_BACKOFF[min(attempt, len(RECREATE_BACKOFF)) - 1]
-            message = f"re-creating the deleted PyTorchJob failed (attempt {attempt}): {e}; retrying in {delay:g} s"
+            message = f"re-creating the deleted job failed (attempt {attempt}): {e}; retrying in {delay:g} s"
             log.warning("%s/%s: %s", namespace, name, message)
             with contextlib.suppress(ApiError, *NETWORK_ERRORS):
                 fresh = await _live_training(rt, namespace, name, uid)
@@ -677,7 +707,8 @@ async def _training_of_workload(rt: Runtime, workload: Mapping[str, Any]) -> Jso
     training = rt.trainings.get((namespace, ref.get("name", "")))
     job = rt.jobs.get(training["metadata"].get("uid", "")) if training is not None else None
     if job is None or (job.get("metadata") or {}).get("uid") != ref.get("uid"):
-        fresh = await rt.client.get(PYTORCHJOB_API_VERSION, PYTORCHJOB_KIND, namespace, ref.get("name", ""))
+        backend = JOB_KINDS[ref["kind"]]
+        fresh = await rt.client.get(backend.api_version, backend.kind, namespace, ref.get("name", ""))
         owner = owner_of(fresh) if fresh is not None else None
         if fresh is None or owner is None or fresh["metadata"].get("uid") != ref.get("uid"):
             return None

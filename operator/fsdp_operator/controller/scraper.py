@@ -26,13 +26,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
-from fsdp_api.contract import JOB_NAME_LABEL, REPLICA_INDEX_LABEL
+from fsdp_api.contract import TRAINJOB, TRAINJOB_NODE, JobBackend
 from fsdp_api.spec import MetricsSpec
 
 from .kube import NETWORK_ERRORS, ApiError
 from .peering import we_are_active
 from .progress import rank0_pod, scrape
-from .reconcile import Runtime, record_pods, record_progress
+from .reconcile import Runtime, job_backend, record_pods, record_progress
 from .stall_check import check_stall
 from .status import FAILED_CREATE_POD, SCHEDULABLE, TrainingFacts, pods_report
 
@@ -105,13 +105,14 @@ async def check_pods_once(rt: Runtime, peering: PeeringView | None) -> int:
         nonlocal changed
         job_name = rt.previous_status(body).get("jobName") or body["metadata"]["name"]
         namespace, expected = body["metadata"]["namespace"], TrainingFacts.from_body(body).nodes
+        backend = job_backend(body)
         async with gate:
-            pods = await rt.client.list("v1", "Pod", namespace, f"{JOB_NAME_LABEL}={job_name}")
+            pods = await rt.client.list("v1", "Pod", namespace, f"{backend.job_label}={job_name}")
             live = [p for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp")]
             job = rt.jobs.get(body["metadata"].get("uid", "")) or {}
             create_failure = None
             if len(live) < expected and (job_uid := (job.get("metadata") or {}).get("uid")):
-                create_failure = await last_create_failure(rt, namespace, job_uid)
+                create_failure = await last_create_failure(rt, namespace, pod_creator(backend, job_name, job_uid))
         report = pods_report(pods, expected, create_failure)
         known = (report.scheduling, report.rejection, report.start)
         if any(k is not None for k in known) and await record_pods(rt, body, report):
@@ -127,13 +128,25 @@ async def check_pods_once(rt: Runtime, peering: PeeringView | None) -> int:
     return changed
 
 
-async def last_create_failure(rt: Runtime, namespace: str, job_uid: str) -> str | None:
-    """The message of the training operator's newest FailedCreatePod Event on the job, if any.
+# The reason of the Job controller's Event when it cannot create a pod (pkg/controller/job).
+FAILED_CREATE = "FailedCreate"
 
-    Kubeflow records a refused pod (quota, admission webhook, Pod Security)
-    only as an Event on the PyTorchJob: no condition says it.
+
+def pod_creator(backend: JobBackend, job_name: str, job_uid: str) -> str:
+    """A field selector for the Events of whatever creates the job's pods, when it is refused one.
+
+    Kubeflow's training operator records a refused pod (quota, admission
+    webhook, Pod Security) only as a FailedCreatePod Event on the PyTorchJob.
+    A TrainJob's pods come from the batch Job JobSet makes for the trainer
+    nodes (<jobset>-<replicated job>-<index>), which records FailedCreate.
     """
-    selector = f"involvedObject.uid={job_uid},reason={FAILED_CREATE_POD}"
+    if backend is TRAINJOB:
+        return f"involvedObject.kind=Job,involvedObject.name={job_name}-{TRAINJOB_NODE}-0,reason={FAILED_CREATE}"
+    return f"involvedObject.uid={job_uid},reason={FAILED_CREATE_POD}"
+
+
+async def last_create_failure(rt: Runtime, namespace: str, selector: str) -> str | None:
+    """The message of the newest Event matching ``selector`` (``pod_creator``), if any: why pods are missing."""
     events = await rt.client.list("v1", "Event", namespace, field_selector=selector)
 
     def when(e: Mapping[str, Any]) -> str:
@@ -155,8 +168,9 @@ async def final_scrape(rt: Runtime, training: Mapping[str, Any]) -> bool:
         return False
     meta = training["metadata"]
     job_name = rt.previous_status(training).get("jobName") or meta["name"]
+    backend = job_backend(training)
     try:
-        selector = f"{JOB_NAME_LABEL}={job_name},{REPLICA_INDEX_LABEL}=0"
+        selector = f"{backend.job_label}={job_name},{backend.index_label}=0"
         pods = await rt.client.list("v1", "Pod", meta["namespace"], selector)
     except (ApiError, *NETWORK_ERRORS) as e:
         log.debug("listing pods of %s/%s failed: %s", meta["namespace"], job_name, e)
@@ -186,10 +200,10 @@ async def _allowed(rt: Runtime, peering: PeeringView | None, namespace: str) -> 
 
 async def scrape_once(rt: Runtime, session: aiohttp.ClientSession, peering: PeeringView | None) -> int:
     """One pass over the running trainings; returns how many statuses were updated."""
-    by_namespace: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    by_namespace: dict[tuple[str, JobBackend], list[Mapping[str, Any]]] = defaultdict(list)
     running = running_trainings(rt)
     for body in running:
-        by_namespace[body["metadata"]["namespace"]].append(body)
+        by_namespace[body["metadata"]["namespace"], job_backend(body)].append(body)
     # A training that stops running (suspended, restarting, finished) starts its stall clock afresh.
     keep = {b["metadata"].get("uid") for b in running}
     for uid in [u for u in rt.step_clocks if u not in keep]:
@@ -199,10 +213,10 @@ async def scrape_once(rt: Runtime, session: aiohttp.ClientSession, peering: Peer
     gate = asyncio.Semaphore(MAX_CONCURRENT_SCRAPES)
     updated = 0
 
-    async def one(body: Mapping[str, Any], pods: list[Mapping[str, Any]]) -> None:
+    async def one(body: Mapping[str, Any], pods: list[Mapping[str, Any]], backend: JobBackend) -> None:
         nonlocal updated
         job_name = rt.previous_status(body).get("jobName")
-        pod = rank0_pod(p for p in pods if p["metadata"].get("labels", {}).get(JOB_NAME_LABEL) == job_name)
+        pod = rank0_pod(p for p in pods if p["metadata"].get("labels", {}).get(backend.job_label) == job_name)
         if pod is None:
             await check_stall(rt, body, None, time.monotonic())
             return
@@ -217,16 +231,17 @@ async def scrape_once(rt: Runtime, session: aiohttp.ClientSession, peering: Peer
             updated += 1
         await check_stall(rt, body, progress, time.monotonic())
 
-    for namespace, bodies in by_namespace.items():
+    for (namespace, backend), bodies in by_namespace.items():
         if not await _allowed(rt, peering, namespace):
             continue
         try:
             # Only index-0 pods can host node rank 0: a small list even for big jobs.
-            pods = await rt.client.list("v1", "Pod", namespace, f"{JOB_NAME_LABEL},{REPLICA_INDEX_LABEL}=0")
+            selector = f"{backend.job_label},{backend.index_label}=0"
+            pods = await rt.client.list("v1", "Pod", namespace, selector)
         except (ApiError, *NETWORK_ERRORS) as e:
             log.debug("listing pods in %s failed: %s", namespace, e)
             continue
-        results = await asyncio.gather(*(one(b, pods) for b in bodies), return_exceptions=True)
+        results = await asyncio.gather(*(one(b, pods, backend) for b in bodies), return_exceptions=True)
         for r in results:
             if isinstance(r, Exception):
                 log.debug("progress update failed: %r", r)

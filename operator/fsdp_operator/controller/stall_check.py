@@ -15,12 +15,11 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from fsdp_api.contract import JOB_NAME_LABEL
 from fsdp_api.spec import CheckpointSpec, StallSpec
 from pydantic import ValidationError
 
 from .progress import TrainerProgress
-from .reconcile import Runtime, record_stall
+from .reconcile import Runtime, job_backend, record_stall
 from .stall import StallRules, observe, start_clock, verdict
 from .status import STALLED, EventSpec, stall_state
 
@@ -50,10 +49,10 @@ def stall_rules(spec: Mapping[str, Any]) -> StallRules:
 
 
 async def restart_pods(rt: Runtime, training: Mapping[str, Any]) -> int:
-    """Delete every pod of the training's job (the training operator re-creates them); returns how many."""
+    """Delete every pod of the training's job (its controller re-creates them); returns how many."""
     meta = training["metadata"]
     job_name = rt.previous_status(training).get("jobName") or meta["name"]
-    pods = await rt.client.list("v1", "Pod", meta["namespace"], f"{JOB_NAME_LABEL}={job_name}")
+    pods = await rt.client.list("v1", "Pod", meta["namespace"], f"{job_backend(training).job_label}={job_name}")
     deleted = 0
     for pod in pods:
         pod_meta = pod.get("metadata") or {}

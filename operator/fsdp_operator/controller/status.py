@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from fsdp_api.contract import CONFIG_ERROR_EXIT_CODE, CONFIG_ERROR_HEADER, GROUP, PYTORCHJOB_CONTAINER
+from fsdp_api.contract import CONFIG_ERROR_EXIT_CODE, CONFIG_ERROR_HEADER, GROUP, PYTORCHJOB_KIND, TRAINER_CONTAINERS
 from fsdp_api.memory_plan import MemoryPlan
 from fsdp_api.spec import CheckpointSpec, ResourcesSpec
 from fsdp_api.status import CheckpointStatus, Condition, FSDPTrainingStatus, MemoryStatus, Phase, ReplicaStatus
@@ -215,7 +215,7 @@ def config_rejection(pods: Iterable[Json]) -> str | None:
     live = [p for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp")]
     for pod in sorted(live, key=lambda p: str((p.get("metadata") or {}).get("name", ""))):
         for cs in (pod.get("status") or {}).get("containerStatuses") or []:
-            if cs.get("name") != PYTORCHJOB_CONTAINER:
+            if cs.get("name") not in TRAINER_CONTAINERS:
                 continue
             for state in (cs.get("state") or {}, cs.get("lastState") or {}):
                 term = state.get("terminated") or {}
@@ -262,7 +262,7 @@ def pod_start(pods: Iterable[Json], expected: int, create_failure: str | None = 
 
     def started(pod: Json) -> bool:
         for cs in (pod.get("status") or {}).get("containerStatuses") or []:
-            if cs.get("name") == PYTORCHJOB_CONTAINER:
+            if cs.get("name") in TRAINER_CONTAINERS:
                 state = cs.get("state") or {}
                 return "running" in state or "terminated" in state or "terminated" in (cs.get("lastState") or {})
         return False
@@ -302,20 +302,21 @@ _ACTIVE: tuple[Phase, ...] = ("Restarting", "Running")
 def job_phase(job: Json | None) -> tuple[Phase, str]:
     """The phase and its message, by precedence: terminal states, then suspension, then activity."""
     if job is None:
-        return "Pending", "waiting for the PyTorchJob to be created"
+        return "Pending", "waiting for the job to be created"
     true = _true_conditions(job)
     name = (job.get("metadata") or {}).get("name", "")
+    kind = job.get("kind") or PYTORCHJOB_KIND
     for phase in _TERMINAL:
         if phase in true:
-            return phase, true[phase].get("message") or f"PyTorchJob {name} {phase.lower()}"
+            return phase, true[phase].get("message") or f"{kind} {name} {phase.lower()}"
     if "Suspended" in true or _job_suspended(job):
         msg = true["Suspended"].get("message") if "Suspended" in true else ""
-        return "Suspended", msg or f"PyTorchJob {name} is suspended"
+        return "Suspended", msg or f"{kind} {name} is suspended"
     for phase in _ACTIVE:
         if phase in true:
-            return phase, true[phase].get("message") or f"PyTorchJob {name} is {phase.lower()}"
+            return phase, true[phase].get("message") or f"{kind} {name} is {phase.lower()}"
     created = true.get("Created")
-    return "Created", (created or {}).get("message") or f"PyTorchJob {name} created; waiting for its pods"
+    return "Created", (created or {}).get("message") or f"{kind} {name} created; waiting for its pods"
 
 
 def _previous_conditions(previous: Json | None) -> dict[str, Json]:
@@ -360,7 +361,7 @@ def _job_conditions(job: Json, generation: int | None, previous: Mapping[str, Js
                         "Suspended",
                         "True",
                         "SuspendRequested",
-                        "runPolicy.suspend is set on the PyTorchJob",
+                        f"suspend is set on the {job.get('kind') or PYTORCHJOB_KIND}",
                         generation,
                         previous,
                         now,

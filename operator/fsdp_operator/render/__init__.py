@@ -11,14 +11,17 @@ from __future__ import annotations
 from typing import Any
 
 from fsdp_api import API_VERSION, KIND, FSDPTraining
+from fsdp_api.contract import TRAINJOB
 
 from . import names
 from .configmap import config_map, trainer_config
 from .networkpolicy import network_policy
 from .podmonitor import pod_monitor
 from .pytorchjob import pytorchjob
+from .runtime import cluster_training_runtime
+from .trainjob import trainjob
 
-__all__ = ["render", "trainer_config"]
+__all__ = ["cluster_training_runtime", "render", "trainer_config"]
 
 EPHEMERAL_WARNING = (
     "spec.checkpoint.claimName is unset: checkpoints go to an emptyDir, survive container restarts "
@@ -50,7 +53,9 @@ def owner_reference(training: FSDPTraining) -> dict[str, Any]:
 
 
 def render(training: FSDPTraining, *, set_owner: bool = False) -> list[dict[str, Any]]:
-    """Objects in apply order: ConfigMap (not with spec.command), PyTorchJob, PodMonitor, NetworkPolicy.
+    """Objects in apply order: ConfigMap (not with spec.command), the job, PodMonitor, NetworkPolicy.
+
+    The job is a PyTorchJob or, with spec.backend trainjob, a TrainJob.
 
     With ``set_owner`` each object carries an ownerReference to the
     FSDPTraining (its ``metadata.uid`` must be set), so deleting it cleans up.
@@ -61,7 +66,8 @@ def render(training: FSDPTraining, *, set_owner: bool = False) -> list[dict[str,
     annotations = checkpoint_annotations(training)
     # A script of your own (spec.command) has no trainer config to mount.
     objects = [] if spec.runs_own_script else [config_map(spec, name, namespace, annotations)]
-    objects.append(pytorchjob(spec, name, namespace, annotations))
+    job = trainjob if spec.backend == TRAINJOB.name else pytorchjob
+    objects.append(job(spec, name, namespace, annotations))
     if spec.metrics.enabled:
         objects.append(pod_monitor(spec, name, namespace))
     if spec.network_policy.enabled:

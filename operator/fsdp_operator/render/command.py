@@ -59,7 +59,7 @@ def pod_command(spec: FSDPTrainingSpec, name: str) -> dict[str, Any]:
     torchrun = torchrun_rendezvous(
         nnodes=nnodes(spec),
         nproc_per_node=spec.procs_per_node(),
-        endpoint=names.rendezvous_endpoint(name),
+        endpoint=names.rendezvous_endpoint(name, spec.backend),
         run_id=name,
         rdzv_conf=RDZV_CONF,
         max_restarts=max_restarts(spec),

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 from fsdp_api import FSDPTraining, contract
 from fsdp_api.contract import (
+    BACKENDS,
     GROUP,
-    PYTORCHJOB_CONTAINER,
+    PYTORCHJOB,
     PYTORCHJOB_PORT_NAME,
+    TRAINJOB,
+    TRAINJOB_NODE,
     WORKER_REPLICA,
 )
 
@@ -29,7 +32,6 @@ METRICS = "metrics"
 NETWORK_POLICY = "network-policy"
 
 # The Kubeflow training operator's names (see fsdp_api.contract).
-CONTAINER_NAME = PYTORCHJOB_CONTAINER
 RDZV_PORT_NAME = PYTORCHJOB_PORT_NAME
 RDZV_PORT = contract.RDZV_PORT
 REPLICA_TYPE = WORKER_REPLICA
@@ -52,15 +54,34 @@ def config_map_name(name: str) -> str:
     return f"{name}-trainer"
 
 
+def container_name(backend: str) -> str:
+    """The trainer container's name: each backend's controller requires its own."""
+    return BACKENDS[backend].container
+
+
 def pod_name(name: str, index: int) -> str:
     """Pod (and headless Service) name the training operator gives replica ``index``."""
     return f"{name}-{REPLICA_TYPE.lower()}-{index}"
 
 
-def rendezvous_endpoint(name: str) -> str:
-    # Worker 0's headless Service; torchrun on that pod recognises its own
-    # hostname in the endpoint and hosts the c10d store there.
-    return f"{pod_name(name, 0)}:{RDZV_PORT}"
+def pod_host(name: str, index: int, backend: str = PYTORCHJOB.name) -> str:
+    """The DNS name of node ``index``'s pod.
+
+    PyTorchJob: the pod's own headless Service. TrainJob: JobSet gives each pod
+    the hostname <jobset>-<replicated job>-<job index>-<pod index> under the
+    subdomain of the JobSet's headless Service, named like the JobSet (Trainer
+    v2 names the JobSet after the TrainJob, and our one replicated job has one
+    Job: index 0).
+    """
+    if backend == TRAINJOB.name:
+        return f"{name}-{TRAINJOB_NODE}-0-{index}.{name}"
+    return pod_name(name, index)
+
+
+def rendezvous_endpoint(name: str, backend: str = PYTORCHJOB.name) -> str:
+    # Node 0's name; torchrun on that pod finds that the name resolves to its
+    # own address and hosts the c10d store there.
+    return f"{pod_host(name, 0, backend)}:{RDZV_PORT}"
 
 
 def labels(name: str, component: str) -> dict[str, str]:

@@ -213,7 +213,7 @@ def template_annotations(spec: FSDPTrainingSpec, annotations: dict[str, str]) ->
 def pod_template(spec: FSDPTrainingSpec, name: str, annotations: dict[str, str]) -> Obj:
     vols, mounts = volumes(spec, name)
     container: Obj = {
-        "name": names.CONTAINER_NAME,
+        "name": names.container_name(spec.backend),
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
         **pod_command(spec, name),

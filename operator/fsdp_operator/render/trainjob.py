@@ -1,0 +1,116 @@
+"""The Kubeflow Trainer v2 TrainJob (trainer.kubeflow.org/v1alpha1) that runs the trainer pods (backend: trainjob).
+
+A TrainJob names a runtime and carries only what differs per job. The parts
+every FSDP job shares (torchrun's ML policy, the restart policy, the ports,
+the pod's identity and security, the scratch volumes) live in the
+ClusterTrainingRuntime the bundle ships (``runtime.py``). The per-job rest goes
+where Trainer v2 lets a job set it: image, command, env, node and process
+counts and resources in ``spec.trainer``; volumes, mounts, placement, labels
+and the grace period in one ``spec.runtimePatches`` entry (a strategic merge
+patch of the runtime's JobSet template, which Trainer v2 v2.3.0 applies in
+pkg/runtime/core/trainingruntime.go).
+
+Both backends render from the same pod template (``pod.py``), so a training
+gets the same pods either way; ``runtime_fields`` lists what the runtime holds
+instead, and a test checks the runtime holds exactly those values.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fsdp_api import FSDPTrainingSpec
+from fsdp_api.contract import (
+    CLUSTER_TRAINING_RUNTIME_KIND,
+    TRAINER_GROUP,
+    TRAINJOB_API_VERSION,
+    TRAINJOB_KIND,
+    TRAINJOB_NODE,
+    TRAINJOB_PATCH_MANAGER,
+    TRAINJOB_RUNTIME,
+)
+
+from . import names
+from .pod import pod_template
+from .pytorchjob import queue_labels
+
+Obj = dict[str, Any]
+
+# Pod fields a runtimePatch may set (PodSpecPatch, v2.3.0 pkg/apis/trainer/v1alpha1/trainjob_types.go).
+PATCHED_POD_FIELDS = (
+    "serviceAccountName",
+    "volumes",
+    "securityContext",
+    "nodeSelector",
+    "affinity",
+    "tolerations",
+    "terminationGracePeriodSeconds",
+)
+# Container fields a runtimePatch may set (ContainerPatch; env goes through spec.trainer.env).
+PATCHED_CONTAINER_FIELDS = ("volumeMounts", "securityContext")
+# Container fields spec.trainer carries.
+TRAINER_FIELDS = {"image": "image", "command": "command", "args": "args", "env": "env", "resources": "resourcesPerNode"}
+# Fields neither can set: the runtime holds them, the same for every job.
+RUNTIME_POD_FIELDS = ("automountServiceAccountToken",)
+RUNTIME_CONTAINER_FIELDS = ("imagePullPolicy", "ports", "terminationMessagePolicy")
+
+
+def trainer(spec: FSDPTrainingSpec, container: Obj) -> Obj:
+    return {
+        **{ours: container[theirs] for theirs, ours in TRAINER_FIELDS.items() if theirs in container},
+        "numNodes": spec.resources.nodes,
+        # Explicit, like the PyTorchJob's nprocPerNode: Trainer v2's default
+        # "auto" means one process per CPU of the request on a CPU node.
+        "numProcPerNode": spec.procs_per_node(),
+    }
+
+
+def runtime_patch(template: Obj) -> Obj:
+    """Our one runtimePatches entry: the pod metadata and the patchable pod and container fields."""
+    pod = template["spec"]
+    (container,) = pod["containers"]
+    pod_patch: Obj = {k: pod[k] for k in PATCHED_POD_FIELDS if k in pod}
+    pod_patch["containers"] = [
+        {"name": container["name"], **{k: container[k] for k in PATCHED_CONTAINER_FIELDS if k in container}}
+    ]
+    return {
+        "manager": TRAINJOB_PATCH_MANAGER,
+        "trainingRuntimeSpec": {
+            "template": {
+                "spec": {
+                    "replicatedJobs": [
+                        {
+                            "name": TRAINJOB_NODE,
+                            "template": {"spec": {"template": {"metadata": template["metadata"], "spec": pod_patch}}},
+                        }
+                    ]
+                }
+            }
+        },
+    }
+
+
+def trainjob(spec: FSDPTrainingSpec, name: str, namespace: str, annotations: dict[str, str]) -> Obj:
+    template = pod_template(spec, name, annotations)
+    (container,) = template["spec"]["containers"]
+    job_spec: Obj = {
+        "runtimeRef": {"apiGroup": TRAINER_GROUP, "kind": CLUSTER_TRAINING_RUNTIME_KIND, "name": TRAINJOB_RUNTIME},
+        "trainer": trainer(spec, container),
+        "runtimePatches": [runtime_patch(template)],
+    }
+    if spec.scheduling.queue is None:
+        # Queued: Kueue owns suspend (see pytorchjob.run_policy).
+        job_spec["suspend"] = spec.suspend
+    if spec.run_policy.active_deadline_seconds is not None:
+        job_spec["activeDeadlineSeconds"] = spec.run_policy.active_deadline_seconds
+    return {
+        "apiVersion": TRAINJOB_API_VERSION,
+        "kind": TRAINJOB_KIND,
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {**spec.pod.labels, **queue_labels(spec), **names.labels(name, names.TRAINING_JOB)},
+            "annotations": {**spec.pod.annotations, **annotations},
+        },
+        "spec": job_spec,
+    }
