@@ -29,7 +29,7 @@ class Condition(ApiModel):
 
 
 class ReplicaStatus(ApiModel):
-    """Pod counts of one PyTorchJob replica type."""
+    """Pod counts of one PyTorchJob replica type; a TrainJob's child-Job counts of one replicated job."""
 
     active: int = Field(0, ge=0, description="Running pods.")
     succeeded: int = Field(0, ge=0, description="Pods that completed successfully.")
@@ -69,10 +69,16 @@ class FSDPTrainingStatus(ApiModel):
     nodes: int | None = Field(None, ge=0, description="Nodes (pods) requested.")
     gpus: int | None = Field(None, ge=0, description="GPUs requested in total.")
     replica_statuses: dict[str, ReplicaStatus] = Field(
-        default_factory=dict, description="Pod counts per replica type (Master, Worker), from the PyTorchJob."
+        default_factory=dict,
+        description=(
+            "Pod counts per replica type (Worker) of a PyTorchJob; with backend trainjob, counts of the "
+            "TrainJob's child Jobs per replicated job (node), from its jobsStatus."
+        ),
     )
-    start_time: str | None = Field(None, description="When the PyTorchJob started running (RFC 3339).")
-    completion_time: str | None = Field(None, description="When the PyTorchJob finished (RFC 3339).")
+    start_time: str | None = Field(
+        None, description="When the job started running (RFC 3339); a TrainJob: created or last resumed."
+    )
+    completion_time: str | None = Field(None, description="When the job finished (RFC 3339).")
     step: int | None = Field(None, ge=0, description="Latest optimizer step reported by the trainer's metrics.")
     loss: float | None = Field(None, description="Latest training loss reported by the trainer's metrics.")
     tokens_per_second: float | None = Field(None, ge=0, description="Latest global training throughput in tokens/s.")

@@ -23,6 +23,7 @@ from tests.e2e.training import (
     dump,
     fsdptraining,
     last_step,
+    restart_operator,
     status,
     step_losses,
     trainer_logs,
@@ -44,15 +45,7 @@ def kueue(operator: WholeCluster) -> Iterator[Kueue]:
     install Kueue first, or restart the operator after installing it).
     """
     k = Kueue(operator.control_plane).start()
-    old = operator.operator_pod()
-    assert old is not None
-    operator.kubectl("delete", "pod", "-n", old["metadata"]["namespace"], old["metadata"]["name"], "--wait=false")
-    wait_for(
-        lambda: (p := operator.operator_pod()) is not None and p["metadata"]["uid"] != old["metadata"]["uid"] and p,
-        60,
-        "a new operator pod",
-    )
-    operator.wait_operator_ready()
+    restart_operator(operator)
     try:
         yield k
     finally:

@@ -156,5 +156,22 @@ def step_sampler(whole: WholeCluster, name: str, namespace: str) -> Iterator[lis
         t.join(timeout=10)
 
 
+def restart_operator(whole: WholeCluster) -> None:
+    """Delete the operator's pod and wait for its replacement to be ready.
+
+    The operator resolves the resources it watches when it starts: one started
+    before Kueue or Trainer v2 was installed watches neither (docs/kueue.md, docs/backends.md).
+    """
+    old = whole.operator_pod()
+    assert old is not None
+    whole.kubectl("delete", "pod", "-n", old["metadata"]["namespace"], old["metadata"]["name"], "--wait=false")
+    wait_for(
+        lambda: (p := whole.operator_pod()) is not None and p["metadata"]["uid"] != old["metadata"]["uid"] and p,
+        60,
+        "a new operator pod",
+    )
+    whole.wait_operator_ready()
+
+
 def dump(obj: Any) -> str:
     return json.dumps(obj, indent=1, sort_keys=True)

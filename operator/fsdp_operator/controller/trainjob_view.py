@@ -4,11 +4,12 @@
 Suspended, Succeeded, Failed), ``spec.runPolicy.suspend``, replica counts and
 start/completion times in the Kubeflow v1 vocabulary. A TrainJob (Trainer v2.3.0,
 pkg/apis/trainer/v1alpha1/trainjob_types.go) says less: conditions Suspended,
-Complete and Failed, child-Job counts in ``jobsStatus``, no times. This module
+Complete and Failed, counts of JobSet's child Jobs (not pods) per replicated
+job in ``jobsStatus``, which become the replicaStatuses (key ``node``), no times. This module
 translates; what a TrainJob does not say is derived from what it does:
 
-- Created: the TrainJob exists. Running: some child-Job pod is active and it
-  neither finished nor is suspended. There is no Restarting (JobSet's restarts
+- Created: the TrainJob exists. Running: a child Job is active and the
+  TrainJob neither finished nor is suspended. There is no Restarting (JobSet's restarts
   are not in the TrainJob's status).
 - startTime: when it was last resumed (the Suspended condition turning False),
   else its creation; completionTime: when Complete or Failed turned True.
@@ -25,16 +26,14 @@ Json = dict[str, Any]
 
 # Trainer v2's condition types, renamed to the Kubeflow v1 ones status.py knows.
 RENAMED = {"Complete": "Succeeded", "Failed": "Failed", "Suspended": "Suspended"}
-# The replica type the status shows the trainer nodes under.
-NODE_REPLICA = "Node"
 
 
-def _counts(status: Mapping[str, Any]) -> Json:
-    totals = {"active": 0, "succeeded": 0, "failed": 0}
-    for job in status.get("jobsStatus") or []:
-        for key in totals:
-            totals[key] += int(job.get(key) or 0)
-    return totals
+def _replica_statuses(status: Mapping[str, Any]) -> Json:
+    """jobsStatus, by replicated job: its counts are of child Jobs (JobSet's), not of pods."""
+    return {
+        str(job.get("name", "")): {k: int(job.get(k) or 0) for k in ("active", "succeeded", "failed")}
+        for job in status.get("jobsStatus") or []
+    }
 
 
 def trainjob_status(job: Mapping[str, Any]) -> Json:
@@ -57,8 +56,8 @@ def trainjob_status(job: Mapping[str, Any]) -> Json:
             "lastTransitionTime": created_at,
         },
     )
-    counts = _counts(raw)
-    if counts["active"] > 0 and not true & {"Succeeded", "Failed", "Suspended"}:
+    replicas = _replica_statuses(raw)
+    if any(r["active"] > 0 for r in replicas.values()) and not true & {"Succeeded", "Failed", "Suspended"}:
         conditions.append(
             {
                 "type": "Running",
@@ -69,7 +68,7 @@ def trainjob_status(job: Mapping[str, Any]) -> Json:
         )
     resumed = by_type.get("Suspended")
     started = resumed.get("lastTransitionTime") if resumed and resumed.get("status") == "False" else created_at
-    out: Json = {"conditions": conditions, "replicaStatuses": {NODE_REPLICA: counts}}
+    out: Json = {"conditions": conditions, "replicaStatuses": replicas}
     if started:
         out["startTime"] = started
     finished = next((by_type[t] for t in ("Succeeded", "Failed") if t in true), None)

@@ -1,0 +1,188 @@
+"""spec.backend: trainjob end to end: the operator emits a Kubeflow Trainer v2 TrainJob on the bundle's
+ClusterTrainingRuntime, and the real Trainer v2.3.0 and JobSet v0.12.0 controllers (built from their Go
+modules) run it down to trainer pods on the node agent; the status is the same as with a PyTorchJob."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from fsdp_api.contract import JOB_COMPLETION_INDEX_LABEL, JOBSET_NAME_LABEL, TRAINJOB_RUNTIME
+from fsdp_localcluster.binaries import REPO_ROOT
+from fsdp_localcluster.trainer_v2 import TrainerV2
+from fsdp_localcluster.wait import wait_for
+from fsdp_localcluster.whole_cluster import WholeCluster
+
+from tests.e2e.test_faults import RESUMED, assert_resumed_exactly
+from tests.e2e.timings import record
+from tests.e2e.training import (
+    STEP_LINE,
+    TERMINAL,
+    checkpoint_steps,
+    conditions,
+    create_claim,
+    dump,
+    fsdptraining,
+    restart_operator,
+    status,
+)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+RUNTIME_FILE = REPO_ROOT / "kustomize" / "components" / "trainjob" / "clustertrainingruntime.yaml"
+
+
+@pytest.fixture(scope="module")
+def trainer_v2(operator: WholeCluster) -> Iterator[TrainerV2]:
+    """Trainer v2 + JobSet next to the session's control plane, the bundle's runtime, and a restarted operator.
+
+    The operator resolves the resources it watches when it starts: trainjobs
+    appear with Trainer v2's CRDs (docs/backends.md: install Trainer v2 first).
+    """
+    tv2 = TrainerV2(operator.control_plane).start()
+    operator.cluster.apply(RUNTIME_FILE)
+    restart_operator(operator)
+    try:
+        yield tv2
+    finally:
+        operator.cluster.kubectl("delete", "clustertrainingruntime", TRAINJOB_RUNTIME, "--ignore-not-found")
+        tv2.stop()
+
+
+@pytest.fixture
+def ns(trainer_v2: TrainerV2, operator: WholeCluster, request: pytest.FixtureRequest) -> str:
+    name = "tj-" + request.node.name.removeprefix("test_").replace("_", "-")[:40].rstrip("-")
+    operator.cluster.create_namespace(name)
+    return name
+
+
+def trainjob_training(name: str, ns: str, **kw: Any) -> dict[str, Any]:
+    body = fsdptraining(name, ns, **kw)
+    body["spec"]["backend"] = "trainjob"
+    return body
+
+
+def node_pods(whole: WholeCluster, name: str, ns: str) -> dict[int, dict[str, Any]]:
+    """The live trainer pods of a TrainJob by node index (JobSet names them <name>-node-0-<index>-<random>)."""
+    pods = whole.list("pods", ns, selector=f"{JOBSET_NAME_LABEL}={name}")
+    return {
+        int(p["metadata"]["labels"][JOB_COMPLETION_INDEX_LABEL]): p
+        for p in pods
+        if not p["metadata"].get("deletionTimestamp")
+    }
+
+
+def logs(whole: WholeCluster, name: str, ns: str) -> str:
+    agent = whole.node_agent
+    with agent._lock:
+        pods = sorted({w.pod_name for w in agent.workers.values() if w.namespace == ns})
+    return "".join(agent.logs(ns, p) for p in pods if p.startswith(f"{name}-node-"))
+
+
+def losses(whole: WholeCluster, name: str, ns: str) -> dict[int, list[float]]:
+    out: dict[int, list[float]] = {}
+    for m in STEP_LINE.finditer(logs(whole, name, ns)):
+        out.setdefault(int(m.group(1)), []).append(float(m.group(3)))
+    return out
+
+
+def last_step(whole: WholeCluster, name: str, ns: str) -> int:
+    return max(losses(whole, name, ns), default=0)
+
+
+def wait_phase(whole: WholeCluster, name: str, ns: str, phases: tuple[str, ...], timeout: float) -> str:
+    def check() -> str | None:
+        phase = status(whole, name, ns).get("phase")
+        return phase if phase in phases else None
+
+    try:
+        return wait_for(check, timeout, f"FSDPTraining {ns}/{name} to reach {' or '.join(phases)}")
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{whole.describe(ns)}\n{logs(whole, name, ns)[-3000:]}") from e
+
+
+def test_a_trainjob_training_succeeds_with_the_same_status_pods_and_checkpoints(
+    operator: WholeCluster, ns: str
+) -> None:
+    whole, name, max_steps = operator, "tj", 30
+    create_claim(whole, ns)
+    t0 = time.monotonic()
+    whole.cluster.apply(trainjob_training(name, ns, max_steps=max_steps, interval=10))
+    wait_for(lambda: last_step(whole, name, ns) >= 1, 240, "the first training step")
+    record("trainjob_apply_to_first_step_s", time.monotonic() - t0)
+    running = wait_for(lambda: (st := status(whole, name, ns)).get("step") and st, 120, "status.step from the scraper")
+    assert running["phase"] in ("Running", "Succeeded"), dump(running)
+    assert running["loss"] > 0, dump(running)
+
+    # The pods are the renderer's: our labels, security, volumes, the runtime's ports.
+    pods = node_pods(whole, name, ns)
+    assert sorted(pods) == [0, 1], sorted(pods)
+    pod = pods[0]
+    assert pod["metadata"]["labels"]["training.fsdp.dev/job"] == name
+    assert pod["spec"]["hostname"] == f"{name}-node-0-0" and pod["spec"]["subdomain"] == name
+    assert pod["spec"]["securityContext"]["runAsUser"] == 1000
+    assert pod["spec"]["automountServiceAccountToken"] is False
+    (container,) = pod["spec"]["containers"]
+    assert container["name"] == "node"
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert {m["mountPath"] for m in container["volumeMounts"]} >= {"/etc/fsdp", "/dev/shm", "/checkpoints", "/tmp"}
+    assert {p["name"]: p["containerPort"] for p in container["ports"] if "name" in p} == {
+        "c10d": 29400,
+        "metrics": 9402,
+    }
+    assert f"--rdzv-endpoint={name}-node-0-0.{name}:29400" in container["args"]
+
+    assert wait_phase(whole, name, ns, TERMINAL, 300) == "Succeeded"
+    record("trainjob_total_s", time.monotonic() - t0)
+    final = status(whole, name, ns)
+    assert final["step"] == max_steps and final["checkpoint"]["lastStep"] == max_steps, dump(final)
+    assert final["jobName"] == name
+    # A TrainJob counts JobSet's child Jobs, not pods: one Job of two pods.
+    assert final["replicaStatuses"] == {"node": {"active": 0, "succeeded": 1, "failed": 0}}, dump(final)
+    assert final["startTime"] <= final["completionTime"], dump(final)
+    mirrored = conditions(final)
+    assert mirrored["Succeeded"]["status"] == "True" and mirrored["Created"]["status"] == "True", dump(final)
+    job = whole.get("trainjob", name, ns)
+    assert job is not None
+    assert conditions(job["status"])["Complete"]["status"] == "True"
+    assert checkpoint_steps(whole, ns) == [10, 20, 30]
+    assert sorted(losses(whole, name, ns)) == list(range(1, max_steps + 1))
+
+
+def test_a_killed_trainjob_worker_restarts_and_resumes_from_the_last_checkpoint(
+    operator: WholeCluster, ns: str
+) -> None:
+    whole, name, max_steps, interval = operator, "tj-crash", 40, 10
+    create_claim(whole, ns)
+    whole.cluster.apply(trainjob_training(name, ns, max_steps=max_steps, interval=interval))
+    wait_for(
+        lambda: 10 in checkpoint_steps(whole, ns) and last_step(whole, name, ns) >= 13,
+        300,
+        "checkpoint 10 and step 13",
+    )
+    killed_at = last_step(whole, name, ns)
+    saved = max(checkpoint_steps(whole, ns))
+    t_kill = time.monotonic()
+    victim = node_pods(whole, name, ns)[1]["metadata"]["name"]
+    # The whole container (torchrun and its worker), as an OOM kill or a lost node would.
+    assert whole.node_agent.kill(ns, victim, sig=signal.SIGKILL) >= 2
+
+    def restarted() -> dict[str, Any] | None:
+        pod = whole.get("pod", victim, ns) or {}
+        cs = ((pod.get("status") or {}).get("containerStatuses") or [{}])[0]
+        return cs if cs.get("restartCount", 0) >= 1 and "running" in cs.get("state", {}) else None
+
+    cs = wait_for(restarted, 60, f"{victim} to be restarted in place (restartPolicy OnFailure)")
+    assert cs["lastState"]["terminated"]["exitCode"] == 128 + signal.SIGKILL
+    wait_for(lambda: last_step(whole, name, ns) > killed_at, 150, f"training to get past step {killed_at} again")
+    record("trainjob_recovery_after_kill_s", time.monotonic() - t_kill)
+
+    assert wait_phase(whole, name, ns, TERMINAL, 300) == "Succeeded"
+    resumed = [int(m) for m in RESUMED.findall(logs(whole, name, ns))]
+    assert saved in resumed, resumed
+    recomputed = assert_resumed_exactly(losses(whole, name, ns), max_steps, interval, saved)
+    assert recomputed, "the kill came after a checkpoint and mid-interval: some steps must be recomputed"
+    assert status(whole, name, ns)["step"] == max_steps
