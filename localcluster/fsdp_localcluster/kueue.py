@@ -1,4 +1,4 @@
-"""Kueue's controller manager next to a ControlPlane: real queueing, quotas and preemption of PyTorchJobs.
+"""Kueue's controller manager next to a ControlPlane: real queueing, quotas and preemption of our jobs.
 
 Built from its Go module like the other components (tools/versions.env pins
 it), with its CRDs and webhook manifests from the same module source. What
@@ -6,7 +6,7 @@ differs from an in-cluster install, and why:
 
 - its webhooks are registered by URL on loopback (no pod network), with the
   control plane's webhook CA and serving cert (``ControlPlane.webhook_certs``);
-  only those of the PyTorchJob integration and of Kueue's own objects: the
+  only those of the PyTorchJob and TrainJob integrations and of Kueue's own objects: the
   others' paths belong to frameworks that are not enabled, and with
   ``failurePolicy: Fail`` they would only add ways to fail;
 - the CRDs are installed as the module ships them (no conversion webhook):
@@ -38,16 +38,18 @@ from .control_plane import Component, ControlPlane
 from .pki import b64
 
 KUEUE = "kueue"
-# The integration our jobs need; Kueue needs no other (batch/job is only its default).
-FRAMEWORKS = ("kubeflow.org/pytorchjob",)
+# The integrations our jobs need (one per spec.backend); Kueue needs no other (batch/job is only its default).
+FRAMEWORKS = ("kubeflow.org/pytorchjob", "trainer.kubeflow.org/trainjob")
 METRICS_CERT_DIR = Path("/etc/kueue/metrics/certs")
 MUTATING = "kueue-mutating-webhook-configuration"
 VALIDATING = "kueue-validating-webhook-configuration"
-# The webhooks of config/components/webhook/manifests.yaml that concern PyTorchJobs and Kueue's own objects.
+# The webhooks of config/components/webhook/manifests.yaml that concern our jobs and Kueue's own objects.
 WEBHOOKS = frozenset(
     {
         "mpytorchjob.kb.io",
         "vpytorchjob.kb.io",
+        "mtrainjob.kb.io",
+        "vtrainjob.kb.io",
         "mclusterqueue.kb.io",
         "vclusterqueue.kb.io",
         "vcohort.kb.io",

@@ -12,11 +12,13 @@ from typing import Any
 import pytest
 from fsdp_api.contract import JOB_COMPLETION_INDEX_LABEL, JOBSET_NAME_LABEL, TRAINJOB_RUNTIME
 from fsdp_localcluster.binaries import REPO_ROOT
+from fsdp_localcluster.kueue import Kueue
 from fsdp_localcluster.trainer_v2 import TrainerV2
 from fsdp_localcluster.wait import wait_for
 from fsdp_localcluster.whole_cluster import WholeCluster
 
 from tests.e2e.test_faults import RESUMED, assert_resumed_exactly
+from tests.e2e.test_kueue import INSUFFICIENT, queue_objects
 from tests.e2e.timings import record
 from tests.e2e.training import (
     STEP_LINE,
@@ -37,19 +39,29 @@ RUNTIME_FILE = REPO_ROOT / "kustomize" / "components" / "trainjob" / "clustertra
 
 @pytest.fixture(scope="module")
 def trainer_v2(operator: WholeCluster) -> Iterator[TrainerV2]:
-    """Trainer v2 + JobSet next to the session's control plane, the bundle's runtime, and a restarted operator.
+    """Trainer v2 + JobSet next to the session's control plane, and the bundle's runtime.
 
-    The operator resolves the resources it watches when it starts: trainjobs
-    appear with Trainer v2's CRDs (docs/backends.md: install Trainer v2 first).
+    The test cluster has Trainer v2's CRDs from the start, so the operator
+    already watches TrainJobs (on a real cluster: docs/backends.md).
     """
     tv2 = TrainerV2(operator.control_plane).start()
     operator.cluster.apply(RUNTIME_FILE)
-    restart_operator(operator)
     try:
         yield tv2
     finally:
         operator.cluster.kubectl("delete", "clustertrainingruntime", TRAINJOB_RUNTIME, "--ignore-not-found")
         tv2.stop()
+
+
+@pytest.fixture(scope="module")
+def kueue(trainer_v2: TrainerV2, operator: WholeCluster) -> Iterator[Kueue]:
+    """Kueue (with its trainer.kubeflow.org/trainjob integration); the operator restarted to watch Workloads."""
+    k = Kueue(operator.control_plane).start()
+    restart_operator(operator)
+    try:
+        yield k
+    finally:
+        k.stop()
 
 
 @pytest.fixture
@@ -186,3 +198,90 @@ def test_a_killed_trainjob_worker_restarts_and_resumes_from_the_last_checkpoint(
     recomputed = assert_resumed_exactly(losses(whole, name, ns), max_steps, interval, saved)
     assert recomputed, "the kill came after a checkpoint and mid-interval: some steps must be recomputed"
     assert status(whole, name, ns)["step"] == max_steps
+
+
+def test_suspending_a_trainjob_training_removes_its_pods_and_resume_continues_from_the_checkpoint(
+    operator: WholeCluster, ns: str
+) -> None:
+    whole, name, max_steps, interval = operator, "tj-pause", 30, 10
+    create_claim(whole, ns)
+    whole.cluster.apply(trainjob_training(name, ns, max_steps=max_steps, interval=interval))
+    wait_for(
+        lambda: 10 in checkpoint_steps(whole, ns) and last_step(whole, name, ns) >= 12,
+        300,
+        "checkpoint 10 and step 12",
+    )
+    whole.kubectl("patch", "fsdptraining", name, f"--namespace={ns}", "--type=merge", "-p", '{"spec":{"suspend":true}}')
+    try:
+        wait_for(lambda: not node_pods(whole, name, ns), 120, "the pods to go away")
+    except AssertionError as e:
+        jobset = whole.get("jobset.jobset.x-k8s.io", name, ns)
+        raise AssertionError(
+            f"{e}\n{dump(whole.get('trainjob', name, ns))}\n{dump(jobset)}\n"
+            f"{dump([j.get('spec', {}).get('suspend') for j in whole.list('jobs', ns)])}\n{whole.describe(ns)}"
+        ) from e
+    st = wait_for(lambda: (s := status(whole, name, ns)).get("phase") == "Suspended" and s, 60, "phase Suspended")
+    assert conditions(st)["Suspended"]["status"] == "True", dump(st)
+    assert whole.get("trainjob", name, ns)["spec"]["suspend"] is True
+    saved = max(checkpoint_steps(whole, ns))
+    suspended_at = last_step(whole, name, ns)
+
+    whole.kubectl(
+        "patch", "fsdptraining", name, f"--namespace={ns}", "--type=merge", "-p", '{"spec":{"suspend":false}}'
+    )
+    wait_for(lambda: last_step(whole, name, ns) > suspended_at, 240, "training to continue after resume")
+    assert wait_phase(whole, name, ns, TERMINAL, 300) == "Succeeded"
+    resumed = [int(m) for m in RESUMED.findall(logs(whole, name, ns))]
+    assert resumed == [saved], resumed
+    assert_resumed_exactly(losses(whole, name, ns), max_steps, interval, saved)
+    final = status(whole, name, ns)
+    # startTime is the resume (the Suspended condition turning False), not the creation.
+    resumed_at = conditions(whole.get("trainjob", name, ns)["status"])["Suspended"]
+    assert resumed_at["status"] == "False" and final["startTime"] == resumed_at["lastTransitionTime"], dump(final)
+
+
+def test_queued_trainjobs_wait_for_kueue_and_run_one_after_the_other(
+    kueue: Kueue, operator: WholeCluster, ns: str
+) -> None:
+    """Two TrainJob trainings that each need the whole GPU quota: Kueue admits one, queues the other."""
+    whole = operator
+    for obj in queue_objects(ns):
+        whole.cluster.apply(obj)
+    create_claim(whole, ns, "ckpt-a")
+    create_claim(whole, ns, "ckpt-b")
+
+    def queued(name: str, claim: str, max_steps: int) -> dict[str, Any]:
+        body = trainjob_training(name, ns, max_steps=max_steps, interval=10, claim=claim)
+        body["spec"]["scheduling"] = {"queue": "team"}
+        return body
+
+    t0 = time.monotonic()
+    whole.cluster.apply(queued("first", "ckpt-a", 80))
+    wait_for(lambda: last_step(whole, "first", ns) >= 1, 240, "the first training's first step")
+    record("trainjob_queued_apply_to_first_step_s", time.monotonic() - t0)
+    first = status(whole, "first", ns)
+    assert conditions(first)["Admitted"]["status"] == "True", dump(first)
+    (workload,) = [w for w in whole.list("workloads.kueue.x-k8s.io", ns) if "first" in w["metadata"]["name"]]
+    assert workload["metadata"]["ownerReferences"][0]["kind"] == "TrainJob"
+
+    whole.cluster.apply(queued("second", "ckpt-b", 10))
+    st = wait_for(
+        lambda: (s := status(whole, "second", ns)).get("phase") == "Queued" and INSUFFICIENT.search(s["message"]) and s,
+        60,
+        "the second training to be Queued with Kueue's reason",
+    )
+    assert conditions(st)["Admitted"]["status"] == "False", dump(st)
+    assert not node_pods(whole, "second", ns)
+    # Kueue, not the operator, holds the queued TrainJob suspended.
+    assert whole.get("trainjob", "second", ns)["spec"]["suspend"] is True
+
+    assert wait_phase(whole, "first", ns, TERMINAL, 300) == "Succeeded"
+    t_freed = time.monotonic()
+    wait_for(
+        lambda: conditions(status(whole, "second", ns)).get("Admitted", {}).get("status") == "True",
+        120,
+        "Kueue to admit the second training",
+    )
+    record("trainjob_queue_wait_to_admission_s", time.monotonic() - t_freed)
+    assert wait_phase(whole, "second", ns, TERMINAL, 300) == "Succeeded"
+    assert sorted(losses(whole, "second", ns)) == list(range(1, 11))

@@ -55,9 +55,22 @@ RUNTIME_POD_FIELDS = ("automountServiceAccountToken",)
 RUNTIME_CONTAINER_FIELDS = ("imagePullPolicy", "ports", "terminationMessagePolicy")
 
 
+def canonical_quantities(resources: Obj) -> Obj:
+    """Quantities as strings, the form Trainer v2 stores them in.
+
+    Its mutating webhook round-trips the TrainJob through Go types, which
+    writes a quantity 1 as "1"; spec.trainer is immutable ("self == oldSelf"),
+    so a later apply of the integer would be refused as a change.
+    """
+    return {kind: {name: str(q) for name, q in values.items()} for kind, values in resources.items()}
+
+
 def trainer(spec: FSDPTrainingSpec, container: Obj) -> Obj:
+    out: Obj = {ours: container[theirs] for theirs, ours in TRAINER_FIELDS.items() if theirs in container}
+    if "resourcesPerNode" in out:
+        out["resourcesPerNode"] = canonical_quantities(out["resourcesPerNode"])
     return {
-        **{ours: container[theirs] for theirs, ours in TRAINER_FIELDS.items() if theirs in container},
+        **out,
         "numNodes": spec.resources.nodes,
         # Explicit, like the PyTorchJob's nprocPerNode: Trainer v2's default
         # "auto" means one process per CPU of the request on a CPU node.
