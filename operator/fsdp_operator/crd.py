@@ -38,7 +38,14 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "description": "Global training throughput.",
         "priority": 1,
     },
-    {"name": "Job", "type": "string", "jsonPath": ".status.jobName", "description": "PyTorchJob name.", "priority": 1},
+    {
+        "name": "Backend",
+        "type": "string",
+        "jsonPath": ".spec.backend",
+        "description": "What runs the pods: pytorchjob or trainjob.",
+        "priority": 1,
+    },
+    {"name": "Job", "type": "string", "jsonPath": ".status.jobName", "description": "The job's name.", "priority": 1},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 
@@ -163,7 +170,8 @@ def open_api_schema() -> Schema:
     return {
         "type": "object",
         "description": (
-            "FSDPTraining runs a PyTorch FSDP2 training job as a Kubeflow PyTorchJob on Karpenter GPU nodes."
+            "FSDPTraining runs a PyTorch FSDP2 training job as a Kubeflow PyTorchJob or Trainer v2 TrainJob "
+            "on Karpenter GPU nodes."
         ),
         "required": ["spec"],
         "properties": {

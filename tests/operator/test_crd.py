@@ -93,14 +93,15 @@ def _resolve(json_path: str) -> Schema | None:
 
 def test_printer_columns_point_at_fields_of_their_type() -> None:
     columns = crd()["spec"]["versions"][0]["additionalPrinterColumns"]
-    assert [c["name"] for c in columns] == ["Phase", "Nodes", "GPUs", "Step", "Loss", "Tokens/s", "Job", "Age"]
+    names = [c["name"] for c in columns]
+    assert names == ["Phase", "Nodes", "GPUs", "Step", "Loss", "Tokens/s", "Backend", "Job", "Age"]
     for c in columns:
         target = _resolve(c["jsonPath"])
         assert target is not None, f"{c['name']}: {c['jsonPath']} is not in the schema"
         if c["type"] != "date":
             assert target["type"] == c["type"], c
     wide = {c["name"] for c in columns if c.get("priority", 0) > 0}
-    assert wide == {"Tokens/s", "Job"}
+    assert wide == {"Tokens/s", "Backend", "Job"}
 
 
 def test_cel_rules_of_the_models_are_in_the_schema() -> None:
