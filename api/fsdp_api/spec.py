@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_snake
 from pydantic_core import PydanticCustomError
 
@@ -1430,6 +1430,15 @@ _TRAINJOB_WHY = (
     "can change only some of their fields (docs/backends.md)"
 )
 
+# What Trainer v2.3.0's torch plugin injects and refuses in a TrainJob's env
+# (pkg/constants/constants.go TorchRunReservedEnvNames).
+TORCHRUN_RESERVED_ENV = ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT")
+
+
+def _cel_list(items: tuple[str, ...]) -> str:
+    return "[" + ", ".join(f"'{i}'" for i in items) + "]"
+
+
 # What a TrainJob (Kubeflow Trainer v2.3) cannot express; each is refused with
 # that backend rather than dropped (docs/backends.md lists them).
 BACKEND_RULES: tuple[Rule, ...] = (
@@ -1459,6 +1468,25 @@ BACKEND_RULES: tuple[Rule, ...] = (
         message=f"metrics.port must be {METRICS_PORT} with backend: trainjob: {_TRAINJOB_WHY}",
         field_path=".metrics.port",
         check=lambda s: s.metrics.port == METRICS_PORT or s.backend != TRAINJOB.name,
+    ),
+    Rule(
+        cel=(
+            f"!has(self.pod) || !has(self.pod.volumeMounts) || !({_TRAINJOB}) || "
+            "self.pod.volumeMounts.all(m, self.pod.volumeMounts.filter(n, n.name == m.name).size() == 1)"
+        ),
+        message="pod.volumeMounts must mount each volume once with backend: trainjob: a TrainJob's runtimePatches "
+        "key mounts by volume name (mount the volume's root and use paths below it instead of subPaths)",
+        field_path=".pod.volumeMounts",
+        check=lambda s: (
+            s.backend != TRAINJOB.name or len({m.name for m in s.pod.volume_mounts}) == len(s.pod.volume_mounts)
+        ),
+    ),
+    Rule(
+        cel=f"!has(self.env) || !({_TRAINJOB}) || !self.env.exists(e, e.name in {_cel_list(TORCHRUN_RESERVED_ENV)})",
+        message=f"env must not set {', '.join(TORCHRUN_RESERVED_ENV)} with backend: trainjob: Kubeflow Trainer "
+        "sets them (and refuses a TrainJob that does)",
+        field_path=".env",
+        check=lambda s: s.backend != TRAINJOB.name or not any(e.name in TORCHRUN_RESERVED_ENV for e in s.env),
     ),
     Rule(
         cel=f"!has(self.imagePullPolicy) || self.imagePullPolicy == 'IfNotPresent' || !({_TRAINJOB})",
@@ -1656,8 +1684,9 @@ IMMUTABLE_FIELDS: dict[type[ApiModel], tuple[str, tuple[str, ...]]] = {
 
 # A TrainJob's spec.trainer and activeDeadlineSeconds are immutable (Trainer
 # v2.3.0, "self == oldSelf" on both): with backend trainjob the spec fields
-# rendered there cannot change either. One rule on spec, as it needs the backend.
-TRAINJOB_FROZEN = ("image", "env", "serviceAccountName", "runPolicy")
+# rendered there (metrics: the FSDP_METRICS_PORT variable) cannot change either.
+# One rule on spec, as it needs the backend.
+TRAINJOB_FROZEN = ("image", "env", "serviceAccountName", "runPolicy", "metrics")
 
 
 def _unchanged_cel(field: str) -> str:
@@ -1722,12 +1751,21 @@ class ObjectMeta(BaseModel):
         return v
 
 
+# JobSet names a TrainJob's pods <name>-node-0-<index>-<5 random characters>, and
+# its webhook refuses a JobSet whose longest pod name exceeds 63 characters.
+TRAINJOB_MAX_NAME_LENGTH = 63 - len("-node-0-") - len(str(MAX_NODES - 1)) - len("-abcde")
+
+
 NAME_PATTERN_MESSAGE = (
     "name must be a DNS label (lowercase letters, digits and '-', starting with a letter) "
     "because pods and services are named after it"
 )
 NAME_LENGTH_MESSAGE = (
     f"name must be at most {MAX_NAME_LENGTH} characters so that <name>-worker-<index> stays a valid DNS label"
+)
+TRAINJOB_NAME_LENGTH_MESSAGE = (
+    f"name must be at most {TRAINJOB_MAX_NAME_LENGTH} characters with backend: trainjob, so that JobSet's pod "
+    "names <name>-node-0-<index>-<random> stay valid DNS labels"
 )
 ROOT_RULES: tuple[dict[str, str], ...] = (
     {
@@ -1742,6 +1780,15 @@ ROOT_RULES: tuple[dict[str, str], ...] = (
         "fieldPath": ".metadata.name",
         "reason": "FieldValueInvalid",
     },
+    {
+        "rule": (
+            f"!has(self.metadata.name) || !has(self.spec.backend) || self.spec.backend != '{TRAINJOB.name}' "
+            f"|| size(self.metadata.name) <= {TRAINJOB_MAX_NAME_LENGTH}"
+        ),
+        "message": TRAINJOB_NAME_LENGTH_MESSAGE,
+        "fieldPath": ".metadata.name",
+        "reason": "FieldValueInvalid",
+    },
 )
 
 
@@ -1753,6 +1800,13 @@ class FSDPTraining(BaseModel):
     kind: Literal["FSDPTraining"] = KIND
     metadata: ObjectMeta = Field(default_factory=ObjectMeta)
     spec: FSDPTrainingSpec
+
+    @model_validator(mode="after")
+    def _trainjob_name(self) -> FSDPTraining:
+        name = self.metadata.name
+        if name and self.spec.backend == TRAINJOB.name and len(name) > TRAINJOB_MAX_NAME_LENGTH:
+            raise PydanticCustomError("fsdp_rule", TRAINJOB_NAME_LENGTH_MESSAGE, {"field_path": ".metadata.name"})
+        return self
 
     @property
     def name(self) -> str:

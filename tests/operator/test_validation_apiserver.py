@@ -188,7 +188,11 @@ def test_a_trainjob_trainings_trainer_fields_are_frozen_and_a_pytorchjobs_are_no
         api.kubectl("delete", "fsdptraining", name, f"--namespace={NAMESPACE}", "--ignore-not-found")
         assert apply(api, original).returncode == 0
         old_spec = FSDPTraining.model_validate(original).spec
-        for edit in ({"image": "ghcr.io/fsdp-k8s/trainer:0.2.0"}, {"env": [{"name": "X", "value": "1"}]}):
+        for edit in (
+            {"image": "ghcr.io/fsdp-k8s/trainer:0.2.0"},
+            {"env": [{"name": "X", "value": "1"}]},
+            {"metrics": {"enabled": False}},
+        ):
             new = {**original, "spec": {**original["spec"], **edit}}
             expected = check_update(old_spec, FSDPTraining.model_validate(new).spec)
             res = apply(api, new)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
-from fsdp_api.contract import TRAINJOB, TRAINJOB_NODE, JobBackend
+from fsdp_api.contract import TRAINJOB, TRAINJOB_KIND, TRAINJOB_NODE, JobBackend
 from fsdp_api.spec import MetricsSpec
 
 from .kube import NETWORK_ERRORS, ApiError
@@ -60,9 +60,12 @@ def running_trainings(rt: Runtime) -> list[Mapping[str, Any]]:
     return out
 
 
-def _active_pods(job: Mapping[str, Any]) -> int:
+def _fewer_pods_than_nodes(job: Mapping[str, Any], body: Mapping[str, Any]) -> bool:
+    """A PyTorchJob counts its active pods; a TrainJob only its child Jobs (the rest of waiting_trainings covers it)."""
+    if job.get("kind") == TRAINJOB_KIND:
+        return False
     replicas = (job.get("status") or {}).get("replicaStatuses") or {}
-    return sum(int(r.get("active") or 0) for r in replicas.values())
+    return sum(int(r.get("active") or 0) for r in replicas.values()) < TrainingFacts.from_body(body).nodes
 
 
 def waiting_trainings(rt: Runtime) -> list[Mapping[str, Any]]:
@@ -88,7 +91,7 @@ def waiting_trainings(rt: Runtime) -> list[Mapping[str, Any]]:
                 c.get("type") == SCHEDULABLE and c.get("status") == "False" for c in status.get("conditions") or []
             )
             starting = status.get("step") is None
-            if stuck or starting or _active_pods(job) < TrainingFacts.from_body(body).nodes:
+            if stuck or starting or _fewer_pods_than_nodes(job, body):
                 out.append(body)
     return out
 
