@@ -39,17 +39,22 @@ from .pki import b64
 
 KUEUE = "kueue"
 # The integrations our jobs need (one per spec.backend); Kueue needs no other (batch/job is only its default).
-FRAMEWORKS = ("kubeflow.org/pytorchjob", "trainer.kubeflow.org/trainjob")
+PYTORCHJOB_FRAMEWORK = "kubeflow.org/pytorchjob"
+TRAINJOB_FRAMEWORK = "trainer.kubeflow.org/trainjob"
+# Kueue's TrainJob reconciler also watches the JobSets of TrainJobs
+# (pkg/controller/jobs/trainjob/trainjob_controller.go, Owns(&JobSet{})): without
+# JobSet's CRD its cache never syncs and the whole manager exits after the sync
+# timeout. So the integration is on only where JobSet is installed (TrainerV2 started).
+JOBSET_CRD = "jobsets.jobset.x-k8s.io"
 METRICS_CERT_DIR = Path("/etc/kueue/metrics/certs")
 MUTATING = "kueue-mutating-webhook-configuration"
 VALIDATING = "kueue-validating-webhook-configuration"
 # The webhooks of config/components/webhook/manifests.yaml that concern our jobs and Kueue's own objects.
+TRAINJOB_WEBHOOKS = frozenset({"mtrainjob.kb.io", "vtrainjob.kb.io"})
 WEBHOOKS = frozenset(
     {
         "mpytorchjob.kb.io",
         "vpytorchjob.kb.io",
-        "mtrainjob.kb.io",
-        "vtrainjob.kb.io",
         "mclusterqueue.kb.io",
         "vclusterqueue.kb.io",
         "vcohort.kb.io",
@@ -68,11 +73,14 @@ class Kueue:
         self.cp = control_plane
         self.cluster = control_plane.cluster
         self.dir = control_plane.dir / "kueue"
+        self.frameworks: tuple[str, ...] = (PYTORCHJOB_FRAMEWORK,)
 
     def start(self, timeout: float = 120.0) -> Kueue:
         ensure_tools([KUEUE])
         source = kueue_source()
         self.dir.mkdir(parents=True, exist_ok=True)
+        jobset = self.cluster.kubectl("get", "crd", JOBSET_CRD, "--ignore-not-found", "-o", "name").stdout.strip()
+        self.frameworks = (PYTORCHJOB_FRAMEWORK, TRAINJOB_FRAMEWORK) if jobset else (PYTORCHJOB_FRAMEWORK,)
         self.cluster.install_crds(source / "config" / "components" / "crd" / "bases")
         pki = self.cp.webhook_certs()
         certs = self.dir / "webhook-certs"
@@ -85,7 +93,9 @@ class Kueue:
                 shutil.copyfile(pki / f"webhook-{name}", METRICS_CERT_DIR / name)
         webhook, metrics, health = free_port(), free_port(), free_port()
         config = self.dir / "config.yaml"
-        config.write_text(yaml.safe_dump(self._config(certs, webhook, metrics, health), sort_keys=False))
+        config.write_text(
+            yaml.safe_dump(self._config(certs, webhook, metrics, health, self.frameworks), sort_keys=False)
+        )
         self._install_webhooks(source, webhook, b64(pki / "webhook-ca.crt"))
         args = [f"--config={config}", f"--kubeconfig={self.cluster.kubeconfig}", "--zap-log-level=2"]
         self.cp.components[KUEUE] = Component(KUEUE, args, f"http://127.0.0.1:{health}/healthz")
@@ -103,7 +113,7 @@ class Kueue:
         return self.cp.logs(KUEUE, lines)
 
     @staticmethod
-    def _config(certs: Path, webhook: int, metrics: int, health: int) -> dict[str, Any]:
+    def _config(certs: Path, webhook: int, metrics: int, health: int, frameworks: tuple[str, ...]) -> dict[str, Any]:
         """The Configuration (config.kueue.x-k8s.io/v1beta2) of a local run; defaults for the rest."""
         return {
             "apiVersion": "config.kueue.x-k8s.io/v1beta2",
@@ -116,7 +126,7 @@ class Kueue:
             "health": {"healthProbeBindAddress": f"127.0.0.1:{health}"},
             # Its default is true, and one instance has nobody to elect.
             "leaderElection": {"leaderElect": False},
-            "integrations": {"frameworks": list(FRAMEWORKS)},
+            "integrations": {"frameworks": list(frameworks)},
             "featureGates": {"VisibilityOnDemand": False},
         }
 
@@ -126,7 +136,8 @@ class Kueue:
         for doc in yaml.safe_load_all(manifests.read_text()):
             if not doc or doc.get("kind") not in names:
                 continue
-            hooks = [h for h in doc.get("webhooks") or [] if h["name"] in WEBHOOKS]
+            wanted = WEBHOOKS | (TRAINJOB_WEBHOOKS if TRAINJOB_FRAMEWORK in self.frameworks else frozenset())
+            hooks = [h for h in doc.get("webhooks") or [] if h["name"] in wanted]
             for h in hooks:
                 path = h["clientConfig"]["service"]["path"]
                 h["clientConfig"] = {"url": f"https://127.0.0.1:{port}{path}", "caBundle": ca_bundle}
