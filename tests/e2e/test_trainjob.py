@@ -21,15 +21,18 @@ from tests.e2e.test_faults import RESUMED, assert_resumed_exactly
 from tests.e2e.test_kueue import INSUFFICIENT, queue_objects
 from tests.e2e.timings import record
 from tests.e2e.training import (
-    STEP_LINE,
     TERMINAL,
     checkpoint_steps,
     conditions,
     create_claim,
     dump,
     fsdptraining,
+    last_step,
     restart_operator,
     status,
+    step_losses,
+    trainer_logs,
+    wait_phase,
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -87,35 +90,6 @@ def node_pods(whole: WholeCluster, name: str, ns: str) -> dict[int, dict[str, An
     }
 
 
-def logs(whole: WholeCluster, name: str, ns: str) -> str:
-    agent = whole.node_agent
-    with agent._lock:
-        pods = sorted({w.pod_name for w in agent.workers.values() if w.namespace == ns})
-    return "".join(agent.logs(ns, p) for p in pods if p.startswith(f"{name}-node-"))
-
-
-def losses(whole: WholeCluster, name: str, ns: str) -> dict[int, list[float]]:
-    out: dict[int, list[float]] = {}
-    for m in STEP_LINE.finditer(logs(whole, name, ns)):
-        out.setdefault(int(m.group(1)), []).append(float(m.group(3)))
-    return out
-
-
-def last_step(whole: WholeCluster, name: str, ns: str) -> int:
-    return max(losses(whole, name, ns), default=0)
-
-
-def wait_phase(whole: WholeCluster, name: str, ns: str, phases: tuple[str, ...], timeout: float) -> str:
-    def check() -> str | None:
-        phase = status(whole, name, ns).get("phase")
-        return phase if phase in phases else None
-
-    try:
-        return wait_for(check, timeout, f"FSDPTraining {ns}/{name} to reach {' or '.join(phases)}")
-    except AssertionError as e:
-        raise AssertionError(f"{e}\n{whole.describe(ns)}\n{logs(whole, name, ns)[-3000:]}") from e
-
-
 def test_a_trainjob_training_succeeds_with_the_same_status_pods_and_checkpoints(
     operator: WholeCluster, ns: str
 ) -> None:
@@ -161,7 +135,7 @@ def test_a_trainjob_training_succeeds_with_the_same_status_pods_and_checkpoints(
     assert job is not None
     assert conditions(job["status"])["Complete"]["status"] == "True"
     assert checkpoint_steps(whole, ns) == [10, 20, 30]
-    assert sorted(losses(whole, name, ns)) == list(range(1, max_steps + 1))
+    assert sorted(step_losses(whole, name, ns)) == list(range(1, max_steps + 1))
 
 
 def test_a_killed_trainjob_worker_restarts_and_resumes_from_the_last_checkpoint(
@@ -193,9 +167,9 @@ def test_a_killed_trainjob_worker_restarts_and_resumes_from_the_last_checkpoint(
     record("trainjob_recovery_after_kill_s", time.monotonic() - t_kill)
 
     assert wait_phase(whole, name, ns, TERMINAL, 300) == "Succeeded"
-    resumed = [int(m) for m in RESUMED.findall(logs(whole, name, ns))]
+    resumed = [int(m) for m in RESUMED.findall(trainer_logs(whole, name, ns))]
     assert saved in resumed, resumed
-    recomputed = assert_resumed_exactly(losses(whole, name, ns), max_steps, interval, saved)
+    recomputed = assert_resumed_exactly(step_losses(whole, name, ns), max_steps, interval, saved)
     assert recomputed, "the kill came after a checkpoint and mid-interval: some steps must be recomputed"
     assert status(whole, name, ns)["step"] == max_steps
 
@@ -231,9 +205,9 @@ def test_suspending_a_trainjob_training_removes_its_pods_and_resume_continues_fr
     )
     wait_for(lambda: last_step(whole, name, ns) > suspended_at, 240, "training to continue after resume")
     assert wait_phase(whole, name, ns, TERMINAL, 300) == "Succeeded"
-    resumed = [int(m) for m in RESUMED.findall(logs(whole, name, ns))]
+    resumed = [int(m) for m in RESUMED.findall(trainer_logs(whole, name, ns))]
     assert resumed == [saved], resumed
-    assert_resumed_exactly(losses(whole, name, ns), max_steps, interval, saved)
+    assert_resumed_exactly(step_losses(whole, name, ns), max_steps, interval, saved)
     final = status(whole, name, ns)
     # startTime is the resume (the Suspended condition turning False), not the creation.
     resumed_at = conditions(whole.get("trainjob", name, ns)["status"])["Suspended"]
@@ -284,4 +258,4 @@ def test_queued_trainjobs_wait_for_kueue_and_run_one_after_the_other(
     )
     record("trainjob_queue_wait_to_admission_s", time.monotonic() - t_freed)
     assert wait_phase(whole, "second", ns, TERMINAL, 300) == "Succeeded"
-    assert sorted(losses(whole, "second", ns)) == list(range(1, 11))
+    assert sorted(step_losses(whole, "second", ns)) == list(range(1, 11))

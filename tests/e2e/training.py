@@ -97,12 +97,17 @@ def checkpoint_steps(whole: WholeCluster, namespace: str, claim: str = "ckpt") -
     return sorted(int(p.parent.name.removeprefix("step-")) for p in Path(root).glob("step-*/COMPLETE"))
 
 
+def pod_prefixes(name: str) -> tuple[str, ...]:
+    """How a job's trainer pods are named: <name>-worker-<i> (PyTorchJob), <name>-node-0-<i>-<random> (TrainJob)."""
+    return (f"{name}-worker-", f"{name}-node-")
+
+
 def trainer_logs(whole: WholeCluster, name: str, namespace: str) -> str:
     """Every run of every trainer pod of the job, concatenated per pod."""
     agent = whole.node_agent
     with agent._lock:
         pods = sorted({w.pod_name for w in agent.workers.values() if w.namespace == namespace})
-    return "".join(agent.logs(namespace, p) for p in pods if p.startswith(f"{name}-worker-"))
+    return "".join(agent.logs(namespace, p) for p in pods if p.startswith(pod_prefixes(name)))
 
 
 def step_losses(whole: WholeCluster, name: str, namespace: str) -> dict[int, list[float]]:
@@ -118,7 +123,7 @@ def last_step(whole: WholeCluster, name: str, namespace: str) -> int:
 
 
 def pods_of(whole: WholeCluster, name: str, namespace: str) -> list[dict[str, Any]]:
-    return [p for p in whole.list("pods", namespace) if p["metadata"]["name"].startswith(f"{name}-worker-")]
+    return [p for p in whole.list("pods", namespace) if p["metadata"]["name"].startswith(pod_prefixes(name))]
 
 
 def conditions(obj_status: dict[str, Any]) -> dict[str, dict[str, Any]]:

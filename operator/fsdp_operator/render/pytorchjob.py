@@ -64,6 +64,16 @@ def queue_labels(spec: FSDPTrainingSpec) -> dict[str, str]:
     return labels
 
 
+def job_metadata(spec: FSDPTrainingSpec, name: str, namespace: str, annotations: dict[str, str]) -> dict[str, Any]:
+    """The metadata of the job, whichever its kind: the user's labels and annotations, Kueue's, ours."""
+    return {
+        "name": name,
+        "namespace": namespace,
+        "labels": {**spec.pod.labels, **queue_labels(spec), **names.labels(name, names.TRAINING_JOB)},
+        "annotations": {**spec.pod.annotations, **annotations},
+    }
+
+
 def elastic_policy(spec: FSDPTrainingSpec, name: str) -> dict[str, Any] | None:
     if spec.elastic is None:
         return None
@@ -104,11 +114,6 @@ def pytorchjob(spec: FSDPTrainingSpec, name: str, namespace: str, annotations: d
     return {
         "apiVersion": API_VERSION,
         "kind": KIND,
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "labels": {**spec.pod.labels, **queue_labels(spec), **names.labels(name, names.TRAINING_JOB)},
-            "annotations": {**spec.pod.annotations, **annotations},
-        },
+        "metadata": job_metadata(spec, name, namespace, annotations),
         "spec": job_spec,
     }

@@ -30,9 +30,8 @@ from fsdp_api.contract import (
     TRAINJOB_RUNTIME,
 )
 
-from . import names
 from .pod import pod_template
-from .pytorchjob import queue_labels
+from .pytorchjob import job_metadata
 
 Obj = dict[str, Any]
 
@@ -119,11 +118,6 @@ def trainjob(spec: FSDPTrainingSpec, name: str, namespace: str, annotations: dic
     return {
         "apiVersion": TRAINJOB_API_VERSION,
         "kind": TRAINJOB_KIND,
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "labels": {**spec.pod.labels, **queue_labels(spec), **names.labels(name, names.TRAINING_JOB)},
-            "annotations": {**spec.pod.annotations, **annotations},
-        },
+        "metadata": job_metadata(spec, name, namespace, annotations),
         "spec": job_spec,
     }
