@@ -292,10 +292,7 @@ class ControlPlane:
         # controller-runtime's webhook server reads its certs from
         # $TMPDIR/k8s-webhook-server/serving-certs: give this operator its own.
         tmp = self.dir / "training-operator-tmp"
-        certs = tmp / "k8s-webhook-server" / "serving-certs"
-        certs.mkdir(parents=True, exist_ok=True)
-        for name in ("tls.crt", "tls.key"):
-            (certs / name).write_bytes((self.pki / f"webhook-{name}").read_bytes())
+        self.serving_certs(tmp / "k8s-webhook-server" / "serving-certs")
         if not ROTATOR_CERT_MARKER.exists():
             ROTATOR_CERT_MARKER.parent.mkdir(parents=True, exist_ok=True)
             ROTATOR_CERT_MARKER.write_text("# existence marker for the training operator's cert rotator\n")
@@ -372,6 +369,14 @@ class ControlPlane:
                 p / "webhook-tls.crt",
             )
         return p
+
+    def serving_certs(self, dest: Path) -> Path:
+        """``dest`` holding tls.crt and tls.key of the webhook serving cert (``webhook_certs``), for one server."""
+        pki = self.webhook_certs()
+        dest.mkdir(parents=True, exist_ok=True)
+        for name in ("tls.crt", "tls.key"):
+            (dest / name).write_bytes((pki / f"webhook-{name}").read_bytes())
+        return dest
 
     def _install_webhook(self, port: int) -> None:
         """Serving certs (in the operator's Secret) and the ValidatingWebhookConfiguration.

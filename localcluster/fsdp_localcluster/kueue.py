@@ -26,7 +26,6 @@ Usage::
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +35,7 @@ from fsdp_api.launch import free_port
 from .binaries import ensure_tools, kueue_source
 from .control_plane import Component, ControlPlane
 from .pki import b64
+from .webhooks import delete_webhooks, register_webhooks
 
 KUEUE = "kueue"
 # The integrations our jobs need (one per spec.backend); Kueue needs no other (batch/job is only its default).
@@ -49,6 +49,7 @@ JOBSET_CRD = "jobsets.jobset.x-k8s.io"
 METRICS_CERT_DIR = Path("/etc/kueue/metrics/certs")
 MUTATING = "kueue-mutating-webhook-configuration"
 VALIDATING = "kueue-validating-webhook-configuration"
+CONFIGURATIONS = {"MutatingWebhookConfiguration": MUTATING, "ValidatingWebhookConfiguration": VALIDATING}
 # The webhooks of config/components/webhook/manifests.yaml that concern our jobs and Kueue's own objects.
 TRAINJOB_WEBHOOKS = frozenset({"mtrainjob.kb.io", "vtrainjob.kb.io"})
 WEBHOOKS = frozenset(
@@ -83,20 +84,17 @@ class Kueue:
         self.frameworks = (PYTORCHJOB_FRAMEWORK, TRAINJOB_FRAMEWORK) if jobset else (PYTORCHJOB_FRAMEWORK,)
         self.cluster.install_crds(source / "config" / "components" / "crd" / "bases")
         pki = self.cp.webhook_certs()
-        certs = self.dir / "webhook-certs"
-        certs.mkdir(exist_ok=True)
-        for name in ("tls.crt", "tls.key"):
-            shutil.copyfile(pki / f"webhook-{name}", certs / name)
+        certs = self.cp.serving_certs(self.dir / "webhook-certs")
         if not (METRICS_CERT_DIR / "tls.crt").exists():
-            METRICS_CERT_DIR.mkdir(parents=True, exist_ok=True)
-            for name in ("tls.crt", "tls.key"):
-                shutil.copyfile(pki / f"webhook-{name}", METRICS_CERT_DIR / name)
+            self.cp.serving_certs(METRICS_CERT_DIR)
         webhook, metrics, health = free_port(), free_port(), free_port()
         config = self.dir / "config.yaml"
         config.write_text(
             yaml.safe_dump(self._config(certs, webhook, metrics, health, self.frameworks), sort_keys=False)
         )
-        self._install_webhooks(source, webhook, b64(pki / "webhook-ca.crt"))
+        wanted = WEBHOOKS | (TRAINJOB_WEBHOOKS if TRAINJOB_FRAMEWORK in self.frameworks else frozenset())
+        manifests = source / "config" / "components" / "webhook" / "manifests.yaml"
+        register_webhooks(self.cluster, manifests, {}, CONFIGURATIONS, wanted, webhook, b64(pki / "webhook-ca.crt"))
         args = [f"--config={config}", f"--kubeconfig={self.cluster.kubeconfig}", "--zap-log-level=2"]
         self.cp.components[KUEUE] = Component(KUEUE, args, f"http://127.0.0.1:{health}/healthz")
         self.cp.start_component(KUEUE, timeout)
@@ -105,9 +103,7 @@ class Kueue:
     def stop(self) -> None:
         self.cp.stop_component(KUEUE)
         self.cp.components.pop(KUEUE, None)
-        # Webhooks that fail closed must not outlive their server.
-        for kind, name in (("mutatingwebhookconfiguration", MUTATING), ("validatingwebhookconfiguration", VALIDATING)):
-            self.cluster.kubectl("delete", kind, name, "--ignore-not-found")
+        delete_webhooks(self.cluster, CONFIGURATIONS)
 
     def logs(self, lines: int = 60) -> str:
         return self.cp.logs(KUEUE, lines)
@@ -129,24 +125,3 @@ class Kueue:
             "integrations": {"frameworks": list(frameworks)},
             "featureGates": {"VisibilityOnDemand": False},
         }
-
-    def _install_webhooks(self, source: Path, port: int, ca_bundle: str) -> None:
-        manifests = source / "config" / "components" / "webhook" / "manifests.yaml"
-        names = {"MutatingWebhookConfiguration": MUTATING, "ValidatingWebhookConfiguration": VALIDATING}
-        for doc in yaml.safe_load_all(manifests.read_text()):
-            if not doc or doc.get("kind") not in names:
-                continue
-            wanted = WEBHOOKS | (TRAINJOB_WEBHOOKS if TRAINJOB_FRAMEWORK in self.frameworks else frozenset())
-            hooks = [h for h in doc.get("webhooks") or [] if h["name"] in wanted]
-            for h in hooks:
-                path = h["clientConfig"]["service"]["path"]
-                h["clientConfig"] = {"url": f"https://127.0.0.1:{port}{path}", "caBundle": ca_bundle}
-                h["timeoutSeconds"] = 10
-            self.cluster.apply(
-                {
-                    "apiVersion": doc["apiVersion"],
-                    "kind": doc["kind"],
-                    "metadata": {"name": names[doc["kind"]]},
-                    "webhooks": hooks,
-                }
-            )

@@ -40,19 +40,17 @@ Usage::
 
 from __future__ import annotations
 
-import shutil
 import time
-from collections.abc import Mapping, Set
 from pathlib import Path
 from typing import Any
 
 import yaml
 from fsdp_api.launch import free_port
 
-from .apiserver import TestCluster
 from .binaries import ensure_tools, jobset_source, trainer_source
 from .control_plane import Component, ControlPlane
 from .pki import b64
+from .webhooks import delete_webhooks, register_webhooks
 
 JOBSET = "jobset"
 TRAINER = "trainer-controller-manager"
@@ -85,67 +83,6 @@ TRAINER_WEBHOOKS = frozenset(
 )
 
 
-def json_patch(doc: dict[str, Any], ops: list[dict[str, Any]]) -> dict[str, Any]:
-    """Apply the ``add``/``replace`` operations of an RFC 6902 patch (what upstream's kustomize patches use)."""
-    for op in ops:
-        if op["op"] not in ("add", "replace"):
-            raise ValueError(f"unsupported JSON patch op {op['op']!r}")
-        tokens = [t.replace("~1", "/").replace("~0", "~") for t in op["path"].lstrip("/").split("/")]
-        parent: Any = doc
-        for t in tokens[:-1]:
-            parent = parent[int(t)] if isinstance(parent, list) else parent[t]
-        last = tokens[-1]
-        if isinstance(parent, list):
-            if op["op"] == "add":
-                parent.insert(len(parent) if last == "-" else int(last), op["value"])
-            else:
-                parent[int(last)] = op["value"]
-        else:
-            parent[last] = op["value"]
-    return doc
-
-
-def register_webhooks(
-    cluster: TestCluster,
-    manifests: Path,
-    patches: Mapping[str, Path],
-    names: Mapping[str, str],
-    keep: Set[str],
-    port: int,
-    ca_bundle: str,
-) -> None:
-    """Apply upstream's webhook configurations, pointed by URL at ``https://127.0.0.1:<port><path>``.
-
-    ``patches`` maps a kind to upstream's JSON patch of it (applied first, so
-    its indices are upstream's); ``names`` gives each kind its configuration
-    name; only the webhooks named in ``keep`` are registered.
-    """
-    for doc in yaml.safe_load_all(manifests.read_text()):
-        if not doc or doc.get("kind") not in names:
-            continue
-        if doc["kind"] in patches:
-            doc = json_patch(doc, yaml.safe_load(patches[doc["kind"]].read_text()))
-        hooks = [h for h in doc.get("webhooks") or [] if h["name"] in keep]
-        for h in hooks:
-            path = h["clientConfig"]["service"]["path"]
-            h["clientConfig"] = {"url": f"https://127.0.0.1:{port}{path}", "caBundle": ca_bundle}
-            h["timeoutSeconds"] = 10
-        cluster.apply(
-            {
-                "apiVersion": doc["apiVersion"],
-                "kind": doc["kind"],
-                "metadata": {"name": names[doc["kind"]]},
-                "webhooks": hooks,
-            }
-        )
-
-
-def delete_webhooks(cluster: TestCluster, names: Mapping[str, str]) -> None:
-    # Webhooks that fail closed must not outlive their server.
-    for kind, name in names.items():
-        cluster.kubectl("delete", kind.lower(), name, "--ignore-not-found")
-
-
 class JobSet:
     """One JobSet controller manager for a ControlPlane's cluster."""
 
@@ -162,10 +99,7 @@ class JobSet:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.cluster.install_crds(source / "config" / "components" / "crd" / "bases")
         pki = self.cp.webhook_certs()
-        certs = self.dir / "webhook-certs"
-        certs.mkdir(exist_ok=True)
-        for name in ("tls.crt", "tls.key"):
-            shutil.copyfile(pki / f"webhook-{name}", certs / name)
+        certs = self.cp.serving_certs(self.dir / "webhook-certs")
         webhook, health = free_port(), free_port()
         config = self.dir / "config.yaml"
         config.write_text(yaml.safe_dump(self._config(certs, webhook, health), sort_keys=False))
@@ -262,10 +196,7 @@ class TrainerV2:
         # No certDir setting (pkg/apis/config/v1alpha1): controller-runtime's
         # default, $TMPDIR/k8s-webhook-server/serving-certs, private to this process.
         tmp = self.dir / "tmp"
-        certs = tmp / "k8s-webhook-server" / "serving-certs"
-        certs.mkdir(parents=True, exist_ok=True)
-        for name in ("tls.crt", "tls.key"):
-            shutil.copyfile(pki / f"webhook-{name}", certs / name)
+        self.cp.serving_certs(tmp / "k8s-webhook-server" / "serving-certs")
         webhook, health = free_port(), free_port()
         config = self.dir / "config.yaml"
         config.write_text(yaml.safe_dump(self._config(webhook, health), sort_keys=False))

@@ -106,7 +106,8 @@ def test_a_pod_worker_depends_on_its_context_not_on_the_agent() -> None:
 
 def test_upstream_webhook_patches_apply_and_only_kept_webhooks_are_registered_by_url(tmp_path: Path) -> None:
     """JobSet's kustomize patch (replace /webhooks/1) and Trainer's (object selectors), as trainer_v2 applies them."""
-    from fsdp_localcluster.trainer_v2 import MUTATING, json_patch, register_webhooks
+    from fsdp_localcluster.trainer_v2 import MUTATING
+    from fsdp_localcluster.webhooks import json_patch, register_webhooks
 
     manifests = tmp_path / "manifests.yaml"
     manifests.write_text(
