@@ -26,6 +26,9 @@ ARG PYTHON_BASE=python:3.11.14-slim-bookworm
 # tested with NCCL 2.31.2 (its release notes). The torch pin brings NCCL 2.30:
 # tests/bundle/test_bundle_dockerfile.py keeps the two in step.
 ARG EFA_INSTALLER_VERSION=1.51.0
+# The real images install it; tools/build-images.sh turns it off, because a
+# machine that reaches only package registries cannot fetch it (docs/images.md).
+ARG INSTALL_EFA=true
 
 # ---------------------------------------------------------------------------
 # trainer: torchrun + FSDP2 on CUDA, EFA-capable
@@ -43,31 +46,41 @@ RUN python3 -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /src
 COPY pyproject.toml README.md ./
+# The dependencies get a layer of their own, built before any source is
+# copied: with no package folders the project builds as an empty
+# distribution, so editing the code reuses this layer (GBs of torch and CUDA
+# libraries) and only the last step reruns. Versions come from pyproject.toml,
+# the project's only pin list (hadolint cannot see them behind the extra).
+# hadolint ignore=DL3013
+RUN pip install --no-cache-dir '.[trainer]'
 COPY api/ api/
 COPY trainer/ trainer/
-# Versions come from pyproject.toml, the project's only pin list (hadolint
-# cannot see them behind the extra). One distribution holds both sides'
-# console scripts: the operator's goes, this image does not carry its package.
+# One distribution holds both sides' console scripts: the operator's goes,
+# this image does not carry its package.
 # hadolint ignore=DL3013
-RUN pip install --no-cache-dir '.[trainer]' \
+RUN pip install --no-cache-dir --no-deps '.[trainer]' \
  && rm /opt/venv/bin/fsdp-operator
 
 FROM ${CUDA_BASE} AS trainer
 ARG DEBIAN_FRONTEND=noninteractive
 ARG EFA_INSTALLER_VERSION
+ARG INSTALL_EFA
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # The EFA steps AWS documents for containers: no kernel module (the host has
 # it), no ulimit config (the pod gets IPC_LOCK), no post-install check (no
 # EFA device at build time).
 # hadolint ignore=DL3008,DL3003
 RUN apt-get update \
- && apt-get install -y --no-install-recommends python3 ca-certificates curl \
- && curl -fsSL "https://efa-installer.amazonaws.com/aws-efa-installer-${EFA_INSTALLER_VERSION}.tar.gz" \
-      | tar -xz -C /tmp \
- && cd /tmp/aws-efa-installer \
- && ./efa_installer.sh -y --skip-kmod --skip-limit-conf --no-verify \
- && cd / && rm -rf /tmp/aws-efa-installer \
- && apt-get purge -y --auto-remove curl \
+ && apt-get install -y --no-install-recommends python3 ca-certificates \
+ && if [ "${INSTALL_EFA}" = true ]; then \
+      apt-get install -y --no-install-recommends curl \
+      && curl -fsSL "https://efa-installer.amazonaws.com/aws-efa-installer-${EFA_INSTALLER_VERSION}.tar.gz" \
+           | tar -xz -C /tmp \
+      && cd /tmp/aws-efa-installer \
+      && ./efa_installer.sh -y --skip-kmod --skip-limit-conf --no-verify \
+      && cd / && rm -rf /tmp/aws-efa-installer \
+      && apt-get purge -y --auto-remove curl; \
+    fi \
  && rm -rf /var/lib/apt/lists/*
 # uid/gid 1000 and HOME=/home/trainer are what the rendered pods run as
 # (runAsUser/runAsGroup 1000, an emptyDir on HOME); Ubuntu 24.04 images ship
@@ -100,14 +113,16 @@ RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /src
 COPY pyproject.toml README.md ./
+# Dependencies first, in their own layer, as in the trainer stage.
+# hadolint ignore=DL3013
+RUN pip install --no-cache-dir '.[operator]'
 COPY api/ api/
 COPY operator/ operator/
 # Byte-code is compiled here, at build time: the running container cannot
-# write next to the sources (readOnlyRootFilesystem). Versions come from
-# pyproject.toml, as in the trainer stage. The trainer's console script goes:
-# this image does not carry its package.
+# write next to the sources (readOnlyRootFilesystem). The trainer's console
+# script goes: this image does not carry its package.
 # hadolint ignore=DL3013
-RUN pip install --no-cache-dir '.[operator]' \
+RUN pip install --no-cache-dir --no-deps '.[operator]' \
  && rm /opt/venv/bin/fsdp-train \
  && python -m compileall -q /opt/venv
 

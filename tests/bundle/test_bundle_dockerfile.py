@@ -116,9 +116,10 @@ def test_images_install_the_extras_the_project_defines() -> None:
     extras = project["optional-dependencies"]
     installs = {name: [extras_of(t) for t in pip_install_targets(s)] for name, s in stages.items()}
     # The trainer image: the project with exactly the trainer extra (no dev tools).
-    assert installs["trainer-build"] == [{"trainer"}]
+    # (twice: the dependencies, then the project itself; see the next test)
+    assert installs["trainer-build"] == [{"trainer"}, {"trainer"}]
     # The operator image: the operator extra only, so no torch.
-    assert installs["operator-build"] == [{"operator"}]
+    assert installs["operator-build"] == [{"operator"}, {"operator"}]
     for found in installs.values():
         for chosen in found:
             assert chosen <= extras.keys(), f"unknown extras {chosen - extras.keys()}"
@@ -133,6 +134,27 @@ def test_images_install_the_extras_the_project_defines() -> None:
     # The Makefile's install command uses both extras (plus dev) and nothing else.
     makefile = (REPO_ROOT / "Makefile").read_text()
     assert "pip install --quiet -e '.[operator,trainer,dev]'" in makefile
+
+
+def test_dependencies_install_in_a_layer_before_any_source_is_copied() -> None:
+    """A source edit must not reinstall torch: the first install sees only pyproject.toml, the last has --no-deps."""
+    _, stages = parse()
+    for name in ("trainer-build", "operator-build"):
+        steps = [(k, v) for k, v in stages[name].instructions if k in ("COPY", "RUN")]
+        installs = [i for i, (k, v) in enumerate(steps) if k == "RUN" and "pip install" in v]
+        copies = [
+            i for i, (k, v) in enumerate(steps) if k == "COPY" and ("api/" in v or "trainer/" in v or "operator/" in v)
+        ]
+        assert len(installs) == 2 and installs[0] < min(copies) < max(copies) < installs[1], (name, steps)
+        assert "--no-deps" not in steps[installs[0]][1] and "--no-deps" in steps[installs[1]][1]
+
+
+def test_efa_is_installed_unless_the_build_turns_it_off() -> None:
+    args, stages = parse()
+    assert args["INSTALL_EFA"] == "true"  # the real build
+    run = " ".join(stages["trainer"].values("RUN"))
+    assert 'if [ "${INSTALL_EFA}" = true ]; then' in run
+    assert "INSTALL_EFA=false" in (REPO_ROOT / "tools/build-images.sh").read_text()  # the local build only
 
 
 def test_runtime_stages_copy_the_venv_from_their_build_stage() -> None:
