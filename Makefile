@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 EXAMPLE ?= examples/fsdptraining-tiny.yaml
 
-.PHONY: setup system-deps tools run test test-fast lint crd manifests bench bench-gpu demo-cluster clean
+.PHONY: setup system-deps tools images run test test-fast lint crd manifests bench bench-gpu demo-cluster clean
 
 # Python environment: every package (API, operator, trainer, local cluster) with all extras.
 setup: $(VENV)/.installed
@@ -14,7 +14,8 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install --quiet -e '.[operator,trainer,dev]'
 	touch $@
 
-# Debian packages the tests use as real components (Prometheus, promtool).
+# Debian packages the tests use as real components (Prometheus, promtool; buildah, podman,
+# runc and debootstrap for the images).
 system-deps:
 	bash tools/install-system-deps.sh
 
@@ -25,12 +26,17 @@ tools:
 		trainer-controller-manager jobset
 	bash tools/fetch-karpenter-crds.sh
 
+# Both Dockerfile targets, built here with buildah on a local Debian base (docs/images.md);
+# a no-op while their inputs are unchanged. The image tests and the whole-cluster tests run them.
+images: system-deps
+	bash tools/build-images.sh trainer operator
+
 # The embedded default: a real FSDP2 training job on the CPU (2 ranks, gloo), no cluster, no GPU, no internet.
 run: setup
 	$(BIN)/fsdp-operator run-local -f $(EXAMPLE)
 
 # The whole test suite, against the real components.
-test: setup system-deps tools
+test: setup system-deps tools images
 	$(BIN)/ruff check .
 	$(BIN)/pytest
 

@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
 # Debian packages used as real components by the tests: Prometheus (scrapes a
-# real trainer run) and promtool (checks and unit-tests the alert rules).
+# real trainer run) and promtool (checks and unit-tests the alert rules);
+# buildah and debootstrap build the images (tools/build-images.sh), podman
+# and runc run containers from them (the node agent's image mode).
 set -euo pipefail
 need=()
 command -v prometheus >/dev/null || need+=(prometheus)
 command -v promtool >/dev/null || need+=(prometheus)
 command -v openssl >/dev/null || need+=(openssl)
+command -v buildah >/dev/null || need+=(buildah)
+command -v podman >/dev/null || need+=(podman)
+command -v runc >/dev/null || [ -x /usr/sbin/runc ] || need+=(runc)
+command -v debootstrap >/dev/null || [ -x /usr/sbin/debootstrap ] || need+=(debootstrap)
 if [ ${#need[@]} -eq 0 ]; then exit 0; fi
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO=sudo
