@@ -23,7 +23,9 @@ from typing import Any
 
 from .apiserver import TestCluster
 from .control_plane import ControlPlane
+from .images import LOCAL_IMAGE_PATTERN
 from .node_agent import NodeAgent, NodeSpec, karpenter_node
+from .node_agent.containers import image_mode_available
 from .operator_install import OPERATOR_ENTRYPOINT, OPERATOR_NAMESPACE, install_operator
 from .prometheus import PrometheusServer
 from .wait import wait_for
@@ -103,6 +105,8 @@ class WholeCluster:
                 self.cluster.kubeconfig,
                 self.nodes,
                 image_commands=IMAGE_COMMANDS,
+                # Pods naming an image `make images` built run from it in a container (where podman can).
+                image_patterns=[LOCAL_IMAGE_PATTERN] if image_mode_available() else [],
                 restart_backoff=(1.0, 5.0),
                 echo_logs=self.echo_logs,
             ).start()

@@ -238,3 +238,65 @@ def test_termination_message_is_the_kubelets_log_tail(tmp_path: Path) -> None:
     tail = log_tail(log)
     assert len(tail.encode()) == TERMINATION_LOG_BYTES and tail.endswith("\nfsdp-train: the end\n")
     assert log_tail(tmp_path / "missing.log") == ""
+
+
+def test_image_mode_passes_the_pods_security_mounts_and_limits_to_podman(tmp_path: Path) -> None:
+    from fsdp_localcluster.node_agent.containers import ContainerLaunch
+
+    launch = ContainerLaunch(
+        name="c1",
+        image="localhost/fsdp-k8s/trainer:local",
+        command=["python"],
+        args=["-m", "fsdp_trainer"],
+        env={"A": "1 2"},
+        mounts=[("/etc/fsdp", tmp_path / "cfg", True), ("/checkpoints", tmp_path / "ck", False)],
+        hostname="job-worker-0",
+        pod_ip="127.9.0.3",
+        working_dir=None,
+        security={
+            "runAsUser": 1000,
+            "runAsGroup": 1000,
+            "fsGroup": 2000,
+            "readOnlyRootFilesystem": True,
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"], "add": ["IPC_LOCK"]},
+        },
+        limits={"cpu": "100000", "memory": "512Mi", "nvidia.com/gpu": "1"},
+    )
+    argv = launch.argv(tmp_path / "runc")
+    joined = " ".join(argv)
+    assert argv[:3] == ["podman", "--runtime", str(tmp_path / "runc")]
+    assert "--user 1000:1000" in joined and "--group-add 2000" in joined
+    assert "--read-only" in argv and "--read-only-tmpfs=false" in argv
+    assert "--cap-drop=ALL" in argv and "--cap-add=IPC_LOCK" in argv
+    assert "--security-opt no-new-privileges" in joined
+    assert f"type=bind,src={tmp_path / 'cfg'},dst=/etc/fsdp,ro=true" in argv
+    assert f"type=bind,src={tmp_path / 'ck'},dst=/checkpoints" in argv
+    assert "--add-host job-worker-0:127.9.0.3" in joined and "--network=host" in argv
+    # CPU capped at this machine's; memory as bytes, with no swap beyond it.
+    assert f"--cpus {float(os.cpu_count() or 1):.2f}" in joined
+    assert "--memory 536870912 --memory-swap 536870912" in joined
+    # command replaces the ENTRYPOINT, args follow the image.
+    i = argv.index("--entrypoint")
+    assert argv[i + 1] == '["python"]' and argv[i + 2 :] == ["localhost/fsdp-k8s/trainer:local", "-m", "fsdp_trainer"]
+    assert "--env" in argv and "A=1 2" in argv
+
+
+def test_image_mode_without_a_read_only_root_or_user_leaves_the_images_own() -> None:
+    from fsdp_localcluster.node_agent.containers import ContainerLaunch
+
+    argv = ContainerLaunch(
+        name="c2",
+        image="img",
+        command=None,
+        args=None,
+        env={},
+        mounts=[],
+        hostname="h",
+        pod_ip="127.0.0.1",
+        working_dir="/w",
+        security={},
+        limits={},
+    ).argv(Path("/r"))
+    assert "--read-only" not in argv and "--user" not in argv and "--entrypoint" not in argv
+    assert argv[-1] == "img" and "--workdir" in argv

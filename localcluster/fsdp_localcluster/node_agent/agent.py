@@ -69,6 +69,7 @@ from pathlib import Path
 from typing import Any
 
 from .client import ApiError, KubeAPI, Obj, now, now_micro
+from .containers import ServiceProxy, write_runtime
 from .network import NSLOOKUP, SITECUSTOMIZE, PodNetwork
 from .pods import PodContext, PodWorker, claim_path, container_pids
 
@@ -230,6 +231,7 @@ class NodeAgent:
         workdir: Path | str | None = None,
         *,
         image_commands: Mapping[str, Sequence[str]] | None = None,
+        image_patterns: Sequence[str] = (),
         extra_env: Mapping[str, str] | None = None,
         restart_backoff: tuple[float, float] = (1.0, 10.0),
         max_grace: float = 30.0,
@@ -237,6 +239,9 @@ class NodeAgent:
     ) -> None:
         """``image_commands``: fnmatch pattern of an image -> its ENTRYPOINT, for containers without ``command``.
 
+        ``image_patterns``: fnmatch patterns of images whose containers run from
+        the image itself, with podman (image mode, ``containers``); every other
+        container runs as a local process.
         ``extra_env``: variables every container gets (before its own).
         ``restart_backoff``: (first, max) seconds between container restarts.
         ``max_grace``: cap on termination grace periods, in seconds.
@@ -248,11 +253,20 @@ class NodeAgent:
         self.nodes = {n.name: n for n in nodes}
         self.node_ip = "127.0.0.1"
         self.image_commands = dict(image_commands or {})
+        self.image_patterns = tuple(image_patterns)
+        # Written now, so that a machine without podman/runc fails here, with one line.
+        runtime = write_runtime(self.workdir / "runtime") if self.image_patterns else None
+        self.network = PodNetwork(self.workdir / "hosts")
+        self.service_proxy: ServiceProxy | None = None
+        if runtime is not None:
+            api = urllib.parse.urlsplit(self.api.server)
+            self.service_proxy = ServiceProxy(
+                f"{self.network.prefix}.255.1", (api.hostname or "127.0.0.1", api.port or 443)
+            )
         self.extra_env = dict(extra_env or {})
         self.restart_backoff = restart_backoff
         self.max_grace = max_grace
         self.echo_logs = echo_logs
-        self.network = PodNetwork(self.workdir / "hosts")
         self.shim_dir = self.workdir / "bin"
         self.site_dir = self.workdir / "site"
         self.storage = self.workdir / "volumes"
@@ -277,6 +291,9 @@ class NodeAgent:
             site_dir=self.site_dir,
             extra_env=self.extra_env,
             image_commands=self.image_commands,
+            image_patterns=self.image_patterns,
+            runtime=runtime,
+            api_server_ip=self.service_proxy.ip if self.service_proxy else None,
             restart_backoff=self.restart_backoff,
             max_grace=self.max_grace,
             stopping=self.stopping,
@@ -312,6 +329,8 @@ class NodeAgent:
     def stop(self, delete_nodes: bool = False, keep_workdir: bool = False) -> None:
         """Kill every pod process (SIGTERM, then SIGKILL after 5 s) and stop the agent's threads."""
         self.stopping.set()
+        if self.service_proxy is not None:
+            self.service_proxy.close()
         with self._lock:
             workers = list(self.workers.values())
         for w in workers:
@@ -576,6 +595,7 @@ class NodeAgent:
             name = f"pvc-{meta['uid']}"
             path = self.storage / f"{meta['namespace']}-{meta['name']}-{meta['uid'][:8]}"
             path.mkdir(parents=True, exist_ok=True)
+            path.chmod(0o777)  # as local-path provisioners make them: writable by the pods' non-root users
             request = ((spec.get("resources") or {}).get("requests") or {}).get("storage", "1Gi")
             pv = {
                 "apiVersion": "v1",

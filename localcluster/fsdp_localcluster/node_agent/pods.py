@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .client import ApiError, KubeAPI, Obj, now
+from .containers import SITE_MOUNT, ContainerLaunch, remove_argv, runs_in_image
 from .network import POD_IP_ENV, PodNetwork
 
 log = logging.getLogger("node-agent")
@@ -195,6 +196,11 @@ class PodContext:
     refresh_dns: Callable[[], None]  # rebuild the DNS table from the cluster now
     pod_names: Callable[[str], list[str]]  # live pods of a namespace (any node)
     pod_hostnames: Callable[[str], list[str]]  # "<hostname>.<subdomain>" of those that set both
+    # Image mode: containers whose image matches one of these fnmatch patterns
+    # run from it with podman (``containers``); the runc wrapper podman uses.
+    image_patterns: Sequence[str] = ()
+    runtime: Path | None = None
+    api_server_ip: str | None = None  # the kubernetes Service's address (containers.ServiceProxy)
 
 
 @dataclass
@@ -214,6 +220,8 @@ class ContainerRun:
     next_start: float = 0.0
     attempts: int = 0
     dns_wait_since: float | None = None
+    # Image mode: what removes this attempt's container once its processes are gone.
+    cleanup: list[str] | None = None
 
     @property
     def name(self) -> str:
@@ -223,11 +231,17 @@ class ContainerRun:
     def marker(self) -> str:
         return f"{self.marker_base}/{self.name}/{self.attempts}"
 
+    @property
+    def next_marker(self) -> str:
+        """The marker the next ``start`` gives (an image-mode container carries it inside too)."""
+        return f"{self.marker_base}/{self.name}/{self.attempts + 1}"
+
     def log_path(self, attempt: int | None = None) -> Path:
         return self.log_dir / f"{self.name}.{self.attempts if attempt is None else attempt}.log"
 
-    def start(self, argv: list[str], env: dict[str, str], cwd: Path) -> None:
+    def start(self, argv: list[str], env: dict[str, str], cwd: Path, cleanup: list[str] | None = None) -> None:
         self.attempts += 1
+        self.cleanup = cleanup
         env = {**env, CONTAINER_MARKER: self.marker}
         self.log_dir.mkdir(parents=True, exist_ok=True)
         with self.log_path().open("ab") as out:
@@ -243,6 +257,14 @@ class ContainerRun:
         self.started_at, self.terminated, self.waiting = now(), None, None
 
     @property
+    def container_id(self) -> str:
+        """``podman://<name>`` for an image-mode container, ``local://<pid>`` for a process."""
+        if self.cleanup is not None:
+            return f"podman://{self.cleanup[-1]}"
+        assert self.proc is not None
+        return f"local://{self.proc.pid}"
+
+    @property
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
@@ -250,7 +272,7 @@ class ContainerRun:
         """If the main process exited: kill the rest of the container, record and return its termination."""
         if self.proc is None or self.proc.poll() is None:
             return None
-        rc = self.proc.returncode
+        rc, container_id = self.proc.returncode, self.container_id
         self.kill_all()
         code = 128 - rc if rc < 0 else rc
         self.terminated = {
@@ -258,7 +280,7 @@ class ContainerRun:
             "reason": "Completed" if code == 0 else "Error",
             "startedAt": self.started_at,
             "finishedAt": now(),
-            "containerID": f"local://{self.proc.pid}",
+            "containerID": container_id,
         }
         if rc < 0:
             self.terminated["signal"] = -rc
@@ -288,6 +310,10 @@ class ContainerRun:
             time.sleep(0.05)
         if self.proc is not None:
             self.proc.wait()
+        if self.cleanup is not None:
+            with contextlib.suppress(OSError, subprocess.SubprocessError):
+                subprocess.run(self.cleanup, capture_output=True, timeout=60)
+            self.cleanup = None
 
     def status(self, image: str) -> Obj:
         st: Obj = {
@@ -300,7 +326,7 @@ class ContainerRun:
         }
         if self.running:
             assert self.proc is not None
-            st["containerID"] = f"local://{self.proc.pid}"
+            st["containerID"] = self.container_id
             st["state"] = {"running": {"startedAt": self.started_at}}
         elif self.terminated is not None:
             st["containerID"] = self.terminated["containerID"]
@@ -425,13 +451,17 @@ class PodWorker(threading.Thread):
         if c.next_start:
             c.restart_count += 1
             c.next_start = 0
+        cleanup = None
         try:
-            argv, env, cwd = self._command(c)
+            if self._in_image(c.spec):
+                argv, env, cwd, cleanup = self._image_command(c)
+            else:
+                argv, env, cwd = self._command(c)
         except NotReady as e:
             c.waiting = (e.reason, str(e))
             return
         log.info("pod %s/%s starting %s: %s", self.namespace, self.pod_name, c.name, " ".join(argv))
-        c.start(argv, env, cwd)
+        c.start(argv, env, cwd, cleanup)
 
     def _finish(self, phase: str) -> None:
         self.phase = phase
@@ -496,6 +526,7 @@ class PodWorker(threading.Thread):
             name, path = v["name"], vol_root / v["name"]
             if "emptyDir" in v:
                 path.mkdir(parents=True, exist_ok=True)
+                path.chmod(0o777)  # as the kubelet makes them: any uid the container runs as can write
             elif "persistentVolumeClaim" in v:
                 claim = v["persistentVolumeClaim"]["claimName"]
                 path = claim_path(self.ctx.api, ns, claim)
@@ -514,8 +545,10 @@ class PodWorker(threading.Thread):
             self.sa_dir = self.dir / "serviceaccount"
             self.sa_dir.mkdir(parents=True, exist_ok=True)
             self._write_service_account(self.sa_dir)
-        # Files from ConfigMaps/Secrets name container paths: map them like the command line.
-        mounts = [m for c in spec.get("initContainers", []) + spec["containers"] for m in self._mounts(c)]
+        # Files from ConfigMaps/Secrets name container paths: map them like the command line
+        # (for process-mode containers; an image-mode container sees its mounts at their own paths).
+        containers = [c for c in spec.get("initContainers", []) + spec["containers"] if not self._in_image(c)]
+        mounts = [m for c in containers for m in self._mounts(c)]
         for f in projected_files:
             try:
                 text = f.read_text()
@@ -671,21 +704,33 @@ class PodWorker(threading.Thread):
         v = data[ref["key"]]
         return base64.b64decode(v).decode() if kind == "secrets" else str(v)
 
-    def _env(self, c: Obj, mounts: Sequence[tuple[str, Path]]) -> tuple[dict[str, str], dict[str, str]]:
-        """The container's environment: as the container sees it (for ``$(VAR)``), and as run here."""
-        home = self.dir / "home"
-        home.mkdir(parents=True, exist_ok=True)
+    def _env(
+        self, c: Obj, mounts: Sequence[tuple[str, Path]], contained: bool = False
+    ) -> tuple[dict[str, str], dict[str, str]]:
+        """The container's environment: as the container sees it (for ``$(VAR)``), and as run here.
+
+        ``contained``: for a container run from its image, whose image gives
+        PATH and HOME and whose mounts are at their own paths.
+        """
         api = urllib.parse.urlsplit(self.ctx.api.server)
         # What the image and the kubelet would provide, before the pod's own variables.
+        image: dict[str, str] = {}
+        if not contained:
+            home = self.dir / "home"
+            home.mkdir(parents=True, exist_ok=True)
+            image = {
+                "PATH": f"{self.ctx.shim_dir}:{VENV_BIN}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                "HOME": str(home),
+                "LANG": os.environ.get("LANG", "C.UTF-8"),
+            }
         env: dict[str, str] = {
-            "PATH": f"{self.ctx.shim_dir}:{VENV_BIN}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-            "HOME": str(home),
-            "LANG": os.environ.get("LANG", "C.UTF-8"),
+            **image,
             # The pod's hostname: spec.hostname when set (JobSet's, Indexed Jobs'), else its name.
             "HOSTNAME": self.pod["spec"].get("hostname") or self.pod_name,
-            "KUBERNETES_SERVICE_HOST": api.hostname or "127.0.0.1",
-            "KUBERNETES_SERVICE_PORT": str(api.port or 443),
-            "KUBERNETES_SERVICE_PORT_HTTPS": str(api.port or 443),
+            # In image mode, the kubernetes Service's address (what the kubelet's variables name).
+            "KUBERNETES_SERVICE_HOST": (contained and self.ctx.api_server_ip) or api.hostname or "127.0.0.1",
+            "KUBERNETES_SERVICE_PORT": "443" if contained else str(api.port or 443),
+            "KUBERNETES_SERVICE_PORT_HTTPS": "443" if contained else str(api.port or 443),
             # The pod network is loopback; gloo must not pick another interface.
             "GLOO_SOCKET_IFNAME": "lo",
             # This machine reaches package registries only.
@@ -722,13 +767,15 @@ class PodWorker(threading.Thread):
         # The pod's own values name container paths and Service hosts: map them
         # once, after expansion (``env`` keeps the container's view for $(VAR)).
         raw = env
-        env = {k: v if base.get(k) == v else self._localize(v, mounts) for k, v in raw.items()}
-        for mount_path, local in mounts:
-            if mount_path.rstrip("/") == "/tmp":
-                env.setdefault("TMPDIR", str(local))
-        if self.sa_dir is not None:
-            env.setdefault("KUBECONFIG", str(self.sa_dir / "kubeconfig"))
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(self.ctx.site_dir), env.get("PYTHONPATH", "")) if p)
+        env = {k: v if base.get(k) == v else self._localize(v, [] if contained else mounts) for k, v in raw.items()}
+        if not contained:
+            for mount_path, local in mounts:
+                if mount_path.rstrip("/") == "/tmp":
+                    env.setdefault("TMPDIR", str(local))
+            if self.sa_dir is not None:
+                env.setdefault("KUBECONFIG", str(self.sa_dir / "kubeconfig"))
+        site = SITE_MOUNT if contained else str(self.ctx.site_dir)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (site, env.get("PYTHONPATH", "")) if p)
         env[POD_IP_ENV] = self.ip
         return raw, env
 
@@ -761,6 +808,60 @@ class PodWorker(threading.Thread):
             cwd = mapped if mapped != Path(c["workingDir"]) else cwd
         cwd.mkdir(parents=True, exist_ok=True)
         return argv, env, cwd
+
+    def _in_image(self, c: Obj) -> bool:
+        return self.ctx.runtime is not None and runs_in_image(self.ctx.image_patterns, c.get("image", ""))
+
+    def _image_command(self, run: ContainerRun) -> tuple[list[str], dict[str, str], Path, list[str]]:
+        """``podman run`` for a container from its image (containers.ContainerLaunch); and its cleanup."""
+        assert self.ctx.runtime is not None and self.volumes is not None
+        c, spec = run.spec, self.pod["spec"]
+        image = c["image"]
+        if subprocess.run(["podman", "image", "exists", image], capture_output=True).returncode != 0:
+            # imagePullPolicy cannot pull here: the node has what `make images` built.
+            raise NotReady(f'image "{image}" is not in this node\'s image store (make images)', "ErrImageNeverPull")
+        security = {**(spec.get("securityContext") or {}), **(c.get("securityContext") or {})}
+        if security.get("runAsNonRoot") and not self._runs_as_non_root(image, security.get("runAsUser")):
+            # The kubelet's refusal (pkg/kubelet/kuberuntime/security_context_others.go verifyRunAsNonRoot).
+            raise NotReady("container has runAsNonRoot and image will run as root", CONFIG_ERROR)
+        self.ctx.refresh_dns()
+        raw_env, env = self._env(c, self._mounts(c), contained=True)
+        command = [expand(a, raw_env) for a in c.get("command") or []]
+        args = [expand(a, raw_env) for a in c.get("args") or []]
+        literals = [raw_env[e["name"]] for e in c.get("env", []) if "value" in e and e["name"] in raw_env]
+        self._await_peer_names(run, [*command, *args, *literals])
+        command = [self.ctx.network.rewrite(a, self.namespace) for a in command]
+        args = [self.ctx.network.rewrite(a, self.namespace) for a in args]
+        read_only = {m["mountPath"]: bool(m.get("readOnly")) for m in c.get("volumeMounts", [])}
+        mounts = [(path, local, read_only.get(path, path == SERVICE_ACCOUNT_DIR)) for path, local in self._mounts(c)]
+        mounts.append((SITE_MOUNT, self.ctx.site_dir, True))
+        name = f"node-agent-{self.uid[:8]}-{run.name}-{run.attempts + 1}"
+        launch = ContainerLaunch(
+            name=name,
+            image=image,
+            command=command or None,
+            args=args or None,
+            env={**env, CONTAINER_MARKER: run.next_marker},
+            mounts=mounts,
+            hostname=spec.get("hostname") or self.pod_name,
+            pod_ip=self.ip,
+            working_dir=c.get("workingDir"),
+            security=security,
+            limits={k: str(v) for k, v in ((c.get("resources") or {}).get("limits") or {}).items()},
+            api_server_ip=self.ctx.api_server_ip or "127.0.0.1",
+        )
+        host_env = {k: os.environ[k] for k in ("PATH", "HOME", "LANG", "TMPDIR") if k in os.environ}
+        host_env["PATH"] = host_env.get("PATH", "/usr/bin:/bin") + ":/usr/sbin:/sbin"
+        return launch.argv(self.ctx.runtime), host_env, self.dir, remove_argv(name, self.ctx.runtime)
+
+    def _runs_as_non_root(self, image: str, run_as_user: int | None) -> bool:
+        if run_as_user is not None:
+            return int(run_as_user) != 0
+        out = subprocess.run(
+            ["podman", "image", "inspect", "--format", "{{.Config.User}}", image], capture_output=True, text=True
+        )
+        user = out.stdout.strip().split(":")[0]
+        return user.isdigit() and int(user) != 0
 
     def _await_peer_names(self, run: ContainerRun, texts: Sequence[str]) -> None:
         """Hold the start while the command names a pod of this namespace that DNS cannot resolve yet.
