@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from fsdp_localcluster.control_plane import TRAINING_OPERATOR
+from fsdp_localcluster.images import LOCAL_TRAINER_IMAGE, require_images
 from fsdp_localcluster.node_agent import container_pids
 from fsdp_localcluster.operator_install import OPERATOR_NAMESPACE
 from fsdp_localcluster.wait import wait_for
@@ -71,7 +72,8 @@ def assert_resumed_exactly(losses: dict[int, list[float]], max_steps: int, inter
 def test_killed_worker_restarts_and_resumes_from_the_last_checkpoint(operator: WholeCluster, ns: str) -> None:
     whole, name, max_steps, interval = operator, "crash", 40, 10
     create_claim(whole, ns)
-    whole.cluster.apply(fsdptraining(name, ns, max_steps=max_steps, interval=interval))
+    require_images()  # the trainer pods run from the image built from the Dockerfile
+    whole.cluster.apply(fsdptraining(name, ns, max_steps=max_steps, interval=interval, image=LOCAL_TRAINER_IMAGE))
     # Mid-interval, after a complete checkpoint.
     wait_for(
         lambda: 10 in checkpoint_steps(whole, ns) and last_step(whole, name, ns) >= 13,
@@ -92,6 +94,11 @@ def test_killed_worker_restarts_and_resumes_from_the_last_checkpoint(operator: W
 
     cs = wait_for(restarted, 60, f"{victim} to be restarted")
     assert cs["lastState"]["terminated"]["exitCode"] == 128 + signal.SIGKILL
+    # Both runs were containers from the trainer image (the node agent's image mode), each a new one.
+    assert cs["containerID"].startswith("podman://") and cs["lastState"]["terminated"]["containerID"].startswith(
+        "podman://"
+    )
+    assert cs["containerID"] != cs["lastState"]["terminated"]["containerID"]
     try:
         wait_for(lambda: last_step(whole, name, ns) > killed_at, 150, f"training to get past step {killed_at} again")
     except AssertionError as e:

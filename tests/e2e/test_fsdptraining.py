@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from fsdp_localcluster.images import LOCAL_TRAINER_IMAGE, require_images
 from fsdp_localcluster.wait import wait_for
 from fsdp_localcluster.whole_cluster import WholeCluster
 
@@ -22,6 +23,7 @@ from tests.e2e.training import (
     dump,
     fsdptraining,
     last_step,
+    pods_of,
     status,
     step_losses,
     step_sampler,
@@ -44,12 +46,16 @@ def test_happy_path_succeeds_with_checkpoints_status_and_prometheus(operator: Wh
     whole, name, max_steps = operator, "happy", 30
     create_claim(whole, ns)
     t0 = time.monotonic()
-    whole.cluster.apply(fsdptraining(name, ns, max_steps=max_steps, interval=10))
+    require_images()  # the trainer pods run from the image built from the Dockerfile
+    whole.cluster.apply(fsdptraining(name, ns, max_steps=max_steps, interval=10, image=LOCAL_TRAINER_IMAGE))
     pod_monitor = wait_for(lambda: whole.get("podmonitor", name, ns), 60, "the operator's PodMonitor")
 
     with whole.prometheus_for(pod_monitor, scrape_interval="1s") as prom:
         wait_for(lambda: last_step(whole, name, ns) >= 1, 240, "the first training step")
         record("job_start_to_first_step_s", time.monotonic() - t0)
+        # The trainer runs in containers from the image built from the Dockerfile (image mode).
+        ids = [p["status"]["containerStatuses"][0].get("containerID", "") for p in pods_of(whole, name, ns)]
+        assert len(ids) == 2 and all(i.startswith("podman://") for i in ids), ids
         with step_sampler(whole, name, ns) as samples:
             # The operator's own progress figures appear while it runs.
             running = wait_for(lambda: (st := status(whole, name, ns)).get("step") and st, 120, "status.step")

@@ -33,8 +33,13 @@ def fsdptraining(
     suspend: bool = False,
     model: dict[str, Any] | None = None,
     data: dict[str, Any] | None = None,
+    image: str = TRAINER_IMAGE,
 ) -> dict[str, Any]:
-    """A tiny-model FSDPTraining for the GPU nodes: one process per pod (a fake GPU each), CPU/gloo."""
+    """A tiny-model FSDPTraining for the GPU nodes: one process per pod (a fake GPU each), CPU/gloo.
+
+    ``image``: the default runs as local processes; ``LOCAL_TRAINER_IMAGE``
+    (`make images`) runs each pod from the trainer image, in a container.
+    """
     resources: dict[str, Any] = {"nodes": nodes, "gpusPerNode": 1, "nodePool": "gpu"}
     if instance_types:
         resources["instanceTypes"] = instance_types
@@ -46,7 +51,7 @@ def fsdptraining(
         "kind": "FSDPTraining",
         "metadata": {"name": name, "namespace": namespace},
         "spec": {
-            "image": TRAINER_IMAGE,
+            "image": image,
             "model": model or {"preset": "tiny"},
             **({"data": data} if data else {}),
             "training": {
