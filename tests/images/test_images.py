@@ -292,8 +292,9 @@ def test_the_operator_image_reconciles_a_training_as_the_bundles_service_account
         )
         assert reconciled["reason"] == "Applied"
     finally:
+        # Deleted while the operator runs, so that its finalizer is released and nothing is left behind.
+        cluster.kubectl("delete", "fsdptraining", "--all", "-n", namespace, "--timeout=60s", check=False)
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(60)
-        cluster.kubectl("delete", "fsdptraining", "--all", "-n", namespace, "--wait=false", check=False)
         proxy.close()
     assert code == 0, log.read_text()[-3000:]
