@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -109,3 +113,49 @@ def test_torchrun_after_a_failed_check_never_starts(config_path: Path, tmp_path:
     assert proc.returncode == CONFIG_ERROR_EXIT_CODE
     assert "shard group of 3 ranks is larger than the world size 2" in proc.stderr
     assert "Traceback" not in proc.stderr and "ChildFailedError" not in proc.stderr
+
+
+def test_sigterm_during_the_check_stops_pid_1_before_torchrun(tmp_path: Path) -> None:
+    """In a container the check is PID 1, which has no default action for SIGTERM: it must handle it.
+
+    Without a handler the kubelet's SIGTERM was dropped, torchrun started anyway
+    and the pod trained until its grace period ended in SIGKILL (a real kubelet
+    showed it, tests/images/test_kubelet.py).
+    """
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        pytest.skip("needs root and unshare: a PID namespace makes the check PID 1, as in a container")
+    # The config is a FIFO: the check blocks reading it, so the signal comes mid-check, deterministically.
+    config = tmp_path / "train.yaml"
+    os.mkfifo(config)
+    marker = tmp_path / "launched"
+    launch = [sys.executable, "-c", f"open({str(marker)!r}, 'w').write('x')"]
+    proc = subprocess.Popen(
+        ["unshare", "--pid", "--fork", "--kill-child", *checked_launch(config, launch, python=sys.executable)],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=offline_env(),
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while (writer := _open_writer(config)) is None:
+            assert proc.poll() is None and time.monotonic() < deadline, "the check never opened its config"
+            time.sleep(0.05)
+        (check_pid,) = (int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split())
+        os.kill(check_pid, signal.SIGTERM)
+        code = proc.wait(timeout=30)
+        os.close(writer)
+    finally:
+        proc.kill()
+    assert code == 128 + signal.SIGTERM
+    assert "fsdp-train: SIGTERM during the config check, before torchrun started: nothing to save; exit 143" in (
+        proc.stderr.read() if proc.stderr else ""
+    )
+    assert not marker.exists()
+
+
+def _open_writer(fifo: Path) -> int | None:
+    """The FIFO's write end once a reader has it open (ENXIO before)."""
+    try:
+        return os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError:
+        return None

@@ -139,7 +139,29 @@ def launch_shape(command: list[str]) -> tuple[str | None, str | None]:
     return str(parsed.nnodes), str(parsed.nproc_per_node)
 
 
+def _stop_before_the_launch(signum: int, _frame: FrameType | None) -> None:
+    """A signal during the check: nothing has started and nothing is to save, so stop now.
+
+    The check is the container's PID 1, and PID 1 has no default action for
+    SIGTERM: without a handler the kubelet's SIGTERM is dropped, the check
+    goes on to start torchrun, and the pod trains until the grace period ends
+    in SIGKILL, with no checkpoint on the way out (seen on a real kubelet).
+    """
+    print(
+        f"fsdp-train: {signal.Signals(signum).name} during the config check, before torchrun started: "
+        f"nothing to save; exit {128 + signum}",
+        file=sys.stderr,
+        flush=True,
+    )
+    os._exit(128 + signum)  # no child, no open checkpoint: nothing to unwind
+
+
 def check_main(argv: list[str]) -> int:
+    # First, before the check's imports and reads: see _stop_before_the_launch.
+    # ``supervise`` replaces these with its forwarder before torchrun starts;
+    # an exec'd command gets the default dispositions back.
+    for s in FORWARDED_SIGNALS:
+        signal.signal(s, _stop_before_the_launch)
     command: list[str] = []
     if "--" in argv:
         split = argv.index("--")
