@@ -99,7 +99,9 @@ build_target() {
     "${mounts[@]}" -t "$repo:$hash" -t "$image" -f "$ROOT/Dockerfile" "$ROOT" >&2
   log "built $image in $((SECONDS - start)) s"
   # Older builds of this target: their last layers (a copy of the venv) are GBs each.
-  buildah images --format '{{.Name}}:{{.Tag}}' "$repo" | grep -vE ":(local|$hash)$" | xargs -r buildah rmi >/dev/null 2>&1 || true
+  # (A bare repository name is no image reference to `buildah images`: filter by reference.)
+  buildah images --format '{{.Name}}:{{.Tag}}' --filter "reference=$repo" | grep -vE ":(local|$hash)$" \
+    | xargs -r buildah rmi >/dev/null 2>&1 || true
 }
 
 targets=("$@")
