@@ -571,7 +571,7 @@ class CheckpointSpec(ApiModel):
         pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
         description=(
             "PersistentVolumeClaim mounted at dir. Unset: checkpoints live in an emptyDir and are lost "
-            "with the pod (the status says so)."
+            "with the pod, and when it finishes (the status says so)."
         ),
     )
     resume: Literal["auto", "never"] = Field(

@@ -25,7 +25,8 @@ __all__ = ["cluster_training_runtime", "render", "trainer_config"]
 
 EPHEMERAL_WARNING = (
     "spec.checkpoint.claimName is unset: checkpoints go to an emptyDir, survive container restarts "
-    "but are lost when a pod is deleted or rescheduled, so such a restart starts training from scratch"
+    "but are lost when a pod is deleted or rescheduled, so such a restart starts training from scratch, "
+    "and when the training finishes (the kubelet removes a finished pod's emptyDirs): nothing is left to export"
 )
 
 
