@@ -22,7 +22,7 @@ system-deps:
 # Every binary the tests run, built from Go modules once and cached in ~/.cache/fsdp-k8s,
 # and the older Karpenter CRDs the bundle is checked against (from the Go module proxy too).
 tools:
-	bash tools/build-binaries.sh etcd kube-apiserver kubectl helm kube-scheduler kube-controller-manager training-operator kueue \
+	bash tools/build-binaries.sh etcd kube-apiserver kubectl helm kube-scheduler kube-controller-manager kubelet training-operator kueue \
 		trainer-controller-manager jobset
 	bash tools/fetch-karpenter-crds.sh
 
@@ -41,7 +41,7 @@ test: setup system-deps tools images
 	$(BIN)/pytest
 
 # Everything but the whole-cluster end-to-end tests.
-test-fast: setup system-deps tools
+test-fast: setup system-deps tools images
 	$(BIN)/pytest -m 'not e2e'
 
 lint: setup

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the binaries of the test cluster (etcd, kube-apiserver, kubectl, helm,
-# and on request kube-scheduler, kube-controller-manager, training-operator, kueue,
+# and on request kube-scheduler, kube-controller-manager, kubelet, training-operator, kueue,
 # trainer-controller-manager, jobset) from Go modules,
 # using only the Go toolchain and the Go module proxy. Versions come from
 # tools/versions.env. Results are cached under
@@ -33,6 +33,7 @@ kube-apiserver           KUBERNETES_VERSION  k8s.io/kubernetes           k8s.io/
 kubectl                  KUBERNETES_VERSION  k8s.io/kubernetes           k8s.io/kubernetes/cmd/kubectl
 kube-scheduler           KUBERNETES_VERSION  k8s.io/kubernetes           k8s.io/kubernetes/cmd/kube-scheduler
 kube-controller-manager  KUBERNETES_VERSION  k8s.io/kubernetes           k8s.io/kubernetes/cmd/kube-controller-manager
+kubelet                  KUBERNETES_VERSION  k8s.io/kubernetes           k8s.io/kubernetes/cmd/kubelet
 helm                     HELM_VERSION        helm.sh/helm/v3             helm.sh/helm/v3/cmd/helm
 training-operator        TRAINING_OPERATOR_VERSION github.com/kubeflow/training-operator github.com/kubeflow/training-operator/cmd/training-operator.v1
 kueue                    KUEUE_VERSION       sigs.k8s.io/kueue           sigs.k8s.io/kueue/cmd/kueue

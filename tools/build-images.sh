@@ -14,7 +14,8 @@
 # with a hash of what its build reads, so a run whose inputs are unchanged is
 # a no-op, and a source edit reuses buildah's cached dependency layer.
 #
-# Usage: tools/build-images.sh [trainer] [operator]   (default: both)
+# Usage: tools/build-images.sh [trainer] [operator]   (default: both; the base
+# and the pod sandbox image for the real-kubelet test are made either way)
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -52,6 +53,21 @@ make_base() {
   buildah umount "$ctr" >/dev/null
   buildah config --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin --cmd /bin/bash "$ctr"
   buildah commit --quiet --rm "$ctr" "$LOCAL_BASE_IMAGE" >/dev/null
+}
+
+# --- the pod sandbox image -----------------------------------------------------
+# A real kubelet's containerd starts every pod with a "pause" container
+# (registry.k8s.io/pause cannot be pulled here). This stand-in does what it
+# does: holds the pod's namespaces and exits on SIGTERM/SIGINT. From the base.
+make_pause() {
+  exists "$LOCAL_PAUSE_IMAGE" && return 0
+  log "making $LOCAL_PAUSE_IMAGE from the base"
+  local ctr
+  ctr=$(buildah from --pull=never "$LOCAL_BASE_IMAGE")
+  buildah config --user 65535:65535 --cmd '[]' \
+    --entrypoint '["python3", "-c", "import signal, sys\nfor s in (signal.SIGTERM, signal.SIGINT):\n    signal.signal(s, lambda *_: sys.exit(0))\nwhile True:\n    signal.pause()"]' \
+    "$ctr"
+  buildah commit --quiet --rm "$ctr" "$LOCAL_PAUSE_IMAGE" >/dev/null
 }
 
 # --- one target ---------------------------------------------------------------
@@ -107,6 +123,7 @@ build_target() {
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(trainer operator)
 make_base
+make_pause
 for t in "${targets[@]}"; do
   case "$t" in
     trainer|operator) build_target "$t" ;;

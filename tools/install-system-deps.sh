@@ -2,7 +2,8 @@
 # Debian packages used as real components by the tests: Prometheus (scrapes a
 # real trainer run) and promtool (checks and unit-tests the alert rules);
 # buildah and debootstrap build the images (tools/build-images.sh), podman
-# and runc run containers from them (the node agent's image mode).
+# and runc run containers from them (the node agent's image mode); containerd
+# and the CNI plugins run the real kubelet's node (fsdp_localcluster/kubelet_node.py).
 set -euo pipefail
 need=()
 command -v prometheus >/dev/null || need+=(prometheus)
@@ -12,6 +13,8 @@ command -v buildah >/dev/null || need+=(buildah)
 command -v podman >/dev/null || need+=(podman)
 command -v runc >/dev/null || [ -x /usr/sbin/runc ] || need+=(runc)
 command -v debootstrap >/dev/null || [ -x /usr/sbin/debootstrap ] || need+=(debootstrap)
+command -v containerd >/dev/null || need+=(containerd)
+[ -x /usr/lib/cni/bridge ] || need+=(containernetworking-plugins)
 if [ ${#need[@]} -eq 0 ]; then exit 0; fi
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO=sudo

@@ -23,13 +23,14 @@ def _versions() -> dict[str, str]:
 _V = _versions()
 LOCAL_TRAINER_IMAGE = _V["LOCAL_TRAINER_IMAGE"]
 LOCAL_OPERATOR_IMAGE = _V["LOCAL_OPERATOR_IMAGE"]
+LOCAL_PAUSE_IMAGE = _V["LOCAL_PAUSE_IMAGE"]  # the real-kubelet node's pod sandbox (kubelet_node)
 # What the node agent runs from images: whatever `make images` built.
 LOCAL_IMAGE_PATTERN = LOCAL_TRAINER_IMAGE.rsplit("/", 1)[0] + "/*"
 
 
 def missing_images() -> list[str]:
     missing = []
-    for image in (LOCAL_TRAINER_IMAGE, LOCAL_OPERATOR_IMAGE):
+    for image in (LOCAL_TRAINER_IMAGE, LOCAL_OPERATOR_IMAGE, LOCAL_PAUSE_IMAGE):
         try:
             found = subprocess.run(["podman", "image", "exists", image], capture_output=True).returncode == 0
         except FileNotFoundError:

@@ -41,14 +41,19 @@ API_SERVER_NAMES = (
 # Where the agent's Python shim (sitecustomize) appears inside a container.
 SITE_MOUNT = "/run/node-agent/site"
 
-# podman sets RLIMIT_NOFILE/NPROC in every container it creates, and some
-# sandboxes (this project's CI machines among them) refuse setrlimit in the
-# container's init even to the current values ("error setting rlimits for
-# ready process: ... operation not permitted"). The agent hands podman this
-# runtime instead of runc: it drops the limits from the bundle, then is runc.
-RUNC_WITHOUT_RLIMITS = """\
+# Two things every OCI bundle may ask for that this project's sandboxed
+# machines (CI's among them) refuse, even to root:
+# - rlimits: podman sets RLIMIT_NOFILE/NPROC in every container, containerd's
+#   CRI sets RLIMIT_NOFILE, and setrlimit in the container's init fails even
+#   to the current values ("error setting rlimits for ready process");
+# - a lower oom_score_adj: containerd's CRI gives pod sandboxes -998, and the
+#   write fails ("can't get final child's PID from pipe: EOF").
+# podman and containerd get this runtime instead of runc: it drops the limits
+# and keeps oom_score_adj at or above this process's own, then is runc. A real
+# node needs neither change.
+RUNC_FOR_THE_SANDBOX = """\
 #!{python}
-# Written by the node agent (fsdp_localcluster/node_agent/containers.py).
+# Written by fsdp_localcluster (node_agent/containers.py).
 import json, os, sys
 args = sys.argv[1:]
 for i, a in enumerate(args[:-1]):
@@ -56,7 +61,12 @@ for i, a in enumerate(args[:-1]):
         path = os.path.join(args[i + 1], "config.json")
         with open(path) as f:
             spec = json.load(f)
-        spec.get("process", {{}}).pop("rlimits", None)
+        process = spec.get("process", {{}})
+        process.pop("rlimits", None)
+        with open("/proc/self/oom_score_adj") as f:
+            floor = int(f.read())
+        if process.get("oomScoreAdj", floor) < floor:
+            process["oomScoreAdj"] = floor
         with open(path, "w") as f:
             json.dump(spec, f)
 os.execv({runc!r}, ["runc", *args])
@@ -74,12 +84,19 @@ def image_mode_available() -> bool:
 
 def write_runtime(directory: Path) -> Path:
     """The runc wrapper podman runs containers with; raises ImageModeUnavailable without podman/runc."""
-    podman, runc = shutil.which("podman"), shutil.which("runc") or shutil.which("runc", path="/usr/sbin:/sbin")
-    if not podman or not runc:
+    if not shutil.which("podman"):
         raise ImageModeUnavailable("image mode needs podman and runc: run 'make system-deps'")
+    return write_sandbox_runc(directory)
+
+
+def write_sandbox_runc(directory: Path) -> Path:
+    """``RUNC_FOR_THE_SANDBOX`` as an executable in ``directory``; raises ImageModeUnavailable without runc."""
+    runc = shutil.which("runc") or shutil.which("runc", path="/usr/sbin:/sbin")
+    if not runc:
+        raise ImageModeUnavailable("containers need runc: run 'make system-deps'")
     directory.mkdir(parents=True, exist_ok=True)
-    wrapper = directory / "runc-without-rlimits"
-    wrapper.write_text(RUNC_WITHOUT_RLIMITS.format(python=sys.executable, runc=runc))
+    wrapper = directory / "runc-for-the-sandbox"
+    wrapper.write_text(RUNC_FOR_THE_SANDBOX.format(python=sys.executable, runc=runc))
     wrapper.chmod(0o755)
     return wrapper
 

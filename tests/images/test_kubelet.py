@@ -1,0 +1,249 @@
+"""The rendered trainer pod, from the trainer image, on a real kubelet with containerd (fsdp_localcluster.kubelet_node).
+
+The node agent's image mode emulates what a kubelet does with a pod spec; here
+the real kubelet does it: the pod sandbox and network namespace, the
+ConfigMap volume, the memory-backed /dev/shm, fsGroup, the securityContext
+with the RuntimeDefault seccomp profile, and graceful termination.
+docs/images.md, "On a real kubelet".
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from fsdp_localcluster.apiserver import TestCluster
+from fsdp_localcluster.binaries import REPO_ROOT, tool_path
+from fsdp_localcluster.images import LOCAL_TRAINER_IMAGE, require_images
+from fsdp_localcluster.kubelet_node import KubeletNode, missing_requirements
+from fsdp_localcluster.wait import wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.cluster]
+
+NAMESPACE = "default"
+STEP = re.compile(r"^step (\d+)/\d+ \| loss", re.MULTILINE)
+# The labels the rendered pod's nodeSelector asks for (the tiny example's NodePool "default").
+LABELS = {"karpenter.sh/nodepool": "default", "karpenter.sh/capacity-type": "on-demand"}
+
+
+@pytest.fixture(scope="module")
+def node() -> Iterator[KubeletNode]:
+    require_images()
+    missing = missing_requirements()
+    if missing:
+        pytest.fail("a real kubelet node needs " + "; ".join(missing), pytrace=False)
+    with TestCluster() as cluster, KubeletNode(cluster, labels=LABELS) as kubelet:
+        seconds = kubelet.load_image(LOCAL_TRAINER_IMAGE)
+        print(json.dumps({"load_trainer_image_s": round(seconds, 1)}))
+        cluster.kubectl("create", "serviceaccount", "default", "-n", NAMESPACE, check=False)
+        yield kubelet
+
+
+def rendered(max_steps: int, interval: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The tiny example's ConfigMap and its worker pod, as `fsdp-operator render` gives them, from the local image."""
+    source = yaml.safe_load((REPO_ROOT / "examples/fsdptraining-tiny.yaml").read_text())
+    source["spec"]["image"] = LOCAL_TRAINER_IMAGE
+    source["spec"]["training"].update(maxSteps=max_steps, seqLen=64)
+    source["spec"]["checkpoint"] = {**source["spec"].get("checkpoint", {}), "intervalSteps": interval}
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
+        yaml.safe_dump(source, f)
+        f.flush()
+        out = subprocess.run(
+            [str(Path(sys.executable).parent / "fsdp-operator"), "render", "-f", f.name],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    docs = [d for d in yaml.safe_load_all(out) if d]
+    config = next(d for d in docs if d["kind"] == "ConfigMap")
+    job = next(d for d in docs if d["kind"] == "PyTorchJob")
+    template = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]
+    # What the training operator adds to its pods: the name the rendezvous endpoint names
+    # (<job>-worker-0), and the node; the scheduler's choice is made here.
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {**template["metadata"], "name": f"{job['metadata']['name']}-worker-0", "namespace": NAMESPACE},
+        "spec": {**template["spec"], "restartPolicy": "Never"},
+    }
+    config["metadata"]["namespace"] = NAMESPACE
+    return config, pod
+
+
+def get_pod(node: KubeletNode, name: str) -> dict[str, Any] | None:
+    out = node.cluster.kubectl("get", "pod", name, "-n", NAMESPACE, "-o", "json", check=False)
+    return json.loads(out.stdout) if out.returncode == 0 else None
+
+
+def with_claim(pod: dict[str, Any], claim: Path) -> None:
+    """Checkpoints on a folder of this machine instead of the emptyDir, as on a claim: they outlive the pod."""
+    claim.mkdir()
+    claim.chmod(0o777)  # as a local-path provisioner makes it
+    for volume in pod["spec"]["volumes"]:
+        if volume["name"] == "checkpoints":
+            volume.pop("emptyDir")
+            volume["hostPath"] = {"path": str(claim), "type": "Directory"}
+
+
+def run_on(node: KubeletNode, config: dict[str, Any], pod: dict[str, Any]) -> str:
+    """Create the pod on the node; its uid."""
+    pod["spec"]["nodeName"] = node.name
+    node.cluster.apply(config)
+    node.cluster.apply(pod)
+    created = get_pod(node, pod["metadata"]["name"])
+    assert created is not None
+    return created["metadata"]["uid"]
+
+
+def delete(node: KubeletNode, name: str) -> None:
+    node.cluster.kubectl("delete", "pod", name, "-n", NAMESPACE, "--timeout=100s", check=False)
+
+
+def terminated(pod: dict[str, Any] | None) -> dict[str, Any] | None:
+    for cs in ((pod or {}).get("status") or {}).get("containerStatuses") or []:
+        if "terminated" in cs.get("state", {}):
+            return cs["state"]["terminated"]
+    return None
+
+
+def saved_steps(claim: Path) -> list[int]:
+    return sorted(int(p.parent.name.removeprefix("step-")) for p in claim.glob("step-*/COMPLETE"))
+
+
+class StatusWatch:
+    """Every pod status the API server sees (kubectl get --watch), to read the last one after the pod is gone."""
+
+    def __init__(self, node: KubeletNode, name: str) -> None:
+        kubectl = str(tool_path("kubectl", build=False))
+        self.proc = subprocess.Popen(
+            [
+                kubectl,
+                f"--kubeconfig={node.cluster.kubeconfig}",
+                "get",
+                "pod",
+                name,
+                "-n",
+                NAMESPACE,
+                "-w",
+                "-o",
+                "json",
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self.pods: list[dict[str, Any]] = []
+        self.reader = threading.Thread(target=lambda: self.pods.extend(_json_stream(self.proc.stdout)), daemon=True)
+        self.reader.start()
+
+    def last_termination(self) -> dict[str, Any]:
+        self.proc.terminate()
+        self.reader.join(10)
+        return next(t for pod in reversed(self.pods) if (t := terminated(pod)))
+
+
+def test_the_rendered_trainer_pod_trains_and_checkpoints_on_a_real_kubelet(node: KubeletNode, tmp_path: Path) -> None:
+    config, pod = rendered(max_steps=20, interval=10)
+    claim = tmp_path / "claim"
+    with_claim(pod, claim)
+    name = pod["metadata"]["name"]
+    uid = run_on(node, config, pod)
+    try:
+        done = wait_for(
+            lambda: (p := get_pod(node, name)) and p["status"].get("phase") in ("Succeeded", "Failed") and p,
+            600,
+            f"{name} to finish",
+        )
+        log = node.container_log(NAMESPACE, name, uid, "pytorch")
+        assert done["status"]["phase"] == "Succeeded", log[-4000:]
+        assert terminated(done)["exitCode"] == 0
+        assert [int(s) for s in STEP.findall(log)][-1] == 20
+        assert done["status"]["podIP"].startswith("10.244.77.")  # its own network namespace on the CNI bridge
+        # Written as the image's user and group (runAsUser/runAsGroup 1000).
+        assert saved_steps(claim) == [10, 20]
+        owners = {(p.stat().st_uid, p.stat().st_gid) for p in claim.rglob("*")}
+        assert owners == {(1000, 1000)}, owners
+        # A finished pod's emptyDirs are removed at once, before the pod is deleted: why the renderer's
+        # ephemeral-checkpoint warning says that a finished training leaves nothing to export.
+        empty_dirs = node.pod_dir(uid) / "volumes/kubernetes.io~empty-dir"
+        wait_for(lambda: not any(empty_dirs.glob("*")), 60, "the kubelet to remove the finished pod's emptyDirs")
+    finally:
+        delete(node, name)
+
+
+def test_deleting_the_pod_sigterms_the_trainer_which_checkpoints_and_exits_143(
+    node: KubeletNode, tmp_path: Path
+) -> None:
+    config, pod = rendered(max_steps=5000, interval=5000)
+    claim = tmp_path / "claim"
+    with_claim(pod, claim)
+    name = pod["metadata"]["name"]
+    uid = run_on(node, config, pod)
+    watch = StatusWatch(node, name)
+    try:
+        steps = wait_for(
+            lambda: (
+                (s := [int(x) for x in STEP.findall(node.container_log(NAMESPACE, name, uid, "pytorch"))])
+                and len(s) >= 2
+                and s
+            ),
+            300,
+            "training steps",
+        )
+        delete(node, name)  # the kubelet's graceful termination: SIGTERM, then the grace period
+    finally:
+        last = watch.last_termination()
+    assert last["exitCode"] == 128 + signal.SIGTERM, last
+    # Saved at the step it was in when the signal came: none of the logged steps is lost.
+    saved = saved_steps(claim)
+    assert len(saved) == 1 and steps[-1] <= saved[0] < 5000, (saved, steps)
+
+
+def test_deleting_the_pod_while_it_starts_ends_it_at_once_not_at_the_grace_period(node: KubeletNode) -> None:
+    """A SIGTERM while the config check runs (PID 1) stopped nothing before the check handled it.
+
+    The pod then trained on until its 300 s grace period ended in SIGKILL (137).
+    """
+    config, pod = rendered(max_steps=5000, interval=5000)
+    name = pod["metadata"]["name"]
+    assert pod["spec"]["terminationGracePeriodSeconds"] == 300
+    run_on(node, config, pod)
+    watch = StatusWatch(node, name)
+    try:
+        wait_for(
+            lambda: any(
+                "running" in cs["state"]
+                for cs in (get_pod(node, name) or {}).get("status", {}).get("containerStatuses", [])
+            ),
+            120,
+            "the container to start",
+        )
+        delete(node, name)
+        gone = get_pod(node, name) is None
+    finally:
+        last = watch.last_termination()
+    assert gone, "still there 100 s after its deletion (grace period 300 s)"
+    assert last["exitCode"] == 128 + signal.SIGTERM, last
+
+
+def _json_stream(stream: Any) -> Iterator[dict[str, Any]]:
+    """The objects of a stream of concatenated JSON documents (kubectl's --watch -o json)."""
+    decoder, buffer = json.JSONDecoder(), ""
+    for line in stream:
+        buffer += line
+        while buffer.strip():
+            try:
+                obj, end = decoder.raw_decode(buffer.lstrip())
+            except json.JSONDecodeError:
+                break
+            yield obj
+            buffer = buffer.lstrip()[end:]
