@@ -45,14 +45,17 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python3 -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml ./
 # The dependencies get a layer of their own, built before any source is
 # copied: with no package folders the project builds as an empty
 # distribution, so editing the code reuses this layer (GBs of torch and CUDA
-# libraries) and only the last step reruns. Versions come from pyproject.toml,
-# the project's only pin list (hadolint cannot see them behind the extra).
+# libraries) and only the last step reruns. An empty README.md stands in for
+# the one pyproject.toml names, so a docs edit does not rerun it either.
+# Versions come from pyproject.toml, the project's only pin list (hadolint
+# cannot see them behind the extra).
 # hadolint ignore=DL3013
-RUN pip install --no-cache-dir '.[trainer]'
+RUN touch README.md && pip install --no-cache-dir '.[trainer]'
+COPY README.md ./
 COPY api/ api/
 COPY trainer/ trainer/
 # One distribution holds both sides' console scripts: the operator's goes,
@@ -112,10 +115,11 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml ./
 # Dependencies first, in their own layer, as in the trainer stage.
 # hadolint ignore=DL3013
-RUN pip install --no-cache-dir '.[operator]'
+RUN touch README.md && pip install --no-cache-dir '.[operator]'
+COPY README.md ./
 COPY api/ api/
 COPY operator/ operator/
 # Byte-code is compiled here, at build time: the running container cannot
