@@ -12,7 +12,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.parse
@@ -29,6 +28,8 @@ from fsdp_localcluster.images import LOCAL_OPERATOR_IMAGE, LOCAL_TRAINER_IMAGE, 
 from fsdp_localcluster.node_agent.containers import ContainerLaunch, ServiceProxy, write_runtime
 from fsdp_localcluster.operator_install import install_operator, operator_deployment
 from fsdp_localcluster.wait import wait_for
+
+from tests.images.rendered import render_tiny, worker_template
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 
@@ -49,23 +50,9 @@ def image_config(image: str) -> dict[str, Any]:
 
 def rendered_trainer(max_steps: int, interval: int) -> tuple[dict[str, Any], dict[str, Any], str]:
     """The tiny example's trainer pod spec, its container and its train.yaml, as `fsdp-operator render` gives them."""
-    source = yaml.safe_load((REPO_ROOT / "examples/fsdptraining-tiny.yaml").read_text())
-    source["spec"]["training"].update(maxSteps=max_steps, seqLen=64)
-    source["spec"]["checkpoint"] = {**source["spec"].get("checkpoint", {}), "intervalSteps": interval}
-    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
-        yaml.safe_dump(source, f)
-        f.flush()
-        out = subprocess.run(
-            [str(Path(sys.executable).parent / "fsdp-operator"), "render", "-f", f.name],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-    docs = [d for d in yaml.safe_load_all(out) if d]
-    job = next(d for d in docs if d["kind"] == "PyTorchJob")
-    config = next(d for d in docs if d["kind"] == "ConfigMap")["data"]["train.yaml"]
-    pod = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
-    return pod, pod["containers"][0], config
+    objects = render_tiny(max_steps, interval)
+    pod = worker_template(objects)["spec"]
+    return pod, pod["containers"][0], objects["ConfigMap"]["data"]["train.yaml"]
 
 
 class TrainerPod:

@@ -13,20 +13,19 @@ import json
 import re
 import signal
 import subprocess
-import sys
-import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from fsdp_localcluster.apiserver import TestCluster
-from fsdp_localcluster.binaries import REPO_ROOT, tool_path
+from fsdp_localcluster.binaries import tool_path
 from fsdp_localcluster.images import LOCAL_TRAINER_IMAGE, require_images
 from fsdp_localcluster.kubelet_node import KubeletNode, missing_requirements
 from fsdp_localcluster.wait import wait_for
+
+from tests.images.rendered import render_tiny, worker_template
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 
@@ -51,32 +50,17 @@ def node() -> Iterator[KubeletNode]:
 
 def rendered(max_steps: int, interval: int) -> tuple[dict[str, Any], dict[str, Any]]:
     """The tiny example's ConfigMap and its worker pod, as `fsdp-operator render` gives them, from the local image."""
-    source = yaml.safe_load((REPO_ROOT / "examples/fsdptraining-tiny.yaml").read_text())
-    source["spec"]["image"] = LOCAL_TRAINER_IMAGE
-    source["spec"]["training"].update(maxSteps=max_steps, seqLen=64)
-    source["spec"]["checkpoint"] = {**source["spec"].get("checkpoint", {}), "intervalSteps": interval}
-    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
-        yaml.safe_dump(source, f)
-        f.flush()
-        out = subprocess.run(
-            [str(Path(sys.executable).parent / "fsdp-operator"), "render", "-f", f.name],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-    docs = [d for d in yaml.safe_load_all(out) if d]
-    config = next(d for d in docs if d["kind"] == "ConfigMap")
-    job = next(d for d in docs if d["kind"] == "PyTorchJob")
-    template = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]
+    objects = render_tiny(max_steps, interval, image=LOCAL_TRAINER_IMAGE)
+    config, template = objects["ConfigMap"], worker_template(objects)
     # What the training operator adds to its pods: the name the rendezvous endpoint names
-    # (<job>-worker-0), and the node; the scheduler's choice is made here.
+    # (<job>-worker-0); the node (the scheduler's choice) is set by run_on.
     pod = {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {**template["metadata"], "name": f"{job['metadata']['name']}-worker-0", "namespace": NAMESPACE},
+        "metadata": {**template["metadata"], "name": f"{objects['PyTorchJob']['metadata']['name']}-worker-0"},
         "spec": {**template["spec"], "restartPolicy": "Never"},
     }
-    config["metadata"]["namespace"] = NAMESPACE
+    pod["metadata"]["namespace"] = config["metadata"]["namespace"] = NAMESPACE
     return config, pod
 
 
