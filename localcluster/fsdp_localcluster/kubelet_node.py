@@ -41,7 +41,7 @@ from typing import IO, Any
 
 from fsdp_api.launch import free_port
 
-from .apiserver import TestCluster
+from .apiserver import TestCluster, tail
 from .binaries import ensure_tools, tool_path
 from .images import LOCAL_PAUSE_IMAGE
 from .node_agent.containers import write_sandbox_runc
@@ -216,10 +216,6 @@ class KubeletNode:
         log = (self.workdir / f"{name}.log").open("ab")
         return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
-    def log_tail(self, name: str, lines: int = 40) -> str:
-        path = self.workdir / f"{name}.log"
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
-
     def _start_containerd(self, timeout: float) -> None:
         runc = write_sandbox_runc(self.workdir / "runtime")
         cni = self.workdir / "cni"
@@ -274,17 +270,13 @@ state = "{self.workdir / "containerd/state"}"
         )
         containerd = shutil.which("containerd") or "containerd"
         self._containerd = self._spawn("containerd", [containerd, "--config", str(config)])
-        wait_for(
-            lambda: (
-                self._containerd is not None
-                and (self._containerd.poll() is None or self._fail("containerd"))
-                and self.socket.exists()
-                and subprocess.run(["ctr", "--address", str(self.socket), "version"], capture_output=True).returncode
-                == 0
-            ),
-            timeout,
-            "containerd to serve",
-        )
+
+        def serving() -> bool:
+            self._exited("containerd", self._containerd)
+            version = ["ctr", "--address", str(self.socket), "version"]
+            return self.socket.exists() and subprocess.run(version, capture_output=True).returncode == 0
+
+        wait_for(serving, timeout, "containerd to serve")
 
     def _start_kubelet(self, timeout: float) -> None:
         for root in _cgroup_roots():
@@ -337,8 +329,7 @@ state = "{self.workdir / "containerd/state"}"
         )
 
         def ready() -> bool:
-            if self._kubelet is not None and self._kubelet.poll() is not None:
-                self._fail("kubelet")
+            self._exited("kubelet", self._kubelet)
             out = self.cluster.kubectl("get", "node", self.name, "-o", "json", check=False)
             if out.returncode != 0:
                 return False
@@ -347,8 +338,12 @@ state = "{self.workdir / "containerd/state"}"
 
         wait_for(ready, timeout, f"node {self.name} to be Ready")
 
-    def _fail(self, name: str) -> bool:
-        raise KubeletNodeUnavailable(f"{name} exited:\n{self.log_tail(name)}")
+    def _exited(self, name: str, proc: subprocess.Popen[bytes] | None) -> None:
+        """Raise with the tail of its log if ``name`` has exited while starting."""
+        if proc is not None and proc.poll() is not None:
+            raise KubeletNodeUnavailable(
+                f"{name} exited ({proc.returncode}):\n{tail(self.workdir / f'{name}.log', 40)}"
+            )
 
     def _unmount_all(self) -> None:
         """Everything the kubelet and containerd mounted under the workdir (tmpfs volumes, rootfs, shm)."""
