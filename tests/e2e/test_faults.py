@@ -4,7 +4,6 @@ suspend/resume, and deletion. Every recovery goes through the real controllers."
 from __future__ import annotations
 
 import json
-import re
 import signal
 import threading
 import time
@@ -20,7 +19,9 @@ from fsdp_localcluster.whole_cluster import WholeCluster
 
 from tests.e2e.timings import record
 from tests.e2e.training import (
+    RESUMED,
     TERMINAL,
+    assert_resumed_exactly,
     checkpoint_steps,
     conditions,
     create_claim,
@@ -28,6 +29,7 @@ from tests.e2e.training import (
     fsdptraining,
     last_step,
     pods_of,
+    saved_on_sigterm,
     status,
     step_losses,
     trainer_logs,
@@ -35,8 +37,6 @@ from tests.e2e.training import (
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
-
-RESUMED = re.compile(r"resumed from \S+ at step (\d+)")
 
 
 @pytest.fixture
@@ -54,19 +54,6 @@ def running_markers(whole: WholeCluster, name: str, ns: str) -> list[str]:
         if worker is not None and worker.container().running:
             markers.append(worker.container().marker)
     return markers
-
-
-def assert_resumed_exactly(losses: dict[int, list[float]], max_steps: int, interval: int, resumed_at: int) -> list[int]:
-    """Every step trained; the recomputed ones (after ``resumed_at``) fit in one interval and repeat their loss."""
-    assert sorted(losses) == list(range(1, max_steps + 1)), sorted(losses)
-    recomputed = sorted(s for s, seen in losses.items() if len(seen) > 1)
-    assert len(recomputed) <= interval, recomputed
-    if recomputed:
-        assert recomputed[0] == resumed_at + 1, (recomputed, resumed_at)
-    # Same seed, same data order, state restored: the same step gives the same loss.
-    mismatched = {s: losses[s] for s in recomputed if len(set(losses[s])) != 1}
-    assert not mismatched, f"loss differs after resume at steps {mismatched}"
-    return recomputed
 
 
 def test_killed_worker_restarts_and_resumes_from_the_last_checkpoint(operator: WholeCluster, ns: str) -> None:
@@ -201,7 +188,7 @@ def test_suspend_removes_the_pods_and_resume_continues_from_the_checkpoint(opera
     wait_phase(whole, name, ns, ("Suspended",), 60)
     job = whole.get("pytorchjob", name, ns)
     assert job is not None and job["spec"]["runPolicy"]["suspend"] is True
-    saved = max(checkpoint_steps(whole, ns))
+    saved = saved_on_sigterm(whole, name, ns)
     suspended_at = last_step(whole, name, ns)
 
     t = time.monotonic()

@@ -3,7 +3,6 @@ FSDPTrainings on the whole local cluster, and the operator mirrors its Workloads
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -13,17 +12,19 @@ from fsdp_localcluster.kueue import Kueue
 from fsdp_localcluster.wait import wait_for
 from fsdp_localcluster.whole_cluster import WholeCluster
 
-from tests.e2e.test_faults import RESUMED, assert_resumed_exactly
+from tests.e2e.queues import INSUFFICIENT, queue_objects
 from tests.e2e.timings import record
 from tests.e2e.training import (
+    RESUMED,
     TERMINAL,
-    checkpoint_steps,
+    assert_resumed_exactly,
     conditions,
     create_claim,
     dump,
     fsdptraining,
     last_step,
     restart_operator,
+    saved_on_sigterm,
     status,
     step_losses,
     trainer_logs,
@@ -33,8 +34,6 @@ from tests.e2e.training import (
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 # One training of two pods (one fake GPU each) takes the whole quota.
-GPU_QUOTA = 2
-INSUFFICIENT = re.compile(r"insufficient (unused )?quota for nvidia.com/gpu")
 
 
 @pytest.fixture(scope="module")
@@ -60,47 +59,6 @@ def ns(kueue: Kueue, operator: WholeCluster, request: pytest.FixtureRequest) -> 
     for obj in queue_objects(name):
         operator.cluster.apply(obj)
     return name
-
-
-def queue_objects(ns: str) -> list[dict[str, Any]]:
-    kueue = "kueue.x-k8s.io/v1beta2"
-    return [
-        {"apiVersion": kueue, "kind": "ResourceFlavor", "metadata": {"name": "gpu"}, "spec": {}},
-        {
-            "apiVersion": kueue,
-            "kind": "ClusterQueue",
-            "metadata": {"name": ns},
-            "spec": {
-                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
-                # A higher WorkloadPriorityClass evicts a lower one to fit.
-                "preemption": {"withinClusterQueue": "LowerPriority"},
-                "resourceGroups": [
-                    {
-                        # Kueue admits only what its ClusterQueue covers: every resource the pods request.
-                        "coveredResources": ["cpu", "memory", "nvidia.com/gpu"],
-                        "flavors": [
-                            {
-                                "name": "gpu",
-                                "resources": [
-                                    {"name": "cpu", "nominalQuota": "10k"},
-                                    {"name": "memory", "nominalQuota": "100Ti"},
-                                    {"name": "nvidia.com/gpu", "nominalQuota": str(GPU_QUOTA)},
-                                ],
-                            }
-                        ],
-                    }
-                ],
-            },
-        },
-        {
-            "apiVersion": kueue,
-            "kind": "LocalQueue",
-            "metadata": {"name": "team", "namespace": ns},
-            "spec": {"clusterQueue": ns},
-        },
-        {"apiVersion": kueue, "kind": "WorkloadPriorityClass", "metadata": {"name": "low"}, "value": 10},
-        {"apiVersion": kueue, "kind": "WorkloadPriorityClass", "metadata": {"name": "high"}, "value": 1000},
-    ]
 
 
 def queued(name: str, ns: str, *, priority: str | None = None, **kwargs: Any) -> dict[str, Any]:
@@ -172,7 +130,7 @@ def test_a_higher_priority_training_preempts_a_lower_one_which_resumes_from_its_
     # SIGTERM from the eviction: the trainer saves where it stands before its pods go.
     wait_for(lambda: not [p for p in whole.list("pods", ns) if p["metadata"]["name"].startswith("low-")], 120, "pods")
     stopped_at = last_step(whole, "low", ns)
-    saved = max(checkpoint_steps(whole, ns, "ckpt"))
+    saved = saved_on_sigterm(whole, "low", ns, "ckpt")
     assert stopped_at - saved <= 1, (stopped_at, saved)
     assert wait_phase(whole, "high", ns, TERMINAL, 300) == "Succeeded"
 

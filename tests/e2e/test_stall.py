@@ -11,10 +11,11 @@ from fsdp_api.contract import ENV_TRAINER_FAULT
 from fsdp_localcluster.wait import wait_for
 from fsdp_localcluster.whole_cluster import WholeCluster
 
-from tests.e2e.test_faults import RESUMED, assert_resumed_exactly
 from tests.e2e.timings import record
 from tests.e2e.training import (
+    RESUMED,
     TERMINAL,
+    assert_resumed_exactly,
     checkpoint_steps,
     create_claim,
     fsdptraining,

@@ -17,18 +17,21 @@ from fsdp_localcluster.trainer_v2 import TrainerV2
 from fsdp_localcluster.wait import wait_for
 from fsdp_localcluster.whole_cluster import WholeCluster
 
-from tests.e2e.test_faults import RESUMED, assert_resumed_exactly
-from tests.e2e.test_kueue import INSUFFICIENT, queue_objects
+from tests.e2e.queues import INSUFFICIENT, queue_objects
 from tests.e2e.timings import record
 from tests.e2e.training import (
+    RESUMED,
     TERMINAL,
+    assert_resumed_exactly,
     checkpoint_steps,
     conditions,
     create_claim,
     dump,
     fsdptraining,
     last_step,
+    pods_of,
     restart_operator,
+    saved_on_sigterm,
     status,
     step_losses,
     trainer_logs,
@@ -187,7 +190,8 @@ def test_suspending_a_trainjob_training_removes_its_pods_and_resume_continues_fr
     )
     whole.kubectl("patch", "fsdptraining", name, f"--namespace={ns}", "--type=merge", "-p", '{"spec":{"suspend":true}}')
     try:
-        wait_for(lambda: not node_pods(whole, name, ns), 120, "the pods to go away")
+        # Gone, not only deleted: a pod being deleted still runs its trainer, which saves its step on the way out.
+        wait_for(lambda: not pods_of(whole, name, ns), 120, "the pods to go away")
     except AssertionError as e:
         jobset = whole.get("jobset.jobset.x-k8s.io", name, ns)
         raise AssertionError(
@@ -197,7 +201,7 @@ def test_suspending_a_trainjob_training_removes_its_pods_and_resume_continues_fr
     st = wait_for(lambda: (s := status(whole, name, ns)).get("phase") == "Suspended" and s, 60, "phase Suspended")
     assert conditions(st)["Suspended"]["status"] == "True", dump(st)
     assert whole.get("trainjob", name, ns)["spec"]["suspend"] is True
-    saved = max(checkpoint_steps(whole, ns))
+    saved = saved_on_sigterm(whole, name, ns)
     suspended_at = last_step(whole, name, ns)
 
     whole.kubectl(

@@ -19,6 +19,9 @@ TRAINER_IMAGE = "ghcr.io/fsdp-k8s/trainer:0.1.0"
 # Rank 0's progress line, e.g. "step 12/30 | loss 7.6895 | lr 2.42e-04 | ..."
 STEP_LINE = re.compile(r"^step (\d+)/(\d+) \| loss ([0-9.]+|nan|inf)", re.MULTILINE)
 TERMINAL = ("Succeeded", "Failed")
+# Rank 0's line when it resumes, and its line when SIGTERM stopped it after saving (fsdp_trainer.train.Stopped).
+RESUMED = re.compile(r"resumed from \S+ at step (\d+)")
+STOPPED = re.compile(r"stopped on SIGTERM after step (\d+); a checkpoint of it was saved")
 
 
 def fsdptraining(
@@ -185,3 +188,30 @@ def restart_operator(whole: WholeCluster) -> None:
 
 def dump(obj: Any) -> str:
     return json.dumps(obj, indent=1, sort_keys=True)
+
+
+def saved_on_sigterm(whole: WholeCluster, name: str, namespace: str, claim: str = "ckpt") -> int:
+    """The step the trainer reported saving when SIGTERM stopped it, checked against the claim's checkpoints.
+
+    What a resume must start from, as the trainer said it, not as the claim
+    looked at some moment: the tests read it once the pods are gone.
+    """
+    logs = trainer_logs(whole, name, namespace)
+    stopped = {int(m) for m in STOPPED.findall(logs)}
+    assert len(stopped) == 1, f"expected one SIGTERM stop, the trainer reported {sorted(stopped)}:\n{logs[-3000:]}"
+    (step,) = stopped
+    assert step in checkpoint_steps(whole, namespace, claim), (step, checkpoint_steps(whole, namespace, claim))
+    return step
+
+
+def assert_resumed_exactly(losses: dict[int, list[float]], max_steps: int, interval: int, resumed_at: int) -> list[int]:
+    """Every step trained; the recomputed ones (after ``resumed_at``) fit in one interval and repeat their loss."""
+    assert sorted(losses) == list(range(1, max_steps + 1)), sorted(losses)
+    recomputed = sorted(s for s, seen in losses.items() if len(seen) > 1)
+    assert len(recomputed) <= interval, recomputed
+    if recomputed:
+        assert recomputed[0] == resumed_at + 1, (recomputed, resumed_at)
+    # Same seed, same data order, state restored: the same step gives the same loss.
+    mismatched = {s: losses[s] for s in recomputed if len(set(losses[s])) != 1}
+    assert not mismatched, f"loss differs after resume at steps {mismatched}"
+    return recomputed
