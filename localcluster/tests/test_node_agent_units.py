@@ -150,7 +150,9 @@ def pod_worker(tmp_path: Path, pod: dict[str, Any], net: PodNetwork, peers: Sequ
         refresh_dns=lambda: None,
         pod_names=lambda ns: [p["metadata"]["name"] for p in peers if p["metadata"]["namespace"] == ns],
         pod_hostnames=lambda ns: [
-            f"{p['spec']['hostname']}.{p['spec']['subdomain']}" for p in peers if p["metadata"]["namespace"] == ns
+            f"{p['spec']['hostname']}.{p['spec']['subdomain']}"
+            for p in peers
+            if p["metadata"]["namespace"] == ns and p["spec"].get("hostname")
         ],
     )
     return PodWorker(ctx, pod)
@@ -184,6 +186,37 @@ def test_a_start_waits_for_a_peer_under_its_subdomain_that_does_not_exist_yet(tm
     rank0 = jobset_pod("tj-node-0-0-x7k2p", "tj-node-0-0")
     net.refresh([headless_service()], [rank0, rank1])
     worker._await_peer_names(run, ["PET_MASTER_ADDR=tj-node-0-0.tj"])
+
+
+def test_a_start_waits_for_a_peer_service_whose_pod_is_being_replaced(tmp_path: Path) -> None:
+    """After a stall restart, worker-1 may start while worker-0's old pod is still terminating.
+
+    The training operator re-creates worker-0 only once the old pod is gone:
+    meanwhile no live pod is named ``job-worker-0``, but its Service exists,
+    and the start must wait for it rather than run with a name that resolves
+    to nothing (the rendezvous then never finds its store).
+    """
+    net = PodNetwork(tmp_path / "hosts")
+
+    def worker_pod(index: int, deleting: bool = False) -> dict[str, Any]:
+        meta: dict[str, Any] = {"name": f"job-worker-{index}", "namespace": "ns", "uid": f"uid-{index}"}
+        meta["labels"] = {"index": str(index)}
+        if deleting:
+            meta["deletionTimestamp"] = "2026-11-26T00:00:00Z"
+        return {"metadata": meta, "spec": {"containers": [{"name": "pytorch"}]}, "status": {"phase": "Running"}}
+
+    services = [
+        {"metadata": {"name": f"job-worker-{i}", "namespace": "ns"}, "spec": {"selector": {"index": str(i)}}}
+        for i in (0, 1)
+    ]
+    old0, new1 = worker_pod(0, deleting=True), worker_pod(1)
+    worker = pod_worker(tmp_path, new1, net, [new1])  # the terminating pod is no live pod
+    run = worker.container()
+    net.refresh(services, [old0, new1])
+    with pytest.raises(NotReady, match=r"job-worker-0"):
+        worker._await_peer_names(run, ["torchrun", "--rdzv-endpoint=job-worker-0:29400"])
+    net.refresh(services, [worker_pod(0), new1])  # worker-0 is back
+    worker._await_peer_names(run, ["torchrun", "--rdzv-endpoint=job-worker-0:29400"])
 
 
 def test_job_completion_index_annotation_as_a_field_ref(tmp_path: Path) -> None:

@@ -36,6 +36,8 @@ class PodNetwork:
         self._ips: dict[tuple[str, str], str] = {}
         self._lock = threading.Lock()
         self.table: dict[str, str] = {}
+        # Every Service with a selector, by namespace, whether or not a live pod backs it now.
+        self.services: dict[str, set[str]] = {}
 
     def ip_for(self, namespace: str, name: str) -> str:
         with self._lock:
@@ -56,12 +58,14 @@ class PodNetwork:
         pods: JobSet's, Indexed Jobs' with a subdomain).
         """
         table: dict[str, str] = {}
+        known: dict[str, set[str]] = {}
         for svc in services:
             meta, spec = svc["metadata"], svc.get("spec") or {}
             selector = spec.get("selector") or {}
             if not selector:
                 continue
             ns = meta["namespace"]
+            known.setdefault(ns, set()).add(meta["name"])
             live = sorted(
                 (
                     p
@@ -87,6 +91,7 @@ class PodNetwork:
                     self._add(table, ns, f"{hostname}.{name}", self.ip_for(ns, p["metadata"]["name"]))
         with self._lock:
             self.table = table
+            self.services = known
         lines = [f"{ip} {name}" for name, ip in sorted(table.items()) if "/" not in name]
         with self._lock:  # several threads refresh; the hosts file is replaced whole
             tmp = self.hosts_file.with_suffix(".tmp")
@@ -99,6 +104,11 @@ class PodNetwork:
         for alias in (f"{name}.{ns}.svc.cluster.local", f"{name}.{ns}.svc", f"{name}.{ns}"):
             table[alias] = ip
         table.setdefault(f"{ns}/{name}", ip)
+
+    def service_names(self, namespace: str) -> list[str]:
+        """The Services of ``namespace`` that select pods, resolvable now or not (no live pod behind them yet)."""
+        with self._lock:
+            return sorted(self.services.get(namespace, ()))
 
     def names_for(self, namespace: str) -> dict[str, str]:
         """Resolvable names as seen from ``namespace``: short names plus qualified ones, longest first."""

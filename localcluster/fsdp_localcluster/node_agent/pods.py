@@ -42,8 +42,12 @@ SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 # container can be found and killed even after its processes re-parent or start
 # new sessions (torchrun starts its workers in their own sessions).
 CONTAINER_MARKER = "NODE_AGENT_CONTAINER"
-# How long a container start may wait for the Services its command names.
-DNS_WAIT_SECONDS = 30.0
+# How long a container start may wait for the Services its command names. A
+# real process retries the lookup for as long as its own timeout allows (the
+# rendered torchrun: its rendezvous join_timeout, 1800 s); here names are
+# resolved once, at the start, so the start waits instead. A restarted peer
+# (a stall restart, a preemption) is back well within this.
+DNS_WAIT_SECONDS = 300.0
 
 
 def expand(text: str, env: Mapping[str, str]) -> str:
@@ -874,10 +878,21 @@ class PodWorker(threading.Thread):
         under this pod's own subdomain is a peer's too. Real DNS would answer
         once the Service selects the pod, and the process' retries would then
         succeed; here names are resolved once, when the process starts, so the
-        start waits (at most DNS_WAIT_SECONDS) instead.
+        start waits (at most DNS_WAIT_SECONDS) instead. A Service of the
+        namespace that selects no live pod counts as such a name: after a
+        stall restart or a preemption, the training operator re-creates a
+        replica's pod only once the old one is gone, and the other pod must
+        not start with a name that resolves to nothing (its rendezvous would
+        never find the store, where real DNS would answer a moment later).
         """
         known = self.ctx.network.names_for(self.namespace)
-        names = [*self.ctx.pod_names(self.namespace), *self.ctx.pod_hostnames(self.namespace)]
+        # A Service whose pod is being replaced (deleted, not yet re-created) is a
+        # peer's name too, though no live pod carries it right now.
+        names = [
+            *self.ctx.pod_names(self.namespace),
+            *self.ctx.pod_hostnames(self.namespace),
+            *self.ctx.network.service_names(self.namespace),
+        ]
         subdomain = self.pod["spec"].get("subdomain")
         if subdomain:
             under = rf"(?<![\w.-])[a-z0-9](?:[-a-z0-9]*[a-z0-9])?\.{re.escape(subdomain)}(?![\w-])"
