@@ -25,7 +25,6 @@ from fsdp_localcluster.node_agent import (
     PodWorker,
     expand,
     karpenter_node,
-    parse_quantity,
     rewrite_paths,
 )
 
@@ -233,12 +232,6 @@ def test_pod_ips_are_stable_per_pod_name(tmp_path: Path) -> None:
     assert a != b and net.ip_for("ns", "a") == a
 
 
-def test_parse_quantity() -> None:
-    assert parse_quantity("500m") == 0.5
-    assert parse_quantity("2Gi") == 2 * 2**30
-    assert parse_quantity("8") == 8
-
-
 def test_karpenter_gpu_node_shape() -> None:
     node = karpenter_node("gpu-0")
     assert node.labels["karpenter.sh/nodepool"] == "gpu"
@@ -261,7 +254,7 @@ def test_sitecustomize_gives_python_processes_their_pod_address(tmp_path: Path) 
 
 
 def test_termination_message_is_the_kubelets_log_tail(tmp_path: Path) -> None:
-    from fsdp_localcluster.node_agent.pods import TERMINATION_LOG_BYTES, log_tail
+    from fsdp_localcluster.node_agent.runs import TERMINATION_LOG_BYTES, log_tail
 
     log = tmp_path / "c.log"
     log.write_text("".join(f"line {i}\n" for i in range(100)))

@@ -1,29 +1,22 @@
 """The node agent: the local cluster's kubelet and container runtime, running pods as local processes.
 
 ``agent`` registers Karpenter-shaped nodes and dispatches the pods bound to
-them; ``pods`` runs one pod; ``network`` is the pod network on loopback (pod
+them; ``pods`` runs one pod, ``runs`` one container's processes; ``network`` is the pod network on loopback (pod
 IPs, cluster DNS, the Python shim); ``client`` is the small API client they
 share. docs/e2e.md describes what is emulated and how.
 """
 
 from .agent import GPU_TAINT, NodeAgent, NodeSpec, karpenter_node
 from .network import POD_IP_ENV, SITECUSTOMIZE, PodNetwork
-from .pods import (
-    CONTAINER_MARKER,
-    NotReady,
-    PodContext,
-    PodWorker,
-    container_pids,
-    expand,
-    parse_quantity,
-    rewrite_paths,
-)
+from .pods import NotReady, PodContext, PodWorker, expand, rewrite_paths
+from .runs import CONTAINER_MARKER, ContainerRun, container_pids
 
 __all__ = [
     "CONTAINER_MARKER",
     "GPU_TAINT",
     "POD_IP_ENV",
     "SITECUSTOMIZE",
+    "ContainerRun",
     "NodeAgent",
     "NodeSpec",
     "NotReady",
@@ -33,6 +26,5 @@ __all__ = [
     "container_pids",
     "expand",
     "karpenter_node",
-    "parse_quantity",
     "rewrite_paths",
 ]

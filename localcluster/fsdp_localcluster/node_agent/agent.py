@@ -71,7 +71,8 @@ from typing import Any
 from .client import ApiError, KubeAPI, Obj, now, now_micro
 from .containers import ServiceProxy, write_runtime
 from .network import NSLOOKUP, SITECUSTOMIZE, PodNetwork
-from .pods import PodContext, PodWorker, claim_path, container_pids
+from .pods import PodContext, PodWorker, claim_path
+from .runs import container_pids
 
 log = logging.getLogger("node-agent")
 

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fsdp_api.pod_resources import parse_quantity
+
 Obj = dict[str, Any]
 
 # What cluster DNS answers for the API server (the kubernetes Service), e.g. to
@@ -106,9 +108,7 @@ def runs_in_image(patterns: Sequence[str], image: str) -> bool:
 
 
 def _quantity(q: str) -> float:
-    from .pods import parse_quantity  # one parser for both modes
-
-    return parse_quantity(str(q))
+    return float(parse_quantity(str(q)))
 
 
 @dataclass(frozen=True)
