@@ -1,7 +1,7 @@
 """One pod of the node agent: volumes, environment, processes, restarts, status, deletion.
 
 ``PodWorker`` plays the kubelet's part for one pod (one thread per pod);
-``ContainerRun`` is one container's process and history; ``PodContext`` is
+``ContainerRun`` (runs.py) is one container's process and history; ``PodContext`` is
 all a worker gets from its agent (the agent depends on this module, never
 the reverse). The helpers below are the translation rules between a
 container's view (mount paths, ``$(VAR)``, Service names, images) and this
