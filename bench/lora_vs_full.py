@@ -24,16 +24,14 @@ import json
 import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import yaml
 from fsdp_api.launch import local_env, torchrun_standalone, trainer_program
+from fsdp_trainer.metrics.logline import PEAK_MEMORY_PATTERN, SUMMARY_PATTERN
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "bench"))
-from trainer_throughput import PEAK_MEM, SUMMARY  # noqa: E402
 
 TOKENIZER = REPO / "trainer" / "fsdp_trainer" / "assets" / "tokenizer"
 BASE = {
@@ -91,8 +89,8 @@ def run(base: Path, workdir: Path, steps: int, rank: int | None, tag: str) -> di
     (workdir / f"{tag}.log").write_text(done.stdout + "\n--- stderr ---\n" + done.stderr)
     if done.returncode != 0:
         raise SystemExit(f"{tag} exited {done.returncode}; output in {workdir / f'{tag}.log'}")
-    m = SUMMARY.search(done.stdout)
-    mem = PEAK_MEM.search(m[0]) if m else None
+    m = SUMMARY_PATTERN.search(done.stdout)
+    mem = PEAK_MEMORY_PATTERN.search(m[0]) if m else None
     events = [json.loads(line) for line in (trace / "trace-rank0.jsonl").read_text().splitlines()]
     memory = [next(e for e in _events(trace, r) if e["event"] == "memory") for r in range(NPROC)]
     saves = [e for e in events if e["event"] == "checkpoint"]

@@ -26,7 +26,6 @@ import dataclasses
 import itertools
 import json
 import os
-import re
 import shutil
 import statistics
 import subprocess
@@ -36,15 +35,10 @@ from pathlib import Path
 
 import yaml
 from fsdp_api.launch import free_port, local_env, torchrun_standalone, trainer_program
+from fsdp_trainer.metrics.logline import MFU_PATTERN, PEAK_MEMORY_PATTERN, SUMMARY_PATTERN
 
 REPO = Path(__file__).resolve().parents[1]
 WARMUP_STEPS = 3  # the trainer's MetricsProcessor.SUMMARY_WARMUP_STEPS
-# The end-of-run line of the trainer's MetricsProcessor (fsdp_trainer.metrics.logline.summary_line).
-SUMMARY = re.compile(
-    r"^summary: steps \d+-\d+ \((?P<n>\d+) steps in (?P<seconds>[\d.]+) s wall, (?P<cpu>[\d.]+) s CPU.*$", re.MULTILINE
-)
-MFU = re.compile(r"MFU (?P<mfu>[\d.]+)%")
-PEAK_MEM = re.compile(r"peak mem (?P<mem>[\d.]+ \w+)")
 
 
 # The tiny preset's numbers as a Qwen2 config.json (vocabulary of the embedded tokenizer).
@@ -145,11 +139,11 @@ def run_trainer(s: Setup, workdir: Path, gpu: bool, tag: str) -> Result:
     finally:
         # The final checkpoint (written after the timed steps) is ~15 GB for 1B: drop it.
         shutil.rmtree(workdir / tag, ignore_errors=True)
-    m = SUMMARY.search(out)
+    m = SUMMARY_PATTERN.search(out)
     if m is None:
         raise SystemExit(f"no summary line in the trainer's output ({workdir / f'{tag}.log'})")
     n, seconds, cpu = int(m["n"]), float(m["seconds"]), float(m["cpu"])
-    mfu, mem = MFU.search(m[0]), PEAK_MEM.search(m[0])
+    mfu, mem = MFU_PATTERN.search(m[0]), PEAK_MEMORY_PATTERN.search(m[0])
     tokens = n * s.tokens_per_step
     return Result(tokens / seconds, tokens / cpu, float(mfu["mfu"]) / 100 if mfu else None, mem["mem"] if mem else "")
 

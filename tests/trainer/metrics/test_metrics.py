@@ -432,3 +432,23 @@ def test_endpoint_serves_the_final_values_while_lingering(tmp_path: Path) -> Non
         assert final[("fsdp_train_step", "0")] == steps and final[("fsdp_train_step", "1")] == steps
         assert final[("fsdp_checkpoint_last_step", "0")] == steps
         assert run.wait(120) == 0
+
+
+def test_the_summary_line_reads_back_with_its_patterns() -> None:
+    """The benchmarks parse the end-of-run line with the patterns that sit beside its format."""
+    from fsdp_trainer.metrics.logline import (
+        MFU_PATTERN,
+        PEAK_MEMORY_PATTERN,
+        SUMMARY_PATTERN,
+        RunSummary,
+        summary_line,
+    )
+
+    run = RunSummary(4, 15, 0.893, 0.896, 27510.0, 27510.0, 226.0, 0.229, 23 * 2**30 + 2**27)
+    line = f"step 15/15 | loss 7.0\n{summary_line(run)}\n"
+    m = SUMMARY_PATTERN.search(line)
+    assert m is not None and (m["n"], m["seconds"], m["cpu"]) == ("12", "0.893", "0.896")
+    assert MFU_PATTERN.search(m[0])["mfu"] == "22.9"
+    assert PEAK_MEMORY_PATTERN.search(m[0])["mem"] == "23.1 GiB"
+    no_mfu = summary_line(RunSummary(4, 15, 1.0, 1.0, 1.0, 1.0, 1.0, None, 2**20))
+    assert MFU_PATTERN.search(no_mfu) is None and SUMMARY_PATTERN.search(no_mfu)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import TextIO
 
@@ -85,8 +86,16 @@ class RunSummary:
     memory_peak_bytes: int
 
 
+# ``summary_line`` read back (the benchmarks): its first part, then two of its fields.
+SUMMARY_PATTERN = re.compile(
+    r"^summary: steps \d+-\d+ \((?P<n>\d+) steps in (?P<seconds>[\d.]+) s wall, (?P<cpu>[\d.]+) s CPU.*$", re.MULTILINE
+)
+MFU_PATTERN = re.compile(r"MFU (?P<mfu>[\d.]+)%")
+PEAK_MEMORY_PATTERN = re.compile(r"peak mem (?P<mem>[\d.]+ \w+)")
+
+
 def summary_line(s: RunSummary) -> str:
-    """The end-of-run line; bench/trainer_throughput.py parses its first part."""
+    """The end-of-run line; SUMMARY_PATTERN, MFU_PATTERN and PEAK_MEMORY_PATTERN read it back."""
     steps = s.last_step - s.first_step + 1
     parts = [
         f"summary: steps {s.first_step}-{s.last_step} ({steps} steps in {s.seconds:.3f} s wall, "
