@@ -6,6 +6,7 @@ import os
 import re
 from pathlib import Path
 
+import pytest
 import yaml
 from fsdp_api.presets import PRESETS
 from fsdp_localcluster.binaries import tool_path
@@ -31,13 +32,38 @@ def test_sharding_memory_table_matches_the_presets() -> None:
         assert cells == [round(x / GIB, 1) for x in expected], name
 
 
-def test_docs_link_to_files_that_exist() -> None:
-    """Paths the bundle docs cite (`kustomize/...`, `charts/...`, `docs/...`) exist."""
-    cited = re.compile(r"`((?:kustomize|charts|docs|examples|tools|tests|trainer|operator)/[\w./-]+)`")
-    for doc in ("architecture.md", "quickstart-eks.md", "sharding.md", "troubleshooting.md", "monitoring.md"):
-        text = (DOCS / doc).read_text()
-        for path in cited.findall(text):
-            assert (REPO_ROOT / path.rstrip("/")).exists(), f"docs/{doc} cites {path}, which does not exist"
+# Every page the project ships: the README and docs/ (new pages are checked without being listed).
+PAGES = [REPO_ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
+ROOTS = "api|bench|charts|docs|examples|kustomize|localcluster|operator|tests|tools|trainer"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_docs_cite_files_that_exist(page: Path) -> None:
+    """Paths a page cites in backticks (`kustomize/...`, `api/fsdp_api/...`) exist."""
+    cited = re.compile(rf"`((?:{ROOTS})/[\w./-]+)`")
+    for path in cited.findall(page.read_text()):
+        assert (REPO_ROOT / path.rstrip("/")).exists(), f"{page.name} cites {path}, which does not exist"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_docs_links_lead_to_files_and_headings_that_exist(page: Path) -> None:
+    """Relative Markdown links ([text](other.md#heading)) lead to a file, and to a heading of it."""
+    for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+        if re.match(r"[a-z]+:", target) or (target.startswith("#") and not target[1:]):
+            continue  # a URL (https:, mailto:)
+        path, _, anchor = target.partition("#")
+        file = (page.parent / path).resolve() if path else page
+        assert file.exists(), f"{page.name} links to {target}, which does not exist"
+        if anchor and file.suffix == ".md":
+            assert anchor in headings(file), f"{page.name} links to {target}: no such heading in {file.name}"
+
+
+def headings(page: Path) -> set[str]:
+    """GitHub's anchors of a page's headings: lower case, punctuation dropped, spaces as hyphens."""
+    anchors = set()
+    for title in re.findall(r"^#+ (.+)$", page.read_text(), re.MULTILINE):
+        anchors.add(re.sub(r"[^\w\- ]", "", title.strip().lower()).replace(" ", "-"))
+    return anchors
 
 
 def test_quickstart_karpenter_overlay_example_builds(tmp_path: Path) -> None:
