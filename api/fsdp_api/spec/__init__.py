@@ -22,28 +22,11 @@ from .backend_rules import (
     TRAINJOB_NAME_LENGTH_MESSAGE,
     Backend,
 )
-from .checkpoint import (
-    CheckpointSpec,
-)
-from .cross_field import (
-    COMMAND_RULES,
-    DEFAULT_SEQ_LEN,
-    SEQ_LEN_RULE,
-    effective_seq_len,
-)
-from .data import (
-    DataSpec,
-)
-from .env import (
-    SECRET_ENV_PATTERN,
-    EnvVar,
-    EnvVarSource,
-    FieldSelector,
-    KeySelector,
-)
-from .fsdp import (
-    FSDPSpec,
-)
+from .checkpoint import CheckpointSpec
+from .cross_field import COMMAND_RULES, DEFAULT_SEQ_LEN, SEQ_LEN_RULE, effective_seq_len
+from .data import DataSpec
+from .env import SECRET_ENV_PATTERN, EnvVar, EnvVarSource, FieldSelector, KeySelector
+from .fsdp import FSDPSpec
 from .fsdp_training import (
     NAME_LENGTH_MESSAGE,
     NAME_PATTERN_MESSAGE,
@@ -53,19 +36,9 @@ from .fsdp_training import (
     ObjectMeta,
     ScriptWord,
 )
-from .metrics import (
-    MetricsSpec,
-    NetworkPolicySpec,
-)
-from .model import (
-    ModelOverrides,
-    ModelSpec,
-)
-from .peft import (
-    MODULE_NAME_PATTERN,
-    ModuleName,
-    PeftSpec,
-)
+from .metrics import MetricsSpec, NetworkPolicySpec
+from .model import ModelOverrides, ModelSpec
+from .peft import MODULE_NAME_PATTERN, ModuleName, PeftSpec
 from .placement import (
     Affinity,
     LabelSelector,
@@ -80,33 +53,12 @@ from .placement import (
     Toleration,
     WeightedPodAffinityTerm,
 )
-from .pod import (
-    DEFAULT_GRACE_SECONDS,
-    DO_NOT_DISRUPT,
-    KARPENTER_SELECTOR_KEYS,
-    RESERVED_KEY_PREFIXES,
-    PodSettings,
-)
-from .resources import (
-    GPU_INSTANCE_PATTERN,
-    ElasticSpec,
-    ResourcesSpec,
-)
-from .scheduling import (
-    RunPolicySpec,
-    SchedulingSpec,
-)
-from .stall import (
-    StallSpec,
-)
-from .training import (
-    TrainingSpec,
-)
-from .updates import (
-    IMMUTABLE_FIELDS,
-    check_update,
-    immutable_rule,
-)
+from .pod import DEFAULT_GRACE_SECONDS, DO_NOT_DISRUPT, KARPENTER_SELECTOR_KEYS, RESERVED_KEY_PREFIXES, PodSettings
+from .resources import GPU_INSTANCE_PATTERN, ElasticSpec, ResourcesSpec
+from .scheduling import RunPolicySpec, SchedulingSpec
+from .stall import StallSpec
+from .training import TrainingSpec
+from .updates import IMMUTABLE_FIELDS, check_update, immutable_rule
 from .values import (
     DNS_LABEL,
     DNS_SUBDOMAIN,
