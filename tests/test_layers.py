@@ -98,3 +98,21 @@ def test_trainer_imports_without_the_operator_or_kopf() -> None:
     loaded = set(done.stdout.split())
     assert "torch" in loaded
     assert loaded & {"kopf", "aiohttp", "fsdp_operator", "fsdp_localcluster"} == set()
+
+
+# What the spec package (fsdp_api.spec) may take from the rest of the API: the
+# modules below it. The trainer config, the memory plan and the documents read
+# the spec, never the other way round.
+SPEC_MAY_IMPORT = {"base", "contract", "pod_resources", "presets", "rules"}
+
+
+def test_the_spec_package_imports_only_the_api_modules_below_it() -> None:
+    found = {}
+    for path in sorted((PACKAGES["fsdp_api"] / "spec").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.ImportFrom) and node.level == 2 and node.module:
+                found.setdefault(node.module.split(".")[0], []).append(path.name)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("fsdp_api"):
+                found.setdefault(node.module or "", []).append(path.name)
+    assert found, "the checker saw no import of the API's modules"
+    assert {m: f for m, f in found.items() if m not in SPEC_MAY_IMPORT} == {}

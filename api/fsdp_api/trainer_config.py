@@ -39,18 +39,32 @@ class JobInfo(ApiModel):
     namespace: str = Field("default", min_length=1, description="Namespace of the FSDPTraining.")
 
 
+# The spec's sections that the built-in trainer reads, in train.yaml's order (after job).
+SECTIONS = ("model", "data", "training", "fsdp", "peft", "checkpoint", "metrics", "stall")
+# Optional in the spec only because spec.command can replace the built-in trainer.
+REQUIRED_SECTIONS = ("model", "training")
+
+
+def _section(name: str) -> Any:
+    """The spec's field ``name`` with its default and description, so neither is written twice."""
+    field = FSDPTrainingSpec.model_fields[name]
+    if name in REQUIRED_SECTIONS:
+        return Field(description=field.description)
+    return Field(field.default, default_factory=field.default_factory, description=field.description)
+
+
 class TrainerConfig(ApiModel):
     """Everything ``python -m fsdp_trainer --config train.yaml`` reads."""
 
     job: JobInfo = Field(default_factory=JobInfo, description="Job identity.")
-    model: ModelSpec = Field(description="The model to train.")
-    data: DataSpec = Field(default_factory=DataSpec, description="Training data and tokenizer.")
-    training: TrainingSpec = Field(description="Optimisation settings.")
-    fsdp: FSDPSpec = Field(default_factory=FSDPSpec, description="FSDP2 sharding settings.")
-    peft: PeftSpec | None = Field(None, description="LoRA fine-tuning; unset: train every weight.")
-    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpointing and resume.")
-    metrics: MetricsSpec = Field(default_factory=MetricsSpec, description="Prometheus metrics.")
-    stall: StallSpec = Field(default_factory=StallSpec, description="Stall watchdog (the trainer's step timeout).")
+    model: ModelSpec = _section("model")
+    data: DataSpec = _section("data")
+    training: TrainingSpec = _section("training")
+    fsdp: FSDPSpec = _section("fsdp")
+    peft: PeftSpec | None = _section("peft")
+    checkpoint: CheckpointSpec = _section("checkpoint")
+    metrics: MetricsSpec = _section("metrics")
+    stall: StallSpec = _section("stall")
 
     # The spec's own rule: a CLI override is checked like kubectl apply.
     rules: ClassVar[tuple[Rule, ...]] = (SEQ_LEN_RULE,)
@@ -59,17 +73,7 @@ class TrainerConfig(ApiModel):
     def from_spec(cls, spec: FSDPTrainingSpec, name: str, namespace: str) -> TrainerConfig:
         if spec.runs_own_script:
             raise ValueError(f"{name}: spec.command runs your own script, which has no built-in trainer config")
-        return cls(
-            job=JobInfo(name=name, namespace=namespace),
-            model=spec.model,
-            data=spec.data,
-            training=spec.training,
-            fsdp=spec.fsdp,
-            peft=spec.peft,
-            checkpoint=spec.checkpoint,
-            metrics=spec.metrics,
-            stall=spec.stall,
-        )
+        return cls(job=JobInfo(name=name, namespace=namespace), **{s: getattr(spec, s) for s in SECTIONS})
 
     def seq_len(self, max_positions: int | None = None) -> int:
         """Tokens per sequence; ``max_positions``: the model's maximum when known only from its config.json."""

@@ -1,0 +1,60 @@
+"""The checkpoint section: distributed checkpoints and resume."""
+
+from __future__ import annotations
+
+import re
+from typing import ClassVar, Literal
+
+from pydantic import Field
+
+from ..base import ApiModel
+from ..contract import POD_MOUNTS
+from ..rules import Rule
+
+
+class CheckpointSpec(ApiModel):
+    """Distributed checkpoints (torch.distributed.checkpoint) and resume."""
+
+    dir: str = Field(
+        "/checkpoints",
+        max_length=4096,
+        pattern=r"^(/[^/]+)+$",
+        description="Absolute directory for checkpoints inside the pod (no trailing slash).",
+    )
+    interval_steps: int = Field(500, ge=1, description="Steps between checkpoints (one is always written at the end).")
+    keep_last: int = Field(3, ge=1, le=1000, description="Complete checkpoints to keep; older ones are deleted.")
+    claim_name: str | None = Field(
+        None,
+        pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        description=(
+            "PersistentVolumeClaim mounted at dir. Unset: checkpoints live in an emptyDir and are lost "
+            "with the pod, and when it finishes (the status says so)."
+        ),
+    )
+    resume: Literal["auto", "never"] = Field(
+        "auto", description="auto: resume from the newest complete checkpoint in dir; never: always start fresh."
+    )
+    async_save: bool = Field(False, description="Save checkpoints asynchronously, overlapping the next steps.")
+
+    rules: ClassVar[tuple[Rule, ...]] = (
+        Rule(
+            # has(): the API server also checks the schema's default ({}) before it is filled.
+            cel=r"!has(self.dir) || !self.dir.matches('(^|/)\\.\\.?(/|$)')",
+            message="dir must not contain . or .. segments",
+            field_path=".dir",
+            check=lambda c: re.search(r"(^|/)\.\.?(/|$)", c.dir) is None,
+        ),
+        Rule(
+            cel=(
+                "!has(self.dir) || ![" + ", ".join(f"'{m}'" for m in POD_MOUNTS) + "]"
+                ".exists(m, m == self.dir || m.startsWith(self.dir + '/'))"
+            ),
+            message=(
+                "dir must not be a directory the pod already mounts ("
+                + ", ".join(POD_MOUNTS)
+                + ") nor a parent of one: the checkpoint volume would hide it"
+            ),
+            field_path=".dir",
+            check=lambda c: not any(m == c.dir or m.startswith(c.dir + "/") for m in POD_MOUNTS),
+        ),
+    )

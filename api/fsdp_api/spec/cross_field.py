@@ -1,0 +1,244 @@
+"""Rules across the spec's sections: what one section's value allows in another.
+
+Each rule sits on ``FSDPTrainingSpec`` (the CEL sees the whole spec); the
+rules of one backend are in ``backend_rules``, those of spec.command (your own
+script replaces the built-in trainer) and the sequence length are here.
+"""
+
+from __future__ import annotations
+
+import re
+
+from pydantic import BaseModel
+
+from ..contract import POD_MOUNTS, RDZV_PORT
+from ..rules import Rule
+from .backend_rules import BACKEND_RULES
+from .checkpoint import CheckpointSpec
+from .data import DataSpec
+from .fsdp import FSDPSpec
+from .model import ModelSpec, preset_cel
+from .stall import StallSpec
+from .training import TrainingSpec
+from .values import IMAGE_PINNED_PATTERN
+from .volumes import NO_NESTING_MOUNTS, mounts_clash
+
+# --- sequence length ----------------------------------------------------------
+
+# training.seqLen when unset: this, or the model's maximum if that is shorter.
+DEFAULT_SEQ_LEN = 2048
+
+
+def effective_seq_len(training: TrainingSpec, model: ModelSpec, max_positions: int | None = None) -> int:
+    """training.seqLen, or its documented default when unset.
+
+    ``max_positions`` is the model's maximum when it is known only from a
+    config.json (the trainer reads it); a preset knows its own.
+    """
+    if training.seq_len is not None:
+        return training.seq_len
+    dims = model.dims()
+    limit = dims.max_seq_len if dims is not None else max_positions
+    return DEFAULT_SEQ_LEN if limit is None else min(DEFAULT_SEQ_LEN, limit)
+
+
+# Checked on the spec (CEL + pydantic) and again on the trainer's config, where
+# CLI overrides can change seqLen after kubectl apply has accepted the object.
+SEQ_LEN_RULE = Rule(
+    cel=(
+        "!has(self.training) || !has(self.training.seqLen) || !has(self.model) || !has(self.model.preset)"
+        " || self.training.seqLen <= " + preset_cel("maxSeqLen").replace("self.", "self.model.")
+    ),
+    message="training.seqLen must not exceed the model's maxSeqLen",
+    field_path=".training.seqLen",
+    check=lambda s: (
+        s.training is None
+        or s.training.seq_len is None
+        or s.model is None
+        or s.model.dims() is None
+        or s.training.seq_len <= s.model.dims().max_seq_len
+    ),
+)
+
+
+# --- your own training script (spec.command) -------------------------------------
+
+
+def _cel_literal(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str) and "'" not in value:
+        return f"'{value}'"
+    raise TypeError(f"no CEL literal for {value!r}")
+
+
+def _wire_name(owner: type[BaseModel], attr: str) -> str:
+    return owner.model_fields[attr].alias or attr
+
+
+def _left_alone(section: str, owner: type[BaseModel], attrs: tuple[str, ...]) -> Rule:
+    """With spec.command, ``section``'s ``attrs`` (settings only the built-in trainer reads) keep their defaults.
+
+    The CRD defaults these sections, so the API server cannot tell "unset"
+    from "set to the default": comparing with the defaults is what both sides
+    can check, and a value the script would silently ignore is refused.
+    """
+    fields = [(attr, _wire_name(owner, attr), owner.model_fields[attr].default) for attr in attrs]
+    terms = [
+        f"!has(self.{section}.{wire})"
+        if default is None
+        else f"(!has(self.{section}.{wire}) || self.{section}.{wire} == {_cel_literal(default)})"
+        for _, wire, default in fields
+    ]
+    whole = len(fields) == len(owner.model_fields)
+    shown = [section] if whole else [f"{section}.{wire}" for _, wire, _ in fields]
+    return Rule(
+        cel=f"!has(self.command) || !has(self.{section}) || (" + " && ".join(terms) + ")",
+        message=_replaced_message(shown),
+        field_path=f".{section}",
+        check=lambda s: (
+            s.command is None or all(getattr(getattr(s, section), attr) == default for attr, _, default in fields)
+        ),
+    )
+
+
+def _replaced_message(names: list[str]) -> str:
+    one = len(names) == 1
+    return (
+        f"{', '.join(names)} {'is a setting' if one else 'are settings'} of the built-in trainer, which command "
+        f"replaces: leave {'it' if one else 'them'} unset and give your script its own settings in args"
+    )
+
+
+def _all_fields(owner: type[BaseModel]) -> tuple[str, ...]:
+    return tuple(owner.model_fields)
+
+
+COMMAND_RULES: tuple[Rule, ...] = (
+    Rule(
+        cel="has(self.command) || has(self.model)",
+        message="model is required (unless command runs your own training script)",
+        field_path=".model",
+        check=lambda s: s.command is not None or s.model is not None,
+    ),
+    Rule(
+        cel="has(self.command) || has(self.training)",
+        message="training is required (unless command runs your own training script)",
+        field_path=".training",
+        check=lambda s: s.command is not None or s.training is not None,
+    ),
+    Rule(
+        cel="!has(self.args) || has(self.command)",
+        message="args are the arguments of command: set command too",
+        field_path=".args",
+        check=lambda s: s.args is None or s.command is not None,
+    ),
+    Rule(
+        cel=(
+            "!has(self.command)"
+            " || (self.command[0] == '-m' ? size(self.command) >= 2 : !self.command[0].startsWith('-'))"
+        ),
+        message="command must start with a script path or with -m and a module name, as torchrun takes them "
+        "(torchrun's own flags are the operator's)",
+        field_path=".command",
+        check=lambda s: (
+            s.command is None or (len(s.command) >= 2 if s.command[0] == "-m" else not s.command[0].startswith("-"))
+        ),
+    ),
+    *(
+        Rule(
+            cel=f"!has(self.command) || !has(self.{section})",
+            message=_replaced_message([section]),
+            field_path=f".{section}",
+            check=lambda s, attr=attr: s.command is None or getattr(s, attr) is None,
+        )
+        for section, attr in (("model", "model"), ("training", "training"), ("peft", "peft"))
+    ),
+    _left_alone("data", DataSpec, _all_fields(DataSpec)),
+    _left_alone("fsdp", FSDPSpec, _all_fields(FSDPSpec)),
+    _left_alone("checkpoint", CheckpointSpec, ("interval_steps", "keep_last", "resume", "async_save")),
+    _left_alone("stall", StallSpec, ("trainer_step_timeout_seconds",)),
+)
+
+
+# --- the whole spec ------------------------------------------------------------
+
+_CKPT_CEL = (
+    "(has(self.checkpoint) && has(self.checkpoint.dir) ? self.checkpoint.dir : "
+    f"'{CheckpointSpec.model_fields['dir'].default}')"
+)
+
+# FSDPTrainingSpec's rules, in the order the CRD lists them.
+SPEC_RULES: tuple[Rule, ...] = (
+    Rule(
+        cel="!self.image.endsWith(':latest')",
+        message="image must be pinned to a tag or digest, not :latest",
+        field_path=".image",
+        check=lambda s: not s.image.endswith(":latest"),
+    ),
+    Rule(
+        cel=f"self.image.matches('{IMAGE_PINNED_PATTERN}')",
+        message="image must name a tag or a digest (e.g. ghcr.io/org/trainer:1.0): an untagged image means :latest",
+        field_path=".image",
+        check=lambda s: re.search(IMAGE_PINNED_PATTERN, s.image) is not None,
+    ),
+    Rule(
+        cel="!has(self.metrics) || self.metrics.port != " + str(RDZV_PORT),
+        message=f"metrics.port must differ from {RDZV_PORT}, the rendezvous port of the trainer pods",
+        field_path=".metrics.port",
+        check=lambda s: s.metrics.port != RDZV_PORT,
+    ),
+    Rule(
+        cel=("!has(self.fsdp) || !self.fsdp.cpuOffload || (has(self.resources) ? self.resources.gpusPerNode : 8) > 0"),
+        message="fsdp.cpuOffload needs GPUs: without them the parameters already live in CPU memory",
+        field_path=".fsdp.cpuOffload",
+        check=lambda s: not s.fsdp.cpu_offload or s.resources.gpus_per_node > 0,
+    ),
+    Rule(
+        cel=(
+            "!has(self.fsdp) || self.fsdp.shardingStrategy != 'hybrid'"
+            " || (has(self.resources) && self.resources.nodes >= 2)"
+        ),
+        message="hybrid sharding needs at least 2 nodes",
+        field_path=".fsdp.shardingStrategy",
+        check=lambda s: s.fsdp.sharding_strategy != "hybrid" or s.resources.nodes >= 2,
+    ),
+    Rule(
+        cel=(
+            "!has(self.elastic) || ((has(self.resources) ? self.resources.nodes : 1) >= self.elastic.minNodes"
+            " && (has(self.resources) ? self.resources.nodes : 1) <= self.elastic.maxNodes)"
+        ),
+        message="resources.nodes must lie between elastic.minNodes and elastic.maxNodes",
+        field_path=".resources.nodes",
+        check=lambda s: s.elastic is None or s.elastic.min_nodes <= s.resources.nodes <= s.elastic.max_nodes,
+    ),
+    SEQ_LEN_RULE,
+    *COMMAND_RULES,
+    *BACKEND_RULES,
+    Rule(
+        cel=(
+            "!has(self.pod) || !has(self.pod.volumeMounts) || self.pod.volumeMounts.all(m, !["
+            + ", ".join(f"'{d}'" for d in POD_MOUNTS)
+            + f", {_CKPT_CEL}].exists(p, p == m.mountPath || p.startsWith(m.mountPath + '/')) && !["
+            + ", ".join(f"'{d}'" for d in NO_NESTING_MOUNTS)
+            + f", {_CKPT_CEL}].exists(p, m.mountPath.startsWith(p + '/')))"
+        ),
+        message=(
+            "pod.volumeMounts: a mountPath must not be one of the pod's own mounts ("
+            + ", ".join(POD_MOUNTS)
+            + ", checkpoint.dir) nor a parent of one, nor lie inside "
+            + ", ".join(NO_NESTING_MOUNTS)
+            + " or checkpoint.dir"
+        ),
+        field_path=".pod.volumeMounts",
+        check=lambda s: not any(mounts_clash(m.mount_path, s.checkpoint.dir) for m in s.pod.volume_mounts),
+    ),
+    Rule(
+        cel="!has(self.resources) || self.resources.efaPerNode == 0 || self.resources.gpusPerNode > 0",
+        message="EFA needs GPU nodes: set resources.gpusPerNode",
+        field_path=".resources.efaPerNode",
+        check=lambda s: s.resources.efa_per_node == 0 or s.resources.gpus_per_node > 0,
+    ),
+)

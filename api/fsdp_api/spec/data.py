@@ -1,0 +1,84 @@
+"""The data section: the training data, its format and the tokenizer."""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from pydantic import Field
+
+from ..base import ApiModel
+from ..rules import Rule
+
+
+class DataSpec(ApiModel):
+    """Training data: a Hugging Face dataset, local files, or the embedded corpus."""
+
+    dataset: str | None = Field(
+        None, min_length=1, description="Hugging Face dataset id (e.g. allenai/c4). Mutually exclusive with path."
+    )
+    config: str | None = Field(None, min_length=1, description="Dataset configuration name (e.g. en for allenai/c4).")
+    split: str = Field("train", min_length=1, description="Split to train on.")
+    path: str | None = Field(
+        None,
+        min_length=1,
+        description=(
+            "Local or PVC path to json/jsonl/parquet/txt files (a file, a directory or a glob) "
+            "instead of the hub. With neither dataset nor path, the corpus embedded in the trainer is used."
+        ),
+    )
+    text_field: str = Field("text", min_length=1, description="Name of the column holding the text.")
+    format: Literal["text", "chat", "prompt-completion"] = Field(
+        "text",
+        description=(
+            "text: documents concatenated into full windows, every token trained (pre-training); "
+            "chat: rows of messages rendered with the tokenizer's chat template, loss on assistant turns only; "
+            "prompt-completion: rows of prompt and completion, loss on the completion only. "
+            "chat and prompt-completion pack whole rows into sequences that never attend across rows."
+        ),
+    )
+    messages_field: str = Field(
+        "messages", min_length=1, description="format chat: column holding the list of {role, content} messages."
+    )
+    prompt_field: str = Field("prompt", min_length=1, description="format prompt-completion: column of the prompt.")
+    completion_field: str = Field(
+        "completion", min_length=1, description="format prompt-completion: column of the completion."
+    )
+    overlong: Literal["truncate", "drop"] = Field(
+        "truncate",
+        description=(
+            "chat and prompt-completion: a row longer than seqLen + 1 tokens is cut to its first seqLen + 1 "
+            "tokens (truncate) or skipped (drop); either way it is counted and logged."
+        ),
+    )
+    streaming: bool = Field(False, description="Stream the dataset instead of downloading it whole first.")
+    tokenizer: str | None = Field(
+        None,
+        min_length=1,
+        description=(
+            "Hugging Face tokenizer id or local path (AutoTokenizer). "
+            "Unset: pretrained's tokenizer if set, else the tokenizer embedded in the trainer."
+        ),
+    )
+    validation_split: str | None = Field(
+        None,
+        min_length=1,
+        description=(
+            "Split used for validation. Unset: a deterministic held-out slice of the training "
+            "documents (never trained on)."
+        ),
+    )
+
+    rules: ClassVar[tuple[Rule, ...]] = (
+        Rule(
+            cel="!(has(self.dataset) && has(self.path))",
+            message="set either dataset or path, not both",
+            field_path=".path",
+            check=lambda d: not (d.dataset and d.path),
+        ),
+        Rule(
+            cel="!has(self.format) || self.format == 'text' || has(self.dataset) || has(self.path)",
+            message="format chat and prompt-completion need dataset or path: the embedded corpus is plain text",
+            field_path=".format",
+            check=lambda d: d.format == "text" or bool(d.dataset or d.path),
+        ),
+    )

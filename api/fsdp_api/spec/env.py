@@ -1,0 +1,71 @@
+"""Extra environment variables of the trainer container, with credentials kept out of literals."""
+
+from __future__ import annotations
+
+import re
+from typing import ClassVar
+
+from pydantic import Field
+
+from ..base import ApiModel
+from ..rules import Rule
+
+# Env var names that look like credentials must come from a Secret, never
+# inline: any name with one of these words between underscores (WANDB_KEY,
+# DB_PASS, GH_PAT, AWS_SESSION_TOKEN, HF_TOKEN ...). A heuristic on the name
+# only: a credential under an innocent name is not caught (docs/renderer.md).
+SECRET_ENV_PATTERN = r"(?i)(^|_)(TOKEN|SECRET|PASSWORD|PASSWD|PASS|PWD|KEY|PAT|CREDENTIALS?|PRIVATE)(_|$)"
+
+
+class KeySelector(ApiModel):
+    """A key of a Secret or ConfigMap."""
+
+    name: str = Field(min_length=1, description="Name of the Secret or ConfigMap.")
+    key: str = Field(min_length=1, description="Key to read.")
+    optional: bool | None = Field(None, description="Whether the reference may be missing.")
+
+
+class FieldSelector(ApiModel):
+    """A field of the pod (downward API)."""
+
+    field_path: str = Field(min_length=1, description="Path of the field, e.g. metadata.name.")
+
+
+class EnvVarSource(ApiModel):
+    """Where the value of an environment variable comes from."""
+
+    secret_key_ref: KeySelector | None = Field(None, description="A key of a Secret (use this for tokens).")
+    config_map_key_ref: KeySelector | None = Field(None, description="A key of a ConfigMap.")
+    field_ref: FieldSelector | None = Field(None, description="A field of the pod.")
+
+    rules: ClassVar[tuple[Rule, ...]] = (
+        Rule(
+            cel="[has(self.secretKeyRef), has(self.configMapKeyRef), has(self.fieldRef)].filter(x, x).size() == 1",
+            message="exactly one of secretKeyRef, configMapKeyRef or fieldRef must be set",
+            check=lambda s: sum(x is not None for x in (s.secret_key_ref, s.config_map_key_ref, s.field_ref)) == 1,
+        ),
+    )
+
+
+class EnvVar(ApiModel):
+    """An extra environment variable for the trainer container."""
+
+    # maxLength bounds the cost of the credential-name regex (CEL cost budget).
+    name: str = Field(pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$", max_length=128, description="Variable name.")
+    value: str | None = Field(None, description="Literal value (not allowed for credentials: use valueFrom).")
+    value_from: EnvVarSource | None = Field(None, description="Source of the value, e.g. a Secret key.")
+
+    rules: ClassVar[tuple[Rule, ...]] = (
+        Rule(
+            cel="!(has(self.value) && has(self.valueFrom))",
+            message="set either value or valueFrom, not both",
+            field_path=".valueFrom",
+            check=lambda e: not (e.value is not None and e.value_from is not None),
+        ),
+        Rule(
+            cel=f"!(has(self.value) && self.name.matches('{SECRET_ENV_PATTERN}'))",
+            message="looks like a credential: take it from a Secret with valueFrom.secretKeyRef, not a literal value",
+            field_path=".value",
+            check=lambda e: not (e.value is not None and re.search(SECRET_ENV_PATTERN, e.name)),
+        ),
+    )

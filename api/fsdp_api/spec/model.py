@@ -1,0 +1,122 @@
+"""The model section: which model to train, and the CEL for a preset's effective dimensions."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from pydantic import Field
+
+from ..base import ApiModel
+from ..presets import PRESETS, ModelDims, PresetName
+from ..rules import Rule
+
+
+class ModelOverrides(ApiModel):
+    """Architecture overrides applied on top of the preset or the architecture's config.json."""
+
+    hidden_size: int | None = Field(None, ge=64, le=65536, description="Width of the residual stream (d_model).")
+    num_layers: int | None = Field(None, ge=1, le=512, description="Number of decoder layers.")
+    num_heads: int | None = Field(None, ge=1, le=1024, description="Number of attention (query) heads.")
+    num_key_value_heads: int | None = Field(
+        None, ge=1, le=1024, description="Number of key/value heads (grouped-query attention); divides numHeads."
+    )
+    intermediate_size: int | None = Field(
+        None, ge=64, le=262144, description="Hidden width of the MLP (per expert for mixture-of-experts)."
+    )
+    vocab_size: int | None = Field(
+        None, ge=256, le=1048576, description="Vocabulary size; must cover the tokenizer's vocabulary."
+    )
+    max_seq_len: int | None = Field(
+        None, ge=16, le=1048576, description="Longest sequence the model supports (max_position_embeddings)."
+    )
+
+
+def preset_cel(field: str) -> str:
+    """CEL for the effective value of a model dimension: override or preset's."""
+    attr = {
+        "hiddenSize": "hidden_size",
+        "numHeads": "num_heads",
+        "numKeyValueHeads": "num_key_value_heads",
+        "maxSeqLen": "max_seq_len",
+    }[field]
+    table = ", ".join(f"'{name}': {getattr(dims, attr)}" for name, dims in PRESETS.items())
+    return f"(has(self.config) && has(self.config.{field}) ? self.config.{field} : {{{table}}}[self.preset])"
+
+
+class ModelSpec(ApiModel):
+    """Which model to train: a Llama preset, any Hugging Face causal LM's architecture, or its weights.
+
+    Exactly one of ``preset``, ``architecture`` and ``pretrained`` names the
+    model. The operator cannot read a hub config at admission, so the checks
+    that need the architecture's numbers run in ``fsdp-operator validate`` (for
+    a local path) and in the trainer before any process group exists.
+    """
+
+    preset: PresetName | None = Field(
+        None,
+        description=(
+            "Llama architecture preset, randomly initialised: tiny (smoke tests, CPU), llama3.2-1b, "
+            "llama3.2-3b, llama3.1-8b, llama3.1-70b."
+        ),
+    )
+    architecture: str | None = Field(
+        None,
+        min_length=1,
+        description=(
+            "Hugging Face model id or local/PVC directory whose config.json gives the architecture "
+            "(any decoder-only AutoModelForCausalLM); weights are randomly initialised with the "
+            "architecture's own init. Its weights, if any, are not read."
+        ),
+    )
+    config: ModelOverrides | None = Field(
+        None, description="Overrides of the preset's or architecture's numbers (not with pretrained)."
+    )
+    pretrained: str | None = Field(
+        None,
+        min_length=1,
+        description=(
+            "Hugging Face model id or local/PVC path of a causal LM: its config.json gives the "
+            "architecture, its safetensors the weights (streamed into the shards), its tokenizer "
+            "the tokenizer unless data.tokenizer is set."
+        ),
+    )
+
+    rules: ClassVar[tuple[Rule, ...]] = (
+        Rule(
+            cel="[has(self.preset), has(self.architecture), has(self.pretrained)].filter(x, x).size() == 1",
+            message="set exactly one of preset, architecture and pretrained",
+            field_path=".preset",
+            check=lambda m: sum(x is not None for x in (m.preset, m.architecture, m.pretrained)) == 1,
+        ),
+        Rule(
+            cel="!(has(self.pretrained) && has(self.config))",
+            message="config overrides need preset or architecture: pretrained weights fix the architecture",
+            field_path=".config",
+            check=lambda m: not (m.pretrained and m.config is not None),
+        ),
+        Rule(
+            cel=f"!has(self.preset) || {preset_cel('hiddenSize')} % {preset_cel('numHeads')} == 0",
+            message="hiddenSize must be divisible by numHeads",
+            field_path=".config.hiddenSize",
+            check=lambda m: m.dims() is None or m.dims().hidden_size % m.dims().num_heads == 0,
+        ),
+        Rule(
+            cel=f"!has(self.preset) || {preset_cel('numHeads')} % {preset_cel('numKeyValueHeads')} == 0",
+            message="numHeads must be divisible by numKeyValueHeads",
+            field_path=".config.numHeads",
+            check=lambda m: m.dims() is None or m.dims().num_heads % m.dims().num_key_value_heads == 0,
+        ),
+    )
+
+    def dims(self) -> ModelDims | None:
+        """A preset's effective numbers (plus overrides); None when the architecture comes from a config.json."""
+        if self.preset is None:
+            return None
+        base = PRESETS[self.preset]
+        if self.config is None:
+            return base
+        return base.with_overrides(**self.config.model_dump())
+
+    def source(self) -> str:
+        """What names the model, for log lines and metric labels."""
+        return self.preset or self.pretrained or self.architecture or ""

@@ -1,0 +1,66 @@
+"""Queueing with Kueue and the job's deadlines."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from pydantic import Field
+
+from ..base import ApiModel
+from ..rules import Rule
+from .values import LABEL_VALUE_PATTERN
+
+
+class SchedulingSpec(ApiModel):
+    """Queueing on a shared cluster with Kueue (docs/kueue.md)."""
+
+    queue: str | None = Field(
+        None,
+        max_length=63,
+        pattern=LABEL_VALUE_PATTERN,
+        description=(
+            "Kueue LocalQueue in the training's namespace that admits the job (the kueue.x-k8s.io/queue-name "
+            "label). The job is then created suspended and Kueue decides when it runs; unset: no queueing."
+        ),
+    )
+    priority_class: str | None = Field(
+        None,
+        max_length=63,
+        pattern=LABEL_VALUE_PATTERN,
+        description=(
+            "Kueue WorkloadPriorityClass of the job (the kueue.x-k8s.io/priority-class label): orders the queue "
+            "and decides who preempts whom. The pods' own PriorityClass is pod.priorityClassName."
+        ),
+    )
+
+    rules: ClassVar[tuple[Rule, ...]] = (
+        Rule(
+            cel="!has(self.priorityClass) || has(self.queue)",
+            message="priorityClass is Kueue's: set queue too",
+            field_path=".priorityClass",
+            check=lambda s: s.priority_class is None or s.queue is not None,
+        ),
+    )
+
+
+class RunPolicySpec(ApiModel):
+    """Deadlines of the whole job (the PyTorchJob's runPolicy)."""
+
+    active_deadline_seconds: int | None = Field(
+        None,
+        ge=1,
+        le=2**31 - 1,
+        description=(
+            "Seconds after the job starts before the training operator fails it and deletes its running pods; "
+            "unset: no deadline. Set it above the expected run time (plus restarts)."
+        ),
+    )
+    ttl_seconds_after_finished: int | None = Field(
+        None,
+        ge=0,
+        le=2**31 - 1,
+        description=(
+            "Seconds after the job finishes before the training operator deletes it and its pods "
+            "(the FSDPTraining, its status and the checkpoints stay); unset: kept until the FSDPTraining is deleted."
+        ),
+    )

@@ -1,0 +1,59 @@
+"""The training section: steps, batch, learning rate, precision."""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from pydantic import Field
+
+from ..base import ApiModel
+from ..rules import Rule
+
+
+class TrainingSpec(ApiModel):
+    """Optimisation settings: steps, batch, learning rate, precision."""
+
+    max_steps: int = Field(ge=1, le=100_000_000, description="Number of optimizer steps to train for.")
+    seq_len: int | None = Field(
+        None,
+        ge=16,
+        le=1048576,
+        description="Tokens per sequence. Unset: min(2048, the model's maximum sequence length).",
+    )
+    micro_batch_size: int = Field(1, ge=1, le=4096, description="Sequences per GPU (per rank) per forward pass.")
+    grad_accum_steps: int = Field(1, ge=1, le=4096, description="Micro-batches accumulated per optimizer step.")
+    learning_rate: float = Field(3e-4, gt=0, le=1, description="Peak learning rate of AdamW.")
+    min_learning_rate_ratio: float = Field(
+        0.1, ge=0, le=1, description="Final learning rate of the cosine schedule, as a fraction of the peak."
+    )
+    warmup_steps: int | None = Field(
+        None, ge=0, description="Linear warm-up steps before the cosine decay. Unset: min(100, maxSteps/10)."
+    )
+    weight_decay: float = Field(0.1, ge=0, le=10, description="AdamW weight decay.")
+    grad_clip_norm: float = Field(1.0, ge=0, description="Clip the global gradient norm to this value; 0 disables.")
+    precision: Literal["bf16", "fp32"] = Field(
+        "bf16", description="bf16: bf16 parameters and compute with fp32 gradient reduction; fp32: full precision."
+    )
+    activation_checkpointing: Literal["none", "selective", "full"] = Field(
+        "none",
+        description="Recompute activations in backward: none, selective (every other layer) or full (every layer).",
+    )
+    compile: bool = Field(False, description="torch.compile each decoder layer.")
+    seed: int = Field(42, ge=0, le=2**31 - 1, description="Random seed for weight init and data order.")
+    log_interval_steps: int = Field(10, ge=1, description="Steps between log lines on rank 0.")
+    eval_interval_steps: int = Field(0, ge=0, description="Steps between validation runs; 0 disables validation.")
+    eval_steps: int = Field(10, ge=1, description="Micro-batches per validation run.")
+
+    rules: ClassVar[tuple[Rule, ...]] = (
+        Rule(
+            cel="!has(self.warmupSteps) || self.warmupSteps < self.maxSteps",
+            message="warmupSteps must be smaller than maxSteps",
+            field_path=".warmupSteps",
+            check=lambda t: t.warmup_steps is None or t.warmup_steps < t.max_steps,
+        ),
+    )
+
+    def effective_warmup_steps(self) -> int:
+        if self.warmup_steps is not None:
+            return self.warmup_steps
+        return min(100, self.max_steps // 10)
