@@ -134,7 +134,7 @@ class Workload:
     grad_accum: int
     precision: str
     checkpointing: str
-    strategy: str
+    reshard_after_forward: bool  # False: every layer stays gathered from forward to backward
     world_size: int
     shard_size: int  # ranks one parameter is split over (1: replicated)
     uses_fsdp: bool
@@ -163,7 +163,7 @@ def workload(spec: FSDPTrainingSpec, dims: ModelDims) -> Workload:
         grad_accum=spec.training.grad_accum_steps,
         precision=spec.training.precision,
         checkpointing=spec.training.activation_checkpointing,
-        strategy=plan.strategy,
+        reshard_after_forward=plan.reshard_after_forward,
         world_size=plan.world_size,
         shard_size=plan.shard_size,
         uses_fsdp=plan.uses_fsdp,
@@ -278,7 +278,7 @@ def communication_bytes(w: Workload) -> int:
     if not w.uses_fsdp:
         return d.num_params() * c if w.precision == "bf16" else 0
     layer = layer_params(d) * c
-    gathered_layers = d.num_layers * layer if w.strategy == "shard_grad_op" else (1 + w.prefetch) * layer
+    gathered_layers = (1 + w.prefetch) * layer if w.reshard_after_forward else d.num_layers * layer
     return root_params(d) * c + gathered_layers + layer
 
 
@@ -382,7 +382,7 @@ def estimate(w: Workload) -> Estimate:
 def _comm_note(w: Workload) -> str:
     if not w.uses_fsdp:
         return "bf16 autocast weight copies" if w.precision == "bf16" else "none (one process, no FSDP)"
-    gathered = "all layers" if w.strategy == "shard_grad_op" else f"{1 + w.prefetch} layer(s)"
+    gathered = f"{1 + w.prefetch} layer(s)" if w.reshard_after_forward else "all layers"
     return f"gathered root + {gathered} + all-gather buffer"
 
 
@@ -518,7 +518,7 @@ def _candidates(spec: FSDPTrainingSpec) -> list[tuple[str, FSDPTrainingSpec]]:
         )
         out.append((f"set training.microBatchSize: {mbs}", _training(spec, micro_batch_size=mbs)))
         mbs //= 2
-    if f.sharding_strategy in ("full", "shard_grad_op"):
+    if ParallelPlan.for_spec(spec).shards_over_all_dp_ranks:
         for nodes in range(spec.resources.nodes + 1, MAX_NODES + 1):
             out.append((f"set resources.nodes: {nodes}", _nodes(spec, nodes)))
     if not f.cpu_offload and spec.resources.gpus_per_node > 0:

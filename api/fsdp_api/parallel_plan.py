@@ -131,6 +131,11 @@ class ParallelPlan:
         return [(name, size) for name, size in ((CP, self.cp), (TP, self.tp)) if size > 1]
 
     @property
+    def shards_over_all_dp_ranks(self) -> bool:
+        """Each parameter is split over every data-parallel rank (full, shard_grad_op): more ranks, smaller shards."""
+        return self.dp_dim_names == (SHARD,)
+
+    @property
     def shard_size(self) -> int:
         """Ranks one parameter is split over (1: whole on every rank), for the memory estimate.
 

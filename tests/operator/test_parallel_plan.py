@@ -39,6 +39,15 @@ def test_sizes_for_each_strategy(
     assert p.errors() == []
 
 
+@pytest.mark.parametrize(
+    ("strategy", "expected"), [("full", True), ("shard_grad_op", True), ("no_shard", False), ("hybrid", False)]
+)
+def test_more_ranks_shrink_the_shards_only_when_parameters_are_split_over_all_of_them(
+    strategy: str, expected: bool
+) -> None:
+    assert plan({"shardingStrategy": strategy}, 16, 8).shards_over_all_dp_ranks is expected
+
+
 def test_dp_rank_is_the_world_rank_without_model_parallelism() -> None:
     p = plan({"shardingStrategy": "hybrid"}, 16, 8)
     assert [p.dp_rank(r) for r in range(16)] == list(range(16))
