@@ -5,7 +5,8 @@ use it. The numbers model what the trainer does (``fsdp_trainer.parallel``,
 ``fsdp_trainer.optim``, ``fsdp_trainer.train``) for a Llama-shaped decoder:
 
 - parameters: the fp32 master weights, sharded over the shard group
-  (full/shard_grad_op: the world; hybrid: the shard group; no_shard: none);
+  (``parallel_plan.ParallelPlan.shard_size``: full/shard_grad_op: the
+  world; hybrid: the shard group; no_shard: none);
 - gradients: fp32, sharded like the parameters at the optimizer step; with
   gradAccumSteps > 1 FSDP2 keeps whole (unsharded) gradients between the
   micro-batches, since the reduce-scatter only runs on the last one;
@@ -38,6 +39,7 @@ from typing import Any, Literal
 
 from .instance_types import GIB, INSTANCE_TYPES, InstanceType
 from .model_files import local_model_dir
+from .parallel_plan import ParallelPlan
 from .presets import HUB_MODEL_PRESETS, PRESETS, ModelDims
 from .spec import MAX_NODES, FSDPTrainingSpec, ModelOverrides, PeftSpec, effective_seq_len
 
@@ -132,7 +134,7 @@ class Workload:
     grad_accum: int
     precision: str
     checkpointing: str
-    strategy: str
+    reshard_after_forward: bool  # False: every layer stays gathered from forward to backward
     world_size: int
     shard_size: int  # ranks one parameter is split over (1: replicated)
     uses_fsdp: bool
@@ -152,22 +154,8 @@ class Workload:
         return self.adapter_params or self.dims.num_params()
 
 
-def _shard_size(spec: FSDPTrainingSpec, world_size: int, uses_fsdp: bool) -> int:
-    if not uses_fsdp:
-        return 1
-    strategy = spec.fsdp.sharding_strategy
-    if strategy == "no_shard":
-        return 1
-    if strategy == "hybrid":
-        group = spec.fsdp.shard_group_size or spec.procs_per_node()
-        return max(1, min(group, world_size))
-    return world_size
-
-
 def workload(spec: FSDPTrainingSpec, dims: ModelDims) -> Workload:
-    world = spec.world_size()
-    # The trainer skips FSDP for one process holding the whole model (plan.ParallelPlan.uses_fsdp).
-    uses_fsdp = world > 1 or spec.fsdp.cpu_offload
+    plan = ParallelPlan.for_spec(spec)
     return Workload(
         dims=dims,
         seq_len=effective_seq_len(spec.training, spec.model, dims.max_seq_len),
@@ -175,10 +163,10 @@ def workload(spec: FSDPTrainingSpec, dims: ModelDims) -> Workload:
         grad_accum=spec.training.grad_accum_steps,
         precision=spec.training.precision,
         checkpointing=spec.training.activation_checkpointing,
-        strategy=spec.fsdp.sharding_strategy,
-        world_size=world,
-        shard_size=_shard_size(spec, world, uses_fsdp),
-        uses_fsdp=uses_fsdp,
+        reshard_after_forward=plan.reshard_after_forward,
+        world_size=plan.world_size,
+        shard_size=plan.shard_size,
+        uses_fsdp=plan.uses_fsdp,
         cpu_offload=spec.fsdp.cpu_offload,
         prefetch=spec.fsdp.prefetch,
         device="cuda" if spec.resources.gpus_per_node > 0 else "cpu",
@@ -290,7 +278,7 @@ def communication_bytes(w: Workload) -> int:
     if not w.uses_fsdp:
         return d.num_params() * c if w.precision == "bf16" else 0
     layer = layer_params(d) * c
-    gathered_layers = d.num_layers * layer if w.strategy == "shard_grad_op" else (1 + w.prefetch) * layer
+    gathered_layers = (1 + w.prefetch) * layer if w.reshard_after_forward else d.num_layers * layer
     return root_params(d) * c + gathered_layers + layer
 
 
@@ -394,7 +382,7 @@ def estimate(w: Workload) -> Estimate:
 def _comm_note(w: Workload) -> str:
     if not w.uses_fsdp:
         return "bf16 autocast weight copies" if w.precision == "bf16" else "none (one process, no FSDP)"
-    gathered = "all layers" if w.strategy == "shard_grad_op" else f"{1 + w.prefetch} layer(s)"
+    gathered = f"{1 + w.prefetch} layer(s)" if w.reshard_after_forward else "all layers"
     return f"gathered root + {gathered} + all-gather buffer"
 
 
@@ -530,7 +518,7 @@ def _candidates(spec: FSDPTrainingSpec) -> list[tuple[str, FSDPTrainingSpec]]:
         )
         out.append((f"set training.microBatchSize: {mbs}", _training(spec, micro_batch_size=mbs)))
         mbs //= 2
-    if f.sharding_strategy in ("full", "shard_grad_op"):
+    if ParallelPlan.for_spec(spec).shards_over_all_dp_ranks:
         for nodes in range(spec.resources.nodes + 1, MAX_NODES + 1):
             out.append((f"set resources.nodes: {nodes}", _nodes(spec, nodes)))
     if not f.cpu_offload and spec.resources.gpus_per_node > 0:

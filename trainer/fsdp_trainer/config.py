@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from fsdp_api import kubeyaml
+from fsdp_api.parallel_plan import ParallelPlan
 from fsdp_api.rules import format_errors
 from fsdp_api.trainer_config import TrainerConfig
 from pydantic import ValidationError
@@ -24,7 +25,6 @@ from pydantic import ValidationError
 from .data import files
 from .errors import ConfigError
 from .model.hub import local_path
-from .parallel.plan import ParallelPlan
 
 
 def _camel(kebab: str) -> str:

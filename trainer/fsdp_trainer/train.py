@@ -6,14 +6,14 @@ FSDP2 -> materialise and initialise (or load pretrained) -> AdamW + schedule ->
 data -> resume from the newest complete checkpoint.
 
 A step: ``gradAccumSteps`` micro-batches, the gradient reduction skipped on all
-but the last; the loss of each micro-batch is its token-sum times the world
-size divided by the trained tokens of the whole global batch, and FSDP
-averages gradients over ranks, so the gradient is that of the mean loss over
-every trained token of the global batch. With ``data.format: text`` every
-token is trained and every rank has the same count, known in advance; the
-supervised formats mask prompts and padding, so the step's micro-batches are
-fetched first and their trained tokens summed over ranks (one all-reduce)
-before the first backward. Then clipping, the optimizer and the schedule, and
+but the last; the loss of each micro-batch is its token-sum times the
+data-parallel size divided by the trained tokens of the whole global batch,
+and FSDP averages gradients over the data-parallel ranks, so the gradient is
+that of the mean loss over every trained token of the global batch. With
+``data.format: text`` every token is trained and every rank has the same
+count, known in advance; the supervised formats mask prompts and padding, so
+the step's micro-batches are fetched first and their trained tokens summed
+over ranks (one all-reduce) before the first backward. Then clipping, the optimizer and the schedule, and
 one host sync for the numbers the metrics need (loss and gradient norm,
 fetched together).
 """
@@ -67,9 +67,9 @@ from .model.param_names import unique_parameters
 from .model.pretrained import LoadPlan, check_pretrained, load_pretrained
 from .model.shards import local_tensor
 from .optim import build_optimizer, build_scheduler, clip_gradients, restore_schedule
-from .parallel.distributed import WorldInfo, build_mesh, destroy_distributed, init_distributed, world_from_env
+from .parallel.distributed import WorldInfo, destroy_distributed, init_distributed, world_from_env
 from .parallel.parallelize import compute_context, is_fsdp, parallelize, set_gradient_sync
-from .parallel.plan import ParallelPlan
+from .parallel.plan import ParallelPlan, build_mesh
 from .trace import Trace
 from .watchdog import StepWatchdog
 
@@ -198,6 +198,8 @@ class Trainer:
     def __init__(self, p: Prepared, trace_dir: Path | None = None) -> None:
         self.cfg, self.world, self.tokenizer = p.cfg, p.world, p.tokenizer
         cfg, world = self.cfg, self.world
+        # The data and the token counts are per data-parallel rank (world rank: logs, traces, faults).
+        self.dp_size, self.dp_rank = p.plan.dp_size, p.plan.dp_rank(world.rank)
         self.seq_len = p.seq_len
         self.device = world.device
         torch.manual_seed(cfg.training.seed)
@@ -220,8 +222,8 @@ class Trainer:
                 self.tokenizer,
                 seq_len=self.seq_len,
                 micro_batch_size=cfg.training.micro_batch_size,
-                rank=world.rank,
-                world_size=world.world_size,
+                rank=self.dp_rank,
+                world_size=self.dp_size,
                 seed=cfg.training.seed,
             )
         )
@@ -254,7 +256,7 @@ class Trainer:
             self.num_params / 1e6,
             self._lora_summary(p.adapted),
             self.seq_len,
-            cfg.training.micro_batch_size * accum * world.world_size,
+            cfg.training.micro_batch_size * accum * self.dp_size,
         )
 
     def _lora_summary(self, adapted: list[str]) -> str:
@@ -385,8 +387,9 @@ class Trainer:
         dist.all_reduce(reduced)
         fetched = [reduced, grad_norm.float().reshape(1)] + ([] if trained is None else [trained.float().reshape(1)])
         loss_total, stop_votes, norm_value, *trained_value = torch.cat(fetched).tolist()
+        # The all-reduce summed every rank's mean (a rank's model-parallel peers repeat its value).
         loss_value = loss_total / self.world.world_size
-        tokens = self.tokens_per_rank_step * self.world.world_size
+        tokens = self.tokens_per_rank_step * self.dp_size
         if not math.isfinite(loss_value):
             raise FloatingPointError(f"loss is {loss_value} at step {step}; stopping (lower training.learningRate?)")
         stats = StepStats(
@@ -404,15 +407,17 @@ class Trainer:
     def _loss_divisor(self, batches: list[Batch]) -> tuple[float | torch.Tensor, torch.Tensor | None]:
         """What each micro-batch's token-loss sum is divided by; and the global trained tokens (None: all).
 
-        With G trained tokens over W ranks the divisor is G / W: FSDP's average
-        of the ranks' gradients is then the gradient of the mean over all G.
-        Plain text trains every token on every rank alike, so G / W is this
-        rank's token count, known without communication.
+        With G trained tokens over D data-parallel ranks the divisor is G / D:
+        FSDP's average of their gradients is then the gradient of the mean
+        over all G. Plain text trains every token on every rank alike, so
+        G / D is this rank's token count, known without communication.
         """
         if self.packed is None:
             return self.tokens_per_rank_step, None
         local = float(sum(b.num_trained for b in batches))
         count = torch.tensor(local, dtype=torch.float64, device=self.device)
+        # Summed over the default group, so divided by its size: D while every rank is a
+        # data-parallel rank. Model-parallel ranks will need this sum over the data-parallel group.
         dist.all_reduce(count)
         return (count.clamp(min=1) / self.world.world_size).float(), count
 
@@ -452,8 +457,8 @@ class Trainer:
                 seq_len=self.seq_len,
                 micro_batch_size=t.micro_batch_size,
                 eval_steps=t.eval_steps,
-                rank=self.world.rank,
-                world_size=self.world.world_size,
+                rank=self.dp_rank,
+                world_size=self.dp_size,
             )
             if not self._validation:
                 log.warning("no validation data (the held-out slice is shorter than one sequence); skipping eval")

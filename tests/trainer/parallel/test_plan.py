@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from fsdp_api.parallel_plan import ParallelPlan, mesh_shape
 from fsdp_api.spec import FSDPSpec
 from fsdp_trainer.parallel.distributed import world_from_env
-from fsdp_trainer.parallel.plan import ParallelPlan, mesh_shape
 
 
 @pytest.mark.parametrize(

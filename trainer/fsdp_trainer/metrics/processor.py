@@ -9,7 +9,6 @@ hands in job-level numbers, so metrics can never deadlock or slow a step.
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 import sys
@@ -31,9 +30,7 @@ from .stats import StepStats
 if TYPE_CHECKING:
     from fsdp_api.trainer_config import TrainerConfig
 
-    from ..distributed import WorldInfo
-
-log = logging.getLogger(__name__)
+    from ..parallel.distributed import WorldInfo
 
 # Bind address of the endpoint: all interfaces in a pod (Prometheus scrapes the
 # pod IP); run-local narrows it to loopback.
@@ -206,6 +203,8 @@ class MetricsProcessor:
         seconds = sum(s.step_seconds for s in steps)
         tokens = sum(s.tokens for s in steps)
         global_tps = tokens / seconds if seconds > 0 else 0.0
+        # Per device, so over the world, not the data-parallel ranks: model-parallel peers split
+        # one data-parallel rank's tokens between them, and MFU needs each device's share.
         per_device = global_tps / self.world.world_size
         tflops = per_device * self.flops_per_token / 1e12
         data = sum(s.data_seconds for s in steps)
@@ -276,6 +275,7 @@ class MetricsProcessor:
         m.loss.labels(**lb).set(stats.loss)
         m.learning_rate.labels(**lb).set(stats.learning_rate)
         m.grad_norm.labels(**lb).set(stats.grad_norm)
+        # This device's share of the job's tokens (over the world), so that a sum over ranks is the job's.
         m.tokens.labels(**lb).inc(stats.tokens / self.world.world_size)
         m.trained_tokens.labels(**lb).inc(stats.trained / self.world.world_size)
         m.tokens_per_second.labels(**lb).set(rates.tokens_per_second_per_device)

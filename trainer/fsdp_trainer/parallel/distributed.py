@@ -9,7 +9,6 @@ single process, which is also how the non-sharded reference runs.
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -17,11 +16,6 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-
-from .plan import ParallelPlan
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -127,13 +121,6 @@ def _attempt_store(timeout: timedelta) -> dist.Store:
 def destroy_distributed() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
-
-
-def build_mesh(world: WorldInfo, plan: ParallelPlan) -> DeviceMesh:
-    """The device mesh the plan describes, over every rank (collective)."""
-    mesh = init_device_mesh(world.device.type, plan.mesh_shape, mesh_dim_names=plan.mesh_dim_names)
-    log.info("device mesh %s over %d ranks (%s)", plan.describe(), world.world_size, plan.strategy)
-    return mesh
 
 
 def barrier(world: WorldInfo) -> None:

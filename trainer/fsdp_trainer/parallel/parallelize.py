@@ -9,7 +9,7 @@ group and the root group holds the embeddings, final norm and output head.
 All of this happens on the meta device, before any storage exists.
 
 What ``fsdp.shardingStrategy`` means (the mesh, ``reshard_after_forward``,
-whether FSDP is used at all) is decided by ``plan.ParallelPlan``; this module
+whether FSDP is used at all) is decided by ``fsdp_api.parallel_plan.ParallelPlan``; this module
 only applies it. The root module is never resharded after forward: its
 parameters (embedding and head) are the first needed in backward anyway.
 """
@@ -21,6 +21,7 @@ import logging
 from collections.abc import Iterator
 
 import torch
+from fsdp_api.parallel_plan import ParallelPlan
 from fsdp_api.trainer_config import TrainerConfig
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
@@ -29,7 +30,6 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionP
 from transformers import PreTrainedModel
 
 from ..model.architecture import decoder_units
-from .plan import ParallelPlan
 
 log = logging.getLogger(__name__)
 

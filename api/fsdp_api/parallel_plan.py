@@ -1,0 +1,193 @@
+"""What a training's spec means for the device mesh: the one reading of ``fsdp.shardingStrategy``.
+
+``ParallelPlan`` (torchtitan's ``ParallelDims`` was the model) is built from
+the FSDP section and the launch (world size, processes per node). It answers
+every question the trainer, its metrics and the memory plan ask about the
+layout: whether FSDP is used at all, the mesh's dimension names and sizes,
+the shard group of ``hybrid``, ``reshard_after_forward``, the data-parallel
+coordinates (``dp_size``, ``dp_rank``), and whether the launch can build the
+mesh at all (checked before any process group exists).
+
+The data-parallel dimensions per strategy, with D the data-parallel size:
+
+- full: ``(shard=D)``, ``reshard_after_forward=True``: parameters are freed
+  after each layer's forward and gathered again for backward (ZeRO-3).
+- shard_grad_op: ``(shard=D)``, ``reshard_after_forward=False``: gathered
+  parameters stay until backward; gradients and optimizer state are sharded
+  (ZeRO-2 for parameters during the step, one all-gather fewer).
+- no_shard: ``(replicate=D, shard=1)``: whole parameters on every rank,
+  gradients all-reduced over ``replicate``: DDP semantics on the same FSDP2
+  machinery, so checkpoints and the train loop do not change.
+- hybrid: ``(replicate=D/G, shard=G)``, ``reshard_after_forward=True``, with
+  G the shard group (``fsdp.shardGroupSize``, by default one node's ranks):
+  ZeRO-3 inside a group (reduce-scatter inside a node), all-reduce across.
+
+A single process with no CPU offload gets no FSDP at all (a plain module):
+the non-sharded reference the parity tests compare against.
+
+Tensor and context parallelism (``tp``, ``cp``): their ranks share one
+data-parallel rank's batch and split its work, so they divide the world
+before data parallelism does: ``dp_size = world / (cp * tp)``. Both degrees
+are 1 until the trainer implements them; a dimension of degree 1 is left out
+of the mesh, so today's mesh is exactly the data-parallel one. Ranks fill the
+mesh row-major in the order ``replicate, shard, cp, tp``: the tensor-parallel
+peers are neighbours (one node, the fastest links), and a rank's
+data-parallel coordinate is ``rank // (cp * tp)``. A new degree is one field
+here, its place in ``mesh_dim_names`` and a check in ``errors``.
+
+Torch-free: the operator, the memory plan and the trainer's config checks use
+it before anything heavy is imported; the trainer builds the torch mesh from
+it (``fsdp_trainer.parallel.plan``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from .spec import FSDPSpec
+
+if TYPE_CHECKING:
+    from .spec import FSDPTrainingSpec
+
+# Mesh dimension names. FSDP shards along "shard" and replicates along "replicate".
+REPLICATE = "replicate"
+SHARD = "shard"
+CP = "cp"
+TP = "tp"
+
+
+@dataclass(frozen=True)
+class ParallelPlan:
+    fsdp: FSDPSpec
+    world_size: int
+    local_world_size: int
+    # Degrees of tensor and context parallelism; 1 until the trainer implements them (see the module doc).
+    tp: int = 1
+    cp: int = 1
+
+    @classmethod
+    def for_spec(cls, spec: FSDPTrainingSpec) -> ParallelPlan:
+        """The plan of a training as the spec launches it: one process per GPU (or one per CPU pod)."""
+        return cls(spec.fsdp, spec.world_size(), spec.procs_per_node())
+
+    @property
+    def strategy(self) -> str:
+        return self.fsdp.sharding_strategy
+
+    @property
+    def uses_fsdp(self) -> bool:
+        """FSDP wraps the model unless one process holds it all in device memory anyway."""
+        return self.world_size > 1 or self.fsdp.cpu_offload
+
+    # --- data-parallel coordinates ---------------------------------------------------------
+
+    @property
+    def non_dp_size(self) -> int:
+        """Ranks that share one data-parallel rank's batch (its tensor- and context-parallel peers)."""
+        return self.cp * self.tp
+
+    @property
+    def dp_size(self) -> int:
+        """Data-parallel ranks: the data loader's shards, and the ranks FSDP averages gradients over."""
+        return self.world_size // self.non_dp_size
+
+    def dp_rank(self, rank: int) -> int:
+        """The data-parallel coordinate of a (world) rank: which shard of the data it reads."""
+        if not 0 <= rank < self.world_size:
+            raise ValueError(f"rank {rank} is outside the world of {self.world_size} ranks")
+        return rank // self.non_dp_size
+
+    # --- the mesh --------------------------------------------------------------------------
+
+    @property
+    def shard_group_size(self) -> int:
+        """Ranks per shard group of the hybrid mesh: fsdp.shardGroupSize or one node's data-parallel ranks."""
+        return self.fsdp.shard_group_size or max(1, self.local_world_size // self.non_dp_size)
+
+    @property
+    def dp_shape(self) -> tuple[int, ...]:
+        """The data-parallel dimensions' sizes (the mesh FSDP shards and replicates over)."""
+        if self.strategy in ("full", "shard_grad_op"):
+            return (self.dp_size,)
+        if self.strategy == "no_shard":
+            return (self.dp_size, 1)
+        group = self.shard_group_size
+        return (self.dp_size // group, group)
+
+    @property
+    def dp_dim_names(self) -> tuple[str, ...]:
+        return (SHARD,) if len(self.dp_shape) == 1 else (REPLICATE, SHARD)
+
+    @property
+    def mesh_shape(self) -> tuple[int, ...]:
+        return self.dp_shape + tuple(size for _, size in self._model_parallel_dims())
+
+    @property
+    def mesh_dim_names(self) -> tuple[str, ...]:
+        return self.dp_dim_names + tuple(name for name, _ in self._model_parallel_dims())
+
+    def _model_parallel_dims(self) -> list[tuple[str, int]]:
+        return [(name, size) for name, size in ((CP, self.cp), (TP, self.tp)) if size > 1]
+
+    @property
+    def shards_over_all_dp_ranks(self) -> bool:
+        """Each parameter is split over every data-parallel rank (full, shard_grad_op): more ranks, smaller shards."""
+        return self.dp_dim_names == (SHARD,)
+
+    @property
+    def shard_size(self) -> int:
+        """Ranks one parameter is split over (1: whole on every rank), for the memory estimate.
+
+        Capped at the data-parallel size, so a layout ``errors`` refuses still gets an estimate.
+        """
+        if not self.uses_fsdp:
+            return 1
+        return max(1, min(self.dp_shape[-1], self.dp_size))
+
+    @property
+    def reshard_after_forward(self) -> bool:
+        """For the decoder layers; the root module is never resharded after forward."""
+        return self.strategy != "shard_grad_op"
+
+    def describe(self) -> dict[str, int]:
+        """The mesh as {dim name: size}, for the log."""
+        return dict(zip(self.mesh_dim_names, self.mesh_shape, strict=True))
+
+    def errors(self) -> list[str]:
+        """Why the mesh cannot be built for this launch, naming the field; empty when it can."""
+        if self.world_size < 1 or self.local_world_size < 1:
+            return [f"the launch has {self.world_size} ranks, {self.local_world_size} per node: both must be >= 1"]
+        if self.tp < 1 or self.cp < 1 or self.world_size % self.non_dp_size:
+            return [
+                f"the world size {self.world_size} is not a multiple of tp x cp = {self.tp} x {self.cp}, "
+                "so the data-parallel size is not a whole number"
+            ]
+        if self.strategy != "hybrid":
+            return []
+        return self._hybrid_errors()
+
+    def _hybrid_errors(self) -> list[str]:
+        group = self.shard_group_size
+        source = "fsdp.shardGroupSize"
+        if not self.fsdp.shard_group_size:
+            source += " (unset: processes per node)"
+        size = (
+            f"the world size {self.world_size}"
+            if self.non_dp_size == 1
+            else f"the data-parallel size {self.dp_size} (world size / tp x cp)"
+        )
+        if group > self.dp_size:
+            return [f"{source}: shard group of {group} ranks is larger than {size}"]
+        if self.dp_size % group:
+            return [
+                f"{source}: {size} is not a multiple of the shard group size {group}, "
+                "so the hybrid mesh (replicate x shard) cannot be built"
+            ]
+        return []
+
+
+def mesh_shape(fsdp: FSDPSpec, world_size: int, local_world_size: int) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """The data-parallel mesh for a sharding strategy: (shape, dim names)."""
+    plan = ParallelPlan(fsdp, world_size, local_world_size)
+    return plan.mesh_shape, plan.mesh_dim_names

@@ -1,0 +1,141 @@
+"""The parallel plan (fsdp_api.parallel_plan): mesh sizes, data-parallel coordinates and impossible layouts.
+
+Torch-free, like the plan: the operator and the memory plan read it without torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from fsdp_api.parallel_plan import ParallelPlan
+from fsdp_api.spec import FSDPSpec, FSDPTrainingSpec
+
+
+def plan(fsdp: dict[str, Any], world: int, local: int, **degrees: int) -> ParallelPlan:
+    return ParallelPlan(FSDPSpec.model_validate(fsdp), world, local, **degrees)
+
+
+@pytest.mark.parametrize(
+    ("fsdp", "world", "local", "dims", "shard_size", "reshard"),
+    [
+        ({"shardingStrategy": "full"}, 16, 8, {"shard": 16}, 16, True),
+        ({"shardingStrategy": "shard_grad_op"}, 16, 8, {"shard": 16}, 16, False),
+        ({"shardingStrategy": "no_shard"}, 16, 8, {"replicate": 16, "shard": 1}, 1, True),
+        ({"shardingStrategy": "hybrid"}, 16, 8, {"replicate": 2, "shard": 8}, 8, True),
+        ({"shardingStrategy": "hybrid", "shardGroupSize": 4}, 16, 8, {"replicate": 4, "shard": 4}, 4, True),
+        ({"shardingStrategy": "full"}, 1, 1, {"shard": 1}, 1, True),
+    ],
+)
+def test_sizes_for_each_strategy(
+    fsdp: dict[str, Any], world: int, local: int, dims: dict[str, int], shard_size: int, reshard: bool
+) -> None:
+    p = plan(fsdp, world, local)
+    assert p.describe() == dims
+    assert p.dp_shape == p.mesh_shape and p.dp_dim_names == p.mesh_dim_names  # no model-parallel dims today
+    assert p.dp_size == world  # every rank is a data-parallel rank
+    assert p.shard_size == shard_size
+    assert p.reshard_after_forward is reshard
+    assert p.errors() == []
+
+
+@pytest.mark.parametrize(
+    ("strategy", "expected"), [("full", True), ("shard_grad_op", True), ("no_shard", False), ("hybrid", False)]
+)
+def test_more_ranks_shrink_the_shards_only_when_parameters_are_split_over_all_of_them(
+    strategy: str, expected: bool
+) -> None:
+    assert plan({"shardingStrategy": strategy}, 16, 8).shards_over_all_dp_ranks is expected
+
+
+def test_dp_rank_is_the_world_rank_without_model_parallelism() -> None:
+    p = plan({"shardingStrategy": "hybrid"}, 16, 8)
+    assert [p.dp_rank(r) for r in range(16)] == list(range(16))
+
+
+def test_model_parallel_degrees_divide_the_world_before_data_parallelism() -> None:
+    # 16 ranks, tp 2 x cp 2: 4 data-parallel ranks; tp peers are neighbours, then cp.
+    p = plan({"shardingStrategy": "full"}, 16, 8, tp=2, cp=2)
+    assert p.dp_size == 4 and p.non_dp_size == 4
+    assert p.describe() == {"shard": 4, "cp": 2, "tp": 2}
+    assert p.dp_dim_names == ("shard",) and p.dp_shape == (4,)
+    assert [p.dp_rank(r) for r in range(16)] == [r // 4 for r in range(16)]
+    assert p.shard_size == 4
+    # hybrid's default group is one node's data-parallel ranks: 8 processes / (tp x cp) = 2.
+    h = plan({"shardingStrategy": "hybrid"}, 16, 8, tp=2, cp=2)
+    assert h.shard_group_size == 2
+    assert h.describe() == {"replicate": 2, "shard": 2, "cp": 2, "tp": 2}
+    assert h.errors() == []
+
+
+def test_dp_rank_outside_the_world_is_refused() -> None:
+    p = plan({}, 4, 4)
+    for rank in (-1, 4):
+        with pytest.raises(ValueError, match=f"rank {rank} is outside the world of 4 ranks"):
+            p.dp_rank(rank)
+
+
+@pytest.mark.parametrize(
+    ("fsdp", "world", "local", "degrees", "message"),
+    [
+        (
+            {"shardingStrategy": "hybrid", "shardGroupSize": 8},
+            4,
+            4,
+            {},
+            "fsdp.shardGroupSize: shard group of 8 ranks is larger than the world size 4",
+        ),
+        (
+            {"shardingStrategy": "hybrid"},
+            4,
+            3,
+            {},
+            "fsdp.shardGroupSize (unset: processes per node): the world size 4 is not a multiple of the shard "
+            "group size 3, so the hybrid mesh (replicate x shard) cannot be built",
+        ),
+        (
+            {"shardingStrategy": "full"},
+            6,
+            6,
+            {"tp": 4},
+            "the world size 6 is not a multiple of tp x cp = 4 x 1, so the data-parallel size is not a whole number",
+        ),
+        (
+            {"shardingStrategy": "hybrid", "shardGroupSize": 3},
+            16,
+            8,
+            {"tp": 2},
+            "fsdp.shardGroupSize: the data-parallel size 8 (world size / tp x cp) is not a multiple of the shard "
+            "group size 3, so the hybrid mesh (replicate x shard) cannot be built",
+        ),
+        ({}, 0, 1, {}, "the launch has 0 ranks, 1 per node: both must be >= 1"),
+    ],
+)
+def test_an_impossible_layout_has_one_clear_error(
+    fsdp: dict[str, Any], world: int, local: int, degrees: dict[str, int], message: str
+) -> None:
+    assert plan(fsdp, world, local, **degrees).errors() == [message]
+
+
+def test_an_impossible_hybrid_layout_still_gets_a_shard_size_for_the_estimate() -> None:
+    # The memory plan estimates before anything checks the launch: the group is capped at the world.
+    assert plan({"shardingStrategy": "hybrid", "shardGroupSize": 8}, 4, 4).shard_size == 4
+
+
+def test_for_spec_is_the_launch_the_spec_describes() -> None:
+    spec = FSDPTrainingSpec.model_validate(
+        {
+            "image": "trainer:1.0",
+            "model": {"preset": "llama3.2-1b"},
+            "training": {"maxSteps": 10},
+            "fsdp": {"shardingStrategy": "hybrid"},
+            "resources": {"nodes": 2, "gpusPerNode": 8},
+        }
+    )
+    p = ParallelPlan.for_spec(spec)
+    assert (p.world_size, p.local_world_size, p.dp_size) == (16, 8, 16)
+    assert p.describe() == {"replicate": 2, "shard": 8}
+    cpu = ParallelPlan.for_spec(
+        spec.model_copy(update={"resources": spec.resources.model_copy(update={"gpus_per_node": 0})})
+    )
+    assert (cpu.world_size, cpu.local_world_size) == (2, 1)  # one process per CPU pod
