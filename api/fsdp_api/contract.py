@@ -196,9 +196,20 @@ ENV_TRAINER_FAULT = "FSDP_TRAINER_FAULT"
 LABEL_JOB_NAME = "job_name"
 LABEL_NODE_RANK = "node_rank"
 LABEL_LOCAL_RANK = "local_rank"
+LABEL_GPU = "gpu"
+LABEL_MODEL = "model"
+LABEL_SHARDING_STRATEGY = "sharding_strategy"
+LABEL_PRECISION = "precision"
+LABEL_WORLD_SIZE = "world_size"
 RANK_LABELS = (LABEL_JOB_NAME, LABEL_NODE_RANK, LABEL_LOCAL_RANK)
-INFO_LABELS = (*RANK_LABELS, "model", "sharding_strategy", "precision", "world_size")
-GPU_LABELS = (*RANK_LABELS, "gpu")
+INFO_LABELS = (*RANK_LABELS, LABEL_MODEL, LABEL_SHARDING_STRATEGY, LABEL_PRECISION, LABEL_WORLD_SIZE)
+GPU_LABELS = (*RANK_LABELS, LABEL_GPU)
+
+
+def rank_label_values(job_name: str, node_rank: int, local_rank: int) -> dict[str, str]:
+    """The values of RANK_LABELS for one rank's series (the trainer's and a script's alike)."""
+    return {LABEL_JOB_NAME: job_name, LABEL_NODE_RANK: str(node_rank), LABEL_LOCAL_RANK: str(local_rank)}
+
 
 MetricType = Literal["gauge", "counter", "histogram"]
 

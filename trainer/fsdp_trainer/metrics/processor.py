@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, TextIO
 
 import torch
+from fsdp_api import contract
 from fsdp_api.contract import ENV_METRICS_ADDR, ENV_METRICS_LINGER_SECONDS
 
 from .flops import FlopsShape, mfu, peak_tflops
@@ -79,11 +80,7 @@ class MetricsProcessor:
         self.peak_tflops = peak_tflops(self.device_name, cfg.training.precision, tf32=_tf32_enabled())
         self.max_steps = cfg.training.max_steps
         self.restart_count = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
-        self.labels = {
-            "job_name": cfg.job.name,
-            "node_rank": str(world.node_rank),
-            "local_rank": str(world.local_rank),
-        }
+        self.labels = contract.rank_label_values(cfg.job.name, world.node_rank, world.local_rank)
         self.stream = stream if stream is not None else sys.stdout
         self.is_logger = world.rank == 0
         self.metrics: TrainerMetrics | None = None
@@ -117,13 +114,13 @@ class MetricsProcessor:
             w = self.world
             self._print(f"{line} (node {w.node_rank}, {w.local_world_size} local ranks)", force=True)
         self.metrics = m = TrainerMetrics()
-        m.info.labels(
-            **self.labels,
-            model=self.cfg.model.source(),
-            sharding_strategy=self.cfg.fsdp.sharding_strategy,
-            precision=self.cfg.training.precision,
-            world_size=str(self.world.world_size),
-        ).set(1)
+        info = {
+            contract.LABEL_MODEL: self.cfg.model.source(),
+            contract.LABEL_SHARDING_STRATEGY: self.cfg.fsdp.sharding_strategy,
+            contract.LABEL_PRECISION: self.cfg.training.precision,
+            contract.LABEL_WORLD_SIZE: str(self.world.world_size),
+        }
+        m.info.labels(**self.labels, **info).set(1)
         m.max_steps.labels(**self.labels).set(self.max_steps)
         m.restart_count.labels(**self.labels).set(self.restart_count)
         m.peak_tflops.labels(**self.labels).set(self.peak_tflops)
@@ -299,7 +296,7 @@ class MetricsProcessor:
         sample = self.gpu.sample()
         if sample is None:
             return
-        m, lb = self.metrics, {**self.labels, "gpu": str(self.gpu.gpu)}
+        m, lb = self.metrics, {**self.labels, contract.LABEL_GPU: str(self.gpu.gpu)}
         m.gpu_utilization.labels(**lb).set(sample.utilization_ratio)
         m.gpu_memory_used.labels(**lb).set(sample.memory_used_bytes)
         m.gpu_memory_total.labels(**lb).set(sample.memory_total_bytes)

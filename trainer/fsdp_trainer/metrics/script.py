@@ -32,7 +32,13 @@ import os
 import time
 from collections.abc import Mapping
 
-from fsdp_api.contract import ENV_JOB_NAME, ENV_METRICS_ADDR, ENV_METRICS_LINGER_SECONDS, ENV_METRICS_PORT
+from fsdp_api.contract import (
+    ENV_JOB_NAME,
+    ENV_METRICS_ADDR,
+    ENV_METRICS_LINGER_SECONDS,
+    ENV_METRICS_PORT,
+    rank_label_values,
+)
 
 from ..parallel.distributed import world_from_env
 from .prometheus import MetricsServer, TrainerMetrics, open_pod_endpoint
@@ -46,11 +52,7 @@ class ScriptMetrics:
         world = world_from_env(env, use_cuda=False)
         self.local_rank = world.local_rank
         self.world_size = max(1, world.world_size)
-        self.labels = {
-            "job_name": env.get(ENV_JOB_NAME) or "local",
-            "node_rank": str(world.node_rank),
-            "local_rank": str(self.local_rank),
-        }
+        self.labels = rank_label_values(env.get(ENV_JOB_NAME) or "local", world.node_rank, self.local_rank)
         self._linger = float(env.get(ENV_METRICS_LINGER_SECONDS) or 0)
         self.server: MetricsServer | None = None
         self.metrics: TrainerMetrics | None = None
