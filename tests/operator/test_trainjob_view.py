@@ -1,4 +1,4 @@
-"""A TrainJob's status in the PyTorchJob's terms (controller/trainjob_view.py), and the training's status from it.
+"""A TrainJob's status in the PyTorchJob's terms (backends/trainjob_view.py), and the training's status from it.
 
 The TrainJobs here are what Kubeflow Trainer v2.3.0 writes: metav1 conditions
 Suspended (reason Suspended / Resumed, pkg/controller/trainjob_controller.go
@@ -24,7 +24,7 @@ from fsdp_operator.controller.status import (
     compute_status,
     job_phase,
 )
-from fsdp_operator.controller.trainjob_view import trainjob_status
+from fsdp_operator.backends.trainjob_view import trainjob_status
 
 NOW = "2026-01-02T05:00:00Z"
 CREATED = "2026-01-02T03:00:00Z"

@@ -22,20 +22,12 @@ from typing import Any
 
 import kopf
 from fsdp_api import API_VERSION, KIND, FSDPTraining, format_errors
-from fsdp_api.contract import (
-    BACKENDS,
-    JOB_KINDS,
-    NETWORKPOLICY_KIND,
-    PODMONITOR_KIND,
-    PYTORCHJOB,
-    PYTORCHJOB_KIND,
-    TRAINJOB_KIND,
-    JobBackend,
-)
+from fsdp_api.contract import NETWORKPOLICY_KIND, PODMONITOR_KIND
 from fsdp_api.memory_plan import MemoryPlan, plan_memory
 from fsdp_api.spec import FSDPTrainingSpec
 from pydantic import ValidationError
 
+from .. import backends
 from ..render import render
 from .events import create_events, post_events
 from .kube import NETWORK_ERRORS, ApiError, KubeClient
@@ -63,7 +55,6 @@ from .status import (
     status_patch,
     transition_events,
 )
-from .trainjob_view import trainjob_status, trainjob_suspended
 
 log = logging.getLogger(__name__)
 
@@ -159,17 +150,12 @@ def trim(body: Mapping[str, Any]) -> Json:
 
 
 def trim_job(job: Mapping[str, Any]) -> Json:
-    """The parts of a job the status needs; a TrainJob in the PyTorchJob's terms (trainjob_view.py)."""
+    """The parts of a job the status needs, in the PyTorchJob's terms (its backend's ``kubeflow_v1_view``)."""
     meta = job.get("metadata") or {}
-    kind = job.get("kind") or PYTORCHJOB_KIND
-    if kind == TRAINJOB_KIND:
-        spec: Json = {"runPolicy": {"suspend": trainjob_suspended(job)}}
-        status = trainjob_status(job)
-    else:
-        spec = {"runPolicy": copy.deepcopy(((job.get("spec") or {}).get("runPolicy")) or {})}
-        status = copy.deepcopy(dict(job.get("status") or {}))
+    backend = backends.of_kind(job.get("kind"))
+    spec, status = backend.kubeflow_v1_view(job)
     return {
-        "kind": kind,
+        "kind": backend.ref.kind,
         "metadata": {
             k: copy.deepcopy(meta[k])
             for k in ("name", "namespace", "uid", "resourceVersion", "annotations", "creationTimestamp")
@@ -178,15 +164,6 @@ def trim_job(job: Mapping[str, Any]) -> Json:
         "spec": spec,
         "status": status,
     }
-
-
-def backend_of(body: Mapping[str, Any]) -> str:
-    """The training's spec.backend (the API server defaults it; older objects lack it)."""
-    return str((body.get("spec") or {}).get("backend") or PYTORCHJOB.name)
-
-
-def job_backend(body: Mapping[str, Any]) -> JobBackend:
-    return BACKENDS.get(backend_of(body), PYTORCHJOB)
 
 
 def _seconds_since(timestamp: str | None) -> float | None:
@@ -395,7 +372,7 @@ async def _apply_objects(
             raise kopf.TemporaryError(message, delay=delay)
         for obj in objects:
             result = await rt.client.apply(obj)
-            if obj["kind"] in JOB_KINDS:
+            if obj["kind"] in backends.BY_KIND:
                 job = result.body
                 if result.created:
                     latency = _seconds_since(meta.get("creationTimestamp"))
@@ -462,8 +439,8 @@ async def _record_failure(
     job = newest_job(job, rt.jobs.get(meta.get("uid", "")))
     if job is None:
         try:
-            backend = job_backend(body)
-            job = await rt.client.get(backend.api_version, backend.kind, meta.get("namespace"), meta["name"])
+            ref = backends.of_training(body).ref
+            job = await rt.client.get(ref.api_version, ref.kind, meta.get("namespace"), meta["name"])
         except (ApiError, *NETWORK_ERRORS):
             job = None
     try:
@@ -579,7 +556,7 @@ async def recreate_job(rt: Runtime, namespace: str, name: str, uid: str) -> None
             if fresh is None or uid in rt.jobs:  # gone, replaced, or re-created meanwhile
                 return
             phase = (fresh.get("status") or {}).get("phase")
-            kind = job_backend(fresh).kind
+            kind = backends.of_training(fresh).ref.kind
             if phase in TERMINAL_PHASES:
                 log.info("%s %s/%s of a %s training was deleted; not re-creating it", kind, namespace, name, phase)
                 message = JOB_DELETED_AFTER_END.format(kind=kind, phase=phase)
@@ -707,8 +684,8 @@ async def _training_of_workload(rt: Runtime, workload: Mapping[str, Any]) -> Jso
     training = rt.trainings.get((namespace, ref.get("name", "")))
     job = rt.jobs.get(training["metadata"].get("uid", "")) if training is not None else None
     if job is None or (job.get("metadata") or {}).get("uid") != ref.get("uid"):
-        backend = JOB_KINDS[ref["kind"]]
-        fresh = await rt.client.get(backend.api_version, backend.kind, namespace, ref.get("name", ""))
+        job_ref = backends.BY_KIND[ref["kind"]].ref
+        fresh = await rt.client.get(job_ref.api_version, job_ref.kind, namespace, ref.get("name", ""))
         owner = owner_of(fresh) if fresh is not None else None
         if fresh is None or owner is None or fresh["metadata"].get("uid") != ref.get("uid"):
             return None

@@ -26,13 +26,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
-from fsdp_api.contract import TRAINJOB, TRAINJOB_KIND, TRAINJOB_NODE, JobBackend
+from fsdp_api.contract import JobBackend
 from fsdp_api.spec import MetricsSpec
 
+from .. import backends
 from .kube import NETWORK_ERRORS, ApiError
 from .peering import we_are_active
 from .progress import rank0_pod, scrape
-from .reconcile import Runtime, job_backend, record_pods, record_progress
+from .reconcile import Runtime, record_pods, record_progress
 from .stall_check import check_stall
 from .status import FAILED_CREATE_POD, SCHEDULABLE, TrainingFacts, pods_report
 
@@ -61,11 +62,10 @@ def running_trainings(rt: Runtime) -> list[Mapping[str, Any]]:
 
 
 def _fewer_pods_than_nodes(job: Mapping[str, Any], body: Mapping[str, Any]) -> bool:
-    """A PyTorchJob counts its active pods; a TrainJob only its child Jobs (the rest of waiting_trainings covers it)."""
-    if job.get("kind") == TRAINJOB_KIND:
+    """Only a backend whose replicaStatuses count pods can tell; for others the rest of waiting_trainings covers it."""
+    if not backends.of_kind(job.get("kind")).counts_pods:
         return False
-    replicas = (job.get("status") or {}).get("replicaStatuses") or {}
-    return sum(int(r.get("active") or 0) for r in replicas.values()) < TrainingFacts.from_body(body).nodes
+    return backends.job_view(job).active() < TrainingFacts.from_body(body).nodes
 
 
 def waiting_trainings(rt: Runtime) -> list[Mapping[str, Any]]:
@@ -108,14 +108,15 @@ async def check_pods_once(rt: Runtime, peering: PeeringView | None) -> int:
         nonlocal changed
         job_name = rt.previous_status(body).get("jobName") or body["metadata"]["name"]
         namespace, expected = body["metadata"]["namespace"], TrainingFacts.from_body(body).nodes
-        backend = job_backend(body)
+        backend = backends.of_training(body)
         async with gate:
-            pods = await rt.client.list("v1", "Pod", namespace, f"{backend.job_label}={job_name}")
+            pods = await rt.client.list("v1", "Pod", namespace, f"{backend.ref.job_label}={job_name}")
             live = [p for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp")]
             job = rt.jobs.get(body["metadata"].get("uid", "")) or {}
             create_failure = None
             if len(live) < expected and (job_uid := (job.get("metadata") or {}).get("uid")):
-                create_failure = await last_create_failure(rt, namespace, pod_creator(backend, job_name, job_uid))
+                selector = backend.pod_creation_failures(job_name, job_uid)
+                create_failure = await last_create_failure(rt, namespace, selector)
         report = pods_report(pods, expected, create_failure)
         known = (report.scheduling, report.rejection, report.start)
         if any(k is not None for k in known) and await record_pods(rt, body, report):
@@ -131,25 +132,11 @@ async def check_pods_once(rt: Runtime, peering: PeeringView | None) -> int:
     return changed
 
 
-# The reason of the Job controller's Event when it cannot create a pod (pkg/controller/job).
-FAILED_CREATE = "FailedCreate"
-
-
-def pod_creator(backend: JobBackend, job_name: str, job_uid: str) -> str:
-    """A field selector for the Events of whatever creates the job's pods, when it is refused one.
-
-    Kubeflow's training operator records a refused pod (quota, admission
-    webhook, Pod Security) only as a FailedCreatePod Event on the PyTorchJob.
-    A TrainJob's pods come from the batch Job JobSet makes for the trainer
-    nodes (<jobset>-<replicated job>-<index>), which records FailedCreate.
-    """
-    if backend is TRAINJOB:
-        return f"involvedObject.kind=Job,involvedObject.name={job_name}-{TRAINJOB_NODE}-0,reason={FAILED_CREATE}"
-    return f"involvedObject.uid={job_uid},reason={FAILED_CREATE_POD}"
-
-
 async def last_create_failure(rt: Runtime, namespace: str, selector: str) -> str | None:
-    """The message of the newest Event matching ``selector`` (``pod_creator``), if any: why pods are missing."""
+    """The message of the newest Event matching ``selector`` (the backend's ``pod_creation_failures``), if any.
+
+    That is why pods are missing: quota, an admission webhook, Pod Security.
+    """
     events = await rt.client.list("v1", "Event", namespace, field_selector=selector)
 
     def when(e: Mapping[str, Any]) -> str:
@@ -171,9 +158,9 @@ async def final_scrape(rt: Runtime, training: Mapping[str, Any]) -> bool:
         return False
     meta = training["metadata"]
     job_name = rt.previous_status(training).get("jobName") or meta["name"]
-    backend = job_backend(training)
+    ref = backends.of_training(training).ref
     try:
-        selector = f"{backend.job_label}={job_name},{backend.index_label}=0"
+        selector = f"{ref.job_label}={job_name},{ref.index_label}=0"
         pods = await rt.client.list("v1", "Pod", meta["namespace"], selector)
     except (ApiError, *NETWORK_ERRORS) as e:
         log.debug("listing pods of %s/%s failed: %s", meta["namespace"], job_name, e)
@@ -206,7 +193,7 @@ async def scrape_once(rt: Runtime, session: aiohttp.ClientSession, peering: Peer
     by_namespace: dict[tuple[str, JobBackend], list[Mapping[str, Any]]] = defaultdict(list)
     running = running_trainings(rt)
     for body in running:
-        by_namespace[body["metadata"]["namespace"], job_backend(body)].append(body)
+        by_namespace[body["metadata"]["namespace"], backends.of_training(body).ref].append(body)
     # A training that stops running (suspended, restarting, finished) starts its stall clock afresh.
     keep = {b["metadata"].get("uid") for b in running}
     for uid in [u for u in rt.step_clocks if u not in keep]:

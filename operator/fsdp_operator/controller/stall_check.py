@@ -18,8 +18,9 @@ from typing import Any
 from fsdp_api.spec import CheckpointSpec, StallSpec
 from pydantic import ValidationError
 
+from .. import backends
 from .progress import TrainerProgress
-from .reconcile import Runtime, job_backend, record_stall
+from .reconcile import Runtime, record_stall
 from .stall import StallRules, observe, start_clock, verdict
 from .status import STALLED, EventSpec, stall_state
 
@@ -52,7 +53,8 @@ async def restart_pods(rt: Runtime, training: Mapping[str, Any]) -> int:
     """Delete every pod of the training's job (its controller re-creates them); returns how many."""
     meta = training["metadata"]
     job_name = rt.previous_status(training).get("jobName") or meta["name"]
-    pods = await rt.client.list("v1", "Pod", meta["namespace"], f"{job_backend(training).job_label}={job_name}")
+    job_label = backends.of_training(training).ref.job_label
+    pods = await rt.client.list("v1", "Pod", meta["namespace"], f"{job_label}={job_name}")
     deleted = 0
     for pod in pods:
         pod_meta = pod.get("metadata") or {}

@@ -11,11 +11,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from fsdp_api.contract import CONFIG_ERROR_EXIT_CODE, CONFIG_ERROR_HEADER, GROUP, PYTORCHJOB_KIND, TRAINER_CONTAINERS
+from fsdp_api.contract import CONFIG_ERROR_EXIT_CODE, CONFIG_ERROR_HEADER, GROUP, TRAINER_CONTAINERS
 from fsdp_api.memory_plan import MemoryPlan
 from fsdp_api.spec import CheckpointSpec, ResourcesSpec
-from fsdp_api.status import CheckpointStatus, Condition, FSDPTrainingStatus, MemoryStatus, Phase, ReplicaStatus
+from fsdp_api.status import CheckpointStatus, Condition, FSDPTrainingStatus, MemoryStatus, Phase
 
+from ..backends import FAILED_CREATE_POD, JobView, job_view
 from .queueing import ADMITTED, EVICTED, QueueState
 from .stall import StallVerdict
 
@@ -36,9 +37,6 @@ SCHEDULED = "Scheduled"
 # image that cannot be pulled, a missing Secret or ConfigMap key).
 PODS_STARTED = "PodsStarted"
 STARTED = "Started"
-# The training operator's Event reason when it cannot create a pod
-# (kubeflow/training-operator v1.9 pkg/controller.v1/control/pod_control.go).
-FAILED_CREATE_POD = "FailedCreatePod"
 # Waiting reasons of a container the kubelet cannot start (kubelet
 # images/types.go and kuberuntime); ContainerCreating and CrashLoopBackOff are
 # not among them: the first passes, the second is the process's own failure.
@@ -286,37 +284,28 @@ def pods_report(pods: Iterable[Json], expected: int, create_failure: str | None 
     return PodsReport(pod_scheduling(pods, expected), config_rejection(pods), pod_start(pods, expected, create_failure))
 
 
-def _true_conditions(job: Json) -> dict[str, Json]:
-    conds = (job.get("status") or {}).get("conditions") or []
-    return {c.get("type", ""): c for c in conds if c.get("status") == "True"}
-
-
-def _job_suspended(job: Json) -> bool:
-    return bool(((job.get("spec") or {}).get("runPolicy") or {}).get("suspend", False))
-
-
 _TERMINAL: tuple[Phase, ...] = ("Failed", "Succeeded")
 _ACTIVE: tuple[Phase, ...] = ("Restarting", "Running")
 
 
-def job_phase(job: Json | None) -> tuple[Phase, str]:
+def job_phase(job: Json | JobView | None) -> tuple[Phase, str]:
     """The phase and its message, by precedence: terminal states, then suspension, then activity."""
     if job is None:
         return "Pending", "waiting for the job to be created"
-    true = _true_conditions(job)
-    name = (job.get("metadata") or {}).get("name", "")
-    kind = job.get("kind") or PYTORCHJOB_KIND
+    view = job_view(job)
+    true = view.true_conditions()
+    kind, name = view.kind, view.name
     for phase in _TERMINAL:
         if phase in true:
-            return phase, true[phase].get("message") or f"{kind} {name} {phase.lower()}"
-    if "Suspended" in true or _job_suspended(job):
-        msg = true["Suspended"].get("message") if "Suspended" in true else ""
+            return phase, true[phase].message or f"{kind} {name} {phase.lower()}"
+    if "Suspended" in true or view.suspend_requested:
+        msg = true["Suspended"].message if "Suspended" in true else ""
         return "Suspended", msg or f"{kind} {name} is suspended"
     for phase in _ACTIVE:
         if phase in true:
-            return phase, true[phase].get("message") or f"{kind} {name} is {phase.lower()}"
+            return phase, true[phase].message or f"{kind} {name} is {phase.lower()}"
     created = true.get("Created")
-    return "Created", (created or {}).get("message") or f"{kind} {name} created; waiting for its pods"
+    return "Created", (created.message if created else "") or f"{kind} {name} created; waiting for its pods"
 
 
 def _previous_conditions(previous: Json | None) -> dict[str, Json]:
@@ -348,50 +337,39 @@ def _condition(
     )
 
 
-def _job_conditions(job: Json, generation: int | None, previous: Mapping[str, Json], now: str) -> list[Condition]:
-    by_type = {c.get("type"): c for c in ((job.get("status") or {}).get("conditions") or [])}
+def _job_conditions(job: JobView, generation: int | None, previous: Mapping[str, Json], now: str) -> list[Condition]:
+    by_type = job.by_type()
     out = []
     for cond_type in KUBEFLOW_CONDITIONS:
         c = by_type.get(cond_type)
         if c is None:
-            if cond_type == "Suspended" and _job_suspended(job):
+            if cond_type == "Suspended" and job.suspend_requested:
                 # Requested in the job's spec, not yet acknowledged by the training operator.
                 out.append(
                     _condition(
                         "Suspended",
                         "True",
                         "SuspendRequested",
-                        f"suspend is set on the {job.get('kind') or PYTORCHJOB_KIND}",
+                        f"suspend is set on the {job.kind}",
                         generation,
                         previous,
                         now,
                     )
                 )
             continue
-        status = c.get("status") if c.get("status") in ("True", "False") else "Unknown"
         out.append(
             _condition(
                 cond_type,
-                str(status),
-                str(c.get("reason") or cond_type),
-                str(c.get("message") or ""),
+                c.status,
+                c.reason or cond_type,
+                c.message,
                 generation,
                 previous,
                 now,
-                transition_time=c.get("lastTransitionTime") or c.get("lastUpdateTime"),
+                transition_time=c.transition_time,
             )
         )
     return out
-
-
-def _replica_statuses(job: Json) -> dict[str, ReplicaStatus]:
-    raw = (job.get("status") or {}).get("replicaStatuses") or {}
-    return {
-        rtype: ReplicaStatus(
-            active=int(r.get("active") or 0), succeeded=int(r.get("succeeded") or 0), failed=int(r.get("failed") or 0)
-        )
-        for rtype, r in sorted(raw.items())
-    }
 
 
 # Phases in which pods are expected to be (or become) scheduled: a placement
@@ -529,9 +507,9 @@ def _queue_conditions(
     return out
 
 
-def observed_generation(job: Json | None, previous: Json | None) -> int | None:
+def observed_generation(job: Json | JobView | None, previous: Json | None) -> int | None:
     if job is not None:
-        raw = ((job.get("metadata") or {}).get("annotations") or {}).get(GENERATION_ANNOTATION)
+        raw = job_view(job).annotations.get(GENERATION_ANNOTATION)
         if raw is not None and str(raw).isdigit():
             return int(raw)
     prev = (previous or {}).get("observedGeneration")
@@ -540,7 +518,7 @@ def observed_generation(job: Json | None, previous: Json | None) -> int | None:
 
 def compute_status(
     training: TrainingFacts,
-    job: Json | None,
+    job_body: Json | JobView | None,
     previous: Json | None,
     *,
     outcome: ReconcileOutcome | None = None,
@@ -572,6 +550,7 @@ def compute_status(
     has by construction trained and checkpointed its last step (below).
     """
     now = now or now_rfc3339()
+    job = job_view(job_body) if job_body is not None else None
     prev = previous or {}
     prev_conds = _previous_conditions(previous)
     generation = observed_generation(job, previous)
@@ -659,7 +638,6 @@ def compute_status(
     if job is not None:
         conditions += _job_conditions(job, generation, prev_conds, now)
 
-    job_status = (job or {}).get("status") or {}
     prev_ckpt = prev.get("checkpoint") or {}
     step, last_checkpoint = prev.get("step"), prev_ckpt.get("lastStep")
     if phase == "Succeeded" and training.max_steps is not None and generation == training.generation:
@@ -672,12 +650,12 @@ def compute_status(
         message=bounded(message),
         observed_generation=generation,
         conditions=conditions,
-        job_name=(job or {}).get("metadata", {}).get("name") or prev.get("jobName") or training.name,
+        job_name=(job.name if job else "") or prev.get("jobName") or training.name,
         nodes=training.nodes,
         gpus=training.gpus,
-        replica_statuses=_replica_statuses(job) if job is not None else {},
-        start_time=job_status.get("startTime"),
-        completion_time=job_status.get("completionTime"),
+        replica_statuses=dict(job.replicas) if job is not None else {},
+        start_time=job.start_time if job is not None else None,
+        completion_time=job.completion_time if job is not None else None,
         step=step,
         loss=prev.get("loss"),
         tokens_per_second=prev.get("tokensPerSecond"),
