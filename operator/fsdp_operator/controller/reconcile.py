@@ -77,7 +77,7 @@ class Runtime:
     jobs: dict[str, Json] = field(default_factory=dict)
     # training uid -> its job's Kueue Workload as last seen on the watch (trimmed), for queued trainings.
     workloads: dict[str, Json] = field(default_factory=dict)
-    # training uid -> its stall check's clock (controller/stall.py), while it runs.
+    # training uid -> its stall check's clock (controller/stall/), while it runs.
     step_clocks: dict[str, StepClock] = field(default_factory=dict)
     # training uids with an apply in flight.
     applying: set[str] = field(default_factory=set)

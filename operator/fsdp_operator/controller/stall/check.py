@@ -1,7 +1,7 @@
 """The stall check of the pod loop: time each running training's steps, say when it stalls, restart if asked.
 
 Called after every progress scrape of a running training (controller/scraper.py),
-with what the scrape read. The decision is controller/stall.py's; this module
+with what the scrape read. The decision is ``rules.py``'s; this module
 keeps the clocks, writes the Stalled condition and, for ``onStall: restart``,
 deletes the job's pods: the training operator re-creates them, and the
 trainers resume from the last checkpoint. Deleting the pods (not the job)
@@ -18,11 +18,11 @@ from typing import Any
 from fsdp_api.spec import CheckpointSpec, StallSpec
 from pydantic import ValidationError
 
-from .. import backends
-from .progress import TrainerProgress
-from .reconcile import Runtime, record_stall
-from .stall import StallRules, observe, start_clock, verdict
-from .status import STALLED, EventSpec, stall_state
+from ... import backends
+from ..progress import TrainerProgress
+from ..reconcile import Runtime, record_stall
+from ..status import STALLED, EventSpec, stall_state
+from .rules import StallRules, observe, start_clock, verdict
 
 log = logging.getLogger(__name__)
 
