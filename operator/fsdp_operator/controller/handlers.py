@@ -21,12 +21,15 @@ import kopf
 from fsdp_api.contract import GROUP, KUEUE_GROUP, KUEUE_VERSION, PLURAL, VERSION, WORKLOAD_PLURAL
 
 from .. import backends
+from .applies import apply_training
+from .job_events import handle_job_event
 from .kube import KubeClient, default_login
 from .metrics import OperatorMetrics
 from .peering import ensure_peering_object
 from .queueing import owning_job
-from .reconcile import Runtime, apply_training, handle_job_event, handle_workload_event, owner_of
 from .scraper import PeeringView, final_scrape, run_scraper
+from .state import Runtime, owner_of
+from .workloads import handle_workload_event
 
 log = logging.getLogger(__name__)
 

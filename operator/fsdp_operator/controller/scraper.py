@@ -33,8 +33,9 @@ from .. import backends
 from .kube import NETWORK_ERRORS, ApiError
 from .peering import we_are_active
 from .progress import rank0_pod, scrape
-from .reconcile import Runtime, record_pods, record_progress
+from .records import record_pods, record_progress
 from .stall.check import check_stall
+from .state import Runtime
 from .status import FAILED_CREATE_POD, SCHEDULABLE, TrainingFacts, pods_report
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """The stall watchdog: when a running training is stalled (``rules``), and what the pod loop does then (``check``).
 
 Only the pure rules are exported here: ``check`` writes the status through
-``controller/reconcile.py``, which itself needs the rules' types, so it is
+``controller/records.py``, which itself needs the rules' types, so it is
 imported as ``controller.stall.check`` by the pod loop.
 """
 

@@ -20,7 +20,8 @@ from pydantic import ValidationError
 
 from ... import backends
 from ..progress import TrainerProgress
-from ..reconcile import Runtime, record_stall
+from ..records import record_stall
+from ..state import Runtime
 from ..status import STALLED, EventSpec, stall_state
 from .rules import StallRules, observe, start_clock, verdict
 
