@@ -20,6 +20,7 @@ from pydantic import ValidationError
 
 from .. import backends
 from ..render import render
+from . import bodies
 from .kube import NETWORK_ERRORS, ApiError
 from .queueing import is_active, set_active
 from .state import Runtime, newest_job, owner_of, trim
@@ -197,7 +198,7 @@ async def keep_suspend_intent(rt: Runtime, body: Mapping[str, Any]) -> None:
     spec = body.get("spec") or {}
     if not (spec.get("scheduling") or {}).get("queue"):
         return
-    uid = (body.get("metadata") or {}).get("uid", "")
+    uid = bodies.uid_of(body)
     workload = rt.workloads.get(uid)
     want = not bool(spec.get("suspend", False))
     if workload is None or is_active(workload) == want:

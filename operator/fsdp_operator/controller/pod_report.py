@@ -13,6 +13,7 @@ from typing import Any
 from fsdp_api.contract import CONFIG_ERROR_EXIT_CODE, CONFIG_ERROR_HEADER, TRAINER_CONTAINERS
 
 from ..backends import FAILED_CREATE_POD
+from . import bodies
 from .conditions import SCHEDULED, STARTED
 
 Json = Mapping[str, Any]
@@ -58,13 +59,13 @@ def pod_scheduling(pods: Iterable[Json], expected: int) -> Scheduling | None:
     pods to exist and be bound; pods not yet seen by the scheduler (no
     condition) or not yet created leave the answer open.
     """
-    live = [p for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp")]
+    live = bodies.live_pods(pods)
     stuck = []
     bound = 0
     for pod in live:
         cond = _pod_scheduled(pod)
         if cond is not None and cond.get("status") == "False":
-            stuck.append((str((pod.get("metadata") or {}).get("name", "")), cond))
+            stuck.append((bodies.name_of(pod), cond))
         elif (cond is not None and cond.get("status") == "True") or (pod.get("spec") or {}).get("nodeName"):
             bound += 1
     if stuck:
@@ -102,15 +103,15 @@ def config_rejection(pods: Iterable[Json]) -> str | None:
     Read from the current or the last termination of the trainer container
     (OnFailure restarts it in place, so the failure is usually lastState).
     """
-    live = [p for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp")]
-    for pod in sorted(live, key=lambda p: str((p.get("metadata") or {}).get("name", ""))):
+    live = bodies.live_pods(pods)
+    for pod in bodies.by_name(live):
         for cs in (pod.get("status") or {}).get("containerStatuses") or []:
             if cs.get("name") not in TRAINER_CONTAINERS:
                 continue
             for state in (cs.get("state") or {}, cs.get("lastState") or {}):
                 term = state.get("terminated") or {}
                 if term.get("exitCode") == CONFIG_ERROR_EXIT_CODE:
-                    name = (pod.get("metadata") or {}).get("name", "")
+                    name = bodies.name_of(pod)
                     detail = _check_lines(str(term.get("message") or "")) or (
                         f"exit code {CONFIG_ERROR_EXIT_CODE}; the pod's log says why"
                     )
@@ -134,14 +135,14 @@ def pod_start(pods: Iterable[Json], expected: int, create_failure: str | None = 
     does ``create_failure`` while pods are missing. "Started" needs all
     ``expected`` pods with their trainer container running or run.
     """
-    live = [p for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp")]
+    live = bodies.live_pods(pods)
     stuck = []
-    for pod in sorted(live, key=lambda p: str((p.get("metadata") or {}).get("name", ""))):
+    for pod in bodies.by_name(live):
         status = pod.get("status") or {}
         for cs in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
             waiting = (cs.get("state") or {}).get("waiting") or {}
             if waiting.get("reason") in START_FAILURES:
-                stuck.append((str((pod.get("metadata") or {}).get("name", "")), cs.get("name", ""), waiting))
+                stuck.append((bodies.name_of(pod), cs.get("name", ""), waiting))
     if stuck:
         pod, container, waiting = stuck[0]
         count = f"{len({s[0] for s in stuck})} of {len(live)} pods" if len(live) > 1 else "the pod"

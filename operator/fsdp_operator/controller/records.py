@@ -7,6 +7,7 @@ from typing import Any
 
 from fsdp_api import API_VERSION, KIND
 
+from . import bodies
 from .stall import StallVerdict
 from .state import Runtime
 from .status import (
@@ -32,7 +33,7 @@ async def record_pods(rt: Runtime, training: Mapping[str, Any], report: PodsRepo
     apply is in flight or before the job watch has delivered the job (either
     will write the status soon, and the next tick retries).
     """
-    uid = (training.get("metadata") or {}).get("uid", "")
+    uid = bodies.uid_of(training)
 
     def pod_conditions(status: Mapping[str, Any]) -> list[Any]:
         return [c for c in status.get("conditions") or [] if c.get("type") in (SCHEDULABLE, PODS_STARTED, CONFIG_VALID)]
@@ -55,7 +56,7 @@ async def record_stall(
     events: list[EventSpec] | None = None,
 ) -> bool:
     """Write the stall check's verdict (and a new restart count); True if the Stalled condition changed."""
-    uid = (training.get("metadata") or {}).get("uid", "")
+    uid = bodies.uid_of(training)
 
     def stalled(status: Mapping[str, Any]) -> list[Any]:
         return [(c.get("status"), c.get("reason")) for c in status.get("conditions") or [] if c.get("type") == STALLED]

@@ -27,9 +27,9 @@ from typing import Any
 
 import aiohttp
 from fsdp_api.contract import JobBackend
-from fsdp_api.spec import MetricsSpec
 
 from .. import backends
+from .bodies import MetricsView, live_pods, uid_of
 from .kube import NETWORK_ERRORS, ApiError
 from .peering import we_are_active
 from .progress import rank0_pod, scrape
@@ -56,8 +56,7 @@ def running_trainings(rt: Runtime) -> list[Mapping[str, Any]]:
     out = []
     for body in list(rt.trainings.values()):
         phase = rt.previous_status(body).get("phase")
-        metrics = (body.get("spec") or {}).get("metrics") or {}
-        if phase == "Running" and metrics.get("enabled", True):
+        if phase == "Running" and MetricsView.of(body).enabled:
             out.append(body)
     return out
 
@@ -80,7 +79,7 @@ def waiting_trainings(rt: Runtime) -> list[Mapping[str, Any]]:
     """
     out = []
     for body in list(rt.trainings.values()):
-        job = rt.jobs.get((body.get("metadata") or {}).get("uid", ""))
+        job = rt.jobs.get(uid_of(body))
         if job is None:
             continue
         status = rt.previous_status(body)
@@ -112,7 +111,7 @@ async def check_pods_once(rt: Runtime, peering: PeeringView | None) -> int:
         backend = backends.of_training(body)
         async with gate:
             pods = await rt.client.list("v1", "Pod", namespace, f"{backend.ref.job_label}={job_name}")
-            live = [p for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp")]
+            live = live_pods(pods)
             job = rt.jobs.get(body["metadata"].get("uid", "")) or {}
             create_failure = None
             if len(live) < expected and (job_uid := (job.get("metadata") or {}).get("uid")):
@@ -154,8 +153,8 @@ async def final_scrape(rt: Runtime, training: Mapping[str, Any]) -> bool:
     finished, so this mostly finds nothing. A Succeeded job's step does not
     depend on it (see status.compute_status).
     """
-    metrics = (training.get("spec") or {}).get("metrics") or {}
-    if not metrics.get("enabled", True):
+    metrics = MetricsView.of(training)
+    if not metrics.enabled:
         return False
     meta = training["metadata"]
     job_name = rt.previous_status(training).get("jobName") or meta["name"]
@@ -169,9 +168,8 @@ async def final_scrape(rt: Runtime, training: Mapping[str, Any]) -> bool:
     pod = rank0_pod(pods, running_only=False)
     if pod is None:
         return False
-    port = int(metrics.get("port", MetricsSpec.model_fields["port"].default))
     async with aiohttp.ClientSession() as session:
-        progress = await scrape(session, pod["status"]["podIP"], port)
+        progress = await scrape(session, pod["status"]["podIP"], metrics.port)
     rt.metrics.scrapes.labels("error" if progress is None else "success").inc()
     if progress is None or not progress.status_fields():
         return False
@@ -211,11 +209,8 @@ async def scrape_once(rt: Runtime, session: aiohttp.ClientSession, peering: Peer
         if pod is None:
             await check_stall(rt, body, None, time.monotonic())
             return
-        port = int(
-            ((body.get("spec") or {}).get("metrics") or {}).get("port", MetricsSpec.model_fields["port"].default)
-        )
         async with gate:
-            progress = await scrape(session, pod["status"]["podIP"], port)
+            progress = await scrape(session, pod["status"]["podIP"], MetricsView.of(body).port)
         rt.metrics.scrapes.labels("error" if progress is None else "success").inc()
         fields = progress.status_fields() if progress is not None else {}
         if fields and await record_progress(rt, body, fields):

@@ -15,6 +15,7 @@ from typing import Any
 from fsdp_api import API_VERSION, KIND
 
 from .. import backends
+from . import bodies
 from .kube import KubeClient
 from .metrics import OperatorMetrics
 from .stall import StepClock
@@ -79,7 +80,7 @@ class Runtime:
         self.metrics.forget([uid])
 
     def previous_status(self, body: Mapping[str, Any]) -> Json:
-        uid = (body.get("metadata") or {}).get("uid", "")
+        uid = bodies.uid_of(body)
         written = self.statuses.get(uid)
         if written is not None and written[0] > resource_version(body):
             return written[1]

@@ -14,6 +14,7 @@ from fsdp_api.memory_plan import MemoryPlan, plan_memory
 from fsdp_api.spec import FSDPTrainingSpec
 from pydantic import ValidationError
 
+from . import bodies
 from .events import create_events, post_events
 from .queueing import queue_state
 from .stall import StallVerdict
@@ -103,5 +104,5 @@ async def sync_status(
     events: list[EventSpec] | None = None,
 ) -> None:
     """The status sync, serialised per training: every writer starts from what the previous one wrote."""
-    async with rt.lock((body.get("metadata") or {}).get("uid", "")):
+    async with rt.lock(bodies.uid_of(body)):
         await sync_locked(rt, body, job, outcome=outcome, source=source, events=events)
