@@ -120,7 +120,7 @@ def trim_job(job: Mapping[str, Any]) -> Json:
     backend = backends.of_kind(job.get("kind"))
     spec, status = backend.kubeflow_v1_view(job)
     return {
-        "kind": backend.ref.kind,
+        "kind": job.get("kind") or backend.ref.kind,
         "metadata": {
             k: copy.deepcopy(meta[k])
             for k in ("name", "namespace", "uid", "resourceVersion", "annotations", "creationTimestamp")
