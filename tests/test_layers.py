@@ -64,6 +64,44 @@ def test_the_checker_sees_a_lazy_import(tmp_path: Path) -> None:
     assert imported_roots(module) == {"fsdp_operator", "torch"}
 
 
+# Inside the operator: the backends and the renderer sit below the controller and the CLI.
+OPERATOR_FORBIDDEN = {"backends": {"controller", "cli"}, "render": {"controller", "cli"}}
+
+
+def operator_subpackages(path: Path) -> set[str]:
+    """The fsdp_operator subpackages a module imports, relative imports resolved."""
+    package = path.relative_to(PACKAGES["fsdp_operator"].parent).with_suffix("").parts[:-1]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.ImportFrom):
+            base = list(package[: len(package) - node.level + 1]) if node.level else []
+            parts = [*base, *(node.module or "").split(".")] if node.module else base
+            names = [[*parts, alias.name] for alias in node.names] if not node.module else [parts]
+        elif isinstance(node, ast.Import):
+            names = [alias.name.split(".") for alias in node.names]
+        else:
+            continue
+        out |= {n[1] for n in names if len(n) > 1 and n[0] == "fsdp_operator"}
+    return out
+
+
+@pytest.mark.parametrize("subpackage", sorted(OPERATOR_FORBIDDEN))
+def test_the_operators_lower_subpackages_do_not_import_the_controller(subpackage: str) -> None:
+    root = PACKAGES["fsdp_operator"] / subpackage
+    bad = {
+        str(path.relative_to(REPO)): found
+        for path in sorted(root.rglob("*.py"))
+        if (found := operator_subpackages(path) & OPERATOR_FORBIDDEN[subpackage])
+    }
+    assert bad == {}
+
+
+def test_the_subpackage_checker_resolves_relative_imports() -> None:
+    module = PACKAGES["fsdp_operator"] / "backends" / "pytorchjob.py"
+    # ".base" is its own package, "..render" the one beside it.
+    assert operator_subpackages(module) == {"backends", "render"}
+
+
 # Every module of a layer, imported in a fresh interpreter; then what got loaded.
 _PROBE = """
 import importlib, pkgutil, sys

@@ -31,7 +31,7 @@ PYTORCHJOB_PLURAL = "pytorchjobs"
 # the rendezvous/master port from the container port with this name.
 PYTORCHJOB_CONTAINER = "pytorch"
 PYTORCHJOB_PORT_NAME = "pytorchjob-port"
-# Our jobs have one replica type (see render/pytorchjob.py for why no Master).
+# Our jobs have one replica type (see operator/fsdp_operator/backends/pytorchjob.py for why no Master).
 WORKER_REPLICA = "Worker"
 # Labels the training operator sets on every replica pod.
 JOB_NAME_LABEL = "training.kubeflow.org/job-name"

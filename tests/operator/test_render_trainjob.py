@@ -195,7 +195,7 @@ def string_quantities(pod: Obj) -> Obj:
     """The pod with its container's quantities as strings: 8 and "8" are one resource.Quantity to the API server.
 
     The TrainJob carries them as strings, the form Trainer's webhook stores them in
-    (render/trainjob.py, canonical_quantities); the PyTorchJob's GPU and EFA counts are integers.
+    (backends/trainjob.py, canonical_quantities); the PyTorchJob's GPU and EFA counts are integers.
     """
     pod = copy.deepcopy(pod)
     for container in pod["spec"]["containers"]:

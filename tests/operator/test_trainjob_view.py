@@ -1,4 +1,4 @@
-"""A TrainJob's status in the PyTorchJob's terms (controller/trainjob_view.py), and the training's status from it.
+"""A TrainJob's status in the PyTorchJob's terms (backends/trainjob_view.py), and the training's status from it.
 
 The TrainJobs here are what Kubeflow Trainer v2.3.0 writes: metav1 conditions
 Suspended (reason Suspended / Resumed, pkg/controller/trainjob_controller.go
@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from fsdp_api.status import ReplicaStatus
+from fsdp_operator.backends.trainjob_view import trainjob_status
 from fsdp_operator.controller.queueing import QueueState
 from fsdp_operator.controller.reconcile import trim_job
 from fsdp_operator.controller.status import (
@@ -24,7 +25,6 @@ from fsdp_operator.controller.status import (
     compute_status,
     job_phase,
 )
-from fsdp_operator.controller.trainjob_view import trainjob_status
 
 NOW = "2026-01-02T05:00:00Z"
 CREATED = "2026-01-02T03:00:00Z"

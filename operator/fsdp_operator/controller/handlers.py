@@ -18,24 +18,18 @@ from dataclasses import dataclass
 from typing import Any
 
 import kopf
-from fsdp_api.contract import (
-    BACKENDS,
-    GROUP,
-    KUEUE_GROUP,
-    KUEUE_VERSION,
-    PLURAL,
-    PYTORCHJOB,
-    TRAINJOB,
-    VERSION,
-    WORKLOAD_PLURAL,
-)
+from fsdp_api.contract import GROUP, KUEUE_GROUP, KUEUE_VERSION, PLURAL, VERSION, WORKLOAD_PLURAL
 
+from .. import backends
+from .applies import apply_training
+from .job_events import handle_job_event
 from .kube import KubeClient, default_login
 from .metrics import OperatorMetrics
 from .peering import ensure_peering_object
 from .queueing import owning_job
-from .reconcile import Runtime, apply_training, handle_job_event, handle_workload_event, owner_of
 from .scraper import PeeringView, final_scrape, run_scraper
+from .state import Runtime, owner_of
+from .workloads import handle_workload_event
 
 log = logging.getLogger(__name__)
 
@@ -80,11 +74,13 @@ def build_registry(rt: Runtime, options: Options) -> kopf.OperatorRegistry:
         served = await rt.client.discover(f"{GROUP}/{VERSION}")
         if PLURAL not in served:
             raise kopf.PermanentError(f"{PLURAL}.{GROUP}/{VERSION} is not served: install the CRD (kustomize/crd)")
-        served_backends = [b.name for b in BACKENDS.values() if b.plural in await rt.client.discover(b.api_version)]
+        refs = [b.ref for b in backends.REGISTRY.values()]
+        served_backends = [r.name for r in refs if r.plural in await rt.client.discover(r.api_version)]
         if not served_backends:
+            kinds = " nor ".join(f"{r.plural}.{r.api_version}" for r in refs)
             raise kopf.PermanentError(
-                f"neither {PYTORCHJOB.plural}.{PYTORCHJOB.api_version} nor {TRAINJOB.plural}.{TRAINJOB.api_version} "
-                "is served: install the Kubeflow training operator or Kubeflow Trainer v2 (docs/backends.md)"
+                f"neither {kinds} is served: install the Kubeflow training operator or Kubeflow Trainer v2 "
+                "(docs/backends.md)"
             )
         log.info("backends served by this cluster: %s", ", ".join(served_backends))
         if options.peering is not None:
@@ -122,15 +118,6 @@ def build_registry(rt: Runtime, options: Options) -> kopf.OperatorRegistry:
         # A new training has nothing stale to prune: skip that GET on the hot path.
         await apply_training(rt, body, prune=reason != kopf.Reason.CREATE, retry=retry)
 
-    # Both backends' jobs. Without Trainer v2 (or the training operator) installed kopf
-    # serves nothing for that kind (it logs the resource as unresolved); installed
-    # later, it is noticed when the operator restarts (scanning is off, settings.py).
-    @kopf.on.event(
-        PYTORCHJOB.group, PYTORCHJOB.version, PYTORCHJOB.plural, id="job-status", when=_owned, registry=registry
-    )
-    @kopf.on.event(
-        TRAINJOB.group, TRAINJOB.version, TRAINJOB.plural, id="trainjob-status", when=_owned, registry=registry
-    )
     async def job_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
         finished = await handle_job_event(rt, event["type"], body)
         if finished is not None and options.scrape_interval > 0:
@@ -138,6 +125,14 @@ def build_registry(rt: Runtime, options: Options) -> kopf.OperatorRegistry:
             task = asyncio.create_task(final_scrape(rt, finished))
             background.append(task)
             task.add_done_callback(_forget(background))
+
+    # Every backend's jobs. Without its controller (Trainer v2, the training operator)
+    # installed kopf serves nothing for that kind (it logs the resource as unresolved);
+    # installed later, it is noticed when the operator restarts (scanning is off, settings.py).
+    for backend in backends.REGISTRY.values():
+        ref = backend.ref
+        watch = kopf.on.event(ref.group, ref.version, ref.plural, id=backend.watch_id, when=_owned, registry=registry)
+        watch(job_event)
 
     # Kueue's Workloads of queued trainings. Without Kueue installed kopf serves
     # nothing here (it logs that the resource is unresolved); installed later,

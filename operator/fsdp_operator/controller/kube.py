@@ -18,16 +18,13 @@ from urllib.parse import quote, urlencode
 import aiohttp
 import kopf
 from fsdp_api.contract import (
+    BACKENDS,
     KIND,
     NETWORKPOLICY_KIND,
     NETWORKPOLICY_PLURAL,
     PLURAL,
     PODMONITOR_KIND,
     PODMONITOR_PLURAL,
-    PYTORCHJOB_KIND,
-    PYTORCHJOB_PLURAL,
-    TRAINJOB_KIND,
-    TRAINJOB_PLURAL,
     WORKLOAD_KIND,
     WORKLOAD_PLURAL,
 )
@@ -40,8 +37,7 @@ PLURALS = {
     "ConfigMap": "configmaps",
     "Event": "events",
     "Pod": "pods",
-    PYTORCHJOB_KIND: PYTORCHJOB_PLURAL,
-    TRAINJOB_KIND: TRAINJOB_PLURAL,
+    **{b.kind: b.plural for b in BACKENDS.values()},
     PODMONITOR_KIND: PODMONITOR_PLURAL,
     NETWORKPOLICY_KIND: NETWORKPOLICY_PLURAL,
     WORKLOAD_KIND: WORKLOAD_PLURAL,

@@ -18,11 +18,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from fsdp_api.contract import JOB_KINDS, WORKLOAD_API_VERSION, WORKLOAD_KIND
+from fsdp_api.contract import WORKLOAD_API_VERSION, WORKLOAD_KIND
 
+from .. import backends
 from .kube import KubeClient
 
 Json = dict[str, Any]
+
+# Kueue's integrations that manage our jobs, as queue_state's message names them.
+KUEUE_INTEGRATIONS = " or ".join(b.kueue_integration for b in backends.REGISTRY.values())
 
 # Workload condition types.
 QUOTA_RESERVED = "QuotaReserved"
@@ -31,9 +35,9 @@ EVICTED = "Evicted"
 
 
 def owning_job(workload: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    """The job ownerReference of a Workload, if it is a PyTorchJob's or a TrainJob's."""
+    """The job ownerReference of a Workload, if it is a job of one of our backends."""
     for ref in (workload.get("metadata") or {}).get("ownerReferences") or []:
-        if ref.get("kind") in JOB_KINDS and ref.get("controller"):
+        if ref.get("kind") in backends.BY_KIND and ref.get("controller"):
             return ref
     return None
 
@@ -70,8 +74,7 @@ def queue_state(workload: Mapping[str, Any] | None, queue: str) -> QueueState:
             False,
             "NoWorkload",
             f"waiting for Kueue to create the job's Workload in LocalQueue {queue} "
-            "(Kueue must run with the integration of the job's kind: kubeflow.org/pytorchjob "
-            "or trainer.kubeflow.org/trainjob)",
+            f"(Kueue must run with the integration of the job's kind: {KUEUE_INTEGRATIONS})",
         )
     conds = {c.get("type", ""): c for c in (workload.get("status") or {}).get("conditions") or []}
     evicted = conds.get(EVICTED)

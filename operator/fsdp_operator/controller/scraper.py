@@ -26,14 +26,16 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
-from fsdp_api.contract import TRAINJOB, TRAINJOB_KIND, TRAINJOB_NODE, JobBackend
-from fsdp_api.spec import MetricsSpec
+from fsdp_api.contract import JobBackend
 
+from .. import backends
+from .bodies import MetricsView, live_pods, uid_of
 from .kube import NETWORK_ERRORS, ApiError
 from .peering import we_are_active
 from .progress import rank0_pod, scrape
-from .reconcile import Runtime, job_backend, record_pods, record_progress
-from .stall_check import check_stall
+from .records import record_pods, record_progress
+from .stall.check import check_stall
+from .state import Runtime
 from .status import FAILED_CREATE_POD, SCHEDULABLE, TrainingFacts, pods_report
 
 log = logging.getLogger(__name__)
@@ -54,18 +56,16 @@ def running_trainings(rt: Runtime) -> list[Mapping[str, Any]]:
     out = []
     for body in list(rt.trainings.values()):
         phase = rt.previous_status(body).get("phase")
-        metrics = (body.get("spec") or {}).get("metrics") or {}
-        if phase == "Running" and metrics.get("enabled", True):
+        if phase == "Running" and MetricsView.of(body).enabled:
             out.append(body)
     return out
 
 
 def _fewer_pods_than_nodes(job: Mapping[str, Any], body: Mapping[str, Any]) -> bool:
-    """A PyTorchJob counts its active pods; a TrainJob only its child Jobs (the rest of waiting_trainings covers it)."""
-    if job.get("kind") == TRAINJOB_KIND:
+    """Only a backend whose replicaStatuses count pods can tell; for others the rest of waiting_trainings covers it."""
+    if not backends.of_kind(job.get("kind")).counts_pods:
         return False
-    replicas = (job.get("status") or {}).get("replicaStatuses") or {}
-    return sum(int(r.get("active") or 0) for r in replicas.values()) < TrainingFacts.from_body(body).nodes
+    return backends.job_view(job).active() < TrainingFacts.from_body(body).nodes
 
 
 def waiting_trainings(rt: Runtime) -> list[Mapping[str, Any]]:
@@ -79,7 +79,7 @@ def waiting_trainings(rt: Runtime) -> list[Mapping[str, Any]]:
     """
     out = []
     for body in list(rt.trainings.values()):
-        job = rt.jobs.get((body.get("metadata") or {}).get("uid", ""))
+        job = rt.jobs.get(uid_of(body))
         if job is None:
             continue
         status = rt.previous_status(body)
@@ -108,14 +108,15 @@ async def check_pods_once(rt: Runtime, peering: PeeringView | None) -> int:
         nonlocal changed
         job_name = rt.previous_status(body).get("jobName") or body["metadata"]["name"]
         namespace, expected = body["metadata"]["namespace"], TrainingFacts.from_body(body).nodes
-        backend = job_backend(body)
+        backend = backends.of_training(body)
         async with gate:
-            pods = await rt.client.list("v1", "Pod", namespace, f"{backend.job_label}={job_name}")
-            live = [p for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp")]
+            pods = await rt.client.list("v1", "Pod", namespace, f"{backend.ref.job_label}={job_name}")
+            live = live_pods(pods)
             job = rt.jobs.get(body["metadata"].get("uid", "")) or {}
             create_failure = None
             if len(live) < expected and (job_uid := (job.get("metadata") or {}).get("uid")):
-                create_failure = await last_create_failure(rt, namespace, pod_creator(backend, job_name, job_uid))
+                selector = backend.pod_creation_failures(job_name, job_uid)
+                create_failure = await last_create_failure(rt, namespace, selector)
         report = pods_report(pods, expected, create_failure)
         known = (report.scheduling, report.rejection, report.start)
         if any(k is not None for k in known) and await record_pods(rt, body, report):
@@ -131,25 +132,11 @@ async def check_pods_once(rt: Runtime, peering: PeeringView | None) -> int:
     return changed
 
 
-# The reason of the Job controller's Event when it cannot create a pod (pkg/controller/job).
-FAILED_CREATE = "FailedCreate"
-
-
-def pod_creator(backend: JobBackend, job_name: str, job_uid: str) -> str:
-    """A field selector for the Events of whatever creates the job's pods, when it is refused one.
-
-    Kubeflow's training operator records a refused pod (quota, admission
-    webhook, Pod Security) only as a FailedCreatePod Event on the PyTorchJob.
-    A TrainJob's pods come from the batch Job JobSet makes for the trainer
-    nodes (<jobset>-<replicated job>-<index>), which records FailedCreate.
-    """
-    if backend is TRAINJOB:
-        return f"involvedObject.kind=Job,involvedObject.name={job_name}-{TRAINJOB_NODE}-0,reason={FAILED_CREATE}"
-    return f"involvedObject.uid={job_uid},reason={FAILED_CREATE_POD}"
-
-
 async def last_create_failure(rt: Runtime, namespace: str, selector: str) -> str | None:
-    """The message of the newest Event matching ``selector`` (``pod_creator``), if any: why pods are missing."""
+    """The message of the newest Event matching ``selector`` (the backend's ``pod_creation_failures``), if any.
+
+    That is why pods are missing: quota, an admission webhook, Pod Security.
+    """
     events = await rt.client.list("v1", "Event", namespace, field_selector=selector)
 
     def when(e: Mapping[str, Any]) -> str:
@@ -166,14 +153,14 @@ async def final_scrape(rt: Runtime, training: Mapping[str, Any]) -> bool:
     finished, so this mostly finds nothing. A Succeeded job's step does not
     depend on it (see status.compute_status).
     """
-    metrics = (training.get("spec") or {}).get("metrics") or {}
-    if not metrics.get("enabled", True):
+    metrics = MetricsView.of(training)
+    if not metrics.enabled:
         return False
     meta = training["metadata"]
     job_name = rt.previous_status(training).get("jobName") or meta["name"]
-    backend = job_backend(training)
+    ref = backends.of_training(training).ref
     try:
-        selector = f"{backend.job_label}={job_name},{backend.index_label}=0"
+        selector = f"{ref.job_label}={job_name},{ref.index_label}=0"
         pods = await rt.client.list("v1", "Pod", meta["namespace"], selector)
     except (ApiError, *NETWORK_ERRORS) as e:
         log.debug("listing pods of %s/%s failed: %s", meta["namespace"], job_name, e)
@@ -181,9 +168,8 @@ async def final_scrape(rt: Runtime, training: Mapping[str, Any]) -> bool:
     pod = rank0_pod(pods, running_only=False)
     if pod is None:
         return False
-    port = int(metrics.get("port", MetricsSpec.model_fields["port"].default))
     async with aiohttp.ClientSession() as session:
-        progress = await scrape(session, pod["status"]["podIP"], port)
+        progress = await scrape(session, pod["status"]["podIP"], metrics.port)
     rt.metrics.scrapes.labels("error" if progress is None else "success").inc()
     if progress is None or not progress.status_fields():
         return False
@@ -206,7 +192,7 @@ async def scrape_once(rt: Runtime, session: aiohttp.ClientSession, peering: Peer
     by_namespace: dict[tuple[str, JobBackend], list[Mapping[str, Any]]] = defaultdict(list)
     running = running_trainings(rt)
     for body in running:
-        by_namespace[body["metadata"]["namespace"], job_backend(body)].append(body)
+        by_namespace[body["metadata"]["namespace"], backends.of_training(body).ref].append(body)
     # A training that stops running (suspended, restarting, finished) starts its stall clock afresh.
     keep = {b["metadata"].get("uid") for b in running}
     for uid in [u for u in rt.step_clocks if u not in keep]:
@@ -223,11 +209,8 @@ async def scrape_once(rt: Runtime, session: aiohttp.ClientSession, peering: Peer
         if pod is None:
             await check_stall(rt, body, None, time.monotonic())
             return
-        port = int(
-            ((body.get("spec") or {}).get("metrics") or {}).get("port", MetricsSpec.model_fields["port"].default)
-        )
         async with gate:
-            progress = await scrape(session, pod["status"]["podIP"], port)
+            progress = await scrape(session, pod["status"]["podIP"], MetricsView.of(body).port)
         rt.metrics.scrapes.labels("error" if progress is None else "success").inc()
         fields = progress.status_fields() if progress is not None else {}
         if fields and await record_progress(rt, body, fields):

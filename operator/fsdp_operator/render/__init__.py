@@ -11,15 +11,14 @@ from __future__ import annotations
 from typing import Any
 
 from fsdp_api import API_VERSION, KIND, FSDPTraining
-from fsdp_api.contract import TRAINJOB
 
+from .. import backends
+from ..backends.trainjob_runtime import cluster_training_runtime
 from . import names
 from .configmap import config_map, trainer_config
 from .networkpolicy import network_policy
+from .pod import pod_template
 from .podmonitor import pod_monitor
-from .pytorchjob import pytorchjob
-from .runtime import cluster_training_runtime
-from .trainjob import trainjob
 
 __all__ = ["cluster_training_runtime", "render", "trainer_config"]
 
@@ -56,7 +55,7 @@ def owner_reference(training: FSDPTraining) -> dict[str, Any]:
 def render(training: FSDPTraining, *, set_owner: bool = False) -> list[dict[str, Any]]:
     """Objects in apply order: ConfigMap (not with spec.command), the job, PodMonitor, NetworkPolicy.
 
-    The job is a PyTorchJob or, with spec.backend trainjob, a TrainJob.
+    The job is spec.backend's (``backends``), rendered from the trainer pod template.
 
     With ``set_owner`` each object carries an ownerReference to the
     FSDPTraining (its ``metadata.uid`` must be set), so deleting it cleans up.
@@ -67,8 +66,8 @@ def render(training: FSDPTraining, *, set_owner: bool = False) -> list[dict[str,
     annotations = checkpoint_annotations(training)
     # A script of your own (spec.command) has no trainer config to mount.
     objects = [] if spec.runs_own_script else [config_map(spec, name, namespace, annotations)]
-    job = trainjob if spec.backend == TRAINJOB.name else pytorchjob
-    objects.append(job(spec, name, namespace, annotations))
+    template = pod_template(spec, name, annotations)
+    objects.append(backends.named(spec.backend).render_job(spec, name, namespace, annotations, template))
     if spec.metrics.enabled:
         objects.append(pod_monitor(spec, name, namespace))
     if spec.network_policy.enabled:

@@ -16,7 +16,7 @@ from typing import Any
 from fsdp_api import FSDPTrainingSpec, contract
 from fsdp_api.launch import checked_launch, torchrun_rendezvous, trainer_program
 
-from . import names
+from .. import backends
 
 
 def nnodes(spec: FSDPTrainingSpec) -> str:
@@ -59,7 +59,7 @@ def pod_command(spec: FSDPTrainingSpec, name: str) -> dict[str, Any]:
     torchrun = torchrun_rendezvous(
         nnodes=nnodes(spec),
         nproc_per_node=spec.procs_per_node(),
-        endpoint=names.rendezvous_endpoint(name, spec.backend),
+        endpoint=backends.rendezvous_endpoint(backends.named(spec.backend), name),
         run_id=name,
         rdzv_conf=RDZV_CONF,
         max_restarts=max_restarts(spec),

@@ -7,15 +7,7 @@ rendezvous host can never disagree about how a job's objects are named.
 from __future__ import annotations
 
 from fsdp_api import FSDPTraining, contract
-from fsdp_api.contract import (
-    BACKENDS,
-    GROUP,
-    PYTORCHJOB,
-    PYTORCHJOB_PORT_NAME,
-    TRAINJOB,
-    TRAINJOB_NODE,
-    WORKER_REPLICA,
-)
+from fsdp_api.contract import BACKENDS, GROUP, PYTORCHJOB_PORT_NAME, WORKER_REPLICA
 
 MANAGED_BY = "fsdp-operator"
 APP_NAME = "fsdptraining"
@@ -62,26 +54,6 @@ def container_name(backend: str) -> str:
 def pod_name(name: str, index: int) -> str:
     """Pod (and headless Service) name the training operator gives replica ``index``."""
     return f"{name}-{REPLICA_TYPE.lower()}-{index}"
-
-
-def pod_host(name: str, index: int, backend: str = PYTORCHJOB.name) -> str:
-    """The DNS name of node ``index``'s pod.
-
-    PyTorchJob: the pod's own headless Service. TrainJob: JobSet gives each pod
-    the hostname <jobset>-<replicated job>-<job index>-<pod index> under the
-    subdomain of the JobSet's headless Service, named like the JobSet (Trainer
-    v2 names the JobSet after the TrainJob, and our one replicated job has one
-    Job: index 0).
-    """
-    if backend == TRAINJOB.name:
-        return f"{name}-{TRAINJOB_NODE}-0-{index}.{name}"
-    return pod_name(name, index)
-
-
-def rendezvous_endpoint(name: str, backend: str = PYTORCHJOB.name) -> str:
-    # Node 0's name; torchrun on that pod finds that the name resolves to its
-    # own address and hosts the c10d store there.
-    return f"{pod_host(name, 0, backend)}:{RDZV_PORT}"
 
 
 def labels(name: str, component: str) -> dict[str, str]:

@@ -10,17 +10,19 @@ rendezvous store instead. docs/renderer.md explains the choice.
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Mapping
 from typing import Any
 
 from fsdp_api import FSDPTrainingSpec
-from fsdp_api.contract import KUEUE_PRIORITY_LABEL, KUEUE_QUEUE_LABEL, PYTORCHJOB_API_VERSION, PYTORCHJOB_KIND
+from fsdp_api.contract import PYTORCHJOB, JobBackend
 
-from . import names
-from .command import max_restarts
-from .pod import pod_template
+from ..render import names
+from ..render.command import max_restarts
+from .base import FAILED_CREATE_POD
+from .common import job_metadata
 
-API_VERSION = PYTORCHJOB_API_VERSION
-KIND = PYTORCHJOB_KIND
+Json = dict[str, Any]
 
 
 def backoff_limit(spec: FSDPTrainingSpec) -> int:
@@ -54,26 +56,6 @@ def run_policy(spec: FSDPTrainingSpec) -> dict[str, Any]:
     return policy
 
 
-def queue_labels(spec: FSDPTrainingSpec) -> dict[str, str]:
-    """Kueue's labels on the job: its LocalQueue and WorkloadPriorityClass."""
-    labels = {}
-    if spec.scheduling.queue is not None:
-        labels[KUEUE_QUEUE_LABEL] = spec.scheduling.queue
-    if spec.scheduling.priority_class is not None:
-        labels[KUEUE_PRIORITY_LABEL] = spec.scheduling.priority_class
-    return labels
-
-
-def job_metadata(spec: FSDPTrainingSpec, name: str, namespace: str, annotations: dict[str, str]) -> dict[str, Any]:
-    """The metadata of the job, whichever its kind: the user's labels and annotations, Kueue's, ours."""
-    return {
-        "name": name,
-        "namespace": namespace,
-        "labels": {**spec.pod.labels, **queue_labels(spec), **names.labels(name, names.TRAINING_JOB)},
-        "annotations": {**spec.pod.annotations, **annotations},
-    }
-
-
 def elastic_policy(spec: FSDPTrainingSpec, name: str) -> dict[str, Any] | None:
     if spec.elastic is None:
         return None
@@ -88,7 +70,9 @@ def elastic_policy(spec: FSDPTrainingSpec, name: str) -> dict[str, Any] | None:
     }
 
 
-def pytorchjob(spec: FSDPTrainingSpec, name: str, namespace: str, annotations: dict[str, str]) -> dict[str, Any]:
+def pytorchjob(
+    spec: FSDPTrainingSpec, name: str, namespace: str, annotations: dict[str, str], template: Json
+) -> dict[str, Any]:
     job_spec: dict[str, Any] = {
         # Always an explicit integer: the training operator's default "auto"
         # makes torchrun start one process per visible GPU, or per CPU core on
@@ -108,12 +92,40 @@ def pytorchjob(spec: FSDPTrainingSpec, name: str, namespace: str, annotations: d
             # by the operator. ExitCode would fail the job on torchrun's exit
             # code 1, which is what torchrun returns for any worker failure.
             "restartPolicy": "OnFailure",
-            "template": pod_template(spec, name, annotations),
+            "template": template,
         }
     }
     return {
-        "apiVersion": API_VERSION,
-        "kind": KIND,
+        "apiVersion": PYTORCHJOB.api_version,
+        "kind": PYTORCHJOB.kind,
         "metadata": job_metadata(spec, name, namespace, annotations),
         "spec": job_spec,
     }
+
+
+class PyTorchJobBackend:
+    """spec.backend: pytorchjob, run by the Kubeflow training operator."""
+
+    ref: JobBackend = PYTORCHJOB
+    watch_id = "job-status"
+    kueue_integration = "kubeflow.org/pytorchjob"
+    # The training operator counts the pods of each replica type.
+    counts_pods = True
+
+    def render_job(
+        self, spec: FSDPTrainingSpec, name: str, namespace: str, annotations: dict[str, str], template: Json
+    ) -> Json:
+        return pytorchjob(spec, name, namespace, annotations, template)
+
+    def pod_host(self, name: str, index: int) -> str:
+        # The pod's own headless Service, named like the pod.
+        return names.pod_name(name, index)
+
+    def pod_creation_failures(self, job_name: str, job_uid: str) -> str:
+        # The training operator records a refused pod (quota, admission webhook,
+        # Pod Security) only as a FailedCreatePod Event on the PyTorchJob.
+        return f"involvedObject.uid={job_uid},reason={FAILED_CREATE_POD}"
+
+    def kubeflow_v1_view(self, job: Mapping[str, Any]) -> tuple[Json, Json]:
+        spec = {"runPolicy": copy.deepcopy(((job.get("spec") or {}).get("runPolicy")) or {})}
+        return spec, copy.deepcopy(dict(job.get("status") or {}))

@@ -1,6 +1,6 @@
 """The ClusterTrainingRuntime every TrainJob of ours references (backend: trainjob).
 
-It holds what all FSDP jobs share and a TrainJob cannot set (``trainjob.py``
+It holds what all FSDP jobs share and a TrainJob cannot set (``backends/trainjob.py``
 says which fields go where): torchrun's ML policy, the restart policy, the
 ports, the pods' identity and security, the scratch volumes. Rendered from the
 same pod template as the jobs (a default training's), so the runtime and the
@@ -26,9 +26,9 @@ from fsdp_api.contract import (
     TRAINJOB_RUNTIME,
 )
 
-from . import names
-from .command import DEFAULT_MAX_RESTARTS
-from .pod import container_security, pod_security, pod_template
+from ..render import names
+from ..render.command import DEFAULT_MAX_RESTARTS
+from ..render.pod import container_security, pod_security, pod_template
 from .trainjob import RUNTIME_CONTAINER_FIELDS, RUNTIME_POD_FIELDS
 
 Obj = dict[str, Any]
@@ -69,7 +69,7 @@ def cluster_training_runtime() -> Obj:
     pod: Obj = {
         **{k: reference[k] for k in RUNTIME_POD_FIELDS},
         # OnFailure: a crashed container restarts in place and resumes from the
-        # last checkpoint, as with the PyTorchJob (render/pytorchjob.py).
+        # last checkpoint, as with the PyTorchJob (backends/pytorchjob.py).
         "restartPolicy": "OnFailure",
         "securityContext": pod_security(),
         "terminationGracePeriodSeconds": default.pod.termination_grace_period_seconds,

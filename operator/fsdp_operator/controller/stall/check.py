@@ -1,7 +1,7 @@
 """The stall check of the pod loop: time each running training's steps, say when it stalls, restart if asked.
 
 Called after every progress scrape of a running training (controller/scraper.py),
-with what the scrape read. The decision is controller/stall.py's; this module
+with what the scrape read. The decision is ``rules.py``'s; this module
 keeps the clocks, writes the Stalled condition and, for ``onStall: restart``,
 deletes the job's pods: the training operator re-creates them, and the
 trainers resume from the last checkpoint. Deleting the pods (not the job)
@@ -18,10 +18,12 @@ from typing import Any
 from fsdp_api.spec import CheckpointSpec, StallSpec
 from pydantic import ValidationError
 
-from .progress import TrainerProgress
-from .reconcile import Runtime, job_backend, record_stall
-from .stall import StallRules, observe, start_clock, verdict
-from .status import STALLED, EventSpec, stall_state
+from ... import backends
+from ..progress import TrainerProgress
+from ..records import record_stall
+from ..state import Runtime
+from ..status import STALLED, EventSpec, stall_state
+from .rules import StallRules, observe, start_clock, verdict
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +54,8 @@ async def restart_pods(rt: Runtime, training: Mapping[str, Any]) -> int:
     """Delete every pod of the training's job (its controller re-creates them); returns how many."""
     meta = training["metadata"]
     job_name = rt.previous_status(training).get("jobName") or meta["name"]
-    pods = await rt.client.list("v1", "Pod", meta["namespace"], f"{job_backend(training).job_label}={job_name}")
+    job_label = backends.of_training(training).ref.job_label
+    pods = await rt.client.list("v1", "Pod", meta["namespace"], f"{job_label}={job_name}")
     deleted = 0
     for pod in pods:
         pod_meta = pod.get("metadata") or {}

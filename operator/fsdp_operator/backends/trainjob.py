@@ -3,35 +3,37 @@
 A TrainJob names a runtime and carries only what differs per job. The parts
 every FSDP job shares (torchrun's ML policy, the restart policy, the ports,
 the pod's identity and security, the scratch volumes) live in the
-ClusterTrainingRuntime the bundle ships (``runtime.py``). The per-job rest goes
+ClusterTrainingRuntime the bundle ships (``trainjob_runtime.py``). The per-job rest goes
 where Trainer v2 lets a job set it: image, command, env, node and process
 counts and resources in ``spec.trainer``; volumes, mounts, placement, labels
 and the grace period in one ``spec.runtimePatches`` entry (a strategic merge
 patch of the runtime's JobSet template, which Trainer v2 v2.3.0 applies in
 pkg/runtime/core/trainingruntime.go).
 
-Both backends render from the same pod template (``pod.py``), so a training
+Both backends render from the same pod template (``render/pod.py``), so a training
 gets the same pods either way; ``runtime_fields`` lists what the runtime holds
 instead, and a test checks the runtime holds exactly those values.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from fsdp_api import FSDPTrainingSpec
 from fsdp_api.contract import (
     CLUSTER_TRAINING_RUNTIME_KIND,
     TRAINER_GROUP,
-    TRAINJOB_API_VERSION,
-    TRAINJOB_KIND,
+    TRAINJOB,
     TRAINJOB_NODE,
     TRAINJOB_PATCH_MANAGER,
     TRAINJOB_RUNTIME,
+    JobBackend,
 )
 
-from .pod import pod_template
-from .pytorchjob import job_metadata
+from .base import Json
+from .common import job_metadata
+from .trainjob_view import trainjob_status, trainjob_suspended
 
 Obj = dict[str, Any]
 
@@ -102,8 +104,7 @@ def runtime_patch(template: Obj) -> Obj:
     }
 
 
-def trainjob(spec: FSDPTrainingSpec, name: str, namespace: str, annotations: dict[str, str]) -> Obj:
-    template = pod_template(spec, name, annotations)
+def trainjob(spec: FSDPTrainingSpec, name: str, namespace: str, annotations: dict[str, str], template: Obj) -> Obj:
     (container,) = template["spec"]["containers"]
     job_spec: Obj = {
         "runtimeRef": {"apiGroup": TRAINER_GROUP, "kind": CLUSTER_TRAINING_RUNTIME_KIND, "name": TRAINJOB_RUNTIME},
@@ -111,13 +112,49 @@ def trainjob(spec: FSDPTrainingSpec, name: str, namespace: str, annotations: dic
         "runtimePatches": [runtime_patch(template)],
     }
     if spec.scheduling.queue is None:
-        # Queued: Kueue owns suspend (see pytorchjob.run_policy).
+        # Queued: Kueue owns suspend (see backends/pytorchjob.run_policy).
         job_spec["suspend"] = spec.suspend
     if spec.run_policy.active_deadline_seconds is not None:
         job_spec["activeDeadlineSeconds"] = spec.run_policy.active_deadline_seconds
     return {
-        "apiVersion": TRAINJOB_API_VERSION,
-        "kind": TRAINJOB_KIND,
+        "apiVersion": TRAINJOB.api_version,
+        "kind": TRAINJOB.kind,
         "metadata": job_metadata(spec, name, namespace, annotations),
         "spec": job_spec,
     }
+
+
+# The reason of the Job controller's Event when it cannot create a pod (pkg/controller/job).
+FAILED_CREATE = "FailedCreate"
+
+
+class TrainJobBackend:
+    """spec.backend: trainjob, run by Kubeflow Trainer v2 (through a JobSet)."""
+
+    ref: JobBackend = TRAINJOB
+    watch_id = "trainjob-status"
+    kueue_integration = "trainer.kubeflow.org/trainjob"
+    # jobsStatus counts JobSet's child Jobs, not pods.
+    counts_pods = False
+
+    def render_job(
+        self, spec: FSDPTrainingSpec, name: str, namespace: str, annotations: dict[str, str], template: Json
+    ) -> Json:
+        return trainjob(spec, name, namespace, annotations, template)
+
+    def pod_host(self, name: str, index: int) -> str:
+        """JobSet's pod hostname <jobset>-<replicated job>-<job index>-<pod index> under the JobSet's subdomain.
+
+        The subdomain is the JobSet's headless Service, named like the JobSet
+        (Trainer v2 names the JobSet after the TrainJob, and our one replicated
+        job has one Job: index 0).
+        """
+        return f"{name}-{TRAINJOB_NODE}-0-{index}.{name}"
+
+    def pod_creation_failures(self, job_name: str, job_uid: str) -> str:
+        # The pods come from the batch Job JobSet makes for the trainer nodes
+        # (<jobset>-<replicated job>-<index>), which records FailedCreate.
+        return f"involvedObject.kind=Job,involvedObject.name={job_name}-{TRAINJOB_NODE}-0,reason={FAILED_CREATE}"
+
+    def kubeflow_v1_view(self, job: Mapping[str, Any]) -> tuple[Json, Json]:
+        return {"runPolicy": {"suspend": trainjob_suspended(job)}}, trainjob_status(job)

@@ -1,0 +1,261 @@
+"""Apply a training: render, refuse to take over foreign objects, server-side apply, prune, record the outcome.
+
+Apply is server-side apply of objects with deterministic names, so running
+it twice (a retry, a restart mid-reconcile, a resume) converges on the same
+objects and never duplicates them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+import kopf
+from fsdp_api import API_VERSION, KIND, FSDPTraining, format_errors
+from fsdp_api.contract import NETWORKPOLICY_KIND, PODMONITOR_KIND
+from pydantic import ValidationError
+
+from .. import backends
+from ..render import render
+from . import bodies
+from .kube import NETWORK_ERRORS, ApiError
+from .queueing import is_active, set_active
+from .state import Runtime, newest_job, owner_of, trim
+from .status import (
+    APPLY_FAILED,
+    FOREIGN_OBJECT,
+    GENERATION_ANNOTATION,
+    INVALID_SPEC,
+    EventSpec,
+    ReconcileOutcome,
+)
+from .sync import sync_locked, sync_status
+
+log = logging.getLogger(__name__)
+
+Json = dict[str, Any]
+
+
+def _seconds_since(timestamp: str | None) -> float | None:
+    if not timestamp:
+        return None
+    try:
+        then = datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return max(0.0, (datetime.now(UTC) - then).total_seconds())
+
+
+def training_model(body: Mapping[str, Any]) -> FSDPTraining:
+    return FSDPTraining.model_validate(
+        {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "metadata": (trim(body))["metadata"],
+            "spec": dict(body.get("spec") or {}),
+        }
+    )
+
+
+def rendered_objects(body: Mapping[str, Any]) -> list[Json]:
+    """The objects to apply, stamped with the generation they come from (for observedGeneration)."""
+    objects = render(training_model(body), set_owner=True)
+    generation = str((body.get("metadata") or {}).get("generation") or 0)
+    for obj in objects:
+        obj.setdefault("metadata", {}).setdefault("annotations", {})[GENERATION_ANNOTATION] = generation
+        obj["metadata"].setdefault("namespace", (body.get("metadata") or {}).get("namespace"))
+    return objects
+
+
+MAX_RETRY_DELAY = 300.0
+
+
+def retry_delay(retry: int, base: float) -> float:
+    """Seconds before kopf's next try: ``base`` doubled per earlier retry, capped."""
+    return min(MAX_RETRY_DELAY, base * 2 ** min(retry, 16))
+
+
+async def apply_training(rt: Runtime, body: Mapping[str, Any], *, prune: bool = True, retry: int = 0) -> None:
+    """Render and server-side apply the training's objects, then update its status.
+
+    Raises kopf.TemporaryError for API failures (kopf retries with backoff);
+    an invalid spec is recorded in the status and not retried (a spec
+    update triggers a new attempt). ``prune`` (not needed on create) removes
+    the PodMonitor once spec.metrics.enabled is off.
+    """
+    started = time.perf_counter()
+    meta = body.get("metadata") or {}
+    try:
+        objects = rendered_objects(body)
+    except ValidationError as e:
+        message = "; ".join(format_errors(e))
+        rt.metrics.reconciles.labels("invalid").inc()
+        await record_failure(rt, body, ReconcileOutcome(False, INVALID_SPEC, message))
+        return
+
+    events: list[EventSpec] = []
+    uid = meta.get("uid", "")
+    # While this apply runs, job events only record the job (see handle_job_event):
+    # this path writes the status once, from the freshest job it knows.
+    rt.applying.add(uid)
+    try:
+        await _apply_objects(rt, body, objects, events, prune=prune, retry=retry)
+    finally:
+        rt.applying.discard(uid)
+    await keep_suspend_intent(rt, body)
+    rt.metrics.reconciles.labels("success").inc()
+    rt.metrics.reconcile_duration.observe(time.perf_counter() - started)
+
+
+def _owned_by(obj: Mapping[str, Any], uid: str) -> bool:
+    return any(
+        ref.get("uid") == uid and ref.get("controller")
+        for ref in (obj.get("metadata") or {}).get("ownerReferences") or []
+    )
+
+
+async def _foreign_objects(rt: Runtime, objects: list[Json], uid: str) -> list[str]:
+    """The rendered objects whose name is taken by an object this training does not own.
+
+    Server-side apply with force would silently adopt such an object (and the
+    garbage collector would later delete it with the training), so every
+    name is checked before anything is applied.
+    """
+    foreign = []
+    for obj in objects:
+        meta = obj["metadata"]
+        found = await rt.client.get(obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"])
+        if found is not None and not _owned_by(found, uid):
+            owners = [f"{r.get('kind')}/{r.get('name')}" for r in found["metadata"].get("ownerReferences") or []]
+            foreign.append(
+                f"{obj['kind']} {meta['name']} ({'owned by ' + ', '.join(owners) if owners else 'no owner'})"
+            )
+    return foreign
+
+
+async def _apply_objects(
+    rt: Runtime, body: Mapping[str, Any], objects: list[Json], events: list[EventSpec], *, prune: bool, retry: int
+) -> None:
+    meta = body.get("metadata") or {}
+    uid = meta.get("uid", "")
+    job: Json | None = None
+    try:
+        foreign = await _foreign_objects(rt, objects, uid)
+        if foreign:
+            rt.metrics.reconciles.labels("error").inc()
+            delay = retry_delay(retry, 5)
+            message = (
+                f"refusing to take over {'; '.join(foreign)}: delete or rename it, or rename this FSDPTraining; "
+                f"checking again in {delay:g} s"
+            )
+            await record_failure(rt, body, ReconcileOutcome(False, FOREIGN_OBJECT, message))
+            raise kopf.TemporaryError(message, delay=delay)
+        for obj in objects:
+            result = await rt.client.apply(obj)
+            if obj["kind"] in backends.BY_KIND:
+                job = result.body
+                if result.created:
+                    latency = _seconds_since(meta.get("creationTimestamp"))
+                    if latency is not None:
+                        rt.metrics.create_to_job.observe(latency)
+                    events.append(
+                        EventSpec("Normal", "JobCreated", f"created {obj['kind']} {result.body['metadata']['name']}")
+                    )
+        if prune:
+            rendered = {o["kind"] for o in objects}
+            for kind in OPTIONAL_KINDS:
+                if kind not in rendered:
+                    await _delete_stale(rt, body, kind)
+    except ApiError as e:
+        rt.metrics.reconciles.labels("error").inc()
+        await record_failure(rt, body, ReconcileOutcome(False, APPLY_FAILED, e.message), job=job)
+        delay = retry_delay(retry, 5 if e.retryable else 30)
+        raise kopf.TemporaryError(f"applying the rendered objects failed: {e}", delay=delay) from e
+    except NETWORK_ERRORS as e:
+        rt.metrics.reconciles.labels("error").inc()
+        raise kopf.TemporaryError(f"API server unreachable: {e!r}", delay=retry_delay(retry, 2)) from e
+
+    try:
+        async with rt.lock(uid):
+            rt.applying.discard(uid)  # under the lock: a job event now waits for this sync, then runs its own
+            job = newest_job(job, rt.jobs.get(uid))
+            await sync_locked(rt, body, job, outcome=ReconcileOutcome(True, "Applied"), source="apply", events=events)
+    except (ApiError, *NETWORK_ERRORS) as e:
+        # The objects are applied; only the status lags. Retrying re-applies (a no-op) and writes it.
+        rt.metrics.reconciles.labels("error").inc()
+        raise kopf.TemporaryError(f"status update failed: {e!r}", delay=retry_delay(retry, 2)) from e
+
+
+async def keep_suspend_intent(rt: Runtime, body: Mapping[str, Any]) -> None:
+    """A queued training's spec.suspend, as its Workload's spec.active (Kueue owns the job's suspend).
+
+    Called after each apply and each Workload event: the Workload appears
+    after the job, so the first call may find none and a later one sets it.
+    """
+    spec = body.get("spec") or {}
+    if not (spec.get("scheduling") or {}).get("queue"):
+        return
+    uid = bodies.uid_of(body)
+    workload = rt.workloads.get(uid)
+    want = not bool(spec.get("suspend", False))
+    if workload is None or is_active(workload) == want:
+        return
+    try:
+        patched = await set_active(rt.client, workload, want)
+    except (ApiError, *NETWORK_ERRORS) as e:
+        # The next Workload event (or apply) tries again.
+        log.warning("could not set spec.active=%s on Workload %s: %s", want, workload["metadata"].get("name"), e)
+        return
+    rt.workloads[uid] = {**workload, "spec": {**workload.get("spec", {}), "active": want}}
+    log.info("Workload %s: spec.active=%s (spec.suspend=%s)", patched["metadata"]["name"], want, not want)
+
+
+async def record_failure(
+    rt: Runtime, body: Mapping[str, Any], outcome: ReconcileOutcome, job: Json | None = None
+) -> None:
+    """Best effort: the failure goes to the status and an Event, unless the API itself is what fails."""
+    meta = body.get("metadata") or {}
+    # An update that fails leaves the previous job in place: keep mirroring it.
+    job = newest_job(job, rt.jobs.get(meta.get("uid", "")))
+    if job is None:
+        try:
+            ref = backends.of_training(body).ref
+            job = await rt.client.get(ref.api_version, ref.kind, meta.get("namespace"), meta["name"])
+        except (ApiError, *NETWORK_ERRORS):
+            job = None
+    try:
+        await sync_status(rt, body, job, outcome=outcome, source="apply")
+    except (ApiError, *NETWORK_ERRORS) as e:
+        log.warning("could not record %s on %s/%s: %s", outcome.reason, meta.get("namespace"), meta.get("name"), e)
+
+
+def _enable_metrics(model: FSDPTraining) -> None:
+    model.spec.metrics.enabled = True
+
+
+def _enable_network_policy(model: FSDPTraining) -> None:
+    model.spec.network_policy.enabled = True
+
+
+# Objects a spec field can turn off: a later generation without one deletes the earlier one.
+OPTIONAL_KINDS = {PODMONITOR_KIND: _enable_metrics, NETWORKPOLICY_KIND: _enable_network_policy}
+
+
+async def _delete_stale(rt: Runtime, body: Mapping[str, Any], kind: str) -> None:
+    """Delete the optional object of ``kind`` an earlier generation rendered, if it is this training's."""
+    meta = body.get("metadata") or {}
+    # The renderer decides the name: ask it for the object it renders with the option on.
+    model = training_model(body)
+    OPTIONAL_KINDS[kind](model)
+    candidate = next((o for o in render(model) if o["kind"] == kind), None)
+    if candidate is None:
+        return
+    api_version, name = candidate["apiVersion"], candidate["metadata"]["name"]
+    found = await rt.client.get(api_version, kind, meta.get("namespace"), name)
+    ref = owner_of(found) if found is not None else None
+    if found is None or ref is None or ref.get("uid") != meta.get("uid"):
+        return
+    await rt.client.delete(api_version, kind, meta.get("namespace"), name, uid=found["metadata"]["uid"])

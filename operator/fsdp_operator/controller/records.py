@@ -1,0 +1,116 @@
+"""What the pod loop writes into the status: the pods' placement and start, the stall verdict, the progress."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from fsdp_api import API_VERSION, KIND
+
+from . import bodies
+from .stall import StallVerdict
+from .state import Runtime
+from .status import (
+    CONFIG_VALID,
+    PODS_STARTED,
+    SCHEDULABLE,
+    STALLED,
+    EventSpec,
+    PodsReport,
+    declared_subset,
+    merge_patch,
+)
+from .sync import sync_locked
+
+Json = dict[str, Any]
+
+
+async def record_pods(rt: Runtime, training: Mapping[str, Any], report: PodsReport) -> bool:
+    """Write what the pods say (placement, start, a rejected config); True if one of those conditions changed.
+
+    Recomputes the whole status from the last job seen, so the conditions
+    and status.message stay consistent with the phase. Skipped while an
+    apply is in flight or before the job watch has delivered the job (either
+    will write the status soon, and the next tick retries).
+    """
+    uid = bodies.uid_of(training)
+
+    def pod_conditions(status: Mapping[str, Any]) -> list[Any]:
+        return [c for c in status.get("conditions") or [] if c.get("type") in (SCHEDULABLE, PODS_STARTED, CONFIG_VALID)]
+
+    async with rt.lock(uid):
+        job = rt.jobs.get(uid)
+        if job is None or uid in rt.applying:
+            return False
+        before = pod_conditions(rt.previous_status(training))
+        await sync_locked(rt, training, job, outcome=None, source="pods", pods=report, in_handler=False)
+        return before != pod_conditions(rt.previous_status(training))
+
+
+async def record_stall(
+    rt: Runtime,
+    training: Mapping[str, Any],
+    stall: StallVerdict,
+    *,
+    restarts: int | None = None,
+    events: list[EventSpec] | None = None,
+) -> bool:
+    """Write the stall check's verdict (and a new restart count); True if the Stalled condition changed."""
+    uid = bodies.uid_of(training)
+
+    def stalled(status: Mapping[str, Any]) -> list[Any]:
+        return [(c.get("status"), c.get("reason")) for c in status.get("conditions") or [] if c.get("type") == STALLED]
+
+    async with rt.lock(uid):
+        job = rt.jobs.get(uid)
+        if job is None or uid in rt.applying:
+            return False
+        before = stalled(rt.previous_status(training))
+        await sync_locked(
+            rt,
+            training,
+            job,
+            outcome=None,
+            source="stall",
+            stall=stall,
+            stall_restarts=restarts,
+            events=events,
+            in_handler=False,
+        )
+        return before != stalled(rt.previous_status(training))
+
+
+async def record_progress(
+    rt: Runtime, training: Mapping[str, Any], fields: Mapping[str, Any], *, final: bool = False
+) -> bool:
+    """Write scraped step/loss/throughput into the status if any of them changed.
+
+    A periodic scrape writes only while the training is Running: one started
+    just before the job finished must not overwrite the final figures. The
+    ``final`` read, made once the job has finished, writes what the trainer
+    last reported; for a Succeeded job, whose step is maxSteps by construction,
+    only figures from that very step are taken.
+    """
+    meta = training.get("metadata") or {}
+    uid = meta.get("uid", "")
+    async with rt.lock(uid):
+        previous = rt.previous_status(training)
+        phase = previous.get("phase")
+        if not final and phase != "Running":
+            return False
+        if final and phase == "Succeeded":
+            if fields.get("step") != previous.get("step"):
+                return False
+            fields = {k: v for k, v in fields.items() if k in ("loss", "tokensPerSecond")}
+        relevant = {k: previous[k] for k in fields if k in previous}
+        if "checkpoint" in fields and "checkpoint" in previous:
+            relevant["checkpoint"] = {"lastStep": (previous["checkpoint"] or {}).get("lastStep")}
+        patch = merge_patch(relevant, dict(fields))
+        # merge_patch deletes keys absent from `fields`; progress only ever adds or updates.
+        patch = {k: v for k, v in patch.items() if v is not None}
+        if not patch:
+            return False
+        response = await rt.client.patch_status(API_VERSION, KIND, meta["namespace"], meta["name"], patch)
+        rt.wrote_status(uid, response, declared_subset(response.get("status")))
+        rt.metrics.status_updates.labels("progress").inc()
+        return True

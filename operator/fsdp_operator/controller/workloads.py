@@ -1,0 +1,59 @@
+"""Kueue's Workloads of queued trainings' jobs: keep the suspend intent, mirror the queue state."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .. import backends
+from .applies import keep_suspend_intent
+from .queueing import owning_job, trim_workload
+from .state import Runtime, owner_body, owner_of, trim_job
+from .sync import sync_locked
+
+Json = dict[str, Any]
+
+
+async def _training_of_workload(rt: Runtime, workload: Mapping[str, Any]) -> Json | None:
+    """The training whose job owns ``workload``, with that job recorded in ``rt.jobs``; None if not ours.
+
+    At start-up the Workload watch may deliver before the job or training
+    watch: what is not known yet is read, so a queued training's status never
+    waits for the Workload's next change.
+    """
+    ref = owning_job(workload)
+    if ref is None:
+        return None
+    namespace = (workload.get("metadata") or {}).get("namespace", "")
+    # Our jobs are named after their training; the job's uid tells whether it is ours.
+    training = rt.trainings.get((namespace, ref.get("name", "")))
+    job = rt.jobs.get(training["metadata"].get("uid", "")) if training is not None else None
+    if job is None or (job.get("metadata") or {}).get("uid") != ref.get("uid"):
+        job_ref = backends.BY_KIND[ref["kind"]].ref
+        fresh = await rt.client.get(job_ref.api_version, job_ref.kind, namespace, ref.get("name", ""))
+        owner = owner_of(fresh) if fresh is not None else None
+        if fresh is None or owner is None or fresh["metadata"].get("uid") != ref.get("uid"):
+            return None
+        training = await owner_body(rt, namespace, owner)
+        if training is None:
+            return None
+        rt.jobs[training["metadata"].get("uid", "")] = trim_job(fresh)
+    return training
+
+
+async def handle_workload_event(rt: Runtime, event_type: str | None, workload: Mapping[str, Any]) -> None:
+    """A Kueue Workload of one of our jobs changed: keep the suspend intent, mirror it into the status."""
+    training = await _training_of_workload(rt, workload)
+    if training is None:
+        return
+    uid = training["metadata"].get("uid", "")
+    if event_type == "DELETED":
+        rt.workloads.pop(uid, None)
+    else:
+        rt.workloads[uid] = trim_workload(workload)
+        await keep_suspend_intent(rt, training)
+    async with rt.lock(uid):
+        job = rt.jobs.get(uid)
+        if job is None or uid in rt.applying:
+            return  # the job is gone (its DELETED event re-creates it), or the apply in flight writes the status
+        await sync_locked(rt, training, job, outcome=None, source="workload")
