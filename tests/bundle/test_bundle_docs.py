@@ -37,7 +37,7 @@ PAGES = [REPO_ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
 ROOTS = "api|bench|charts|docs|examples|kustomize|localcluster|operator|tests|tools|trainer"
 
 
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO_ROOT)))
 def test_docs_cite_files_that_exist(page: Path) -> None:
     """Paths a page cites in backticks (`kustomize/...`, `api/fsdp_api/...`) exist."""
     cited = re.compile(rf"`((?:{ROOTS})/[\w./-]+)`")
@@ -45,7 +45,7 @@ def test_docs_cite_files_that_exist(page: Path) -> None:
         assert (REPO_ROOT / path.rstrip("/")).exists(), f"{page.name} cites {path}, which does not exist"
 
 
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO_ROOT)))
 def test_docs_links_lead_to_files_and_headings_that_exist(page: Path) -> None:
     """Relative Markdown links ([text](other.md#heading)) lead to a file, and to a heading of it."""
     for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
