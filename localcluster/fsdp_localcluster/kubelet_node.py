@@ -53,6 +53,12 @@ BRIDGE = "fsdpk0"
 SUBNET = "10.244.77.0/24"  # pods' addresses: on the bridge only, never routed off this machine
 LOCK = Path(tempfile.gettempdir()) / "fsdp-kubelet-node.lock"
 NAMESPACE = "k8s.io"  # containerd's namespace for CRI (the kubelet's) containers and images
+# containerd's content and snapshots outlive a node (a fresh node per test session), so the 13 GB
+# trainer image is loaded once per build, not per session: its state and containers stay per node.
+_CACHE_HOME = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+IMAGE_STORE = Path(os.environ.get("FSDP_TOOLS_CACHE") or _CACHE_HOME / "fsdp-k8s") / "kubelet-containerd"
+# The image label that names the buildah image an import came from (its ID changes with every build).
+SOURCE_LABEL = "fsdp-k8s.dev/buildah-image-id"
 
 
 class KubeletNodeUnavailable(RuntimeError):
@@ -136,10 +142,7 @@ class KubeletNode:
             stop_process(self._kubelet, 30)
             self._kubelet = None
         if self._containerd is not None:
-            for container in self._ctr("containers", "list", "--quiet", check=False).split():
-                self._ctr("tasks", "kill", "--signal", "SIGKILL", container, check=False)
-                self._ctr("tasks", "delete", "--force", container, check=False)
-                self._ctr("containers", "delete", container, check=False)
+            self._remove_containers()
             stop_process(self._containerd, 30)
             self._containerd = None
         # Shims outlive containerd; each was started with this node's socket.
@@ -162,8 +165,18 @@ class KubeletNode:
     # ------------------------------------------------------------------- images
 
     def load_image(self, image: str) -> float:
-        """Copy ``image`` from buildah's store into the node's containerd; the seconds it took."""
+        """Copy ``image`` from buildah's store into the node's containerd; the seconds it took.
+
+        A no-op (0.0) when the image store already holds this build of it.
+        """
         t0 = time.monotonic()
+        source = subprocess.run(
+            ["buildah", "inspect", "--type", "image", "--format", "{{.FromImageID}}", image],
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+        if source and f"{SOURCE_LABEL}={source}" in self._ctr("images", "list", f"name=={image}", check=False):
+            return 0.0
         push = subprocess.Popen(
             ["buildah", "push", "--quiet", image, f"docker-archive:/dev/stdout:{image}"],
             stdout=subprocess.PIPE,
@@ -181,6 +194,8 @@ class KubeletNode:
         if pushed != 0 or load.returncode != 0:
             err = (push.stderr.read().decode(errors="replace") if push.stderr else "") + load.stderr
             raise KubeletNodeUnavailable(f"cannot load {image} into the node's containerd: {err.strip()[-500:]}")
+        if source:
+            self._ctr("images", "label", image, f"{SOURCE_LABEL}={source}")
         return time.monotonic() - t0
 
     # ------------------------------------------------------------ pods on the node
@@ -246,7 +261,7 @@ class KubeletNode:
         config = self.workdir / "containerd.toml"
         config.write_text(
             f"""version = 2
-root = "{self.workdir / "containerd/root"}"
+root = "{IMAGE_STORE}"
 state = "{self.workdir / "containerd/state"}"
 [grpc]
   address = "{self.socket}"
@@ -277,6 +292,13 @@ state = "{self.workdir / "containerd/state"}"
             return self.socket.exists() and subprocess.run(version, capture_output=True).returncode == 0
 
         wait_for(serving, timeout, "containerd to serve")
+        self._remove_containers()  # an earlier node that did not stop cleanly left them in the shared store
+
+    def _remove_containers(self) -> None:
+        for container in self._ctr("containers", "list", "--quiet", check=False).split():
+            self._ctr("tasks", "kill", "--signal", "SIGKILL", container, check=False)
+            self._ctr("tasks", "delete", "--force", container, check=False)
+            self._ctr("containers", "delete", container, check=False)
 
     def _start_kubelet(self, timeout: float) -> None:
         for root in _cgroup_roots():
