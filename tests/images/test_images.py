@@ -83,6 +83,10 @@ class TrainerPod:
             working_dir=container.get("workingDir"),
             security={**pod["securityContext"], **container["securityContext"]},
             limits={"cpu": "2", "memory": "6Gi"},
+            # Its own loopback: the rendezvous store's fixed port (29400) is then this pod's alone. On the
+            # host's, another training on the machine could hold it, and torch elastic would join that
+            # job's store as a client (seen as a RendezvousClosedError when that job ended).
+            network="none",
         )
         self.log = root / "container.log"
         self.argv = self.launch.argv(runtime)

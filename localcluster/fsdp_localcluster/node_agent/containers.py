@@ -127,6 +127,10 @@ class ContainerLaunch:
     security: Obj  # the container's securityContext merged over the pod's
     limits: Mapping[str, str]  # the container's resources.limits
     api_server_ip: str = "127.0.0.1"  # where API_SERVER_NAMES point
+    # "host": the agent's pod network on the host's loopback; "none": a network
+    # namespace of its own with only a loopback (a lone pod, whose ports then
+    # clash with nothing else on the machine).
+    network: str = "host"
 
     def argv(self, runtime: Path) -> list[str]:
         sc = self.security
@@ -139,8 +143,8 @@ class ContainerLaunch:
             "--name",
             self.name,
             "--pull=never",
-            # The pod network is the host's loopback (see network.PodNetwork).
-            "--network=host",
+            # The pod network is the host's loopback (see network.PodNetwork), or a loopback of its own.
+            f"--network={self.network}",
             "--hostname",
             self.hostname,
             # The kubelet's /etc/hosts line: the pod's own name is its address.
