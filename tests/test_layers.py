@@ -154,3 +154,46 @@ def test_the_spec_package_imports_only_the_api_modules_below_it() -> None:
                 found.setdefault(node.module or "", []).append(path.name)
     assert found, "the checker saw no import of the API's modules"
     assert {m: f for m, f in found.items() if m not in SPEC_MAY_IMPORT} == {}
+
+
+# Tests share helpers through helper modules beside them, never by importing a
+# test_*.py module: a test file can then change or go without breaking another,
+# and a shared helper is found under a name that says what it holds.
+TEST_ROOTS = (REPO / "tests", REPO / "localcluster" / "tests")
+
+
+def imported_test_modules(path: Path) -> set[str]:
+    """The test_* modules a file imports from, dotted as written (relative ones keep their dots)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            lead, dotted = "", [alias.name.split(".") for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module.split(".") if node.module else []
+            # `from package import test_x` names a module as well.
+            lead, dotted = "." * node.level, [[*base, alias.name] for alias in node.names]
+        else:
+            continue
+        for parts in dotted:
+            hit = next((i for i, part in enumerate(parts) if part.startswith("test_")), None)
+            if hit is not None:
+                out.add(lead + ".".join(parts[: hit + 1]))
+    return out
+
+
+def test_no_test_module_imports_from_another_test_module() -> None:
+    files = [path for root in TEST_ROOTS for path in sorted(root.rglob("*.py"))]
+    assert len(files) > len(TEST_ROOTS), "the checker found no test files"
+    bad = {str(path.relative_to(REPO)): found for path in files if (found := imported_test_modules(path))}
+    assert bad == {}
+
+
+def test_the_test_import_checker_sees_every_form(tmp_path: Path) -> None:
+    module = tmp_path / "m.py"
+    module.write_text(
+        "from tests.operator.test_status import facts\n"
+        "from . import test_render\n"
+        "def f():\n    import tests.trainer.test_config as c\n"
+        "from tests.operator.status_fixtures import job\n"
+    )
+    assert imported_test_modules(module) == {"tests.operator.test_status", ".test_render", "tests.trainer.test_config"}

@@ -15,7 +15,7 @@ from fsdp_api.spec import FSDPTrainingSpec
 from fsdp_operator.cli import EXIT_INVALID, EXIT_OK, main
 from fsdp_operator.controller.status import TrainingFacts, compute_status, status_document, transition_events
 
-from tests.operator.test_status import training
+from tests.operator.status_fixtures import training
 
 
 def spec(**sections: dict[str, Any]) -> FSDPTrainingSpec:

@@ -12,8 +12,8 @@ from typing import Any
 from fsdp_operator.controller.queueing import owning_job, queue_state, trim_workload
 from fsdp_operator.controller.status import compute_status, transition_events
 
-from tests.operator.test_render import job_of
-from tests.operator.test_status import NOW, conditions_of, facts, job
+from tests.operator.render_fixtures import job_of
+from tests.operator.status_fixtures import NOW, conditions_of, facts, job
 
 QUEUED = {"scheduling": {"queue": "team-a", "priorityClass": "low"}}
 PENDING_MESSAGE = (

@@ -13,38 +13,7 @@ from fsdp_api.spec import SECRET_ENV_PATTERN
 from fsdp_api.trainer_config import TrainerConfig
 from fsdp_operator.render import render
 
-Obj = dict[str, Any]
-
-BASE: Obj = {
-    "apiVersion": "training.fsdp.dev/v1alpha1",
-    "kind": "FSDPTraining",
-    "metadata": {"name": "llama", "namespace": "team-a", "uid": "0b6c5a8e-2f0e-4c52-9d0b-6f1f3c1d9a11"},
-    "spec": {
-        "image": "ghcr.io/fsdp-k8s/trainer:0.1.0",
-        "model": {"preset": "llama3.2-1b"},
-        "training": {"maxSteps": 1000, "seqLen": 2048},
-        "resources": {"nodes": 2, "gpusPerNode": 8},
-    },
-}
-
-
-def _merge(base: Obj, extra: Obj) -> Obj:
-    out = copy.deepcopy(base)
-    for key, value in extra.items():
-        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-    return out
-
-
-def training(**spec: Any) -> FSDPTraining:
-    return FSDPTraining.model_validate(_merge(BASE, {"spec": spec}))
-
-
-def objects(**spec: Any) -> dict[str, Obj]:
-    return {o["kind"]: o for o in render(training(**spec))}
-
-
-def job_of(**spec: Any) -> Obj:
-    return objects(**spec)["PyTorchJob"]
+from tests.operator.render_fixtures import BASE, Obj, deep_merge, job_of, objects, training
 
 
 def worker(job: Obj) -> Obj:
@@ -125,7 +94,7 @@ def test_never_renders_the_checkpoint_pvc() -> None:
 
 
 def test_namespace_defaults_to_default() -> None:
-    t = FSDPTraining.model_validate(_merge(BASE, {"metadata": {"namespace": None}}))
+    t = FSDPTraining.model_validate(deep_merge(BASE, {"metadata": {"namespace": None}}))
     rendered = render(t)
     assert {o["metadata"]["namespace"] for o in rendered} == {"default"}
     config = TrainerConfig.from_yaml(rendered[0]["data"]["train.yaml"])
@@ -150,7 +119,7 @@ def test_set_owner_puts_a_controller_reference_on_every_object() -> None:
 
 
 def test_set_owner_needs_a_uid() -> None:
-    t = FSDPTraining.model_validate(_merge(BASE, {"metadata": {"uid": None}}))
+    t = FSDPTraining.model_validate(deep_merge(BASE, {"metadata": {"uid": None}}))
     with pytest.raises(ValueError, match=r"metadata\.uid"):
         render(t, set_owner=True)
 

@@ -7,7 +7,7 @@ from fsdp_api.spec import StallSpec
 from fsdp_operator.controller.stall import StallRules, StepClock, observe, start_clock, verdict
 from fsdp_operator.controller.status import compute_status, transition_events
 
-from tests.operator.test_status import facts
+from tests.operator.status_fixtures import facts
 
 SPEC = StallSpec(step_time_factor=10, min_seconds=30, startup_seconds=600, checkpoint_seconds=120)
 RULES = StallRules(spec=SPEC, checkpoint_interval=50, eval_interval=0, max_steps=1000)

@@ -28,14 +28,12 @@ from fsdp_operator.controller.reconcile import (
 from fsdp_operator.controller.scraper import check_pods_once, waiting_trainings
 from fsdp_operator.controller.stall.check import check_stall
 from fsdp_operator.controller.status import (
-    GENERATION_ANNOTATION,
     MAX_MESSAGE,
     EventSpec,
     PodsReport,
     ReconcileOutcome,
     Scheduling,
     Start,
-    TrainingFacts,
     compute_status,
     config_rejection,
     merge_patch,
@@ -46,22 +44,10 @@ from fsdp_operator.controller.status import (
     transition_events,
 )
 
-NOW = "2026-01-02T03:04:05Z"
+from tests.operator.status_fixtures import NOW, conditions_of, facts, job, training
+
 LATER = "2026-01-02T04:00:00Z"
 APPLIED = ReconcileOutcome(True, "Applied")
-
-
-def training(generation: int = 1, **spec: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "training.fsdp.dev/v1alpha1",
-        "kind": "FSDPTraining",
-        "metadata": {"name": "llama", "namespace": "ml", "uid": "u-1", "generation": generation},
-        "spec": {"image": "trainer:1", "model": {"preset": "tiny"}, "training": {"maxSteps": 10}, **spec},
-    }
-
-
-def facts(**spec: Any) -> TrainingFacts:
-    return TrainingFacts.from_body(training(**spec))
 
 
 def cond(type_: str, status: str = "True", reason: str = "", message: str = "", time: str = NOW) -> dict[str, Any]:
@@ -73,20 +59,6 @@ def cond(type_: str, status: str = "True", reason: str = "", message: str = "", 
         "lastUpdateTime": time,
         "lastTransitionTime": time,
     }
-
-
-def job(*conditions: dict[str, Any], generation: int = 1, suspend: bool = False, **status: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "kubeflow.org/v1",
-        "kind": "PyTorchJob",
-        "metadata": {"name": "llama", "namespace": "ml", "annotations": {GENERATION_ANNOTATION: str(generation)}},
-        "spec": {"runPolicy": {"suspend": suspend}},
-        "status": {"conditions": list(conditions), **status},
-    }
-
-
-def conditions_of(status: FSDPTrainingStatus) -> dict[str, Any]:
-    return {c.type: c for c in status.conditions}
 
 
 # --- facts -----------------------------------------------------------------------

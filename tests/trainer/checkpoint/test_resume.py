@@ -23,29 +23,10 @@ from fsdp_api.launch import torchrun_standalone, trainer_program
 from fsdp_trainer.checkpoint import MARKER, complete_checkpoints
 from fsdp_trainer.trace import read_trace
 
-from tests.trainer.harness import RunResult, base_config, launch, offline_env
+from tests.trainer.checkpoint.resume_runs import effective_steps, split_attempts
+from tests.trainer.harness import base_config, launch, offline_env
 
 pytestmark = pytest.mark.slow
-
-
-def _attempts(run: RunResult, rank: int) -> list[list[dict[str, Any]]]:
-    """The trace split at each (re)start of the trainer."""
-    out: list[list[dict[str, Any]]] = []
-    for record in run.trace(rank):
-        if record["event"] == "start":
-            out.append([])
-        out[-1].append(record)
-    return out
-
-
-def _effective_steps(run: RunResult, rank: int) -> list[dict[str, Any]]:
-    """Step records that count: each attempt's steps up to where the next attempt resumed."""
-    attempts = _attempts(run, rank)
-    steps: list[dict[str, Any]] = []
-    for i, attempt in enumerate(attempts):
-        resume_at = attempts[i + 1][0]["step"] if i + 1 < len(attempts) else None
-        steps += [r for r in attempt if r["event"] == "step" and (resume_at is None or r["step"] <= resume_at)]
-    return steps
 
 
 def test_killed_run_resumes_with_identical_losses_and_data(tmp_path: Path, inputs: dict[str, Path]) -> None:
@@ -63,13 +44,13 @@ def test_killed_run_resumes_with_identical_losses_and_data(tmp_path: Path, input
         tmp_path / "killed", config("killed"), env={ENV_TRAINER_FAULT: "after_step:13"}, max_restarts=1
     ).check()
 
-    attempts = _attempts(killed, 0)
+    attempts = split_attempts(killed, 0)
     assert [a[0]["step"] for a in attempts] == [0, 10], "one kill after step 13, resumed from step 10"
     assert max(r["step"] for r in attempts[0] if r["event"] == "step") == 13
     assert "resumed from" in killed.output and "step-00000010" in killed.output
 
     for rank in (0, 1):
-        want, got = straight.events("step", rank), _effective_steps(killed, rank)
+        want, got = straight.events("step", rank), effective_steps(killed, rank)
         assert [r["step"] for r in got] == list(range(1, 21))
         # fp32, same seed, same data: the resumed run is the same computation.
         for a, b in zip(want, got, strict=True):
@@ -78,7 +59,7 @@ def test_killed_run_resumes_with_identical_losses_and_data(tmp_path: Path, input
         # Same samples in the same order: nothing repeated, nothing skipped.
         assert [r["samples"] for r in got] == [r["samples"] for r in want]
 
-    samples = [s for rank in (0, 1) for r in _effective_steps(killed, rank) for s in r["samples"]]
+    samples = [s for rank in (0, 1) for r in effective_steps(killed, rank) for s in r["samples"]]
     assert len(samples) == len(set(samples)) == 20 * 2 * 2 * 2
     # Windows cross document boundaries, so the resumed position was mid-document.
     assert any(not s.endswith("@0") for s in samples)
@@ -118,7 +99,7 @@ def test_an_interrupted_save_is_never_picked_by_resume(
     assert not any(p.name.startswith("step-00000004.tmp-") for p in ckpt_dir.iterdir()), "stale tmp dir removed"
     assert [step for step, _ in complete_checkpoints(ckpt_dir)] == [2, 4]
     # Steps 3 and 4 were recomputed from step 2: the same numbers as before the crash.
-    before = {r["step"]: r["loss"] for r in _attempts(resumed, 0)[0] if r["event"] == "step"}
+    before = {r["step"]: r["loss"] for r in split_attempts(resumed, 0)[0] if r["event"] == "step"}
     after = resumed.losses()
     assert after[3] == pytest.approx(before[3], abs=1e-6) and after[4] == pytest.approx(before[4], abs=1e-6)
 

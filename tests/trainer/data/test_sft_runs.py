@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from fsdp_api.contract import ENV_TRAINER_FAULT
 
-from tests.trainer.checkpoint.test_resume import _attempts, _effective_steps
+from tests.trainer.checkpoint.resume_runs import effective_steps, split_attempts
 from tests.trainer.data.chat_inputs import build_chat_tokenizer, words
 from tests.trainer.harness import RunResult, base_config, launch
 
@@ -110,12 +110,12 @@ def test_two_ranks_train_like_one_process_on_packed_chats(runs: ChatRuns) -> Non
 def test_killed_chat_run_resumes_with_identical_losses_and_rows(runs: ChatRuns) -> None:
     straight = runs.get("straight")
     killed = runs.get("killed", env={ENV_TRAINER_FAULT: "after_step:13"}, max_restarts=1)
-    assert [a[0]["step"] for a in _attempts(killed, 0)] == [0, 10]
+    assert [a[0]["step"] for a in split_attempts(killed, 0)] == [0, 10]
     for rank in (0, 1):
-        want, got = straight.events("step", rank), _effective_steps(killed, rank)
+        want, got = straight.events("step", rank), effective_steps(killed, rank)
         assert [r["step"] for r in got] == list(range(1, 21))
         for a, b in zip(want, got, strict=True):
             assert a["loss"] == b["loss"], (a["step"], a["loss"], b["loss"])
             assert a["samples"] == b["samples"] and a["rows"] == b["rows"]
-    rows = [k for rank in (0, 1) for r in _effective_steps(killed, rank) for k in _rows(r["samples"])]
+    rows = [k for rank in (0, 1) for r in effective_steps(killed, rank) for k in _rows(r["samples"])]
     assert len(rows) == len(set(rows)) == 20 * 16
