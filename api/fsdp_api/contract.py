@@ -9,6 +9,7 @@ here; a name typed anywhere else is a bug.
 
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass
 from typing import Literal
 
@@ -148,6 +149,21 @@ CONFIG_ERROR_HEADER = "invalid trainer configuration:"
 # threads' stacks to <checkpoint dir>/STALLS_DIR/ and exits with this code.
 STALL_EXIT_CODE = 3
 STALLS_DIR = "stalls"
+# What a launcher passes on to the training it runs: the container runtime's
+# SIGTERM, a terminal's SIGINT (Ctrl-C) and SIGHUP (closed). The pods'
+# supervising check and ``fsdp-operator run-local`` forward the same ones.
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def signal_exit_code(signum: int) -> int:
+    """What a process a signal stopped exits with: 128 + its number (the shell's convention; Kubernetes too)."""
+    return 128 + signum
+
+
+# A training that saved the checkpoint of its step and stopped on SIGTERM exits
+# 143: terminated, not finished, so the job never counts as succeeded.
+STOPPED_EXIT_CODE = signal_exit_code(signal.SIGTERM)
+
 # The job's ConfigMap is mounted at CONFIG_DIR; its one key is the trainer config.
 CONFIG_DIR = "/etc/fsdp"
 CONFIG_KEY = "train.yaml"

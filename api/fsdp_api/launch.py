@@ -30,7 +30,7 @@ def checked_launch(config_path: str | Path, launch: Sequence[str], *, python: st
     """``launch`` preceded by the trainer's one-process config check, which starts it when the config is good.
 
     The check execs ``launch``, except torchrun, whose parent it stays so that
-    a SIGTERM stop exits 143 (torchrun alone exits 1; see fsdp_trainer/check.py).
+    a SIGTERM stop exits 143 (torchrun alone exits 1; see fsdp_trainer/supervisor.py).
 
     A bad config then ends in the check with one line per mistake (exit
     code CONFIG_ERROR_EXIT_CODE) before torchrun starts any rank. The check

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from fsdp_api import FSDPTraining
+from fsdp_api.contract import FORWARDED_SIGNALS, signal_exit_code
 from fsdp_api.documents import InputError, load_one
 from fsdp_api.launch import checked_launch, free_port, local_env, port_is_free, torchrun_standalone, trainer_program
 from fsdp_api.rules import format_errors
@@ -27,8 +28,6 @@ from fsdp_api.trainer_config import TrainerConfig
 from pydantic import ValidationError
 
 LOCK_FILE = ".run-local.lock"
-# Signals a user sends a foreground run (Ctrl-C, kill, a closed terminal).
-FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 # How long the ranks get to save a checkpoint and exit after a signal.
 STOP_GRACE_SECONDS = 120.0
 
@@ -131,7 +130,8 @@ def run_process_group(cmd: list[str], env: dict[str, str], grace_seconds: float 
     torchrun and its ranks share the group, so SIGTERM (or Ctrl-C) reaches every
     rank, which saves a checkpoint and exits; after ``grace_seconds`` whatever
     is left is killed. Nothing outlives this call. Returns torchrun's exit code,
-    or 128 + the signal's number when a signal stopped the run.
+    or 128 + the signal's number when a signal stopped the run. Which signals
+    are passed on, and those codes, are the contract's, as in the pods.
     """
     proc = subprocess.Popen(cmd, env=env, start_new_session=True)
     received: list[int] = []
@@ -158,4 +158,4 @@ def run_process_group(cmd: list[str], env: dict[str, str], grace_seconds: float 
         # A rank that outlived torchrun must not keep training unseen.
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-    return 128 + received[0] if received else proc.returncode
+    return signal_exit_code(received[0]) if received else proc.returncode

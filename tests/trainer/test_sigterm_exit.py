@@ -1,7 +1,7 @@
 """SIGTERM to the pod's main process (the check, then torchrun) ends the container with 143 after the save.
 
 torchrun itself exits 1 on SIGTERM whatever its ranks did; the check stays
-torchrun's parent and turns the ranks' clean stops into 143 (check.py
+torchrun's parent and turns the ranks' clean stops into 143 (supervisor.py
 ``supervise``). Real failures keep torchrun's non-zero code; success stays 0.
 """
 
@@ -104,7 +104,7 @@ if behaviour == "finish":
     sys.exit(0)
 def on_term(signum, frame):
     if behaviour == "stop" or (behaviour == "rank0" and os.environ["RANK"] == "0"):
-        from fsdp_trainer.check import record_stop
+        from fsdp_trainer.supervisor import record_stop
         record_stop(5)
         sys.exit(143)
     sys.exit(1)
@@ -152,7 +152,7 @@ def test_the_containers_exit_code_follows_the_ranks(
 
 
 def test_exit_status() -> None:
-    from fsdp_trainer.check import exit_status
+    from fsdp_trainer.supervisor import exit_status
 
     assert exit_status(1, signalled=True, stopped=8, local_ranks=8) == 143
     assert exit_status(1, signalled=True, stopped=7, local_ranks=8) == 1

@@ -15,11 +15,10 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import sys
 from pathlib import Path
 
-from fsdp_api.contract import CHECK_COMMAND, CONFIG_ERROR_EXIT_CODE
+from fsdp_api.contract import CHECK_COMMAND, CONFIG_ERROR_EXIT_CODE, STOPPED_EXIT_CODE
 
 from .errors import CheckpointSaveError, ConfigError, UnloadableCheckpointError, UnsafeCheckpointError
 
@@ -51,11 +50,11 @@ def train_main(argv: list[str]) -> int:
         run(cfg, trace_dir=args.trace_dir)
     except Stopped as e:
         logging.getLogger("fsdp_trainer").warning("%s", e)
-        from .check import record_stop
+        from .supervisor import record_stop
 
         # torchrun drops this exit code; the supervising check reads the record instead.
         record_stop(e.step)
-        return 128 + signal.SIGTERM  # terminated, not finished: the job must not count as succeeded
+        return STOPPED_EXIT_CODE  # terminated, not finished: the job must not count as succeeded
     return 0
 
 

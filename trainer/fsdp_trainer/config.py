@@ -23,6 +23,7 @@ from fsdp_api.trainer_config import TrainerConfig
 from pydantic import ValidationError
 
 from .data import files
+from .data.formats import data_format
 from .errors import ConfigError
 from .model.hub import local_path
 
@@ -109,7 +110,7 @@ def _check_data(cfg: TrainerConfig) -> list[str]:
         except files.DataFilesError as e:
             errors.append(f"data.path: {e}")
         else:
-            errors += _check_rows(cfg, found)
+            errors += data_format(data.format).check_files(data, found)
         if data.validation_split:
             errors.append(
                 "data.validationSplit: only for hub datasets (data.dataset); "
@@ -126,21 +127,6 @@ def _check_data(cfg: TrainerConfig) -> list[str]:
         if path is not None and not path.is_dir():
             errors.append(f"data.tokenizer: {data.tokenizer} is not a directory with tokenizer files")
     return errors
-
-
-def _check_rows(cfg: TrainerConfig, found: files.DataFiles) -> list[str]:
-    data = cfg.data
-    if data.format == "text":
-        # The text builder reads whole lines: its column is always "text".
-        problem = files.check_has_text(found, data.text_field if found.builder != "text" else "text")
-    elif found.builder == "text":
-        return [
-            f"data.format: {data.format} reads rows with named fields (json, jsonl or parquet); "
-            f"{data.path} holds txt files, which are plain text"
-        ]
-    else:
-        problem = files.check_has_fields(found, data)
-    return [f"data.path: {data.path}: {problem}"] if problem else []
 
 
 def _check_model_refs(cfg: TrainerConfig) -> list[str]:

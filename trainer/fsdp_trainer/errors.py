@@ -17,6 +17,12 @@ def name_list(names: Iterable[str]) -> str:
     return ", ".join(ordered[:SHOWN_NAMES]) + more
 
 
+def first_line(e: BaseException) -> str:
+    """``TypeName: first line of the message``, for a log or error line that names what went wrong."""
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")
+
+
 class UnsafeCheckpointError(RuntimeError):
     """A checkpoint file holds more than data (tensors, numbers, strings): never unpickled."""
 

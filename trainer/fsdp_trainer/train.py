@@ -42,6 +42,7 @@ from .checkpoint import MODEL_CONFIG_DIR as CHECKPOINT_MODEL_CONFIG_DIR
 from .checkpoint import Checkpointer, check_candidates, resume_candidates
 from .config import check_config
 from .data.attention import PackedAttention
+from .data.formats import data_format
 from .data.loader import TrainData, row_counts, validation_batches
 from .data.packing import IGNORE_INDEX, Batch
 from .data.prefetch import PrefetchedData
@@ -211,7 +212,9 @@ class Trainer:
         self.num_params = count_parameters(self.model)
         self.num_trainable = count_trainable(self.model)
         # Packed rows of the supervised formats attend only within their row.
-        self.packed = PackedAttention(self.model, self.seq_len) if cfg.data.format != "text" else None
+        self.packed = (
+            PackedAttention(self.model, self.seq_len) if data_format(cfg.data.format).packs_documents else None
+        )
         if self.packed is not None:
             log.info("data.format %s: documents kept apart by %s", cfg.data.format, self.packed.describe())
         self.optimizer = build_optimizer(self.model, cfg.training, self.device)

@@ -11,10 +11,7 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from fsdp_api.spec import DataSpec
+from typing import Any
 
 # File suffix -> the datasets builder that reads it.
 BUILDERS = {
@@ -72,82 +69,34 @@ def check_has_text(found: DataFiles, text_field: str, max_rows: int = PROBE_ROWS
     a bad data path fails in seconds with one line naming the files, not after
     the model is built. Reads only up to the first row with text.
     """
-    if all(Path(f).stat().st_size == 0 for f in found.files):
-        return f"every file is empty ({', '.join(found.files[:3])}{' ...' if len(found.files) > 3 else ''})"
-    rows, fields = 0, set()
-    for row in _rows(found):
-        if rows >= max_rows:
+    empty = check_not_empty(found)
+    if empty:
+        return empty
+    count, fields = 0, set()
+    for row in rows(found):
+        if count >= max_rows:
             return None  # undecided: the loader checks the rest
-        rows += 1
+        count += 1
         if not isinstance(row, dict):
             return None  # not JSON Lines (e.g. one JSON array): left to the datasets reader
         fields |= row.keys()
         value = row.get(text_field)
         if isinstance(value, str) and value.strip():
             return None
-    if rows and text_field not in fields:
+    if count and text_field not in fields:
         return f"no row has a field {text_field!r} (fields: {', '.join(sorted(fields))}); set data.textField"
-    return f"none of the {rows} rows has any text in field {text_field!r}"
+    return f"none of the {count} rows has any text in field {text_field!r}"
 
 
-# The settings that name the columns each data.format reads, in document_fields' order.
-FIELD_SETTINGS = {
-    "text": ("data.textField",),
-    "chat": ("data.messagesField",),
-    "prompt-completion": ("data.promptField", "data.completionField"),
-}
-
-
-def document_fields(spec: DataSpec) -> tuple[str, ...]:
-    """The columns a document of ``spec.format`` is read from."""
-    if spec.format == "chat":
-        return (spec.messages_field,)
-    if spec.format == "prompt-completion":
-        return (spec.prompt_field, spec.completion_field)
-    return (spec.text_field,)
-
-
-def check_has_fields(found: DataFiles, spec: DataSpec, max_rows: int = PROBE_ROWS) -> str | None:
-    """``check_has_text`` for the supervised formats: some row has every field the format reads.
-
-    The first row that has them all must also hold the right shapes (a list of
-    messages with roles; prompt and completion strings): a wrong column name
-    that happens to exist fails here, not at the first step.
-    """
-    fields, settings = document_fields(spec), FIELD_SETTINGS[spec.format]
+def check_not_empty(found: DataFiles) -> str | None:
+    """Why the files cannot feed training when they are all empty, or None."""
     if all(Path(f).stat().st_size == 0 for f in found.files):
         return f"every file is empty ({', '.join(found.files[:3])}{' ...' if len(found.files) > 3 else ''})"
-    rows, seen = 0, set()
-    for row in _rows(found):
-        if rows >= max_rows:
-            return None
-        rows += 1
-        if not isinstance(row, dict):
-            return None
-        seen |= row.keys()
-        if all(row.get(f) not in (None, "", []) for f in fields):
-            return _shape_problem(spec, row, rows)
-    for name, setting in zip(fields, settings, strict=True):
-        if rows and name not in seen:
-            return f"no row has a field {name!r} (fields: {', '.join(sorted(seen))}); set {setting}"
-    return f"none of the {rows} rows has every field data.format {spec.format} reads ({', '.join(fields)}) filled"
-
-
-def _shape_problem(spec: DataSpec, row: dict[str, Any], number: int) -> str | None:
-    if spec.format == "chat":
-        messages = row[spec.messages_field]
-        if not isinstance(messages, list) or not all(
-            isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages
-        ):
-            return f"row {number}: field {spec.messages_field!r} is not a list of {{role, content}} messages"
-        return None
-    for name in document_fields(spec):
-        if not isinstance(row[name], str):
-            return f"row {number}: field {name!r} is not a string ({type(row[name]).__name__})"
     return None
 
 
-def _rows(found: DataFiles) -> Iterator[Any]:
+def rows(found: DataFiles) -> Iterator[Any]:
+    """The files' rows as dicts (a txt line as ``{"text": line}``); None for a line that is not JSON."""
     if found.builder == "parquet":
         return _parquet_rows(found.files)
     return _line_rows(found.files, as_json=found.builder == "json")

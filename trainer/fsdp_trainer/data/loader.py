@@ -16,8 +16,7 @@ from typing import Any
 from fsdp_api.spec import DataSpec
 from transformers import PreTrainedTokenizerBase
 
-from .files import FIELD_SETTINGS, document_fields
-from .formats import Encoder, row_encoder
+from .formats import Encoder, data_format
 from .packing import Batch, Packer, encode, stack_windows
 from .sft import DocumentPacker, RowCounts, stack_sequences
 from .sources import MapDocuments, StreamDocuments, check_columns, is_iterable, open_dataset, validation_texts
@@ -47,17 +46,18 @@ class TrainData:
         self.rank, self.world_size = rank, world_size
         self.micro_batch_size = micro_batch_size
         self.tokenizer = tokenizer
-        fields = document_fields(spec)
-        if spec.format != "text":
-            check_columns(ds, fields, FIELD_SETTINGS[spec.format])
+        fmt = data_format(spec.format)
+        fields = fmt.fields(spec)
+        if fmt.packs_documents:
+            check_columns(ds, fields, fmt.settings)
         if is_iterable(ds):
             self.docs: MapDocuments | StreamDocuments = StreamDocuments(ds, fields, rank, world_size, holdout)
         else:
             self.docs = MapDocuments(ds, fields, rank, world_size, seed, holdout)
         self.encoder: Encoder | None = None
         self.packer: Packer | DocumentPacker = Packer(window=seq_len + 1)
-        if spec.format != "text":
-            self.encoder = row_encoder(spec, tokenizer)
+        if fmt.packs_documents:
+            self.encoder = fmt.encoder(spec, tokenizer)
             self.packer = sft_packer(spec, tokenizer, seq_len, where=f"rank {rank}: ")
 
     @property
@@ -157,7 +157,7 @@ def validation_batches(
     evaluation's collectives line up.
     """
     wanted = eval_steps * micro_batch_size * world_size
-    if spec.format == "text":
+    if not data_format(spec.format).packs_documents:
         windows = _validation_windows(spec, tokenizer, seq_len, wanted)
         items: list[Any] = windows
 
@@ -194,10 +194,11 @@ def _validation_sequences(
     spec: DataSpec, tokenizer: PreTrainedTokenizerBase, seq_len: int, wanted: int
 ) -> list[tuple[list[int], list[int], list[int], str]]:
     """Held-out rows packed like training rows; the last, partial sequence too."""
-    encoder = row_encoder(spec, tokenizer)
+    fmt = data_format(spec.format)
+    encoder = fmt.encoder(spec, tokenizer)
     packer = sft_packer(spec, tokenizer, seq_len, where="validation: ")
     sequences: list[tuple[list[int], list[int], list[int], str]] = []
-    docs = validation_texts(spec, document_fields(spec))
+    docs = validation_texts(spec, fmt.fields(spec))
     exhausted = False
     while len(sequences) < wanted and not exhausted:
         chunk = [(f"v{packer.counts.rows + i}", d) for i, d in enumerate(itertools.islice(docs, TOKENIZE_CHUNK))]

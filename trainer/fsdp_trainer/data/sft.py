@@ -22,21 +22,12 @@ from typing import Any, Literal
 
 import torch
 
+from .document import Document
 from .packing import IGNORE_INDEX, Batch
 
+__all__ = ["Document", "DocumentPacker", "RowCounts", "stack_sequences"]
+
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Document:
-    """One row's tokens; ``trained[i]``: the loss counts the prediction of ``tokens[i]``."""
-
-    tokens: list[int]
-    trained: list[bool]
-
-    def __post_init__(self) -> None:
-        if len(self.tokens) != len(self.trained):
-            raise ValueError(f"{len(self.tokens)} tokens but {len(self.trained)} trained flags")
 
 
 @dataclass

@@ -22,6 +22,7 @@ from fsdp_api.trainer_config import TrainerConfig
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from ..errors import ConfigError
+from .formats import data_format
 
 log = logging.getLogger(__name__)
 
@@ -104,14 +105,9 @@ def load_tokenizer(cfg: TrainerConfig, model_path: Path | None = None) -> PreTra
         raise ConfigError([f"{field}: cannot load a tokenizer from {ref}: {e}"]) from None
     if tokenizer.eos_token_id is None:
         raise ConfigError([f"{field}: the tokenizer ({ref}) has no end-of-text token to separate documents"])
-    if cfg.data.format == "chat" and not tokenizer.chat_template:
-        raise ConfigError(
-            [
-                f"data.format: chat renders conversations with the tokenizer's chat template, and the tokenizer "
-                f"({ref}, from {field}) has none; use a chat model's tokenizer (data.tokenizer) or format "
-                "prompt-completion"
-            ]
-        )
+    problem = data_format(cfg.data.format).check_tokenizer(tokenizer, ref, field)
+    if problem:
+        raise ConfigError([problem])
     return tokenizer
 
 

@@ -1,10 +1,6 @@
-"""Rows of the supervised formats -> ``Document`` (tokens + which ones the loss trains).
+"""``data.format: chat``: conversations rendered by the tokenizer's chat template, assistant turns trained.
 
-prompt-completion: ``[bos] prompt completion [eos]``, tokenized as two pieces
-so the boundary is exact; the completion and the eos are trained, so the model
-learns to stop.
-
-chat: the conversation is rendered by the tokenizer's own chat template (what
+The conversation is rendered by the tokenizer's own chat template (what
 the model will see at inference) and only assistant turns are trained. Which
 tokens belong to an assistant turn is found one of two ways:
 
@@ -26,66 +22,54 @@ not trained.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
-from fsdp_api.spec import DataSpec
-from transformers import PreTrainedTokenizerBase
+from ..document import Document
+from .base import Encoder, RowFormat, register, snippet
 
-from .sft import Document
+if TYPE_CHECKING:
+    from fsdp_api.spec import DataSpec
+    from transformers import PreTrainedTokenizerBase
 
 GENERATION_BLOCK = re.compile(r"\{%-?\s*generation\s*-?%\}")
 
-Encoder = Callable[[list[tuple[str, Any]]], list[Document]]
 
+@register
+class ChatFormat(RowFormat):
+    name = "chat"
+    settings = ("data.messagesField",)
 
-def row_encoder(spec: DataSpec, tokenizer: PreTrainedTokenizerBase) -> Encoder:
-    """Rows ``(key, value)`` of the supervised ``spec.format`` -> documents."""
-    if spec.format == "chat":
+    def fields(self, spec: DataSpec) -> tuple[str, ...]:
+        return (spec.messages_field,)
+
+    def shape_problem(self, spec: DataSpec, row: dict[str, Any], number: int) -> str | None:
+        messages = row[spec.messages_field]
+        if not isinstance(messages, list) or not all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages
+        ):
+            return f"row {number}: field {spec.messages_field!r} is not a list of {{role, content}} messages"
+        return None
+
+    def check_tokenizer(self, tokenizer: PreTrainedTokenizerBase, ref: str, field: str) -> str | None:
+        if tokenizer.chat_template:
+            return None
+        return (
+            f"data.format: chat renders conversations with the tokenizer's chat template, and the tokenizer "
+            f"({ref}, from {field}) has none; use a chat model's tokenizer (data.tokenizer) or format "
+            "prompt-completion"
+        )
+
+    def encoder(self, spec: DataSpec, tokenizer: PreTrainedTokenizerBase) -> Encoder:
         return ChatEncoder(tokenizer, spec.messages_field)
-    if spec.format == "prompt-completion":
-        return PromptCompletionEncoder(tokenizer, spec.prompt_field, spec.completion_field)
-    raise ValueError(f"data.format {spec.format} has no row encoder: its documents are plain text")
-
-
-def _snippet(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
-class PromptCompletionEncoder:
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, prompt_field: str, completion_field: str) -> None:
-        self.tokenizer = tokenizer
-        self.fields = (prompt_field, completion_field)
-
-    def _texts(self, rows: list[tuple[str, Any]], name: str) -> list[str]:
-        out = []
-        for key, row in rows:
-            value = row.get(name) if isinstance(row, Mapping) else None
-            if not isinstance(value, str):
-                raise ValueError(f"row {key}: field {name!r} must be a string, got {_snippet(value)}")
-            out.append(value)
-        return out
-
-    def __call__(self, rows: list[tuple[str, Any]]) -> list[Document]:
-        tok = self.tokenizer
-        prompts = tok(self._texts(rows, self.fields[0]), add_special_tokens=False)["input_ids"]
-        completions = tok(self._texts(rows, self.fields[1]), add_special_tokens=False)["input_ids"]
-        bos = [tok.bos_token_id] if tok.bos_token_id is not None else []
-        eos = [tok.eos_token_id]
-        docs = []
-        for prompt, completion in zip(prompts, completions, strict=True):
-            head, tail = bos + prompt, completion + eos
-            docs.append(Document(head + tail, [False] * len(head) + [True] * len(tail)))
-        return docs
 
 
 def _messages(key: str, value: Any) -> list[dict[str, Any]]:
     if not isinstance(value, Sequence) or isinstance(value, str) or not value:
-        raise ValueError(f"row {key}: expected a non-empty list of {{role, content}} messages, got {_snippet(value)}")
+        raise ValueError(f"row {key}: expected a non-empty list of {{role, content}} messages, got {snippet(value)}")
     for m in value:
         if not isinstance(m, Mapping) or not isinstance(m.get("role"), str):
-            raise ValueError(f"row {key}: every message needs a string 'role', got {_snippet(m)}")
+            raise ValueError(f"row {key}: every message needs a string 'role', got {snippet(m)}")
     return [dict(m) for m in value]
 
 

@@ -1,0 +1,146 @@
+"""The data.format registry: one class per format, what each answers, and a new one found by name."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import typing
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fsdp_api.spec import DataSpec
+from fsdp_trainer.data import files
+from fsdp_trainer.data.document import Document
+from fsdp_trainer.data.formats import (
+    FORMATS,
+    ChatFormat,
+    PromptCompletionFormat,
+    RowFormat,
+    TextFormat,
+    data_format,
+    register,
+)
+
+
+def _jsonl(path: Path, rows: list[dict[str, Any]]) -> files.DataFiles:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return files.resolve(str(path))
+
+
+def test_the_registry_holds_exactly_the_formats_the_api_accepts() -> None:
+    accepted = set(typing.get_args(DataSpec.model_fields["format"].annotation))
+    assert set(FORMATS) == accepted
+    assert isinstance(data_format("text"), TextFormat)
+    assert isinstance(data_format("chat"), ChatFormat)
+    assert isinstance(data_format("prompt-completion"), PromptCompletionFormat)
+
+
+def test_an_unknown_format_names_the_known_ones() -> None:
+    with pytest.raises(ValueError, match=r"data\.format csv is not one of chat, prompt-completion, text"):
+        data_format("csv")
+
+
+def test_each_format_names_its_columns_and_the_settings_that_name_them() -> None:
+    spec = DataSpec(
+        path="x.jsonl", text_field="body", messages_field="turns", prompt_field="q", completion_field="a", format="chat"
+    )
+    assert data_format("text").fields(spec) == ("body",)
+    assert data_format("chat").fields(spec) == ("turns",)
+    assert data_format("prompt-completion").fields(spec) == ("q", "a")
+    assert data_format("text").settings == ("data.textField",)
+    assert data_format("chat").settings == ("data.messagesField",)
+    assert data_format("prompt-completion").settings == ("data.promptField", "data.completionField")
+
+
+def test_only_the_row_formats_pack_documents_and_the_text_format_has_no_row_encoder() -> None:
+    assert {name for name, f in FORMATS.items() if f.packs_documents} == {"chat", "prompt-completion"}
+    with pytest.raises(ValueError, match=r"data\.format text has no row encoder"):
+        data_format("text").encoder(DataSpec(), object())  # type: ignore[arg-type]
+
+
+def test_row_formats_refuse_txt_files_and_check_the_first_full_row(tmp_path: Path) -> None:
+    txt = tmp_path / "a.txt"
+    txt.write_text("plain prose\n")
+    spec = DataSpec(path=str(txt), format="chat")
+    (error,) = data_format("chat").check_files(spec, files.resolve(str(txt)))
+    assert error == (
+        f"data.format: chat reads rows with named fields (json, jsonl or parquet); {txt} holds txt files, "
+        "which are plain text"
+    )
+
+    found = _jsonl(tmp_path / "pc.jsonl", [{"prompt": "", "completion": "x"}, {"prompt": "p", "completion": 3}])
+    spec = DataSpec(path=str(tmp_path / "pc.jsonl"), format="prompt-completion")
+    assert data_format("prompt-completion").check_files(spec, found) == [
+        f"data.path: {spec.path}: row 2: field 'completion' is not a string (int)"
+    ]
+
+    found = _jsonl(tmp_path / "chat.jsonl", [{"messages": "hello"}])
+    spec = DataSpec(path=str(tmp_path / "chat.jsonl"), format="chat")
+    assert data_format("chat").check_files(spec, found) == [
+        f"data.path: {spec.path}: row 1: field 'messages' is not a list of {{role, content}} messages"
+    ]
+
+
+def test_the_text_format_probes_for_text(tmp_path: Path) -> None:
+    found = _jsonl(tmp_path / "t.jsonl", [{"body": "words"}])
+    spec = DataSpec(path=str(tmp_path / "t.jsonl"))
+    assert data_format("text").check_files(spec, found) == [
+        f"data.path: {spec.path}: no row has a field 'text' (fields: body); set data.textField"
+    ]
+    assert data_format("text").check_files(spec.model_copy(update={"text_field": "body"}), found) == []
+
+
+class _NoTemplate:
+    chat_template = None
+
+
+def test_only_chat_asks_the_tokenizer_for_a_chat_template() -> None:
+    problem = data_format("chat").check_tokenizer(_NoTemplate(), "tok-dir", "data.tokenizer")  # type: ignore[arg-type]
+    assert problem is not None and problem.startswith("data.format: chat renders conversations")
+    assert "(tok-dir, from data.tokenizer) has none" in problem
+    assert data_format("prompt-completion").check_tokenizer(_NoTemplate(), "t", "f") is None  # type: ignore[arg-type]
+    assert data_format("text").check_tokenizer(_NoTemplate(), "t", "f") is None  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def scratch_registry() -> Iterator[None]:
+    saved = dict(FORMATS)
+    yield
+    FORMATS.clear()
+    FORMATS.update(saved)
+
+
+def test_a_new_format_is_one_registered_class(scratch_registry: None, tmp_path: Path) -> None:
+    @register
+    class Labelled(RowFormat):
+        name = "labelled"
+        settings = ("data.textField",)
+
+        def fields(self, spec: DataSpec) -> tuple[str, ...]:
+            return (spec.text_field,)
+
+        def encoder(self, spec: DataSpec, tokenizer: Any) -> Any:
+            return lambda rows: [Document([1, 2], [False, True]) for _ in rows]
+
+    fmt = data_format("labelled")
+    assert isinstance(fmt, Labelled) and fmt.packs_documents
+    found = _jsonl(tmp_path / "l.jsonl", [{"other": "x"}])
+    spec = DataSpec(path=str(tmp_path / "l.jsonl"))
+    assert fmt.check_files(spec, found) == [
+        f"data.path: {spec.path}: no row has a field 'text' (fields: other); set data.textField"
+    ]
+    assert fmt.encoder(spec, None)([("r0", "x")]) == [Document([1, 2], [False, True])]
+    with pytest.raises(ValueError, match=r"data\.format labelled is registered twice"):
+        register(Labelled)
+
+
+def test_the_registry_imports_neither_torch_nor_transformers() -> None:
+    code = (
+        "import sys, fsdp_trainer.data.formats; "
+        "assert not {'torch', 'transformers', 'datasets'} & set(sys.modules), sorted(sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stderr[-2000:]

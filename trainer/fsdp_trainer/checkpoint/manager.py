@@ -1,0 +1,283 @@
+"""When to save, what to keep and where to resume: the ``Checkpointer``.
+
+A save writes everything into a ``.tmp-`` directory (``layout``); after a
+barrier proves every rank has finished writing, rank 0 commits it (marker,
+then an atomic rename) and prunes to ``keepLast``. Resume only considers
+complete checkpoints, so a save interrupted at any point is never loaded;
+stale ``.tmp-`` directories are deleted at start-up. With ``asyncSave`` the
+DCP write runs in the background and the commit happens when the next save
+starts or at the end of training, whichever comes first.
+
+A checkpoint loaded on another world size cannot map the per-rank data
+position exactly; the data continues at a fresh epoch (see ``TrainData`` in
+data/loader.py).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from fsdp_api.spec import CheckpointSpec
+from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
+
+from ..errors import CheckpointSaveError, UnloadableCheckpointError, UnsafeCheckpointError, first_line
+from ..faults import maybe_fault
+from ..parallel.distributed import WorldInfo, barrier, broadcast_object, max_over_ranks
+from .compatibility import Skipped
+from .layout import (
+    commit,
+    complete_checkpoints,
+    directory_bytes,
+    new_tmp_dir,
+    rank_file,
+    remove_partial,
+    remove_stale,
+    set_aside,
+    step_dir_name,
+)
+from .state import dcp_state, load_rank_state, rank_state, set_rng_state
+
+log = logging.getLogger(__name__)
+
+
+# What a write returns when the checkpoint volume is full (a quota counts as full).
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def disk_full_error(e: BaseException) -> OSError | None:
+    """The full-volume OSError behind ``e``: itself, what it was raised from, or any rank's DCP failure.
+
+    DCP gathers each rank's write error into one CheckpointException whose
+    text is every rank's traceback; the errno is what the user needs.
+    """
+    pending, seen = [e], set()
+    while pending:
+        error = pending.pop()
+        if id(error) in seen:
+            continue
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno in DISK_FULL:
+            return error
+        if isinstance(error, CheckpointException):
+            pending += [failure for failure, _trace in error.failures.values()]
+        pending += [c for c in (error.__cause__, error.__context__) if c is not None]
+    return None
+
+
+def resume_candidates(spec: CheckpointSpec, world: WorldInfo) -> list[tuple[int, Path]]:
+    """The checkpoints to resume from (``resume: auto``), newest first; empty for a fresh start.
+
+    Rank 0 decides and tells the others, so all ranks try the same ones even
+    if a shared filesystem shows them different listings for a moment. Stale
+    ``.tmp-`` directories of interrupted saves are deleted first.
+    """
+    found: list[tuple[int, Path]] = []
+    if world.is_main:
+        root = Path(spec.dir)
+        for path in remove_stale(root):
+            log.warning("removed interrupted checkpoint %s", path)
+        if spec.resume == "auto":
+            found = complete_checkpoints(root)[::-1]
+    return broadcast_object(found)  # type: ignore[return-value]
+
+
+@dataclass
+class _Pending:
+    """A save whose shards are written (or being written) but not yet marked complete."""
+
+    step: int
+    tmp: Path
+    future: Future | None
+
+
+class Checkpointer:
+    """Saves and restores everything a run needs to continue exactly."""
+
+    def __init__(
+        self,
+        spec: CheckpointSpec,
+        world: WorldInfo,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        data: Any,
+        write_assets: Callable[[Path], None] | None = None,
+    ) -> None:
+        self.spec, self.world = spec, world
+        self.root = Path(spec.dir)
+        self.model, self.optimizer, self.data = model, optimizer, data
+        self.write_assets = write_assets
+        self._pending: _Pending | None = None
+        # Bytes of the newest checkpoint this process committed (rank 0 commits; None elsewhere).
+        self.last_size_bytes: int | None = None
+        # Async saves run collectives from a background thread: they get their
+        # own gloo group so they never interleave with the training's.
+        self._async_group = dist.new_group(backend="gloo") if spec.async_save else None
+
+    # -- saving ---------------------------------------------------------------
+
+    def due(self, step: int, max_steps: int) -> bool:
+        return step % self.spec.interval_steps == 0 or step == max_steps
+
+    def save(self, step: int) -> float:
+        """Write a checkpoint of ``step``; returns the seconds this rank was blocked."""
+        t0 = time.perf_counter()
+        self.finalize()
+        final = self.root / step_dir_name(step)
+        tmp = Path(str(broadcast_object(str(new_tmp_dir(final)) if self.world.is_main else None)))
+        with self._disk_full_is_one_line(step, tmp):
+            own = rank_file(tmp, self.world.rank)
+            own.parent.mkdir(parents=True, exist_ok=True)
+            torch.save(rank_state(step, self.data), own)
+            if self.world.is_main and self.write_assets is not None:
+                self.write_assets(tmp)
+            state = dcp_state(self.model, self.optimizer, step)
+            if self.spec.async_save:
+                future = dcp.async_save(state, checkpoint_id=str(tmp), process_group=self._async_group)
+                self._pending = _Pending(step, tmp, future)
+                return time.perf_counter() - t0
+            dcp.save(state, checkpoint_id=str(tmp))
+        self._pending = _Pending(step, tmp, None)
+        self.finalize()
+        return time.perf_counter() - t0
+
+    def finalize(self) -> None:
+        """Mark the pending save complete once every rank has written its part."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        with self._disk_full_is_one_line(pending.step, pending.tmp):
+            if pending.future is not None:
+                pending.future.result()  # an async save's write error surfaces here
+            maybe_fault("during_save", pending.step, self.world.rank, self.root)
+            barrier(self.world)
+            if self.world.is_main:
+                self._commit(pending)
+        # Nobody may look for this checkpoint (or save the next) before it exists.
+        barrier(self.world)
+
+    @contextmanager
+    def _disk_full_is_one_line(self, step: int, tmp: Path) -> Iterator[None]:
+        """A full volume while saving ``step`` into ``tmp``: CheckpointSaveError, the partial save deleted.
+
+        Deleting it gives back the space it took, so the next save can fit
+        after a restart; it was never complete, so it could not be resumed
+        anyway. Complete checkpoints are never deleted to make room: the
+        newest one is what the restart resumes from. Other errors pass
+        through unchanged (start-up removes the partial save).
+        """
+        try:
+            yield
+        except CheckpointSaveError:
+            raise
+        except (Exception, CheckpointException) as e:  # CheckpointException is a BaseException
+            full = disk_full_error(e)
+            if full is None:
+                raise
+            partial = "was removed" if remove_partial(tmp) else "could not be removed"
+            raise CheckpointSaveError(
+                f"checkpoint.dir {self.root}: cannot save the checkpoint of step {step}: "
+                f"{os.strerror(full.errno or errno.ENOSPC)}. The partial {tmp.name} {partial} and older "
+                "checkpoints were kept; free space on the checkpoint volume (or make it larger), then restart "
+                "to resume from the newest complete checkpoint"
+            ) from None
+
+    def _commit(self, pending: _Pending) -> None:
+        marker = {"step": pending.step, "world_size": self.world.world_size, "time": time.time()}
+        final = self.root / step_dir_name(pending.step)
+        commit(pending.tmp, final, marker)
+        self.last_size_bytes = directory_bytes(final)
+        log.info("checkpoint step %d saved to %s (%.1f MB)", pending.step, final, self.last_size_bytes / 1e6)
+        self._prune()
+
+    def _prune(self) -> None:
+        complete = complete_checkpoints(self.root)
+        for _, path in complete[: max(0, len(complete) - self.spec.keep_last)]:
+            shutil.rmtree(path, ignore_errors=True)
+            log.info("removed old checkpoint %s", path)
+
+    # -- resuming -------------------------------------------------------------
+
+    def resume(self, candidates: list[tuple[int, Path]], skipped: list[Skipped]) -> tuple[int, float, list[Skipped]]:
+        """Load the newest of ``candidates`` (checked, newest first) that every rank can load.
+
+        Returns (step, seconds, every skipped checkpoint: ``skipped``, whose
+        metadata could not be read, and the ones that failed here).
+
+        A checkpoint that fails to load on any rank (a truncated shard, a
+        garbage rank file) is skipped for the next older one. Once one loads,
+        rank 0 sets the skipped ones aside (``.unloadable``); if none loads,
+        nothing is renamed and UnloadableCheckpointError names them all.
+        An unsafe rank file (UnsafeCheckpointError) stops the run instead.
+        """
+        skipped = list(skipped)
+        ok, failed, unsafe = 0, 1, 2
+        for step, path in candidates:
+            error: BaseException | None = None
+            outcome = ok
+            try:
+                seconds = self.load(path)
+            except UnsafeCheckpointError as e:
+                error, outcome = e, unsafe
+            except (Exception, CheckpointException) as e:  # CheckpointException is a BaseException
+                error, outcome = e, failed
+            # Every rank takes part whatever happened to it: one rank's bad file is everyone's decision.
+            worst = max_over_ranks(outcome, self.world)
+            if worst == unsafe:
+                if isinstance(error, UnsafeCheckpointError):
+                    raise error
+                raise UnsafeCheckpointError(f"{path}: another rank refused its state file as unsafe")
+            if worst == ok:
+                if self.world.is_main:
+                    for s in skipped:
+                        moved = set_aside(s.path)
+                        log.warning("checkpoint %s could not be loaded (%s); moved to %s", s.path, s.reason, moved)
+                return step, seconds, skipped
+            reason = first_line(error) if error is not None else "another rank could not load its part"
+            log.warning("checkpoint %s could not be loaded on rank %d: %s", path, self.world.rank, reason)
+            skipped.append(Skipped(step, path, reason))
+        raise UnloadableCheckpointError(
+            f"no checkpoint under {self.root} can be loaded: "
+            + "; ".join(f"{s.path.name}: {s.reason}" for s in skipped)
+            + ". Nothing was renamed or deleted; move them aside (or set checkpoint.resume: never) to start fresh"
+        )
+
+    def load(self, path: Path) -> float:
+        """Restore model, optimizer, data position and RNG from ``path``; returns the seconds taken."""
+        t0 = time.perf_counter()
+        state = dcp_state(self.model, self.optimizer, 0)
+        dcp.load(state, checkpoint_id=str(path))
+        step = int(state["train"]["step"])
+        if f"{step:08d}" not in path.name:
+            raise RuntimeError(f"{path} holds step {step}, not the step its name says")
+        own = rank_file(path, self.world.rank)
+        if own.is_file():
+            extra = load_rank_state(own)
+            set_rng_state(extra["rng"])
+        else:
+            # The world grew: no state for this rank. Rank 0's tells the data
+            # which epoch it was in (TrainData moves on to the next one).
+            log.warning("%s has no state for rank %d (the world size changed)", path, self.world.rank)
+            extra = load_rank_state(rank_file(path, 0))
+        self.data.load_state_dict(extra["data"])
+        log.info("resumed from %s at step %d", path, step)
+        return time.perf_counter() - t0
+
+    def close(self) -> None:
+        self.finalize()
+        if self._async_group is not None:
+            dist.destroy_process_group(self._async_group)
+            self._async_group = None
