@@ -67,8 +67,11 @@ bench: setup tools
 	$(BIN)/python bench/lora_vs_full.py
 
 # On a GPU machine: llama3.2-1b tokens/s, MFU and peak memory (docs/benchmarks.md).
+# ARGS=--quick: the subset that fits one 8-minute device lease; ARGS=--dry-run: the same
+# path on the CPU, tiny preset on 2 gloo ranks (tests/bench/test_gpu_dry_run.py runs it).
+ARGS ?=
 bench-gpu: setup
-	$(BIN)/python bench/trainer_throughput.py --gpu
+	$(BIN)/python bench/trainer_throughput.py --gpu $(ARGS)
 
 # The whole flow on your laptop: etcd, kube-apiserver, kube-scheduler, kube-controller-manager,
 # the Kubeflow training operator and Karpenter-shaped nodes running pods as local processes;

@@ -11,12 +11,15 @@ are excluded from both. The result is printed as the ratio trainer/minimal
 (target >= 0.95).
 
 GPU (``--gpu``, on a machine with CUDA GPUs): llama3.2-1b, bf16, one rank per
-GPU, seqLen 2048 and 4096, with and without full activation checkpointing and
-torch.compile: tokens/s, TFLOP/s and MFU per GPU, peak memory; plus the
-minimal loop at seqLen 2048 for the ratio.
+GPU; first the trainer/minimal ratio at seqLen 2048, then tokens/s and MFU per
+GPU and peak memory at seqLen 2048 and 4096, with and without full activation
+checkpointing and torch.compile. ``--quick`` is the subset that fits one
+8-minute device lease; ``--dry-run`` runs the same path on the CPU (tiny
+preset, 2 gloo ranks, seqLen 64, 5 steps), so that tests catch a break in it
+without a GPU.
 
     python bench/trainer_throughput.py [--steps 30] [--repeats 2] [--nproc 2]
-    python bench/trainer_throughput.py --gpu [--steps 30] [--micro-batch-size 1]
+    python bench/trainer_throughput.py --gpu [--quick | --dry-run] [--steps N] [--micro-batch-size 1]
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from fsdp_trainer.metrics.logline import MFU_PATTERN, PEAK_MEMORY_PATTERN, SUMMA
 
 REPO = Path(__file__).resolve().parents[1]
 WARMUP_STEPS = 3  # the trainer's MetricsProcessor.SUMMARY_WARMUP_STEPS
+STEPS, REPEATS = 30, 2  # the defaults of the CPU run and of the full GPU run
 
 
 # The tiny preset's numbers as a Qwen2 config.json (vocabulary of the embedded tokenizer).
@@ -82,6 +86,52 @@ class Setup:
         ac = "AC full" if self.activation_checkpointing else "no AC"
         model = f"{self.architecture.name}" if self.architecture else self.preset
         return f"{model} seq {self.seq_len} mbs {self.micro_batch_size} {ac}{' compile' if self.compile else ''}"
+
+
+# One row of the GPU table: seqLen, full activation checkpointing, torch.compile.
+Row = tuple[int, bool, bool]
+
+
+@dataclass(frozen=True)
+class GpuRun:
+    """What one ``--gpu`` invocation measures: the real run, ``--quick``, or ``--dry-run`` on the CPU."""
+
+    preset: str
+    precision: str
+    device: str  # "cuda", or "cpu" for the dry run (gloo, CUDA hidden)
+    ratio_seq_len: int  # the trainer/minimal ratio runs here, no checkpointing, eager
+    rows: tuple[Row, ...]
+    steps: int
+    repeats: int
+
+    def describe(self, device_name: str, nproc: int, micro_batch_size: int) -> str:
+        rows = ", ".join(f"{s}/{'full' if ac else 'none'}/{'compile' if c else 'eager'}" for s, ac, c in self.rows)
+        return (
+            f"GPU bench on {device_name} x {nproc}: {self.preset} {self.precision}, micro-batch {micro_batch_size}, "
+            f"{self.steps} steps (timed after {WARMUP_STEPS}), {self.repeats} repeat(s), "
+            f"ratio at seqLen {self.ratio_seq_len}; rows (seqLen/AC/compile): {rows}"
+        )
+
+
+GPU_FULL = GpuRun(
+    "llama3.2-1b",
+    "bf16",
+    "cuda",
+    2048,
+    tuple(itertools.product((2048, 4096), (False, True), (False, True))),
+    STEPS,
+    REPEATS,
+)
+# The full matrix at 15 steps took ~8.5 min on one H200 (about 50 s a run, start-up bound):
+# five runs in all (the ratio's two, three more rows) fit a lease of 8 minutes with room to spare.
+GPU_QUICK = dataclasses.replace(
+    GPU_FULL,
+    rows=((2048, False, False), (2048, False, True), (4096, False, True), (4096, True, True)),
+    steps=15,
+    repeats=1,
+)
+# Compile stays off: inductor on the CPU needs a C++ toolchain and minutes.
+GPU_DRY_RUN = GpuRun("tiny", "bf16", "cpu", 64, ((64, False, False), (64, True, False)), 5, 1)
 
 
 @dataclass(frozen=True)
@@ -213,37 +263,55 @@ def report_ratio(
 
 
 def cpu_bench(args: argparse.Namespace, workdir: Path) -> None:
-    s = Setup("tiny", args.nproc, args.seq_len or 256, args.micro_batch_size or 8, args.steps, "fp32")
+    s = Setup("tiny", args.nproc, args.seq_len or 256, args.micro_batch_size or 8, args.steps or STEPS, "fp32")
     qwen2 = dataclasses.replace(s, architecture=write_architecture(workdir, QWEN2_TINY))
+    repeats = args.repeats or REPEATS
     if args.accelerate:
         print(f"CPU: {qwen2.label()} vs Hugging Face Accelerate (FSDP2 plugin), {s.nproc} ranks (gloo)", flush=True)
-        results = compare(qwen2, args.repeats, workdir, gpu=False, reference=run_accelerate)
+        results = compare(qwen2, repeats, workdir, gpu=False, reference=run_accelerate)
         report_ratio(*results, cpu_time=True, name="Accelerate", target=1.1)
         return
     for setup in (s, qwen2):
         print(f"CPU: {setup.label()}, {s.nproc} ranks (gloo), {s.steps} steps, timed after {WARMUP_STEPS}", flush=True)
-        report_ratio(*compare(setup, args.repeats, workdir, gpu=False), cpu_time=True)
+        report_ratio(*compare(setup, repeats, workdir, gpu=False), cpu_time=True)
+
+
+def gpu_run(args: argparse.Namespace) -> GpuRun:
+    run = GPU_DRY_RUN if args.dry_run else GPU_QUICK if args.quick else GPU_FULL
+    return dataclasses.replace(run, steps=args.steps or run.steps, repeats=args.repeats or run.repeats)
 
 
 def gpu_bench(args: argparse.Namespace, workdir: Path) -> None:
-    import torch
+    run = gpu_run(args)
+    on_gpu = run.device == "cuda"
+    if on_gpu:
+        import torch
 
-    if not torch.cuda.is_available():
-        raise SystemExit("--gpu needs CUDA GPUs")
-    nproc = args.nproc if args.nproc_given else torch.cuda.device_count()
+        if not torch.cuda.is_available():
+            raise SystemExit("--gpu needs CUDA GPUs (--dry-run runs the same path on the CPU)")
+        nproc = args.nproc if args.nproc_given else torch.cuda.device_count()
+        device_name = torch.cuda.get_device_name(0)
+    else:
+        nproc, device_name = args.nproc, "CPU (dry run, gloo)"
     mbs = args.micro_batch_size or 1
-    print(f"GPU: {torch.cuda.get_device_name(0)} x {nproc}, llama3.2-1b bf16, micro-batch {mbs}", flush=True)
+    print(run.describe(device_name, nproc, mbs), flush=True)
+
+    def setup(seq_len: int, ac: bool, comp: bool) -> Setup:
+        return Setup(run.preset, nproc, seq_len, mbs, run.steps, run.precision, ac, comp)
+
     # The headline ratio first, so that a device lease cut short still reports it.
-    s = Setup("llama3.2-1b", nproc, 2048, mbs, args.steps, "bf16")
-    print("seqLen 2048, no checkpointing, eager: trainer vs minimal FSDP2 loop", flush=True)
-    report_ratio(*compare(s, args.repeats, workdir, gpu=True), cpu_time=False)
-    print("| seqLen | activation ckpt | compile | tokens/s/GPU | MFU | peak memory |")
+    ratio_row: Row = (run.ratio_seq_len, False, False)
+    print(f"seqLen {run.ratio_seq_len}, no checkpointing, eager: trainer vs minimal FSDP2 loop", flush=True)
+    ours, minimal = compare(setup(*ratio_row), run.repeats, workdir, gpu=on_gpu)
+    report_ratio(ours, minimal, cpu_time=False)
+    print(f"| seqLen | activation ckpt | compile | tokens/s/{'GPU' if on_gpu else 'rank'} | MFU | peak memory |")
     print("| ---: | --- | --- | ---: | ---: | ---: |", flush=True)
-    for seq_len, ac, comp in itertools.product((2048, 4096), (False, True), (False, True)):
-        s = Setup("llama3.2-1b", nproc, seq_len, mbs, args.steps, "bf16", ac, comp)
+    for row in run.rows:
+        seq_len, ac, comp = row
         tag = f"gpu-{seq_len}-{'ac' if ac else 'noac'}-{'compile' if comp else 'eager'}"
         try:
-            r = run_trainer(s, workdir, gpu=True, tag=tag)
+            # The ratio's first trainer run has this very setup: a lease is too short to run it twice.
+            r = ours[0] if row == ratio_row else run_trainer(setup(*row), workdir, on_gpu, tag)
         except SystemExit as e:  # e.g. out of memory at 4096 without checkpointing
             print(f"| {seq_len} | {'full' if ac else 'none'} | {'on' if comp else 'off'} | failed: {e} | | |")
             continue
@@ -259,14 +327,22 @@ def main() -> None:
     p.add_argument(
         "--accelerate", action="store_true", help="CPU: the Qwen2 shape vs Hugging Face Accelerate FSDP2 (.[bench])"
     )
-    p.add_argument("--steps", type=int, default=30)
-    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--quick", action="store_true", help="with --gpu: the subset that fits an 8-minute lease")
+    p.add_argument(
+        "--dry-run", action="store_true", help="with --gpu: the same path on the CPU (tiny preset, 2 gloo ranks)"
+    )
+    p.add_argument("--steps", type=int, default=None, help=f"default {STEPS} (--quick 15, --dry-run 5)")
+    p.add_argument("--repeats", type=int, default=None, help=f"default {REPEATS} (--quick and --dry-run 1)")
     p.add_argument("--nproc", type=int, default=None, help="ranks (CPU default 2, GPU default: all GPUs)")
     p.add_argument("--seq-len", type=int, default=None, help="CPU only (default 256, the example's)")
     p.add_argument("--micro-batch-size", type=int, default=None, help="default: 8 on CPU (the example's), 1 on GPU")
     p.add_argument("--keep", action="store_true", help="keep the work directory with the runs' logs")
     args = p.parse_args()
-    if args.steps <= WARMUP_STEPS:
+    if (args.quick or args.dry_run) and not args.gpu:
+        p.error("--quick and --dry-run go with --gpu")
+    if args.quick and args.dry_run:
+        p.error("--quick and --dry-run exclude each other")
+    if args.steps is not None and args.steps <= WARMUP_STEPS:
         p.error(f"--steps must exceed the {WARMUP_STEPS} warm-up steps")
     args.nproc_given = args.nproc is not None
     args.nproc = args.nproc or 2

@@ -1,0 +1,78 @@
+"""`bench/trainer_throughput.py --gpu` without a GPU: its settings, and its whole path run on the CPU.
+
+The GPU machine is lent rarely and briefly, so a break in the GPU path must show here first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import re
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "trainer_throughput.py"
+RATIO_LINE = re.compile(
+    r"^trainer [\d,]+ tok/s \| minimal FSDP2 [\d,]+ tok/s \| ratio (?P<ratio>[\d.]+) ", re.MULTILINE
+)
+TABLE_ROW = re.compile(
+    r"^\| (?P<seq>\d+) \| (?P<ac>none|full) \| (?P<compile>on|off) \| (?P<tps>[\d,]+) \| (?P<mfu>[^|]+) \| [^|]+ \|$",
+    re.MULTILINE,
+)
+
+
+def _bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("trainer_throughput", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def _args(**given: object) -> argparse.Namespace:
+    defaults = {"quick": False, "dry_run": False, "steps": None, "repeats": None}
+    return argparse.Namespace(**{**defaults, **given})
+
+
+def test_each_gpu_run_has_its_settings() -> None:
+    bench = _bench()
+    full, quick, dry = (bench.gpu_run(_args(**a)) for a in ({}, {"quick": True}, {"dry_run": True}))
+    assert (full.preset, full.device, full.steps, full.repeats, len(full.rows)) == ("llama3.2-1b", "cuda", 30, 2, 8)
+    # --quick: a subset of the full matrix at 15 steps, once.
+    assert (quick.preset, quick.steps, quick.repeats) == ("llama3.2-1b", 15, 1)
+    assert set(quick.rows) < set(full.rows)
+    # --dry-run: the CPU, seqLen 64, checkpointing off and on, more steps than the warm-up.
+    assert (dry.preset, dry.device, dry.steps, dry.repeats) == ("tiny", "cpu", 5, 1)
+    assert dry.steps > bench.WARMUP_STEPS
+    assert sorted(dry.rows) == [(64, False, False), (64, True, False)]
+    assert bench.gpu_run(_args(quick=True, steps=20, repeats=3)).steps == 20
+    assert bench.gpu_run(_args(quick=True, steps=20, repeats=3)).repeats == 3
+
+
+@pytest.mark.slow
+def test_gpu_path_runs_on_the_cpu() -> None:
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--gpu", "--dry-run"], capture_output=True, text=True, timeout=900, check=False
+    )
+    out = done.stdout
+    assert done.returncode == 0, f"{out}\n{done.stderr}"
+    first = out.splitlines()[0]
+    assert first.startswith("GPU bench on CPU") and "tiny bf16" in first and "5 steps" in first, first
+
+    ratio = RATIO_LINE.search(out)
+    assert ratio is not None, out
+    assert float(ratio["ratio"]) > 0
+    # The ratio comes before the table, so that a lease cut short still reports it.
+    assert ratio.start() < out.index("| seqLen |")
+
+    rows = list(TABLE_ROW.finditer(out))
+    expected = [(str(s), "full" if ac else "none", "on" if c else "off") for s, ac, c in _bench().GPU_DRY_RUN.rows]
+    assert [(r["seq"], r["ac"], r["compile"]) for r in rows] == expected, out
+    for r in rows:
+        assert int(r["tps"].replace(",", "")) > 0, r[0]
+        assert r["mfu"] == "n/a", r[0]  # no peak TFLOP/s is known for a CPU
