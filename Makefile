@@ -35,10 +35,11 @@ images: system-deps
 run: setup
 	$(BIN)/fsdp-operator run-local -f $(EXAMPLE)
 
-# The whole test suite, against the real components.
+# The whole test suite, against the real components. runs/junit.xml feeds
+# `python tools/test_times.py`: where the time goes (docs/e2e.md keeps the table).
 test: setup system-deps tools images
 	$(BIN)/ruff check .
-	$(BIN)/pytest
+	$(BIN)/pytest --junitxml=runs/junit.xml
 
 # Everything but the whole-cluster end-to-end tests.
 test-fast: setup system-deps tools images
