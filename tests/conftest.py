@@ -18,6 +18,22 @@ def pytest_configure(config: pytest.Config) -> None:
             config.addinivalue_line("markers", line)
 
 
+# Tests that must run one after the other, on one worker, when the suite runs on several
+# (`make test`: pytest -n 2 --dist loadgroup): each group holds a machine-wide resource for
+# long stretches (the whole cluster and its machine lock; the real kubelet's bridge and
+# containerd, and the images), and the rest of the suite fills the other worker meanwhile.
+SERIAL_GROUPS = {"tests/e2e/": "whole-cluster", "tests/images/": "images"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    root = config.rootpath
+    for item in items:
+        path = item.path.relative_to(root).as_posix() if item.path.is_relative_to(root) else item.path.as_posix()
+        for prefix, group in SERIAL_GROUPS.items():
+            if path.startswith(prefix):
+                item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.fixture(scope="session")
 def cluster(request: pytest.FixtureRequest) -> Iterator[TestCluster]:
     """A real etcd + kube-apiserver (RBAC on, shared CRDs installed), one per session.

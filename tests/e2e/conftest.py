@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -53,15 +54,29 @@ def operator(whole: WholeCluster) -> WholeCluster:
     return whole
 
 
+def timings_file(config: pytest.Config) -> Path:
+    """The figures docs/e2e.md quotes; runs/ is git-ignored."""
+    return Path(os.environ.get("FSDP_E2E_TIMINGS", Path(config.rootpath) / "runs" / "e2e-timings.json"))
+
+
+_STARTED = time.time()  # this conftest loads as the session collects
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    # Here, not in the terminal summary: under pytest-xdist the worker that ran the
+    # whole-cluster tests holds the figures, and only the controller prints a summary.
+    if TIMINGS:
+        out = timings_file(session.config)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(TIMINGS, indent=2) + "\n")
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    if not TIMINGS:
+    out = timings_file(terminalreporter.config)
+    if not TIMINGS and not (out.exists() and out.stat().st_mtime >= _STARTED):
         return
+    figures = TIMINGS or json.loads(out.read_text())
     terminalreporter.section("whole-cluster timings")
-    for k, v in TIMINGS.items():
+    for k, v in figures.items():
         terminalreporter.write_line(f"{k:>40}: {v}")
-    # The figures docs/e2e.md quotes; runs/ is git-ignored.
-    default = Path(terminalreporter.config.rootpath) / "runs" / "e2e-timings.json"
-    out = Path(os.environ.get("FSDP_E2E_TIMINGS", default))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(TIMINGS, indent=2) + "\n")
     terminalreporter.write_line(f"(written to {out})")
