@@ -36,13 +36,13 @@ run: setup
 	$(BIN)/fsdp-operator run-local -f $(EXAMPLE)
 
 # The whole test suite, against the real components, on two workers: the whole-cluster
-# tests on one, the image tests as one group, the rest spread (tests/conftest.py,
-# SERIAL_GROUPS). runs/junit.xml feeds `python tools/test_times.py`: where the time
+# tests and the image tests each as one unit, largest first, the rest spread
+# (tests/conftest.py, SERIAL_GROUPS). runs/junit.xml feeds `python tools/test_times.py`: where the time
 # goes (docs/e2e.md keeps the table).
 PYTEST_WORKERS ?= 2
 test: setup system-deps tools images
 	$(BIN)/ruff check .
-	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadgroup --junitxml=runs/junit.xml
+	$(BIN)/pytest -n $(PYTEST_WORKERS) --junitxml=runs/junit.xml
 
 # Everything but the whole-cluster end-to-end tests.
 test-fast: setup system-deps tools images

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from fsdp_localcluster.apiserver import TestCluster
@@ -19,19 +20,30 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 # Tests that must run one after the other, on one worker, when the suite runs on several
-# (`make test`: pytest -n 2 --dist loadgroup): each group holds a machine-wide resource for
-# long stretches (the whole cluster and its machine lock; the real kubelet's bridge and
-# containerd, and the images), and the rest of the suite fills the other worker meanwhile.
+# (`make test`: pytest -n 2): each group holds a machine-wide resource for long stretches
+# (the whole cluster and its machine lock; the real kubelet's bridge and containerd, and
+# the images), and the rest of the suite fills the other worker meanwhile.
 SERIAL_GROUPS = {"tests/e2e/": "whole-cluster", "tests/images/": "images"}
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    root = config.rootpath
-    for item in items:
-        path = item.path.relative_to(root).as_posix() if item.path.is_relative_to(root) else item.path.as_posix()
-        for prefix, group in SERIAL_GROUPS.items():
-            if path.startswith(prefix):
-                item.add_marker(pytest.mark.xdist_group(group))
+def serial_group(nodeid: str) -> str | None:
+    return next((group for prefix, group in SERIAL_GROUPS.items() if nodeid.startswith(prefix)), None)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Each serial group is one unit of work, every other test a unit of its own; largest units first.
+
+    Not xdist's ``--dist loadgroup``: with pytest 9 its ``xdist_group`` marks do not
+    reach the scheduler (the tests of a group were spread over the workers).
+    """
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SerialGroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return serial_group(nodeid) or nodeid
+
+    return SerialGroupScheduling(config, log)
 
 
 @pytest.fixture(scope="session")
