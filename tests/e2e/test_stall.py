@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -65,6 +66,19 @@ def reasons(events: list[dict[str, Any]]) -> list[str]:
     return [e["reason"] for e in events]
 
 
+@pytest.fixture
+def gone_after(operator: WholeCluster, ns: str) -> Iterator[None]:
+    """The test's pods removed at once afterwards, so that a failure here leaves the GPU nodes to the next test."""
+    yield
+    operator.kubectl("delete", "fsdptraining", "--all", "-n", ns, "--wait=false", check=False)
+    operator.kubectl("delete", "pods", "--all", "-n", ns, "--grace-period=0", "--force", check=False)
+
+
+# Known open bug (issue 23): after the stall restart the re-created pods sometimes never
+# rendezvous and the training stays Running at the hung step; seen again in the first
+# two-worker run after the node agent's DNS fix. Not strict: it passes when they do.
+@pytest.mark.xfail(reason="stall restart: re-created pods sometimes never rendezvous (issue 23, open)", strict=False)
+@pytest.mark.usefixtures("gone_after")
 def test_a_hung_rank_is_flagged_stalled_restarted_and_resumes(operator: WholeCluster, ns: str) -> None:
     whole, name, max_steps, interval, hang_at = operator, "hang", 40, 10, 18
     create_claim(whole, ns)
