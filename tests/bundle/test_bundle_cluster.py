@@ -106,9 +106,10 @@ def test_helm_template_is_accepted(bundle_cluster: TestCluster) -> None:
 def test_helm_install_dry_run_against_the_server(bundle_cluster: TestCluster) -> None:
     """`helm install --dry-run=server` (server-side lookups and validation) succeeds and prints the NOTES.
 
-    Helm refuses to adopt objects another installer made: this runs before the operator
-    tests (tests/operator) install the kustomize bundle into the shared cluster, as pytest's
-    default order does, and fails if they ran first.
+    The cluster is shared, and the operator tests (tests/operator) install the kustomize
+    bundle into it, in any order when the suite runs on several workers. Helm refuses to
+    adopt objects another installer made; a dry run changes nothing, so it is told to
+    take them over and the rest of the check is the same whichever test ran first.
     """
     namespace = "fsdp-system"
     res = subprocess.run(
@@ -118,6 +119,7 @@ def test_helm_install_dry_run_against_the_server(bundle_cluster: TestCluster) ->
             "fsdp-operator",
             str(CHART),
             "--dry-run=server",
+            "--take-ownership",
             f"--kubeconfig={bundle_cluster.kubeconfig}",
             # The served namespace exists already (the fixture made it): Helm would refuse to adopt it.
             *helm_args({**CHART_VALUES, "createWatchNamespaces": "false"}, namespace),

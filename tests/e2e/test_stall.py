@@ -123,22 +123,25 @@ def test_a_hung_rank_is_flagged_stalled_restarted_and_resumes(operator: WholeClu
 def test_a_slow_checkpoint_save_is_never_flagged(operator: WholeCluster, ns: str) -> None:
     whole, name, max_steps, interval = operator, "slowsave", 20, 10
     create_claim(whole, ns)
-    # The save of step 10 takes 25 s: longer than the 10 s limit for a step, within the 30 s save allowance.
-    whole.cluster.apply(
-        with_fault(fsdptraining(name, ns, max_steps=max_steps, interval=interval), "during_save:10:0:sleep25")
-    )
-    seen: set[str] = set()
+    # The save of step 10 takes 25 s: longer than the 10 s limit for a step, well within the save
+    # allowance. The allowances are wider than the other test's: on a loaded machine (CI, two
+    # workers) the real save and the first step add seconds, and they are not what is tested here.
+    body = with_fault(fsdptraining(name, ns, max_steps=max_steps, interval=interval), "during_save:10:0:sleep25")
+    body["spec"]["stall"] |= {"checkpointSeconds": 60, "startupSeconds": 240}
+    whole.cluster.apply(body)
+    stalled: list[str] = []
 
     def done() -> str | None:
-        cond = {c["type"]: c for c in status(whole, name, ns).get("conditions", [])}.get("Stalled")
-        if cond is not None:
-            seen.add(cond["status"])
-        phase = status(whole, name, ns).get("phase")
+        current = status(whole, name, ns)
+        cond = {c["type"]: c for c in current.get("conditions", [])}.get("Stalled")
+        if cond is not None and cond["status"] == "True":
+            stalled.append(cond.get("message", ""))
+        phase = current.get("phase")
         return phase if phase in TERMINAL else None
 
     t0 = time.monotonic()
     assert wait_for(done, 300, "the training to finish", interval=0.5) == "Succeeded"
-    assert "True" not in seen
+    assert not stalled, stalled
     assert time.monotonic() - t0 > 25  # the slow save did happen
     assert not {"Stalled", "StallRestart"} & set(reasons(training_events(whole, name, ns)))
     assert "stallRestarts" not in status(whole, name, ns)
