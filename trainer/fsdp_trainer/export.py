@@ -31,11 +31,10 @@ import warnings
 from pathlib import Path
 
 import torch
-import torch.distributed.checkpoint as dcp
 from fsdp_api.trainer_config import TrainerConfig
 from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
 
-from .checkpoint import CONFIG_FILE, MARKER, MODEL_CONFIG_DIR, checkpointed_tensors, latest_checkpoint
+from .checkpoint import CONFIG_FILE, MARKER, MODEL_CONFIG_DIR, checkpointed_tensors, latest_checkpoint, unpickle
 from .errors import ConfigError
 from .model.architecture import build_meta_model, materialize, model_dir
 from .model.init import init_weights, reset_buffers
@@ -103,7 +102,7 @@ def export_checkpoint(checkpoint: Path, output: Path, dtype: str = "float32", fm
     with warnings.catch_warnings():
         # DCP warns that it runs without a process group: that is the point here.
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load(state, checkpoint_id=str(ckpt), no_dist=True)
+        unpickle.load(state, ckpt, no_dist=True)
     output.mkdir(parents=True, exist_ok=True)
     if fmt == "peft":
         _save_adapter(model, cfg, targets, output, DTYPES[dtype])

@@ -241,3 +241,43 @@ def test_when_no_checkpoint_loads_the_run_stops_and_renames_nothing(tmp_path: Pa
     assert "; step-00000002: " in stopped.output and "Nothing was renamed or deleted" in stopped.output
     assert "Traceback" not in stopped.output
     assert sorted(p.name for p in ckpt_dir.iterdir()) == ["step-00000002", "step-00000004"]
+
+
+@pytest.mark.parametrize("where", [".metadata", "train.step"])
+def test_a_crafted_checkpoint_stops_resume_and_export_without_running_it(
+    tmp_path: Path, inputs: dict[str, Path], where: str
+) -> None:
+    """Whoever can write the checkpoint volume cannot run code in the ranks or in export (issue 24, 1).
+
+    Before the fix the resume looked normal ("resumed ... at step 4", exit 0) and the marker existed.
+    """
+    from fsdp_trainer.__main__ import main as cli
+
+    from tests.trainer.checkpoint.crafted import plant_in_item, plant_in_metadata
+
+    work = tmp_path / "run"
+    cfg = base_config(
+        work, inputs["ragged"], inputs["tokenizer"], training={"maxSteps": 4}, checkpoint={"intervalSteps": 4}
+    )
+    launch(work, cfg, nproc=None).check()
+    ckpt = work / "checkpoints" / "step-00000004"
+    marker = tmp_path / "pwned"
+    if where == ".metadata":
+        plant_in_metadata(ckpt, marker)
+    else:
+        plant_in_item(ckpt, where, marker)
+    named = f"{ckpt}/.metadata" if where == ".metadata" else f"{ckpt} (item {where})"
+
+    cfg["training"]["maxSteps"] = 6
+    stopped = launch(work, cfg, nproc=None)
+    assert stopped.returncode == 1, stopped.output[-3000:]
+    assert f"fsdp-train: {named}: refusing to load it" in stopped.output, stopped.output[-3000:]
+    assert "Traceback" not in stopped.output
+    assert not marker.exists()
+    assert sorted(p.name for p in ckpt.parent.iterdir()) == ["step-00000004"]  # nothing set aside or deleted
+
+    # Export reads the metadata, and of the items only the model's tensors: a planted step is never read.
+    out = tmp_path / "exported"
+    refused = where == ".metadata"
+    assert cli(["export", "--checkpoint", str(ckpt), "--output", str(out)]) == (1 if refused else 0)
+    assert not marker.exists() and out.exists() is not refused

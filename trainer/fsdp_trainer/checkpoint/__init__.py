@@ -8,6 +8,9 @@
 - ``compatibility.py``: whether a checkpoint fits this run's model (tensor
   names and shapes, LoRA settings), checked from metadata before anything is
   materialised.
+- ``unpickle.py``: reading every pickled file of a checkpoint (rank files,
+  DCP's ``.metadata`` and non-tensor items) as data: a file that would run
+  code is refused.
 - ``manager.py``: ``Checkpointer``: when to save, what to keep, which
   checkpoint to resume from; a full volume as one line.
 """

@@ -11,22 +11,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch.distributed.checkpoint as dcp
 from fsdp_api.spec import PeftSpec
 from fsdp_api.trainer_config import TrainerConfig
 from torch import nn
 
-from ..errors import ConfigError, first_line, name_list
+from ..errors import ConfigError, UnsafeCheckpointError, first_line, name_list
 from ..parallel.distributed import WorldInfo, all_ranks
 from .layout import CONFIG_FILE
 from .state import MODEL_KEY, checkpointed_tensors
+from .unpickle import saved_metadata
 
 log = logging.getLogger(__name__)
 
 
 def _saved_shapes(path: Path) -> dict[str, tuple[int, ...]]:
     """The model tensors of a checkpoint and their full shapes, from DCP's metadata (no data read)."""
-    metadata = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    metadata = saved_metadata(path).state_dict_metadata
     prefix = f"{MODEL_KEY}."
     return {
         key[len(prefix) :]: tuple(meta.size)
@@ -89,6 +89,8 @@ def check_resumable(path: Path, model: nn.Module, peft: PeftSpec | None = None) 
     """
     try:
         saved = _saved_shapes(path)
+    except UnsafeCheckpointError:
+        raise  # an attack, not damage: the run stops (older checkpoints are no safer)
     except Exception as e:  # a truncated or garbage .metadata raises pickle, EOF, OS or value errors
         raise _Unreadable(f"cannot read its metadata: {first_line(e)}") from None
     changes = peft_changes(path, peft) or architecture_changes(saved, model)

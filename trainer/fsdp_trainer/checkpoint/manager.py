@@ -37,6 +37,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from ..errors import CheckpointSaveError, UnloadableCheckpointError, UnsafeCheckpointError, first_line
 from ..faults import maybe_fault
 from ..parallel.distributed import WorldInfo, barrier, broadcast_object, max_over_ranks
+from . import unpickle
 from .compatibility import Skipped
 from .layout import (
     commit,
@@ -259,7 +260,7 @@ class Checkpointer:
         """Restore model, optimizer, data position and RNG from ``path``; returns the seconds taken."""
         t0 = time.perf_counter()
         state = dcp_state(self.model, self.optimizer, 0)
-        dcp.load(state, checkpoint_id=str(path))
+        unpickle.load(state, path)
         step = int(state["train"]["step"])
         if f"{step:08d}" not in path.name:
             raise RuntimeError(f"{path} holds step {step}, not the step its name says")

@@ -3,12 +3,11 @@
 Model and optimizer states go through ``get_state_dict``/``set_state_dict``,
 so a checkpoint can be loaded on a different world size or sharding strategy
 (DCP reshards). Each rank's data position and RNG states go to a per-rank
-file (``layout.rank_file``), read back with a weights-only unpickler.
+file (``layout.rank_file``), read back as data (``unpickle.py``).
 """
 
 from __future__ import annotations
 
-import pickle
 import random
 from pathlib import Path
 from typing import Any
@@ -25,8 +24,9 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.checkpoint.stateful import Stateful
 
-from ..errors import UnsafeCheckpointError, first_line
+from ..errors import UnsafeCheckpointError
 from ..model.param_names import canonical
+from .unpickle import load_weights_only
 
 # The model's entry in the DCP state (its tensors are "model.<name>").
 MODEL_KEY = "model"
@@ -106,41 +106,13 @@ def rng_state() -> dict[str, Any]:
 _RANK_STATE_GLOBALS = [np.ndarray, np.dtype, np.dtypes.UInt32DType, np._core.multiarray._reconstruct]
 
 
-# What torch's weights-only unpickler says when a file tries to import or call
-# something (torch/_weights_only_unpickler.py: "unsupported GLOBAL", "Unsupported
-# global: GLOBAL", "Trying to call reduce for unrecognized function", "Can only
-# create new object", "Can only build"). Any other unpickling error (an unknown
-# opcode, a short string) is damage, not an attack.
-_CODE_MARKERS = ("GLOBAL", "call reduce", "create new object", "Can only build")
-
-
 def load_rank_state(path: Path) -> dict[str, Any]:
-    """A per-rank state file, read with ``weights_only`` and the numpy allow-list above.
+    """A per-rank state file, read weights-only with the numpy allow-list above.
 
     UnsafeCheckpointError when it tries to run or build code; ValueError when
     it is merely damaged (resume then falls back to an older checkpoint).
     """
-    try:
-        with torch.serialization.safe_globals(_RANK_STATE_GLOBALS):
-            state = torch.load(path, weights_only=True)
-    except pickle.UnpicklingError as e:
-        text = str(e)
-        lines = [line for line in text.strip().splitlines() if line.strip()]
-        detail = next((line.strip() for line in lines if any(m in line for m in _CODE_MARKERS)), None)
-        if detail is None:
-            # torch wraps the unpickler's own words in advice: take the line after "WeightsUnpickler error:".
-            marker = next((i for i, line in enumerate(lines) if "WeightsUnpickler error" in line), None)
-            found = lines[marker + 1].strip() if marker is not None and marker + 1 < len(lines) else type(e).__name__
-            raise ValueError(f"{path}: damaged ({found})") from None
-        raise UnsafeCheckpointError(
-            f"{path}: refusing to load it: it holds more than tensors, numbers and strings ({detail}). "
-            "Checkpoint files are data; whoever can write the checkpoint volume could otherwise run code here"
-        ) from None
-    except Exception as e:
-        # Bytes that are no pickle at all fail inside torch.load's own parsing before
-        # the unpickler judges them (an IndexError, a KeyError, a UnicodeDecodeError,
-        # "Invalid magic number", a zip without its central directory): damage too.
-        raise ValueError(f"{path}: damaged ({first_line(e)})") from None
+    state = load_weights_only(path, str(path), _RANK_STATE_GLOBALS)
     if not isinstance(state, dict):
         raise UnsafeCheckpointError(f"{path}: not a rank state (a {type(state).__name__}, not a mapping)")
     return state
