@@ -16,6 +16,9 @@ class SchedulingSpec(ApiModel):
 
     queue: str | None = Field(
         None,
+        # "" matches the label-value pattern, but Kueue reads an empty queue name as no queue: the job
+        # would run at once while the training waits for a LocalQueue "".
+        min_length=1,
         max_length=63,
         pattern=LABEL_VALUE_PATTERN,
         description=(
@@ -25,6 +28,7 @@ class SchedulingSpec(ApiModel):
     )
     priority_class: str | None = Field(
         None,
+        min_length=1,
         max_length=63,
         pattern=LABEL_VALUE_PATTERN,
         description=(
