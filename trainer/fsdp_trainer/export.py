@@ -75,7 +75,21 @@ def saved_model_config(ckpt: Path, cfg: TrainerConfig, tokenizer: PreTrainedToke
     )
 
 
+def check_output(output: Path) -> None:
+    """Export writes a new directory (or fills an empty one); it never overwrites a model.
+
+    An existing model directory may be what another run reads (a LoRA run's
+    ``model.pretrained`` base): overwriting it would lose it silently.
+    """
+    if output.is_dir() and not any(output.iterdir()):
+        return
+    if output.exists() or output.is_symlink():
+        what = "a directory that is not empty" if output.is_dir() else "a file"
+        raise ConfigError([f"--output: {output} is {what}; export never overwrites: give a new or empty directory"])
+
+
 def export_checkpoint(checkpoint: Path, output: Path, dtype: str = "float32", fmt: str = "merged") -> Path:
+    check_output(output)
     ckpt = find_checkpoint(checkpoint)
     cfg = TrainerConfig.from_yaml((ckpt / CONFIG_FILE).read_text())
     if fmt == "peft" and cfg.peft is None:

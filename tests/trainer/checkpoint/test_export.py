@@ -45,3 +45,25 @@ def test_export_of_a_directory_without_a_complete_checkpoint_is_a_clear_error(tm
     (tmp_path / "step-00000010.tmp-abc").mkdir()
     assert cli(["export", "--checkpoint", str(tmp_path), "--output", str(tmp_path / "out")]) == 2
     assert "--checkpoint:" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("existing", ["model directory", "file"])
+def test_export_never_overwrites_an_existing_output(tmp_path: Path, capsys, existing: str) -> None:
+    """A LoRA run's model.pretrained base given as --output by mistake is left as it was (issue 24, 12)."""
+    out = tmp_path / "base"
+    if existing == "file":
+        out.write_text("keep")
+    else:
+        out.mkdir()
+        (out / "config.json").write_text("keep")
+    assert cli(["export", "--checkpoint", str(tmp_path / "checkpoints"), "--output", str(out)]) == 2
+    what = "a file" if existing == "file" else "a directory that is not empty"
+    assert f"\n  --output: {out} is {what}; export never overwrites" in capsys.readouterr().err
+    assert (out if existing == "file" else out / "config.json").read_text() == "keep"
+
+
+def test_export_fills_an_empty_output_directory(tmp_path: Path, capsys) -> None:
+    """An empty directory is fine (a mounted volume often is one): the next error is about the checkpoint."""
+    (tmp_path / "out").mkdir()
+    assert cli(["export", "--checkpoint", str(tmp_path / "none"), "--output", str(tmp_path / "out")]) == 2
+    assert "--checkpoint:" in capsys.readouterr().err
