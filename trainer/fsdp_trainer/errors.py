@@ -23,6 +23,20 @@ def first_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")
 
 
+def load_failure(e: BaseException) -> str:
+    """Why transformers could not load a config, tokenizer or model: its message, or ours for custom code.
+
+    transformers' own words for a directory with ``auto_map`` advise
+    ``trust_remote_code=True``, which the trainer never passes.
+    """
+    if "custom code" in str(e) or "trust_remote_code" in str(e):
+        return (
+            "it needs custom code of its own (auto_map), and the trainer never runs code from a model or "
+            "tokenizer directory; use a model type transformers ships"
+        )
+    return str(e)
+
+
 class UnsafeCheckpointError(RuntimeError):
     """A checkpoint file holds more than data (tensors, numbers, strings): never unpickled."""
 

@@ -64,7 +64,7 @@ def find_checkpoint(path: Path) -> Path:
 def saved_model_config(ckpt: Path, cfg: TrainerConfig, tokenizer: PreTrainedTokenizerBase) -> PretrainedConfig:
     """The architecture the checkpoint was trained with (checkpoints before it was saved: a preset)."""
     if (ckpt / MODEL_CONFIG_DIR / "config.json").is_file():
-        return AutoConfig.from_pretrained(ckpt / MODEL_CONFIG_DIR)
+        return AutoConfig.from_pretrained(ckpt / MODEL_CONFIG_DIR, trust_remote_code=False)
     if cfg.model.preset is None:
         raise ConfigError([f"--checkpoint: {ckpt} lacks {MODEL_CONFIG_DIR}/config.json, the model's architecture"])
     return llama_config(
@@ -102,7 +102,7 @@ def export_checkpoint(checkpoint: Path, output: Path, dtype: str = "float32", fm
                 "which PEFT cannot load by name; use --format merged"
             ]
         )
-    tokenizer = AutoTokenizer.from_pretrained(ckpt / "tokenizer")
+    tokenizer = AutoTokenizer.from_pretrained(ckpt / "tokenizer", trust_remote_code=False)
     model = build_meta_model(saved_model_config(ckpt, cfg, tokenizer))
     targets = apply_lora(model, cfg.peft) if cfg.peft is not None else []
     materialize(model, "cpu")

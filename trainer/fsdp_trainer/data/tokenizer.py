@@ -21,7 +21,7 @@ from pathlib import Path
 from fsdp_api.trainer_config import TrainerConfig
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-from ..errors import ConfigError
+from ..errors import ConfigError, load_failure
 from .formats import data_format
 
 log = logging.getLogger(__name__)
@@ -100,9 +100,9 @@ def load_tokenizer(cfg: TrainerConfig, model_path: Path | None = None) -> PreTra
     """The tokenizer (before any process group); ``check_vocabulary`` compares it with the model."""
     ref, field = tokenizer_source(cfg, model_path)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(ref)
+        tokenizer = AutoTokenizer.from_pretrained(ref, trust_remote_code=False)  # never the prompt to run code
     except (OSError, ValueError) as e:
-        raise ConfigError([f"{field}: cannot load a tokenizer from {ref}: {e}"]) from None
+        raise ConfigError([f"{field}: cannot load a tokenizer from {ref}: {load_failure(e)}"]) from None
     if tokenizer.eos_token_id is None:
         raise ConfigError([f"{field}: the tokenizer ({ref}) has no end-of-text token to separate documents"])
     problem = data_format(cfg.data.format).check_tokenizer(tokenizer, ref, field)

@@ -22,7 +22,7 @@ from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-from ..errors import ConfigError
+from ..errors import ConfigError, load_failure
 from .hub import local_path, snapshot
 from .llama import llama_config
 from .param_names import unique_parameters
@@ -101,10 +101,11 @@ def model_config(cfg: TrainerConfig, path: Path | None, tokens: dict[str, int | 
         return llama_config(spec, **tokens)
     field = "model.pretrained" if spec.pretrained else "model.architecture"
     try:
-        # Custom modelling code from a repository is never run (no trust_remote_code).
-        config = AutoConfig.from_pretrained(path)
+        # Custom modelling code from a repository is never run: without an explicit False,
+        # transformers asks on the terminal whether to run it.
+        config = AutoConfig.from_pretrained(path, trust_remote_code=False)
     except (OSError, ValueError, KeyError) as e:
-        raise ConfigError([f"{field}: cannot read the model config in {path}: {e}"]) from None
+        raise ConfigError([f"{field}: cannot read the model config in {path}: {load_failure(e)}"]) from None
     check_causal_lm(config, field)
     errors = _apply_overrides(config, spec.config, field)
     heads, kv = getattr(config, "num_attention_heads", None), getattr(config, "num_key_value_heads", None)
@@ -127,7 +128,9 @@ def build_meta_model(config: PretrainedConfig) -> PreTrainedModel:
     for attention in ATTENTION:
         try:
             with torch.device("meta"):
-                return AutoModelForCausalLM.from_config(config, attn_implementation=attention, dtype=torch.float32)
+                return AutoModelForCausalLM.from_config(
+                    config, attn_implementation=attention, dtype=torch.float32, trust_remote_code=False
+                )
         except ValueError as e:
             if attention == ATTENTION[-1] or "does not support" not in str(e):
                 raise

@@ -243,7 +243,9 @@ def _load_with_transformers(path: Path) -> tuple[dict[str, torch.Tensor], list[s
 
     hf_logging.disable_progress_bar()
     try:
-        reference, info = AutoModelForCausalLM.from_pretrained(path, dtype="auto", output_loading_info=True)
+        reference, info = AutoModelForCausalLM.from_pretrained(
+            path, dtype="auto", output_loading_info=True, trust_remote_code=False
+        )
     except Exception as e:  # mismatched sizes and corrupt files raise; report, do not crash every rank
         return {}, [f"model.pretrained: transformers cannot load {path}: {e}"]
     problems = []
