@@ -506,6 +506,36 @@ def test_a_finished_trainings_deleted_job_is_not_recreated(env: Env) -> None:
     assert env.status(ns, name)["phase"] == "Succeeded"
 
 
+def test_an_operator_restart_never_reruns_a_finished_training_whose_job_is_gone(env: Env) -> None:
+    """The job of a Succeeded training removed while the operator was down stays gone (issue 24, 2).
+
+    Before the fix the resume handler applied every training: the job came back and the phase went
+    from Succeeded to Created, training the run again.
+    """
+    ns, name = "e2e-done-restart", "done"
+    env.apply_training(ns, name)
+    env.wait_job(ns, name)
+    env.patch_job_status(ns, name, running_job_status(name))
+    env.wait_status(ns, name, "phase Running", phase="Running")
+    env.patch_job_status(ns, name, succeeded_job_status(name))
+    env.wait_status(ns, name, "phase Succeeded", phase="Succeeded")
+    env.operator.stop()
+    try:
+        env.cluster.kubectl("delete", "pytorchjob", name, "-n", ns)
+    finally:
+        env.operator.start()
+    said = f"{ns}/{name} is Succeeded: nothing re-applied on resume"
+    wait_for(
+        lambda: said in env.operator.log() or env.get("pytorchjob", ns, name) is not None,
+        60,
+        what="the resume handler to pass the training (or re-create its job)",
+        interval=POLL,
+    )
+    time.sleep(3)  # the operator answers within tens of milliseconds: 3 s without a job is a decision
+    assert env.get("pytorchjob", ns, name) is None
+    assert env.status(ns, name)["phase"] == "Succeeded"
+
+
 def _block_job_creation(env: Env, namespace: str) -> None:
     """A ValidatingAdmissionPolicy that makes the API server refuse new PyTorchJobs in ``namespace``."""
     name = f"block-pytorchjobs-{namespace}"

@@ -22,7 +22,7 @@ from fsdp_api.contract import GROUP, KUEUE_GROUP, KUEUE_VERSION, PLURAL, VERSION
 
 from .. import backends
 from .applies import apply_training
-from .job_events import handle_job_event
+from .job_events import TERMINAL_PHASES, handle_job_event
 from .kube import KubeClient, default_login
 from .metrics import OperatorMetrics
 from .peering import ensure_peering_object
@@ -115,6 +115,13 @@ def build_registry(rt: Runtime, options: Options) -> kopf.OperatorRegistry:
     @kopf.on.create(GROUP, VERSION, PLURAL, id="apply", registry=registry)
     @kopf.on.update(GROUP, VERSION, PLURAL, id="apply", registry=registry)
     async def apply(body: kopf.Body, reason: kopf.Reason, retry: int, **_: Any) -> None:
+        phase = (body.get("status") or {}).get("phase")
+        if reason == kopf.Reason.RESUME and phase in TERMINAL_PHASES:
+            # A finished training's job may be gone (its TTL, a person, a cleanup): applying
+            # would create it again and train it again. A spec edited meanwhile is an update.
+            meta = body.get("metadata") or {}
+            log.info("%s/%s is %s: nothing re-applied on resume", meta.get("namespace"), meta.get("name"), phase)
+            return
         # A new training has nothing stale to prune: skip that GET on the hot path.
         await apply_training(rt, body, prune=reason != kopf.Reason.CREATE, retry=retry)
 
