@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from fsdp_api.spec import StallSpec
-from fsdp_operator.controller.stall import StallRules, StepClock, observe, start_clock, verdict
+from fsdp_operator.controller.stall import StallRules, StepClock, observe, observe_unreachable, start_clock, verdict
 from fsdp_operator.controller.status import compute_status, transition_events
 
 from tests.operator.status_fixtures import facts
@@ -143,3 +143,15 @@ def test_stalled_condition_message_and_events() -> None:
     # A finished job has no Stalled condition.
     done = {**RUNNING_JOB, "status": {"conditions": [{"type": "Succeeded", "status": "True"}]}}
     assert "Stalled" not in {c.type for c in compute_status(FACTS, done, stored).conditions}
+
+
+def test_an_unreadable_endpoint_past_the_limit_is_unknown_not_stalled() -> None:
+    clock = run_steps([(0, None), (100, 1), (110, 6), (120, 11)])  # 2 s per step: limit 30 s
+    blind = observe_unreachable(observe_unreachable(clock, 130, "refused"), 140, "timed out")
+    assert blind.unreachable_since == 130 and blind.unreachable == "timed out" and blind.step == 11
+    v = verdict(blind, RULES, 200)
+    assert not v.stalled and v.unreachable == "timed out" and v.limit == 30
+    # Within the limit it is just progressing; a successful read forgets the blind spell.
+    assert not verdict(blind, RULES, 140).unreachable
+    seen = observe(blind, 11, 210, RULES)
+    assert seen.unreachable_since is None and verdict(seen, RULES, 210).stalled

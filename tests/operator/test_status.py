@@ -15,7 +15,7 @@ from fsdp_api.status import FSDPTrainingStatus
 from fsdp_operator.controller.kube import KubeClient
 from fsdp_operator.controller.metrics import OperatorMetrics
 from fsdp_operator.controller.peering import is_active
-from fsdp_operator.controller.progress import TrainerProgress, parse_trainer_metrics, rank0_pod, scrape
+from fsdp_operator.controller.progress import TrainerProgress, Unreadable, parse_trainer_metrics, rank0_pod, scrape
 from fsdp_operator.controller.reconcile import (
     MAX_RETRY_DELAY,
     Runtime,
@@ -875,12 +875,13 @@ def test_the_scrape_does_not_follow_redirects() -> None:
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
 
-    async def read() -> TrainerProgress | None:
+    async def read() -> TrainerProgress | Unreadable:
         async with aiohttp.ClientSession() as session:
             return await scrape(session, "127.0.0.1", server.server_address[1])
 
     try:
-        assert asyncio.run(read()) is None
+        found = asyncio.run(read())
+        assert isinstance(found, Unreadable) and found.reason.endswith("/metrics answered HTTP 302"), found
         assert hits == ["/metrics"]
     finally:
         server.shutdown()
@@ -931,3 +932,34 @@ def test_the_stall_check_writes_only_when_the_condition_changes() -> None:
     conds = {c["type"]: c for c in client.status["conditions"]}
     assert (conds["Stalled"]["status"], conds["Stalled"]["reason"]) == ("True", "NoProgress")
     assert conds["Stalled"]["message"] == "no new step since step 29 for 44 s (limit 30 s)"
+
+
+def test_an_endpoint_that_cannot_be_read_is_never_a_stall_and_restarts_nothing() -> None:
+    """Cannot see is not stuck (issue 24, 9): before, an unreadable endpoint counted as a trainer starting up,
+    and onStall: restart deleted healthy pods after startupSeconds (a namespace the operator may not scrape)."""
+    rt, client, body = fake_runtime(SCRAPED_MID_RUN, job(cond("Running")))
+    stall = {"onStall": "restart", "minSeconds": 30, "startupSeconds": 60, "checkpointSeconds": 0}
+    body = {**body, "spec": {**body["spec"], "stall": stall, "checkpoint": {"intervalSteps": 1000}}}
+    client.lists["Pod"] = [trainer_pod("llama-worker-0"), trainer_pod("llama-worker-1")]
+    deleted: list[str] = []
+
+    async def delete(api_version: str, kind: str, ns: str, name: str, uid: str = "") -> None:
+        deleted.append(name)
+
+    client.delete = delete  # type: ignore[attr-defined]
+    why = "http://10.0.0.5:9090/metrics did not answer within 5 s"
+    for now in (100.0, 130.0, 170.0, 700.0):
+        asyncio.run(check_stall(rt, body, Unreadable(why), now))
+    assert deleted == []
+    # Written once, when the limit passed at 170 s (the condition is written when it changes).
+    conds = {c["type"]: c for c in client.status["conditions"]}
+    assert (conds["Stalled"]["status"], conds["Stalled"]["reason"]) == ("Unknown", "MetricsUnreachable")
+    assert conds["Stalled"]["message"] == (
+        "no new step seen since the start (no step reported yet) for 70 s (limit 60 s), but the trainer's "
+        f"metrics cannot be read ({why}): not called stalled, nothing restarted"
+    )
+    # Readable again and still no step: that is a stall, and the pods are restarted.
+    asyncio.run(check_stall(rt, body, TrainerProgress(step=None), 701.0))
+    assert sorted(deleted) == ["llama-worker-0", "llama-worker-1"]
+    conds = {c["type"]: c for c in client.status["conditions"]}
+    assert (conds["Stalled"]["status"], conds["Stalled"]["reason"]) == ("True", "NoProgress")

@@ -20,6 +20,7 @@ from .conditions import (
     CONFIG_VALID,
     FITS_MEMORY,
     KUBEFLOW_CONDITIONS,
+    METRICS_UNREACHABLE,
     NO_PROGRESS,
     PODS_STARTED,
     PROGRESSING,
@@ -176,6 +177,8 @@ def _config_condition(
 
 def stall_state(stall: StallVerdict) -> tuple[str, str]:
     """The Stalled condition's status and reason for a verdict."""
+    if stall.unreachable:
+        return "Unknown", METRICS_UNREACHABLE
     if stall.stalled:
         return "True", NO_PROGRESS
     return "False", PROGRESSING if stall.step is not None else STARTING

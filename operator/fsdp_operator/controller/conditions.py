@@ -41,6 +41,7 @@ STALLED = "Stalled"
 NO_PROGRESS = "NoProgress"
 PROGRESSING = "Progressing"
 STARTING = "Starting"
+METRICS_UNREACHABLE = "MetricsUnreachable"  # status Unknown: past the limit, but the endpoint does not answer
 # Whether the spec's memory plan fits the GPUs it asks for (fsdp_api.memory_plan).
 FITS_MEMORY = "FitsMemory"
 # Reconciled=False reasons: a spec the renderer rejects, or an API error applying the objects.

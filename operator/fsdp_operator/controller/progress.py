@@ -134,22 +134,30 @@ def rank0_pod(pods: Iterable[Mapping[str, Any]], *, running_only: bool = True) -
     return min(candidates, key=lambda c: (c[0], c[1]))[2]
 
 
-async def scrape(session: aiohttp.ClientSession, pod_ip: str, port: int) -> TrainerProgress | None:
-    """GET the pod's metrics; None when it cannot be read right now."""
+@dataclass(frozen=True)
+class Unreadable:
+    """A scrape that read nothing, and why (for the Stalled condition's message)."""
+
+    reason: str
+
+
+async def scrape(session: aiohttp.ClientSession, pod_ip: str, port: int) -> TrainerProgress | Unreadable:
+    """GET the pod's metrics; Unreadable when they cannot be read right now."""
     host = f"[{pod_ip}]" if ":" in pod_ip else pod_ip
+    url = f"http://{host}:{port}/metrics"
     try:
         # No redirects: the operator only ever talks to the pod it chose.
         async with session.get(
-            f"http://{host}:{port}/metrics",
-            timeout=aiohttp.ClientTimeout(total=SCRAPE_TIMEOUT_SECONDS),
-            allow_redirects=False,
+            url, timeout=aiohttp.ClientTimeout(total=SCRAPE_TIMEOUT_SECONDS), allow_redirects=False
         ) as rsp:
             if rsp.status != 200:
-                return None
+                return Unreadable(f"{url} answered HTTP {rsp.status}")
             raw = await rsp.content.read(MAX_BODY_BYTES)
-    except NETWORK_ERRORS:
-        return None
+    except TimeoutError:
+        return Unreadable(f"{url} did not answer within {SCRAPE_TIMEOUT_SECONDS:g} s")
+    except NETWORK_ERRORS as e:
+        return Unreadable(f"{url}: {type(e).__name__}")
     try:
         return parse_trainer_metrics(raw.decode("utf-8", errors="replace"))
-    except ValueError:
-        return None
+    except ValueError as e:
+        return Unreadable(f"{url}: not Prometheus metrics ({e})")

@@ -32,7 +32,7 @@ from .. import backends
 from .bodies import MetricsView, live_pods, uid_of
 from .kube import NETWORK_ERRORS, ApiError
 from .peering import we_are_active
-from .progress import rank0_pod, scrape
+from .progress import Unreadable, rank0_pod, scrape
 from .records import record_pods, record_progress
 from .stall.check import check_stall
 from .state import Runtime
@@ -170,8 +170,8 @@ async def final_scrape(rt: Runtime, training: Mapping[str, Any]) -> bool:
         return False
     async with aiohttp.ClientSession() as session:
         progress = await scrape(session, pod["status"]["podIP"], metrics.port)
-    rt.metrics.scrapes.labels("error" if progress is None else "success").inc()
-    if progress is None or not progress.status_fields():
+    rt.metrics.scrapes.labels("error" if isinstance(progress, Unreadable) else "success").inc()
+    if isinstance(progress, Unreadable) or not progress.status_fields():
         return False
     return await record_progress(rt, training, progress.status_fields(), final=True)
 
@@ -211,8 +211,8 @@ async def scrape_once(rt: Runtime, session: aiohttp.ClientSession, peering: Peer
             return
         async with gate:
             progress = await scrape(session, pod["status"]["podIP"], MetricsView.of(body).port)
-        rt.metrics.scrapes.labels("error" if progress is None else "success").inc()
-        fields = progress.status_fields() if progress is not None else {}
+        rt.metrics.scrapes.labels("error" if isinstance(progress, Unreadable) else "success").inc()
+        fields = progress.status_fields() if not isinstance(progress, Unreadable) else {}
         if fields and await record_progress(rt, body, fields):
             updated += 1
         await check_stall(rt, body, progress, time.monotonic())

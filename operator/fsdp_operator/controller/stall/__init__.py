@@ -7,6 +7,26 @@ imported as ``controller.stall.check`` by the pod loop.
 
 from __future__ import annotations
 
-from .rules import EMA_WEIGHT, StallRules, StallVerdict, StepClock, allowance, observe, start_clock, verdict
+from .rules import (
+    EMA_WEIGHT,
+    StallRules,
+    StallVerdict,
+    StepClock,
+    allowance,
+    observe,
+    observe_unreachable,
+    start_clock,
+    verdict,
+)
 
-__all__ = ["EMA_WEIGHT", "StallRules", "StallVerdict", "StepClock", "allowance", "observe", "start_clock", "verdict"]
+__all__ = [
+    "EMA_WEIGHT",
+    "StallRules",
+    "StallVerdict",
+    "StepClock",
+    "allowance",
+    "observe",
+    "observe_unreachable",
+    "start_clock",
+    "verdict",
+]

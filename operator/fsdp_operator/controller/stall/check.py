@@ -19,11 +19,11 @@ from fsdp_api.spec import CheckpointSpec, StallSpec
 from pydantic import ValidationError
 
 from ... import backends
-from ..progress import TrainerProgress
+from ..progress import TrainerProgress, Unreadable
 from ..records import record_stall
 from ..state import Runtime
 from ..status import STALLED, EventSpec, stall_state
-from .rules import StallRules, observe, start_clock, verdict
+from .rules import StallRules, observe, observe_unreachable, start_clock, verdict
 
 log = logging.getLogger(__name__)
 
@@ -66,15 +66,23 @@ async def restart_pods(rt: Runtime, training: Mapping[str, Any]) -> int:
     return deleted
 
 
-async def check_stall(rt: Runtime, training: Mapping[str, Any], progress: TrainerProgress | None, now: float) -> bool:
-    """Time one scrape of a running training (None: nothing read); returns whether the Stalled condition changed.
+async def check_stall(
+    rt: Runtime, training: Mapping[str, Any], progress: TrainerProgress | Unreadable | None, now: float
+) -> bool:
+    """Time one scrape of a running training; returns whether the Stalled condition changed.
 
-    An endpoint that does not answer counts as a trainer without a step: (re)starting.
+    ``None``: no rank-0 pod is running, a (re)start. ``Unreadable``: the pod
+    runs but its endpoint does not answer: its step is unknown, which is never
+    called a stall (rules.py).
     """
     uid = training["metadata"].get("uid", "")
     rules = stall_rules(training.get("spec") or {})
-    step, reported = (progress.step, progress.seconds_per_step) if progress is not None else (None, None)
-    clock = observe(rt.step_clocks.get(uid) or start_clock(now), step, now, rules, reported)
+    clock = rt.step_clocks.get(uid) or start_clock(now)
+    if isinstance(progress, Unreadable):
+        clock = observe_unreachable(clock, now, progress.reason)
+    else:
+        step, reported = (progress.step, progress.seconds_per_step) if progress is not None else (None, None)
+        clock = observe(clock, step, now, rules, reported)
     found = verdict(clock, rules, now)
     restarts = int(rt.previous_status(training).get("stallRestarts") or 0)
     new_restarts: int | None = None

@@ -17,6 +17,12 @@ one, the trainer's mean step time (its step-duration histogram) stands in.
 
 The clock lives in memory: an operator restart starts every clock afresh,
 which can delay a detection but never causes a false one.
+
+An endpoint the operator cannot read (a network policy, a namespace it may
+not scrape, a blip) is not a stalled trainer: the clock keeps its last step,
+and past the limit the verdict is "unknown", never "stalled", so no pod is
+restarted for what the operator cannot see. A trainer hung inside its own
+process is the trainer's watchdog's to catch (``trainerStepTimeoutSeconds``).
 """
 
 from __future__ import annotations
@@ -36,6 +42,8 @@ class StepClock:
     changed_at: float  # when it last changed, or when the clock (re)started
     seconds_per_step: float | None = None  # measured by the operator across scrapes
     reported: float | None = None  # the trainer's own mean step time, until the operator has measured one
+    unreachable_since: float | None = None  # the endpoint has not answered since then
+    unreachable: str = ""  # why, as the last failed read said
 
 
 def start_clock(now: float) -> StepClock:
@@ -84,6 +92,7 @@ def observe(
     is a fair sample, unless it spans a save or a validation. ``reported``:
     the trainer's own mean step time, used until the operator has a sample.
     """
+    clock = replace(clock, unreachable_since=None, unreachable="")
     if reported is not None and reported > 0:
         clock = replace(clock, reported=reported)
     if step is None:
@@ -98,6 +107,11 @@ def observe(
     old = clock.seconds_per_step
     rate = sample if old is None else (1 - EMA_WEIGHT) * old + EMA_WEIGHT * sample
     return replace(clock, step=step, changed_at=now, seconds_per_step=rate)
+
+
+def observe_unreachable(clock: StepClock, now: float, why: str) -> StepClock:
+    """The clock after a scrape that could not read the endpoint: its step unknown, not stopped."""
+    return replace(clock, unreachable_since=clock.unreachable_since or now, unreachable=why)
 
 
 def allowance(clock: StepClock, rules: StallRules) -> float:
@@ -118,10 +132,16 @@ class StallVerdict:
     limit: float
     step: int | None
     note: str = ""  # what the operator did about it
+    unreachable: str = ""  # set: past the limit, but the endpoint does not answer (why): unknown, not stalled
 
     def message(self) -> str:
         where = f"step {self.step}" if self.step is not None else "the start (no step reported yet)"
-        if self.stalled:
+        if self.unreachable:
+            text = (
+                f"no new step seen since {where} for {self.seconds:.0f} s (limit {self.limit:.0f} s), but the "
+                f"trainer's metrics cannot be read ({self.unreachable}): not called stalled, nothing restarted"
+            )
+        elif self.stalled:
             text = f"no new step since {where} for {self.seconds:.0f} s (limit {self.limit:.0f} s)"
         else:
             # No step number: the condition is written when it changes, not at every step.
@@ -133,4 +153,7 @@ def verdict(clock: StepClock, rules: StallRules, now: float) -> StallVerdict:
     limit = allowance(clock, rules)
     seconds = max(0.0, now - clock.changed_at)
     silent_script = rules.own_script and clock.step is None
-    return StallVerdict(seconds > limit and not silent_script, seconds, limit, clock.step)
+    past = seconds > limit and not silent_script
+    if past and clock.unreachable_since is not None:
+        return StallVerdict(False, seconds, limit, clock.step, unreachable=clock.unreachable)
+    return StallVerdict(past, seconds, limit, clock.step)
