@@ -206,7 +206,7 @@ class Trainer:
         torch.manual_seed(cfg.training.seed)
         # Newest first; an architecture change stops here, before anything is materialised,
         # and checkpoints whose metadata cannot be read are passed over (Checkpointer.resume).
-        found = resume_candidates(cfg.checkpoint, world)
+        found = resume_candidates(cfg.checkpoint, world, cfg.job)
         self.resume_candidates, self.unreadable = check_candidates(found, p.model, world, cfg.peft)
         self.model = build_model(p, resuming=bool(found))
         self.num_params = count_parameters(self.model)

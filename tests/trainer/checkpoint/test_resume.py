@@ -281,3 +281,37 @@ def test_a_crafted_checkpoint_stops_resume_and_export_without_running_it(
     refused = where == ".metadata"
     assert cli(["export", "--checkpoint", str(ckpt), "--output", str(out)]) == (1 if refused else 0)
     assert not marker.exists() and out.exists() is not refused
+
+
+def test_a_checkpoint_dir_of_another_run_is_refused_in_one_line_and_left_alone(
+    tmp_path: Path, inputs: dict[str, Path]
+) -> None:
+    """Two trainings in one directory, or resume: never over a used one, mixed runs (issue 24, 4 and 5).
+
+    Before: the second training resumed from the first one's checkpoint and pruned it; resume: never
+    trained from step 0 beside the old checkpoints and pruning by step number deleted the new ones.
+    """
+    work = tmp_path / "run"
+    cfg = base_config(
+        work, inputs["ragged"], inputs["tokenizer"], training={"maxSteps": 4}, checkpoint={"intervalSteps": 4}
+    )
+    launch(work, cfg, nproc=None).check()
+    ckpt_dir = work / "checkpoints"
+    before = {p.relative_to(ckpt_dir): p.read_bytes() for p in ckpt_dir.rglob("*") if p.is_file()}
+    held = f"checkpoint.dir: {ckpt_dir} already holds 1 checkpoint(s), the newest of step 4"
+
+    other = {**cfg, "job": {"name": "other-training"}, "training": {**cfg["training"], "maxSteps": 6}}
+    refused = launch(work, other, nproc=None)
+    assert refused.returncode == 2, refused.output[-3000:]
+    assert f"  {held}, of training default/core-test; this is default/other-training." in refused.output
+    assert "give each its own checkpoint.dir" in refused.output and "Traceback" not in refused.output
+
+    fresh = {**cfg, "checkpoint": {**cfg["checkpoint"], "resume": "never"}}
+    refused = launch(work, fresh, nproc=None)
+    assert refused.returncode == 2, refused.output[-3000:]
+    assert f"  {held}; checkpoint.resume: never would mix this run's checkpoints with them" in refused.output
+
+    assert {p.relative_to(ckpt_dir): p.read_bytes() for p in ckpt_dir.rglob("*") if p.is_file()} == before
+    # The same training resumes as before.
+    cfg["training"]["maxSteps"] = 6
+    assert launch(work, cfg, nproc=None).check().events("start")[-1]["step"] == 4

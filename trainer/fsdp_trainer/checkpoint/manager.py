@@ -31,10 +31,11 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from fsdp_api.spec import CheckpointSpec
+from fsdp_api.trainer_config import JobInfo
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 
-from ..errors import CheckpointSaveError, UnloadableCheckpointError, UnsafeCheckpointError, first_line
+from ..errors import CheckpointSaveError, ConfigError, UnloadableCheckpointError, UnsafeCheckpointError, first_line
 from ..faults import maybe_fault
 from ..parallel.distributed import WorldInfo, barrier, broadcast_object, max_over_ranks
 from . import unpickle
@@ -50,6 +51,7 @@ from .layout import (
     set_aside,
     step_dir_name,
 )
+from .ownership import directory_conflicts
 from .state import dcp_state, load_rank_state, rank_state, set_rng_state
 
 log = logging.getLogger(__name__)
@@ -79,21 +81,27 @@ def disk_full_error(e: BaseException) -> OSError | None:
     return None
 
 
-def resume_candidates(spec: CheckpointSpec, world: WorldInfo) -> list[tuple[int, Path]]:
+def resume_candidates(spec: CheckpointSpec, world: WorldInfo, job: JobInfo) -> list[tuple[int, Path]]:
     """The checkpoints to resume from (``resume: auto``), newest first; empty for a fresh start.
 
     Rank 0 decides and tells the others, so all ranks try the same ones even
     if a shared filesystem shows them different listings for a moment. Stale
-    ``.tmp-`` directories of interrupted saves are deleted first.
+    ``.tmp-`` directories of interrupted saves are deleted first. A directory
+    this run may not use (``ownership.py``) is a ConfigError on every rank.
     """
     found: list[tuple[int, Path]] = []
+    conflicts: list[str] = []
     if world.is_main:
         root = Path(spec.dir)
         for path in remove_stale(root):
             log.warning("removed interrupted checkpoint %s", path)
+        conflicts = directory_conflicts(root, spec.resume, job)
         if spec.resume == "auto":
             found = complete_checkpoints(root)[::-1]
-    return broadcast_object(found)  # type: ignore[return-value]
+    found, conflicts = broadcast_object((found, conflicts))  # type: ignore[misc]
+    if conflicts:
+        raise ConfigError(conflicts)
+    return found
 
 
 @dataclass
