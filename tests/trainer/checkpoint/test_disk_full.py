@@ -9,10 +9,14 @@ save puts a few KiB on disk and then fails, as a write to a full volume does.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import os
 import re
+import shutil
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -100,3 +104,57 @@ def test_a_full_volume_is_one_line_and_keeps_the_older_checkpoints(
     resumed = launch(work, cfg).check()
     assert resumed.events("start")[-1]["step"] == 2
     assert [s for s, _ in complete_checkpoints(root)] == [6]
+
+
+@pytest.fixture
+def small_volume(tmp_path: Path) -> Iterator[Path]:
+    """A real 2 MiB tmpfs: room for one checkpoint of the test model (1.4 MB), not for two."""
+    volume = tmp_path / "volume"
+    volume.mkdir()
+    if os.geteuid() != 0 or not shutil.which("mount"):
+        pytest.skip("mounting a tmpfs needs root")
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(volume)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        yield volume
+    finally:
+        subprocess.run(["umount", "-l", str(volume)], check=False)
+
+
+@pytest.mark.slow
+def test_a_really_full_volume_is_the_same_one_line_and_gives_its_space_back(
+    tmp_path: Path, inputs: dict[str, Path], small_volume: Path
+) -> None:
+    """On a real full filesystem DCP's writer fails with torch's RuntimeError ("unexpected pos"), not an
+    OSError (issue 24, 6): before, that was a 200-line crash, and the partial save kept the space."""
+    work = tmp_path / "run"
+    root = small_volume / "checkpoints"
+    cfg = base_config(
+        work,
+        inputs["ragged"],
+        inputs["tokenizer"],
+        training={"maxSteps": 2, "warmupSteps": 1},
+        checkpoint={"dir": str(root), "intervalSteps": 2, "keepLast": 1},
+    )
+    launch(work, cfg).check()
+    older = root / step_dir_name(2)
+    before = _digests(older)
+    # Fill the volume but for 1 KiB: the save of step 4 fails in its first file, a rank file that
+    # torch.save writes through its zip writer, which reports the full disk as a RuntimeError.
+    filler = small_volume / "filler"
+    with filler.open("wb", buffering=0) as f, contextlib.suppress(OSError):
+        while True:
+            f.write(bytes(4096))
+    filler.write_bytes(bytes(max(0, filler.stat().st_size - 1024)))
+    cfg["training"]["maxSteps"] = 6  # resumes at 2; the save of step 4 does not fit
+    run = launch(work, cfg)
+    assert run.returncode == 1, run.output[-4000:]
+    lines = [line for line in run.output.splitlines() if line.startswith("fsdp-train: ")]
+    assert lines, run.output[-6000:]
+    assert all(f"cannot save the checkpoint of step 4: {os.strerror(errno.ENOSPC)}. The partial" in x for x in lines)
+    # (torchrun itself, which the pods' supervising check replaces, still prints its ChildFailedError.)
+    assert "]: Traceback" not in run.output and "RuntimeError" not in run.output, run.output[-6000:]
+    assert complete_checkpoints(root) == [(2, older)] and _digests(older) == before
+    assert sorted(p.name for p in root.iterdir()) == [step_dir_name(2)]  # the partial save's space is free again
+    assert "unexpected pos" not in run.output

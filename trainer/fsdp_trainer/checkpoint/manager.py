@@ -61,6 +61,26 @@ log = logging.getLogger(__name__)
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
+# Free space below which a failed save is put down to a full volume: torch.save's zip
+# writer reports a failed write as RuntimeError ("iostream error", "unexpected pos"),
+# without the errno, so the volume itself is asked. A write that fails for lack of
+# space leaves next to nothing free: it writes what fits first.
+NEARLY_FULL_BYTES = 16 << 20
+NEARLY_FULL_FRACTION = 0.001
+
+
+def volume_full(path: Path) -> OSError | None:
+    """ENOSPC when the volume holding ``path`` is (nearly) full, else None."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    free, total = st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
+    if free >= max(NEARLY_FULL_BYTES, NEARLY_FULL_FRACTION * total):
+        return None
+    return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+
 def disk_full_error(e: BaseException) -> OSError | None:
     """The full-volume OSError behind ``e``: itself, what it was raised from, or any rank's DCP failure.
 
@@ -193,7 +213,7 @@ class Checkpointer:
         except CheckpointSaveError:
             raise
         except (Exception, CheckpointException) as e:  # CheckpointException is a BaseException
-            full = disk_full_error(e)
+            full = disk_full_error(e) or volume_full(tmp if tmp.exists() else self.root)
             if full is None:
                 raise
             partial = "was removed" if remove_partial(tmp) else "could not be removed"
