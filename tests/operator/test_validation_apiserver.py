@@ -285,3 +285,64 @@ def test_number_forms_read_alike_by_kubectl_and_validate(api: Any, tmp_path: Pat
     training = load_one(path).spec.training
     assert (stored["maxSteps"], stored["learningRate"], stored["warmupSteps"]) == (200, 0.0003, 10)
     assert (training.max_steps, training.learning_rate, training.warmup_steps) == (200, 0.0003, 10)
+
+
+# --- pod values: what validate refuses is exactly what the API server refuses in a pod ---------------
+
+_POD_VALUES = {
+    # case: (where in a pod's spec and in spec.pod / spec.env, refused value, accepted value)
+    "toleration-key": ("tolerations[0].key", "nvidia.com/gpu type", "nvidia.com/gpu"),
+    "toleration-value": ("tolerations[0].value", "ml team", "ml-team"),
+    "node-affinity-key": ("node-affinity.key", "-zone", "topology.kubernetes.io/zone"),
+    "node-affinity-value": ("node-affinity.values[0]", "us-east-1a/b", "us-east-1a"),
+    "topology-key": ("topologyKey", "kubernetes.io hostname", "kubernetes.io/hostname"),
+    "env-field-path": ("fieldPath", "spec.hostname", "metadata.labels['app.kubernetes.io/name']"),
+}
+
+
+def _with_value(case: str, value: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """(pod-level fields, env) carrying ``value`` where ``case`` says, as both a Pod and spec.pod take them."""
+    if case.startswith("toleration"):
+        toleration = (
+            {"key": value, "operator": "Exists"} if case.endswith("key") else {"key": "dedicated", "value": value}
+        )
+        return {"tolerations": [toleration]}, []
+    if case.startswith("node-affinity"):
+        req = {"key": value, "operator": "Exists"} if case.endswith("key") else {
+            "key": "topology.kubernetes.io/zone", "operator": "In", "values": [value]
+        }  # fmt: skip
+        terms = {"nodeSelectorTerms": [{"matchExpressions": [req]}]}
+        return {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": terms}}}, []
+    if case == "topology-key":
+        term = {"topologyKey": value, "labelSelector": {"matchLabels": {"app": "x"}}}
+        return {"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}}, []
+    return {}, [{"name": "FIELD", "valueFrom": {"fieldRef": {"fieldPath": value}}}]
+
+
+@pytest.mark.parametrize("case", sorted(_POD_VALUES))
+def test_pod_values_are_refused_by_validate_exactly_when_a_pod_refuses_them(api: Any, case: str) -> None:
+    """Before (issue 24, 11), validate and the CRD took values every pod create then failed on."""
+    _, bad, good = _POD_VALUES[case]
+    for value, accepted in ((bad, False), (good, True)):
+        pod_fields, env = _with_value(case, value)
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": f"values-{case}", "namespace": NAMESPACE},
+            "spec": {"containers": [{"name": "c", "image": "busybox:1", "env": env}], **pod_fields},
+        }
+        res = api.kubectl("create", "--dry-run=server", "-f", "-", input=json.dumps(pod), check=False)
+        assert (res.returncode == 0) == accepted, f"a pod with {value!r}: {res.stderr}"
+        body = yaml.safe_load(TINY.read_text())
+        body["metadata"]["namespace"] = NAMESPACE
+        if pod_fields:
+            body["spec"]["pod"] = pod_fields
+        if env:
+            body["spec"]["env"] = env
+        try:
+            FSDPTraining.model_validate(body)
+            ours = True
+        except ValidationError:
+            ours = False
+        assert ours == accepted, f"validate with {value!r}"
+        assert (dry_run(api, yaml.safe_dump(body), NAMESPACE).returncode == 0) == accepted, f"the CRD with {value!r}"

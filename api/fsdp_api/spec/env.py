@@ -9,6 +9,7 @@ from pydantic import Field
 
 from ..base import ApiModel
 from ..rules import Rule
+from .values import ENV_FIELD_PATH_PATTERN
 
 # Env var names that look like credentials must come from a Secret, never
 # inline: any name with one of these words between underscores (WANDB_KEY,
@@ -28,7 +29,15 @@ class KeySelector(ApiModel):
 class FieldSelector(ApiModel):
     """A field of the pod (downward API)."""
 
-    field_path: str = Field(min_length=1, description="Path of the field, e.g. metadata.name.")
+    field_path: str = Field(
+        min_length=1,
+        max_length=330,
+        pattern=ENV_FIELD_PATH_PATTERN,
+        description=(
+            "Path of the field: metadata.name, .namespace, .uid, .labels['KEY'], .annotations['KEY'], "
+            "spec.nodeName, spec.serviceAccountName, status.hostIP(s), status.podIP(s)."
+        ),
+    )
 
 
 class EnvVarSource(ApiModel):

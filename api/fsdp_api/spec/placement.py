@@ -12,19 +12,32 @@ from pydantic import Field
 
 from ..base import ApiModel
 from ..rules import Rule
-from .values import DNS_LABEL, LabelValue
+from .values import (
+    DNS_LABEL,
+    LABEL_VALUE_PATTERN,
+    QUALIFIED_NAME_MAX,
+    QUALIFIED_NAME_PATTERN,
+    LabelValue,
+    qualified_name,
+)
 
 
 class Toleration(ApiModel):
     """A toleration of a node taint, added to the pods' own (the nvidia.com/gpu taint for GPU jobs)."""
 
     key: str | None = Field(
-        None, min_length=1, max_length=317, description="Taint key to tolerate; unset (with Exists): every taint."
+        None,
+        min_length=1,
+        max_length=QUALIFIED_NAME_MAX,
+        pattern=QUALIFIED_NAME_PATTERN,
+        description="Taint key to tolerate; unset (with Exists): every taint.",
     )
     operator: Literal["Exists", "Equal"] | None = Field(
         None, description="Equal (default): the taint's value must equal value; Exists: any value."
     )
-    value: str | None = Field(None, max_length=63, description="Taint value to match (operator Equal).")
+    value: str | None = Field(
+        None, max_length=63, pattern=LABEL_VALUE_PATTERN, description="Taint value to match (operator Equal)."
+    )
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
         None, description="Taint effect to tolerate; unset: every effect."
     )
@@ -76,11 +89,11 @@ _VALUES_MESSAGE = (
 class NodeSelectorRequirement(ApiModel):
     """A requirement on a node label."""
 
-    key: str = Field(min_length=1, max_length=317, description="Node label key.")
+    key: str = qualified_name("Node label key.")
     operator: Literal["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"] = Field(
         description="How the label relates to values."
     )
-    values: list[Annotated[str, Field(max_length=63, description="A label value.")]] | None = Field(
+    values: list[LabelValue] | None = Field(
         None, max_length=64, description="Values (In, NotIn: one or more; Gt, Lt: one integer; else none)."
     )
 
@@ -126,9 +139,9 @@ class NodeAffinity(ApiModel):
 class LabelSelectorRequirement(ApiModel):
     """A requirement on a pod label."""
 
-    key: str = Field(min_length=1, max_length=317, description="Pod label key.")
+    key: str = qualified_name("Pod label key.")
     operator: Literal["In", "NotIn", "Exists", "DoesNotExist"] = Field(description="How the label relates to values.")
-    values: list[Annotated[str, Field(max_length=63, description="A label value.")]] | None = Field(
+    values: list[LabelValue] | None = Field(
         None, max_length=64, description="Values (In, NotIn: one or more; else none)."
     )
 
@@ -153,9 +166,7 @@ class PodAffinityTerm(ApiModel):
     namespaces: list[Annotated[str, Field(pattern=DNS_LABEL, max_length=63, description="A namespace.")]] | None = (
         Field(None, max_length=16, description="Namespaces of those pods; unset: the training's namespace.")
     )
-    topology_key: str = Field(
-        min_length=1, max_length=317, description="Node label of the domain (e.g. topology.kubernetes.io/zone)."
-    )
+    topology_key: str = qualified_name("Node label of the domain (e.g. topology.kubernetes.io/zone).")
 
 
 class WeightedPodAffinityTerm(ApiModel):

@@ -6,7 +6,7 @@ server checks it) and by pydantic (``fsdp-operator validate`` checks it).
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import Field
 
@@ -39,5 +39,20 @@ Quantity = Annotated[
     Field(json_schema_extra={"x-kubernetes-int-or-string": True, "pattern": QUANTITY_PATTERN, "minimum": 0}),
 ]
 LabelValue = Annotated[str, Field(max_length=63, pattern=LABEL_VALUE_PATTERN, description="A label value.")]
+# The pod fields an environment variable may read (the downward API's env fields:
+# kubernetes.io/docs/concepts/workloads/pods/downward-api/); the API server refuses others in a pod.
+ENV_FIELD_PATH_PATTERN = (
+    r"^(metadata\.(name|namespace|uid)|metadata\.(labels|annotations)\['[^']{1,317}'\]"
+    r"|spec\.(nodeName|serviceAccountName)|status\.(hostIPs?|podIPs?))$"
+)
+# What the API server requires of a toleration's key, a node or pod selector's key and a topologyKey.
+QUALIFIED_NAME_MAX = 317
+
+
+def qualified_name(description: str) -> Any:
+    """A label key (a qualified name), as Kubernetes validates it in a pod."""
+    return Field(min_length=1, max_length=QUALIFIED_NAME_MAX, pattern=QUALIFIED_NAME_PATTERN, description=description)
+
+
 AnnotationValue = Annotated[str, Field(max_length=8192, description="An annotation value.")]
 NamespaceName = Annotated[str, Field(pattern=DNS_LABEL, max_length=63, description="A namespace.")]
