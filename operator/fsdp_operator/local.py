@@ -10,13 +10,15 @@ if the spec's is taken), and ``--steps`` may override ``training.maxSteps``.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
 import os
 import signal
 import subprocess
+import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from fsdp_api import FSDPTraining
@@ -30,6 +32,8 @@ from pydantic import ValidationError
 LOCK_FILE = ".run-local.lock"
 # How long the ranks get to save a checkpoint and exit after a signal.
 STOP_GRACE_SECONDS = 120.0
+# prctl(2): the signal a process gets when the thread that forked it dies.
+PR_SET_PDEATHSIG = 1
 
 
 def local_config(training: FSDPTraining, output_dir: Path, steps: int | None) -> TrainerConfig:
@@ -73,7 +77,7 @@ def run_local(spec_file: str | Path, nproc: int = 2, output_dir: Path | None = N
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise InputError(f"--output-dir {out}: cannot create it: {e.strerror or e}") from None
-    with run_lock(out):
+    with run_lock(out) as lock:
         cfg = local_config(training, out, steps)
         config_path = out / "train.yaml"
         try:
@@ -94,15 +98,17 @@ def run_local(spec_file: str | Path, nproc: int = 2, output_dir: Path | None = N
             # The check runs first, as in the pods: a mistake is one line and exit 2, not a traceback per rank.
             launch = torchrun_standalone(nproc, trainer_program(config_path))
             cmd = checked_launch(config_path, launch, python=launch[0])
-            return run_process_group(cmd, env)
+            return run_process_group(cmd, env, keep_fds=(lock,))
 
 
 @contextlib.contextmanager
-def run_lock(out: Path) -> Iterator[None]:
+def run_lock(out: Path) -> Iterator[int]:
     """Hold ``out`` for this run: two runs in one directory would write the same checkpoints.
 
     An advisory lock (flock) on a file in the directory, released by the
     kernel however this process ends, so a crashed run never leaves it held.
+    Yields the locked descriptor: the launch inherits it (``run_process_group``),
+    so the directory stays locked while anything of the run is alive.
     """
     path = out / LOCK_FILE
     try:
@@ -119,12 +125,30 @@ def run_lock(out: Path) -> Iterator[None]:
             ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        yield
+        yield fd
     finally:
         os.close(fd)
 
 
-def run_process_group(cmd: list[str], env: dict[str, str], grace_seconds: float = STOP_GRACE_SECONDS) -> int:
+def _stop_with(parent: int) -> Callable[[], None]:
+    """For the launch's child: SIGTERM when ``parent`` dies, even by SIGKILL (Linux's parent-death signal).
+
+    The launch is the check, which passes SIGTERM on to torchrun and the ranks:
+    they save and exit instead of training on unseen.
+    """
+
+    def arm() -> None:
+        if sys.platform.startswith("linux"):
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # it died before the signal was armed
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return arm
+
+
+def run_process_group(
+    cmd: list[str], env: dict[str, str], grace_seconds: float = STOP_GRACE_SECONDS, keep_fds: tuple[int, ...] = ()
+) -> int:
     """Run ``cmd`` in a process group of its own; a signal to us goes to the whole group.
 
     torchrun and its ranks share the group, so SIGTERM (or Ctrl-C) reaches every
@@ -133,7 +157,7 @@ def run_process_group(cmd: list[str], env: dict[str, str], grace_seconds: float 
     or 128 + the signal's number when a signal stopped the run. Which signals
     are passed on, and those codes, are the contract's, as in the pods.
     """
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True, pass_fds=keep_fds, preexec_fn=_stop_with(os.getpid()))
     received: list[int] = []
 
     def forward(signum: int, _frame: object) -> None:

@@ -189,6 +189,52 @@ def test_sigterm_stops_every_rank_after_a_checkpoint(tmp_path: Path) -> None:
             proc.kill()
 
 
+@pytest.mark.slow
+def test_kill_9_of_run_local_stops_the_ranks_and_keeps_the_directory_locked_until_they_are_gone(
+    tmp_path: Path,
+) -> None:
+    """SIGKILL cannot be caught (issue 24, 10): before, the ranks trained on unseen and the lock died with
+    run-local, so a second run-local trained beside them. Now the launch gets SIGTERM when run-local dies
+    (the ranks save and exit) and holds the directory's lock until it has."""
+    spec = example_copy(tmp_path, intervalSteps=100000)
+    out = tmp_path / "run"
+    config = str(out / "train.yaml")
+    cmd = [sys.executable, "-m", "fsdp_operator.cli", "run-local", "-f", str(spec), "--output-dir", str(out)]
+    proc = subprocess.Popen([*cmd, "--steps", "100000"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)  # type: ignore[union-attr]
+    reader.start()
+    try:
+        deadline = time.monotonic() + 240
+        while not any(STEP_LINE.match(line) for line in lines):
+            assert proc.poll() is None and time.monotonic() < deadline, "".join(lines)[-4000:]
+            time.sleep(0.2)
+        proc.kill()
+        proc.wait(timeout=10)
+        refusals, deadline = 0, time.monotonic() + 180
+        while _processes_mentioning(config):
+            assert time.monotonic() < deadline, "the ranks outlived run-local:\n" + "".join(lines)[-4000:]
+            try:
+                with run_lock(out):
+                    alive = _processes_mentioning(config)  # (they may have ended just before the lock was taken)
+                    assert not alive, f"the directory was free while {alive} ran"
+            except InputError as e:
+                assert "is in use by another run-local" in str(e)
+                refusals += 1
+            time.sleep(0.2)
+        reader.join(timeout=30)  # the ranks held run-local's stdout: it ends with them
+        output = "".join(lines)
+        assert refusals >= 1, output[-4000:]
+        assert "stopped on SIGTERM after step" in output, output[-4000:]
+        latest = latest_checkpoint(out / "checkpoints")
+        assert latest is not None and latest[0] >= 1
+        with run_lock(out):  # free once they are gone
+            pass
+    finally:
+        for pid in _processes_mentioning(config):
+            os.kill(pid, signal.SIGKILL)
+
+
 def test_a_pretrained_qwen2_directory_fine_tunes_end_to_end(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     """Not a Llama: a tiny Qwen2 checkpoint (q/k/v biases, tied) with its tokenizer, as a user would bring it."""
     from tests.trainer.harness import build_word_tokenizer, write_ragged_jsonl
