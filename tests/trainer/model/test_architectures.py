@@ -196,6 +196,28 @@ def test_an_encoder_decoder_model_is_refused_by_name(inputs: dict[str, Path], tm
     assert "T5Config (model_type 't5') is not a decoder-only causal LM" in str(e.value)
 
 
+@pytest.mark.parametrize("model_type", ["bert", "roberta", "electra"])
+def test_an_encoder_is_refused_unless_it_is_configured_as_a_decoder(
+    inputs: dict[str, Path], tmp_path: Path, model_type: str
+) -> None:
+    """transformers maps encoders to causal-LM heads that attend both ways (issue 24, 7): they trained
+    as causal LMs with every position seeing its label. A decoder-configured one (is_decoder) is causal."""
+    from transformers import AutoConfig
+
+    small = {"vocab_size": 256, "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2}
+    AutoConfig.for_model(model_type, intermediate_size=64, **small).save_pretrained(tmp_path / model_type)
+    with pytest.raises(ConfigError) as e:
+        _prepare(_config(tmp_path, inputs["aligned"], {"architecture": str(tmp_path / model_type)}))
+    assert f"model.architecture: {model_type!r} is an encoder: its causal-LM head (" in str(e.value)
+    assert "attends in both directions (is_decoder is false)" in str(e.value)
+    from fsdp_trainer.model.architecture import encoder_as_decoder
+
+    assert encoder_as_decoder(AutoConfig.for_model(model_type, is_decoder=True, **small)) is None
+    # Decoder-only models and the decoder halves of encoder-decoders are never taken for encoders.
+    for decoder in ("llama", "gpt2", "qwen2", "bart", "marian"):
+        assert encoder_as_decoder(AutoConfig.for_model(decoder)) is None, decoder
+
+
 def test_overrides_the_architecture_lacks_and_too_long_sequences_are_config_errors(
     checkpoints: dict[str, Path], inputs: dict[str, Path], tmp_path: Path
 ) -> None:

@@ -84,12 +84,43 @@ def _apply_overrides(config: PretrainedConfig, overrides: ModelOverrides | None,
     return errors
 
 
+def encoder_as_decoder(config: PretrainedConfig) -> str | None:
+    """The causal-LM class of an encoder (BERT, RoBERTa, ELECTRA…) that is not configured as a decoder.
+
+    transformers maps encoders to a causal-LM head (``BertLMHeadModel``) that
+    attends both ways unless ``config.is_decoder``: every position would see
+    its own label. Such a class reads ``is_decoder`` in its constructor (to warn
+    or refuse); decoder halves of encoder-decoders (BART's, Marian's) set it
+    themselves. Decided from the class, not a list of names.
+    """
+    name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(config.model_type)
+    if not name or getattr(config, "is_decoder", False):
+        return None
+    import inspect
+
+    import transformers
+
+    try:
+        source = inspect.getsource(getattr(transformers, name).__init__)
+    except (AttributeError, OSError, TypeError):
+        return None
+    return name if "is_decoder" in source and "is_decoder = True" not in source else None
+
+
 def check_causal_lm(config: PretrainedConfig, where: str) -> None:
     if getattr(config, "is_encoder_decoder", False) or config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         raise ConfigError(
             [
                 f"{where}: {type(config).__name__} (model_type {config.model_type!r}) is not a decoder-only "
                 "causal LM that transformers' AutoModelForCausalLM can build"
+            ]
+        )
+    if (head := encoder_as_decoder(config)) is not None:
+        raise ConfigError(
+            [
+                f"{where}: {config.model_type!r} is an encoder: its causal-LM head ({head}) attends in both "
+                "directions (is_decoder is false), so each position would see the token it learns to predict; "
+                "the trainer trains decoder-only models"
             ]
         )
 
