@@ -494,15 +494,20 @@ def test_a_deleted_job_is_recreated(env: Env) -> None:
     assert new["spec"] == old["spec"]
 
 
-def test_a_finished_trainings_deleted_job_is_not_recreated(env: Env) -> None:
-    """Re-creating the job of a Succeeded training would train it again (from step 0 without a PVC)."""
-    ns, name = "e2e-done-delete", "done"
+def _run_to_success(env: Env, ns: str, name: str) -> None:
+    """A training whose job (no training operator here: the test writes its status) runs, then succeeds."""
     env.apply_training(ns, name)
     env.wait_job(ns, name)
     env.patch_job_status(ns, name, running_job_status(name))
     env.wait_status(ns, name, "phase Running", phase="Running")
     env.patch_job_status(ns, name, succeeded_job_status(name))
     env.wait_status(ns, name, "phase Succeeded", phase="Succeeded")
+
+
+def test_a_finished_trainings_deleted_job_is_not_recreated(env: Env) -> None:
+    """Re-creating the job of a Succeeded training would train it again (from step 0 without a PVC)."""
+    ns, name = "e2e-done-delete", "done"
+    _run_to_success(env, ns, name)
     env.cluster.kubectl("delete", "pytorchjob", name, "-n", ns)
     env.wait_events(ns, name, "JobDeleted")
     # The operator answers within tens of milliseconds: 3 s without a job is a decision.
@@ -518,12 +523,7 @@ def test_an_operator_restart_never_reruns_a_finished_training_whose_job_is_gone(
     from Succeeded to Created, training the run again.
     """
     ns, name = "e2e-done-restart", "done"
-    env.apply_training(ns, name)
-    env.wait_job(ns, name)
-    env.patch_job_status(ns, name, running_job_status(name))
-    env.wait_status(ns, name, "phase Running", phase="Running")
-    env.patch_job_status(ns, name, succeeded_job_status(name))
-    env.wait_status(ns, name, "phase Succeeded", phase="Succeeded")
+    _run_to_success(env, ns, name)
     env.operator.stop()
     try:
         env.cluster.kubectl("delete", "pytorchjob", name, "-n", ns)

@@ -158,22 +158,30 @@ def _processes_mentioning(text: str) -> list[int]:
     return found
 
 
-@pytest.mark.slow
-def test_sigterm_stops_every_rank_after_a_checkpoint(tmp_path: Path) -> None:
-    """SIGTERM to run-local reaches torchrun and both ranks: they save, exit, and nothing is left running."""
+def _training_run_local(tmp_path: Path, out: Path) -> tuple[subprocess.Popen[str], list[str], threading.Thread]:
+    """A run-local of (nearly) endless steps, returned once it has printed its first step line."""
     spec = example_copy(tmp_path, intervalSteps=100000)
-    out = tmp_path / "run"
-    config = str(out / "train.yaml")
     cmd = [sys.executable, "-m", "fsdp_operator.cli", "run-local", "-f", str(spec), "--output-dir", str(out)]
     proc = subprocess.Popen([*cmd, "--steps", "100000"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)  # type: ignore[union-attr]
     reader.start()
+    deadline = time.monotonic() + 240
+    while not any(STEP_LINE.match(line) for line in lines):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError("".join(lines)[-4000:])
+        time.sleep(0.2)
+    return proc, lines, reader
+
+
+@pytest.mark.slow
+def test_sigterm_stops_every_rank_after_a_checkpoint(tmp_path: Path) -> None:
+    """SIGTERM to run-local reaches torchrun and both ranks: they save, exit, and nothing is left running."""
+    out = tmp_path / "run"
+    config = str(out / "train.yaml")
+    proc, lines, reader = _training_run_local(tmp_path, out)
     try:
-        deadline = time.monotonic() + 240
-        while not any(STEP_LINE.match(line) for line in lines):
-            assert proc.poll() is None and time.monotonic() < deadline, "".join(lines)[-4000:]
-            time.sleep(0.2)
         proc.send_signal(signal.SIGTERM)  # to run-local only, as `kill PID` would
         assert proc.wait(timeout=180) == 128 + signal.SIGTERM
         reader.join(timeout=10)
@@ -196,19 +204,10 @@ def test_kill_9_of_run_local_stops_the_ranks_and_keeps_the_directory_locked_unti
     """SIGKILL cannot be caught (issue 24, 10): before, the ranks trained on unseen and the lock died with
     run-local, so a second run-local trained beside them. Now the launch gets SIGTERM when run-local dies
     (the ranks save and exit) and holds the directory's lock until it has."""
-    spec = example_copy(tmp_path, intervalSteps=100000)
     out = tmp_path / "run"
     config = str(out / "train.yaml")
-    cmd = [sys.executable, "-m", "fsdp_operator.cli", "run-local", "-f", str(spec), "--output-dir", str(out)]
-    proc = subprocess.Popen([*cmd, "--steps", "100000"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)  # type: ignore[union-attr]
-    reader.start()
+    proc, lines, reader = _training_run_local(tmp_path, out)
     try:
-        deadline = time.monotonic() + 240
-        while not any(STEP_LINE.match(line) for line in lines):
-            assert proc.poll() is None and time.monotonic() < deadline, "".join(lines)[-4000:]
-            time.sleep(0.2)
         proc.kill()
         proc.wait(timeout=10)
         refusals, deadline = 0, time.monotonic() + 180
