@@ -76,7 +76,7 @@ def load_weights_only(source: Path | IO[bytes], where: str, safe_globals: Iterab
 
 
 # Every global a DCP .metadata pickle names (found by recording find_class while
-# reading checkpoints of torch 2.11 to 2.15): DCP's own dataclasses and enums,
+# reading checkpoints of torch 2.11 and 2.15): DCP's own dataclasses and enums,
 # torch.Size, the dtypes and layouts, and the checkpoint's path.
 _METADATA_CLASSES = {
     (dcp_metadata.__name__, name)
