@@ -7,9 +7,12 @@ by ours with the marker never created.
 
 from __future__ import annotations
 
+import enum
+import io
+import pickle
 import re
 import warnings
-from pathlib import Path
+from pathlib import Path, PosixPath
 from typing import Any
 
 import pytest
@@ -17,6 +20,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from fsdp_trainer.checkpoint import unpickle
 from fsdp_trainer.errors import UnsafeCheckpointError
+from torch.distributed.checkpoint.metadata import StorageMeta
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
 from tests.trainer.checkpoint.crafted import plant_in_item, plant_in_metadata
@@ -114,4 +118,46 @@ def test_damaged_metadata_is_damage_not_an_attack(ckpt: Path, content: bytes) ->
 def test_metadata_that_is_no_dcp_metadata_is_damage(ckpt: Path) -> None:
     (ckpt / ".metadata").write_bytes(b"\x80\x04K\x05.")  # the pickle of the int 5
     with pytest.raises(ValueError, match=r"damaged \(a int, not DCP metadata\)"):
+        unpickle.saved_metadata(ckpt)
+
+
+class _EnumsByName(pickle.Pickler):
+    """Pickles enum members as ``getattr(EnumClass, "NAME")``, as the trainer image's Python writes them."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, enum.Enum):
+            return getattr, (type(obj), obj.name)
+        return NotImplemented
+
+
+def test_metadata_naming_dcps_enum_members_by_getattr_loads(ckpt: Path) -> None:
+    """Seen in the e2e run: a checkpoint written in the trainer image named _MEM_FORMAT_ENCODING's member
+    through builtins.getattr, and the first allow-list refused every resume there."""
+    metadata = pickle.loads((ckpt / ".metadata").read_bytes())
+    buffer = io.BytesIO()
+    _EnumsByName(buffer).dump(metadata)
+    assert b"getattr" in buffer.getvalue()
+    (ckpt / ".metadata").write_bytes(buffer.getvalue())
+    assert unpickle.saved_metadata(ckpt).state_dict_metadata.keys() == metadata.state_dict_metadata.keys()
+    loaded = _empty_like(_state(7))
+    _dcp_load(loaded, ckpt, safe=True)
+    assert loaded["train"]["step"] == 7
+
+
+class _Getattr:
+    def __init__(self, target: Any, name: str) -> None:
+        self.target, self.name = target, name
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, str]]:
+        return getattr, (self.target, self.name)
+
+
+_GETATTRS = [(PosixPath, "unlink"), (PosixPath, "write_text"), (StorageMeta, "__setattr__")]
+
+
+@pytest.mark.parametrize(("target", "name"), _GETATTRS)
+def test_getattr_in_metadata_reaches_only_enum_members(ckpt: Path, target: Any, name: str) -> None:
+    (ckpt / ".metadata").write_bytes(pickle.dumps(_Getattr(target, name)))
+    where = re.escape(str(ckpt / ".metadata"))
+    with pytest.raises(UnsafeCheckpointError, match=rf"^{where}: refusing to load it: it calls getattr\("):
         unpickle.saved_metadata(ckpt)

@@ -19,6 +19,7 @@ stops: it is an attack, not damage); bytes that are no pickle at all are damage
 
 from __future__ import annotations
 
+import enum
 import io
 import pickle
 from collections.abc import Iterable
@@ -101,6 +102,24 @@ _METADATA_CLASSES = {
 }
 
 
+def _enum_member(cls: Any, name: str) -> Any:
+    """What ``builtins.getattr`` may do in DCP metadata: name a member of one of DCP's enums.
+
+    Some Python versions pickle an enum member as ``getattr(EnumClass, "NAME")``
+    (the trainer image's does, for ``_MEM_FORMAT_ENCODING``). A real ``getattr``
+    would reach any attribute of an allowed class (``PosixPath.unlink``), so only
+    this lookup is given.
+    """
+    allowed = isinstance(cls, type) and issubclass(cls, enum.Enum)
+    allowed = allowed and (cls.__module__, cls.__qualname__) in _METADATA_CLASSES
+    if not allowed or not isinstance(name, str) or name not in cls.__members__:
+        raise UnsafeCheckpointError(
+            f"refusing to load it: it calls getattr({getattr(cls, '__name__', type(cls).__name__)}, {name!r}), "
+            f"which DCP metadata never does. {REFUSED}"
+        )
+    return cls[name]
+
+
 class _MetadataUnpickler(pickle.Unpickler):
     def __init__(self, file: IO[bytes], where: str) -> None:
         super().__init__(file)
@@ -109,6 +128,8 @@ class _MetadataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) in _METADATA_CLASSES:
             return super().find_class(module, name)
+        if (module, name) == ("builtins", "getattr"):
+            return _enum_member
         if module == "torch" and isinstance(getattr(torch, name, None), (torch.dtype, torch.layout)):
             return getattr(torch, name)
         raise UnsafeCheckpointError(
@@ -120,8 +141,9 @@ def read_metadata_file(stream: IO[bytes], where: str) -> dcp_metadata.Metadata:
     """A DCP ``.metadata`` pickle, its globals restricted to DCP's metadata classes."""
     try:
         metadata = _MetadataUnpickler(stream, where).load()
-    except UnsafeCheckpointError:
-        raise
+    except UnsafeCheckpointError as e:
+        text = str(e)
+        raise (e if text.startswith(where) else UnsafeCheckpointError(f"{where}: {text}")) from None
     except Exception as e:  # truncated or garbage: EOF, unpickling, value and type errors
         raise ValueError(f"{where}: damaged ({first_line(e)})") from None
     if not isinstance(metadata, dcp_metadata.Metadata):
