@@ -11,11 +11,13 @@ devices, which is also what Accelerate's FSDP auto-wrap uses).
 
 from __future__ import annotations
 
+import inspect
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import transformers
 from fsdp_api.spec import ModelOverrides
 from fsdp_api.trainer_config import TrainerConfig
 from torch import nn
@@ -96,10 +98,6 @@ def encoder_as_decoder(config: PretrainedConfig) -> str | None:
     name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(config.model_type)
     if not name or getattr(config, "is_decoder", False):
         return None
-    import inspect
-
-    import transformers
-
     try:
         source = inspect.getsource(getattr(transformers, name).__init__)
     except (AttributeError, OSError, TypeError):
