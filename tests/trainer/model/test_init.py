@@ -13,10 +13,10 @@ from fsdp_api.launch import torchrun_standalone
 from fsdp_api.spec import ModelSpec
 from fsdp_api.trainer_config import TrainerConfig
 from fsdp_trainer.model.architecture import build_meta_model, materialize
-from fsdp_trainer.model.init import init_weights
+from fsdp_trainer.model.init import init_weights, reset_buffers
 from fsdp_trainer.model.llama import llama_config
 from fsdp_trainer.model.param_names import unique_parameters
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from tests.trainer.harness import SMALL_MODEL, base_config, offline_env
@@ -130,3 +130,32 @@ def test_pretrained_weights_stream_into_the_shards(tmp_path: Path, inputs: dict[
     with torch.no_grad():
         want = hf(input_ids=result["inputs"]).logits
     torch.testing.assert_close(result["logits"], want, atol=1e-5, rtol=1e-5)
+
+
+# Each keeps a non-persistent buffer that its __init__ computes: Llama's rotary
+# frequencies (on the module that holds them) and Falcon-H1's muP vector, which
+# the model's own _init_weights writes into every layer's mixer from the parent.
+BUFFERED = {
+    "llama": {"intermediate_size": 48, "num_key_value_heads": 2},
+    "falcon_h1": {"intermediate_size": 48, "num_key_value_heads": 2, "mamba_d_ssm": 32, "mamba_n_heads": 4},
+}
+
+
+@pytest.mark.parametrize("model_type", sorted(BUFFERED))
+def test_reset_buffers_restores_what_init_computes(model_type: str) -> None:
+    """The buffers a pretrained load keeps are those transformers computes, not to_empty's garbage."""
+    config = AutoConfig.for_model(
+        model_type, vocab_size=256, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, **BUFFERED[model_type]
+    )
+    want = dict(AutoModelForCausalLM.from_config(config).named_buffers())
+    model = build_meta_model(config)
+    materialize(model, "cpu")
+    with torch.no_grad():
+        for b in model.buffers():
+            b.fill_(float("nan"))
+    reset_buffers(model)
+    got = dict(model.named_buffers())
+    assert sorted(got) == sorted(want)
+    assert any("mup_vector" in n for n in got) == (model_type == "falcon_h1")
+    for name, value in want.items():
+        torch.testing.assert_close(got[name], value, msg=f"{model_type}: {name} not recomputed")

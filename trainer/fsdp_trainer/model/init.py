@@ -131,7 +131,9 @@ def init_weights(model: PreTrainedModel, seed: int, device: torch.device) -> Non
 def reset_buffers(model: PreTrainedModel) -> None:
     """Recompute the buffers ``to_empty`` left as garbage, without touching any parameter."""
     order = list(_post_order(model, "", model._init_weights, set()))
+    # Every module, not only those holding buffers: a parent may write its
+    # children's buffers (Falcon-H1's model fills each mixer's muP vector).
+    # With the parameters on meta, the rest of each init costs nothing.
     with _swapped([m for _, m, _ in order], lambda p: torch.empty(p.shape, device="meta")):
         for _, module, init in order:
-            if next(module.buffers(recurse=False), None) is not None:
-                init(module)
+            init(module)
