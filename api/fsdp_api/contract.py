@@ -205,6 +205,21 @@ ENV_METRICS_LINGER_SECONDS = "FSDP_METRICS_LINGER_SECONDS"
 ENV_PEAK_TFLOPS = "FSDP_PEAK_TFLOPS"
 # Fault injection for the fault tests (never set in production).
 ENV_TRAINER_FAULT = "FSDP_TRAINER_FAULT"
+# torchrun's variables the renderer sets: its SIGTERM save window, and a
+# rendezvous store per round (render/env.py says why).
+ENV_SHUTDOWN_TIMEOUT = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
+ENV_SEPARATE_RDZV_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+# What spec.env may not set: each variable the operator derives, and the
+# field it derives it from (a user value would silently replace it).
+OPERATOR_ENV: dict[str, str] = {
+    ENV_JOB_NAME: "metadata.name",
+    ENV_JOB_NAMESPACE: "metadata.namespace",
+    ENV_CONFIG: "the spec's trainer sections",
+    ENV_CHECKPOINT_DIR: "checkpoint.dir",
+    ENV_METRICS_PORT: "metrics.port",
+    ENV_SHUTDOWN_TIMEOUT: "pod.terminationGracePeriodSeconds",
+    ENV_SEPARATE_RDZV_STORE: "always 1, or a restarted pod cannot rendezvous",
+}
 
 # --- the trainer's metrics ---------------------------------------------------------
 

@@ -8,6 +8,7 @@ from typing import ClassVar
 from pydantic import Field
 
 from ..base import ApiModel
+from ..contract import OPERATOR_ENV
 from ..rules import Rule
 from .values import ENV_FIELD_PATH_PATTERN
 
@@ -16,6 +17,9 @@ from .values import ENV_FIELD_PATH_PATTERN
 # DB_PASS, GH_PAT, AWS_SESSION_TOKEN, HF_TOKEN ...). A heuristic on the name
 # only: a credential under an innocent name is not caught (docs/renderer.md).
 SECRET_ENV_PATTERN = r"(?i)(^|_)(TOKEN|SECRET|PASSWORD|PASSWD|PASS|PWD|KEY|PAT|CREDENTIALS?|PRIVATE)(_|$)"
+
+_OPERATOR_ENV_CEL = "[" + ", ".join(f"'{name}'" for name in OPERATOR_ENV) + "]"
+_OPERATOR_ENV_WHY = ", ".join(f"{name} ({source})" for name, source in OPERATOR_ENV.items())
 
 
 class KeySelector(ApiModel):
@@ -76,5 +80,12 @@ class EnvVar(ApiModel):
             message="looks like a credential: take it from a Secret with valueFrom.secretKeyRef, not a literal value",
             field_path=".value",
             check=lambda e: not (e.value is not None and re.search(SECRET_ENV_PATTERN, e.name)),
+        ),
+        Rule(
+            cel=f"!(self.name in {_OPERATOR_ENV_CEL})",
+            message=f"names a variable the operator sets from the spec, which this entry would silently replace: "
+            f"{_OPERATOR_ENV_WHY}",
+            field_path=".name",
+            check=lambda e: e.name not in OPERATOR_ENV,
         ),
     )

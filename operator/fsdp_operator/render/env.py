@@ -9,7 +9,15 @@ from __future__ import annotations
 from typing import Any
 
 from fsdp_api import FSDPTrainingSpec, contract
-from fsdp_api.contract import ENV_CHECKPOINT_DIR, ENV_CONFIG, ENV_JOB_NAME, ENV_JOB_NAMESPACE, ENV_METRICS_PORT
+from fsdp_api.contract import (
+    ENV_CHECKPOINT_DIR,
+    ENV_CONFIG,
+    ENV_JOB_NAME,
+    ENV_JOB_NAMESPACE,
+    ENV_METRICS_PORT,
+    ENV_SEPARATE_RDZV_STORE,
+    ENV_SHUTDOWN_TIMEOUT,
+)
 
 Env = list[dict[str, Any]]
 
@@ -56,9 +64,11 @@ def shutdown_timeout(spec: FSDPTrainingSpec) -> int:
 
 
 def container_env(spec: FSDPTrainingSpec, name: str) -> Env:
-    """Operator-set variables first, then ``spec.env``; a user variable replaces ours of the same name.
+    """Operator-set variables first, then ``spec.env``, which may reference ours with ``$(VAR)``.
 
-    User variables come last so they may reference ours with ``$(VAR)``.
+    The API refuses a spec.env entry named like a variable derived from the
+    spec (``contract.OPERATOR_ENV``); one of the tuning variables (NCCL, EFA)
+    replaces ours of the same name.
     """
     env: Env = [
         {"name": ENV_JOB_NAME, "value": name},
@@ -73,12 +83,12 @@ def container_env(spec: FSDPTrainingSpec, name: str) -> Env:
         # agent then waits forever for rendezvous info the survivor never
         # rewrites for the new round (pytorch/pytorch#135712, reproduced by
         # tests/e2e/test_faults.py). A separate store per round avoids it.
-        {"name": "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "value": "1"},
+        {"name": ENV_SEPARATE_RDZV_STORE, "value": "1"},
         # On SIGTERM torchrun waits this long for the ranks' checkpoint save
         # before it SIGKILLs them (default 30 s; torch/distributed/launcher/api.py,
         # LaunchConfig.shutdown_timeout, torch 2.15): most of the pod's grace
         # period, leaving torchrun and the check time to exit (docs/renderer.md).
-        {"name": "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "value": str(shutdown_timeout(spec))},
+        {"name": ENV_SHUTDOWN_TIMEOUT, "value": str(shutdown_timeout(spec))},
     ]
     if not spec.runs_own_script:
         env.insert(2, {"name": ENV_CONFIG, "value": contract.CONFIG_PATH})
