@@ -8,7 +8,12 @@ process group. Which references count as local paths: ``model/hub.py``.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -89,3 +94,57 @@ def test_local_paths_and_hub_ids(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert local_path("/models/llama") == Path("/models/llama")
     (tmp_path / "org" / "model").mkdir(parents=True)
     assert local_path("org/model") == Path("org/model")  # an existing directory wins
+
+
+@pytest.fixture
+def silent_proxy() -> Iterator[str]:
+    """A proxy that accepts connections and never answers, as a firewall that swallows them does."""
+    server = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                held.append(server.accept()[0])
+
+    threading.Thread(target=accept, daemon=True).start()
+    yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    server.close()
+    for conn in held:
+        conn.close()
+
+
+def test_hub_ids_without_a_network_fail_once_in_one_line_per_field(
+    tmp_path: Path, inputs: dict[str, Path], monkeypatch: pytest.MonkeyPatch, silent_proxy: str
+) -> None:
+    """Issue 24: without HF_HUB_OFFLINE and with no answer from the hub, the hub client waited
+    over 3 minutes without a word (huggingface_hub 2.4, measured until killed). Now one bounded probe."""
+    from fsdp_trainer.model import hub
+
+    for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.delenv(var, raising=False)
+    for var in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"):
+        monkeypatch.setenv(var, silent_proxy)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    monkeypatch.setattr(hub, "HUB_PROBE_SECONDS", 1.0)
+    config = base_config(tmp_path, inputs["aligned"], inputs["tokenizer"])
+    config["model"] = {"pretrained": "example-org/some-model"}
+    config["data"]["tokenizer"] = "example-org/some-tokenizer"
+    started = time.monotonic()
+    with pytest.raises(ConfigError) as info:
+        _prepare(tmp_path, config)
+    assert time.monotonic() - started < 30
+    assert info.value.lines == [
+        f"{field}: cannot fetch example-org/some-{what}: the Hugging Face hub (https://huggingface.co) did not "
+        "answer within 1 s (timed out); give a local path (a volume), or fill HF_HOME beforehand and set "
+        "HF_HUB_OFFLINE=1"
+        for field, what in (("model.pretrained", "model"), ("data.tokenizer", "tokenizer"))
+    ]
+    # A name that does not resolve fails the same way, at once; local paths never touch the network.
+    monkeypatch.setenv("HF_ENDPOINT", "https://hub.invalid")
+    for var in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"):
+        monkeypatch.delenv(var)
+    assert hub.hub_unreachable(timeout=5) is not None
+    local = base_config(tmp_path, inputs["aligned"], inputs["tokenizer"])
+    _prepare(tmp_path, local)

@@ -25,6 +25,7 @@ from pydantic import ValidationError
 from .data import files
 from .data.formats import data_format
 from .errors import ConfigError
+from .model import hub
 from .model.hub import local_path
 
 
@@ -99,6 +100,36 @@ def check_config(cfg: TrainerConfig, plan: ParallelPlan, device_type: str = "cud
     errors += _check_checkpoint_dir(cfg)
     if errors:
         raise ConfigError(errors)
+    _check_hub_reachable(cfg)
+
+
+def hub_refs(cfg: TrainerConfig) -> list[tuple[str, str]]:
+    """(field, hub id) of every reference the run fetches from the Hugging Face hub."""
+    refs = [
+        ("model.pretrained", cfg.model.pretrained),
+        ("model.architecture", cfg.model.architecture),
+        ("data.tokenizer", cfg.data.tokenizer),
+        ("data.dataset", cfg.data.dataset),
+    ]
+    return [(field, ref) for field, ref in refs if ref and local_path(ref) is None]
+
+
+def _check_hub_reachable(cfg: TrainerConfig) -> None:
+    """One bounded request before any download: without a network the run stops in one line, at once."""
+    refs = hub_refs(cfg)
+    if not refs or hub.hub_offline():
+        return
+    reason = hub.hub_unreachable()
+    if reason is None:
+        return
+    raise ConfigError(
+        [
+            f"{field}: cannot fetch {ref}: the Hugging Face hub ({hub.hub_endpoint()}) did not answer within "
+            f"{hub.HUB_PROBE_SECONDS:g} s ({reason}); give a local path (a volume), or fill HF_HOME beforehand "
+            "and set HF_HUB_OFFLINE=1"
+            for field, ref in refs
+        ]
+    )
 
 
 def _check_data(cfg: TrainerConfig) -> list[str]:

@@ -32,10 +32,11 @@ from pathlib import Path
 
 import torch
 from fsdp_api.trainer_config import TrainerConfig
+from torch.distributed.checkpoint.api import CheckpointException
 from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
 
-from .checkpoint import CONFIG_FILE, MARKER, MODEL_CONFIG_DIR, checkpointed_tensors, latest_checkpoint, unpickle
-from .errors import ConfigError
+from .checkpoint import CONFIG_FILE, MARKER, MODEL_CONFIG_DIR, checkpointed_tensors, complete_checkpoints, unpickle
+from .errors import ConfigError, UnloadableCheckpointError, UnsafeCheckpointError, first_line
 from .model.architecture import build_meta_model, materialize, model_dir
 from .model.init import init_weights, reset_buffers
 from .model.llama import llama_config
@@ -52,13 +53,14 @@ ADAPTER_WEIGHTS = "adapter_model.safetensors"
 PEFT_PREFIX = "base_model.model."
 
 
-def find_checkpoint(path: Path) -> Path:
+def find_checkpoints(path: Path) -> list[Path]:
+    """``path`` itself if it is a complete checkpoint, else the complete ones under it, newest first."""
     if (path / MARKER).is_file():
-        return path
-    latest = latest_checkpoint(path)
-    if latest is None:
+        return [path]
+    found = [p for _, p in reversed(complete_checkpoints(path))]
+    if not found:
         raise ConfigError([f"--checkpoint: {path} is neither a complete checkpoint nor a directory containing one"])
-    return latest[1]
+    return found
 
 
 def saved_model_config(ckpt: Path, cfg: TrainerConfig, tokenizer: PreTrainedTokenizerBase) -> PretrainedConfig:
@@ -89,8 +91,33 @@ def check_output(output: Path) -> None:
 
 
 def export_checkpoint(checkpoint: Path, output: Path, dtype: str = "float32", fmt: str = "merged") -> Path:
+    """Write the newest loadable checkpoint under ``checkpoint`` (or that one checkpoint) to ``output``.
+
+    As the trainer's resume does, a checkpoint that cannot be loaded (a
+    truncated shard, a damaged file) is skipped for the next older one, with a
+    warning; one that is unsafe to read stops the export.
+    """
     check_output(output)
-    ckpt = find_checkpoint(checkpoint)
+    skipped: list[str] = []
+    for ckpt in find_checkpoints(checkpoint):
+        try:
+            model, tokenizer, cfg, targets = _load(ckpt, fmt)
+        except (ConfigError, UnsafeCheckpointError):
+            raise
+        except (Exception, CheckpointException) as e:  # CheckpointException is a BaseException
+            log.warning("checkpoint %s could not be loaded (%s); trying the next older one", ckpt, first_line(e))
+            skipped.append(f"{ckpt.name}: {first_line(e)}")
+            continue
+        _save(model, tokenizer, cfg, targets, output, dtype, fmt)
+        log.info("exported %s to %s (%s, %s)", ckpt, output, fmt, dtype)
+        return output
+    raise UnloadableCheckpointError(
+        f"--checkpoint: nothing under {checkpoint} can be loaded: " + "; ".join(skipped) + "; nothing was written"
+    )
+
+
+def _load(ckpt: Path, fmt: str) -> tuple[torch.nn.Module, PreTrainedTokenizerBase, TrainerConfig, list[str]]:
+    """The model of one checkpoint, materialised on the CPU with its weights (adapters not yet merged)."""
     cfg = TrainerConfig.from_yaml((ckpt / CONFIG_FILE).read_text())
     if fmt == "peft" and cfg.peft is None:
         raise ConfigError([f"--format peft: {ckpt} is a full fine-tuning checkpoint (no peft); use --format merged"])
@@ -117,6 +144,18 @@ def export_checkpoint(checkpoint: Path, output: Path, dtype: str = "float32", fm
         # DCP warns that it runs without a process group: that is the point here.
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         unpickle.load(state, ckpt, no_dist=True)
+    return model, tokenizer, cfg, targets
+
+
+def _save(
+    model: torch.nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    cfg: TrainerConfig,
+    targets: list[str],
+    output: Path,
+    dtype: str,
+    fmt: str,
+) -> None:
     output.mkdir(parents=True, exist_ok=True)
     if fmt == "peft":
         _save_adapter(model, cfg, targets, output, DTYPES[dtype])
@@ -128,8 +167,6 @@ def export_checkpoint(checkpoint: Path, output: Path, dtype: str = "float32", fm
         model.config.use_cache = True  # trained without a KV cache; generation wants one
         model.save_pretrained(output)
     tokenizer.save_pretrained(output)
-    log.info("exported %s to %s (%s, %s)", ckpt, output, fmt, dtype)
-    return output
 
 
 def _load_base(model: torch.nn.Module, cfg: TrainerConfig) -> None:

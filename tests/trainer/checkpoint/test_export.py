@@ -67,3 +67,32 @@ def test_export_fills_an_empty_output_directory(tmp_path: Path, capsys) -> None:
     (tmp_path / "out").mkdir()
     assert cli(["export", "--checkpoint", str(tmp_path / "none"), "--output", str(tmp_path / "out")]) == 2
     assert "--checkpoint:" in capsys.readouterr().err
+
+
+def test_export_skips_a_damaged_newest_checkpoint_as_resume_does(
+    parity_runs: ParityRuns, tmp_path: Path, capsys
+) -> None:
+    """Issue 24: the trainer fell back past a damaged newest checkpoint, export stopped with a traceback."""
+    import shutil
+
+    run = parity_runs.get("full")
+    root = shutil.copytree(run.workdir / "checkpoints", tmp_path / "checkpoints")
+    newest = max(p for p in root.iterdir() if p.name.startswith("step-"))
+    damaged = shutil.copytree(newest, root / "step-99999999")
+    for shard in damaged.glob("*.distcp"):
+        shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 3])
+
+    out = tmp_path / "hf"
+    assert cli(["export", "--checkpoint", str(root), "--output", str(out)]) == 0
+    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    probe = torch.load(run.trace_dir / "probe.pt")
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids=probe["input_ids"]).logits, probe["logits"], atol=1e-5, rtol=1e-5)
+
+    # Named alone, the damaged one is one line, and no output is left behind.
+    capsys.readouterr()
+    assert cli(["export", "--checkpoint", str(damaged), "--output", str(tmp_path / "none")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"fsdp-train: --checkpoint: nothing under {damaged} can be loaded: step-99999999: "), err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "none").exists()

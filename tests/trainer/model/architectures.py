@@ -6,7 +6,8 @@ transformers uses, e.g. Mixtral's per-expert tensors) plus a tokenizer. The
 set covers what breaks a Llama-only trainer: attention biases (Qwen2),
 sliding windows (Mistral, Gemma 2), zero-centred norms and explicit head_dim
 (Gemma 2), Conv1D and learned positions (GPT-2), mixture-of-experts with a
-converted checkpoint layout (Mixtral), tied and untied embeddings.
+converted checkpoint layout (Mixtral), tied and untied embeddings, state-space
+layers with buffers computed at construction (Falcon-H1).
 """
 
 from __future__ import annotations
@@ -49,6 +50,15 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
         "num_key_value_heads": 2,
         "num_local_experts": 4,
         "num_experts_per_tok": 2,
+    },
+    # A Mamba-2/attention hybrid whose model writes a buffer into every layer
+    # (the muP vector) from its own _init_weights.
+    "falcon_h1": {
+        **_COMMON,
+        "intermediate_size": 48,
+        "num_key_value_heads": 2,
+        "mamba_d_ssm": 32,
+        "mamba_n_heads": 4,
     },
 }
 

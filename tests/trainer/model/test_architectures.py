@@ -124,6 +124,9 @@ def test_two_rank_full_sharding_trains_like_one_process_and_exports(
         runs[nproc] = launch(work, cfg, nproc=nproc).check()
     single, sharded_losses = runs[None].losses(), runs[2].losses()
     assert sorted(single) == list(range(1, 11))
+    # Step 1 trains the pretrained weights as loaded: its loss is transformers' own
+    # on the same batch (a garbage buffer, a wrong mask or a lost tie shows here).
+    assert single[1] == pytest.approx(_transformers_loss(checkpoints[name], inputs), abs=1e-4)
     for step, loss in single.items():
         assert abs(sharded_losses[step] - loss) <= 1e-4, (step, loss, sharded_losses[step])
     assert min(single[8], single[9], single[10]) < single[1]  # it trained
@@ -135,6 +138,30 @@ def test_two_rank_full_sharding_trains_like_one_process_and_exports(
     with torch.no_grad():
         logits = model(input_ids=probe["input_ids"]).logits
     torch.testing.assert_close(logits, probe["logits"], atol=1e-5, rtol=1e-5)
+
+
+def _transformers_loss(checkpoint: Path, inputs: dict[str, Path]) -> float:
+    """Mean next-token loss of transformers' model, in training mode, on the one-process run's first batch."""
+    from fsdp_api.spec import DataSpec
+    from fsdp_trainer.data.loader import TrainData
+    from fsdp_trainer.train import token_loss_sum
+    from transformers import AutoTokenizer
+
+    train = base_config(Path("unused"), inputs["aligned"], Path("unused"))["training"]
+    data = TrainData(
+        DataSpec(path=str(inputs["aligned"])),
+        AutoTokenizer.from_pretrained(checkpoint),
+        seq_len=train["seqLen"],
+        micro_batch_size=4,
+        rank=0,
+        world_size=1,
+        seed=train["seed"],
+    )
+    batch = data.next_batch()
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).train()
+    with torch.no_grad():
+        logits = model(input_ids=batch.inputs).logits
+    return (token_loss_sum(logits, batch.labels) / batch.labels.numel()).item()
 
 
 # -- strict loading and validation: before any process group ---------------------
