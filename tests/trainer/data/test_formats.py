@@ -144,3 +144,71 @@ def test_the_registry_imports_neither_torch_nor_transformers() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert out.returncode == 0, out.stderr[-2000:]
+
+
+# --- the config check reads the files through (issue 24: bad rows stopped every rank mid-run) -----
+
+
+def _pc(i: int) -> str:
+    return json.dumps({"prompt": f"p{i}", "completion": f"c{i}"}) + "\n"
+
+
+def test_the_check_reads_every_row_and_names_the_first_bad_one(tmp_path: Path) -> None:
+    path = tmp_path / "pc.jsonl"
+    lines = [_pc(i) for i in range(800)]
+    lines[500] = json.dumps({"prompt": "p", "completion": None}) + "\n"  # line 501
+    lines[700] = '{"prompt": "p", "completion": "c"} trailing\n'  # line 701
+    path.write_text("".join(lines))
+    spec = DataSpec(path=str(path), format="prompt-completion")
+    assert data_format("prompt-completion").check_files(spec, files.resolve(str(path))) == [
+        f"data.path: {path}: {path} line 501: field 'completion' must be a string, got None "
+        "(1 more bad rows in what was read)"
+    ]
+
+
+def test_bytes_that_are_not_utf8_and_lines_that_are_not_json_are_named(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(b'{"text": "fine"}\n{"text": "also fine"}\n{"text": "caf\xe9"}\n')
+    spec = DataSpec(path=str(path))
+    assert data_format("text").check_files(spec, files.resolve(str(path))) == [
+        f"data.path: {path}: {path} line 3: not UTF-8 (byte 0xe9 at column 14)"
+    ]
+    path.write_text('{"text": "fine"}\n{"text": "cut off\n')
+    assert data_format("text").check_files(spec, files.resolve(str(path))) == [
+        f"data.path: {path}: {path} line 2: not JSON (Unterminated string starting at: column 10)"
+    ]
+
+
+def test_chat_rows_with_null_content_or_nothing_to_train_are_refused(tmp_path: Path) -> None:
+    spec = DataSpec(path=str(tmp_path / "chat.jsonl"), format="chat")
+    user, answer = {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}
+    found = _jsonl(
+        tmp_path / "chat.jsonl", [{"messages": [user, answer]}, {"messages": [user, {**answer, "content": None}]}]
+    )
+    assert data_format("chat").check_files(spec, found) == [
+        f"data.path: {spec.path}: {spec.path} line 2: field 'messages': message 1 (assistant) has content None: "
+        "a string is needed (or tool_calls)"
+    ]
+    # A tool call may leave the content empty.
+    call = {"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f", "arguments": "{}"}}]}
+    found = _jsonl(tmp_path / "chat.jsonl", [{"messages": [user, call, answer]}])
+    assert data_format("chat").check_files(spec, found) == []
+    # Some rows without an assistant turn are fine (counted when packed); none at all trains nothing.
+    found = _jsonl(tmp_path / "chat.jsonl", [{"messages": [answer, user]}, {"messages": [user]}])
+    assert data_format("chat").check_files(spec, found) == [
+        f"data.path: {spec.path}: none of the 2 rows read has an assistant turn after the first message: "
+        "nothing would be trained"
+    ]
+
+
+def test_beyond_the_bound_lines_are_sampled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fsdp_trainer.data import scan
+
+    path = tmp_path / "pc.jsonl"
+    path.write_text("".join(_pc(i) for i in range(50)) + "not json\n" * 2000)
+    monkeypatch.setattr(scan, "SCAN_BYTES", 1000)
+    result = scan.scan(files.resolve(str(path)))
+    # 27 lines read in full; the samples beyond them fall on good and bad lines.
+    assert result.sampled and result.rows > 1000 // len(_pc(0)) and result.bad_rows > 100
+    assert result.first_problem is not None and " at byte " in result.first_problem
+    assert result.first_problem.endswith(": not JSON (Expecting value: column 1)")

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .. import files
+from .. import files, scan
 from ..document import Document
 
 if TYPE_CHECKING:
@@ -82,10 +82,31 @@ def snippet(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
+def string_field_problem(row: Any, name: str) -> str | None:
+    """Why ``row[name]`` is not the string a row format reads there, or None."""
+    value = row.get(name) if isinstance(row, dict) else None
+    return None if isinstance(value, str) else f"field {name!r} must be a string, got {snippet(value)}"
+
+
 class RowFormat(DataFormat):
     """A format whose rows are read from named columns, one ``Document`` per row."""
 
     packs_documents = True
+
+    def row_problem(self, spec: DataSpec, row: dict[str, Any]) -> str | None:
+        """Why the encoder would refuse this row (the config check reads the files with it), or None."""
+        for name in self.fields(spec):
+            problem = string_field_problem(row, name)
+            if problem:
+                return problem
+        return None
+
+    def row_trains(self, spec: DataSpec, row: dict[str, Any]) -> bool:
+        """Whether a valid row has anything to train on."""
+        return True
+
+    # What a row must hold for row_trains, in the config check's words.
+    trains_what: ClassVar[str] = "a field to train on"
 
     def shape_problem(self, spec: DataSpec, row: dict[str, Any], number: int) -> str | None:
         """Why the first row with every field filled holds the wrong shapes (row ``number``), or None."""
@@ -101,7 +122,18 @@ class RowFormat(DataFormat):
                 f"{spec.path} holds txt files, which are plain text"
             ]
         problem = self.check_has_fields(spec, found)
+        if problem is None:
+            problem = self.check_rows(spec, found)
         return [f"data.path: {spec.path}: {problem}"] if problem else []
+
+    def check_rows(self, spec: DataSpec, found: files.DataFiles) -> str | None:
+        """Every row (up to scan's bound) is one the encoder takes, and some row trains something."""
+        result = scan.scan(found, lambda row: self.row_problem(spec, row), lambda row: self.row_trains(spec, row))
+        if result.first_problem is not None:
+            return result.message()
+        if result.rows and not result.training_rows:
+            return f"none of the {result.rows} rows read has {self.trains_what}: nothing would be trained"
+        return None
 
     def check_has_fields(self, spec: DataSpec, found: files.DataFiles, max_rows: int = files.PROBE_ROWS) -> str | None:
         """``files.check_has_text`` for row formats: some row has every field the format reads.

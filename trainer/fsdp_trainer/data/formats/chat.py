@@ -40,8 +40,17 @@ class ChatFormat(RowFormat):
     name = "chat"
     settings = ("data.messagesField",)
 
+    trains_what = "an assistant turn after the first message"
+
     def fields(self, spec: DataSpec) -> tuple[str, ...]:
         return (spec.messages_field,)
+
+    def row_problem(self, spec: DataSpec, row: dict[str, Any]) -> str | None:
+        problem = messages_problem(row.get(spec.messages_field))
+        return f"field {spec.messages_field!r}: {problem}" if problem else None
+
+    def row_trains(self, spec: DataSpec, row: dict[str, Any]) -> bool:
+        return has_assistant_turn(row[spec.messages_field])
 
     def shape_problem(self, spec: DataSpec, row: dict[str, Any], number: int) -> str | None:
         messages = row[spec.messages_field]
@@ -64,12 +73,33 @@ class ChatFormat(RowFormat):
         return ChatEncoder(tokenizer, spec.messages_field)
 
 
-def _messages(key: str, value: Any) -> list[dict[str, Any]]:
+def messages_problem(value: Any) -> str | None:
+    """Why ``value`` is not a conversation the chat template can render, or None.
+
+    A message's content is a string (or a list of parts); it may be missing or
+    null only beside tool calls. Otherwise a template writes null as "None"
+    and that text would be trained.
+    """
     if not isinstance(value, Sequence) or isinstance(value, str) or not value:
-        raise ValueError(f"row {key}: expected a non-empty list of {{role, content}} messages, got {snippet(value)}")
-    for m in value:
+        return f"expected a non-empty list of {{role, content}} messages, got {snippet(value)}"
+    for i, m in enumerate(value):
         if not isinstance(m, Mapping) or not isinstance(m.get("role"), str):
-            raise ValueError(f"row {key}: every message needs a string 'role', got {snippet(m)}")
+            return f"every message needs a string 'role', got {snippet(m)}"
+        content = m.get("content")
+        if not isinstance(content, str | list) and not m.get("tool_calls"):
+            return f"message {i} ({m['role']}) has content {snippet(content)}: a string is needed (or tool_calls)"
+    return None
+
+
+def has_assistant_turn(value: list[Mapping[str, Any]]) -> bool:
+    """An assistant message after the first: what a conversation trains (one that opens it has no prompt)."""
+    return any(m["role"] == "assistant" for m in value[1:])
+
+
+def _messages(key: str, value: Any) -> list[dict[str, Any]]:
+    problem = messages_problem(value)
+    if problem:
+        raise ValueError(f"row {key}: {problem}")
     return [dict(m) for m in value]
 
 

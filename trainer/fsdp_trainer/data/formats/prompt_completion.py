@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..document import Document
-from .base import Encoder, RowFormat, register, snippet
+from .base import Encoder, RowFormat, register, string_field_problem
 
 if TYPE_CHECKING:
     from fsdp_api.spec import DataSpec
@@ -22,8 +22,13 @@ class PromptCompletionFormat(RowFormat):
     name = "prompt-completion"
     settings = ("data.promptField", "data.completionField")
 
+    trains_what = "a completion"
+
     def fields(self, spec: DataSpec) -> tuple[str, ...]:
         return (spec.prompt_field, spec.completion_field)
+
+    def row_trains(self, spec: DataSpec, row: dict[str, Any]) -> bool:
+        return True  # the completion's eos is always trained
 
     def encoder(self, spec: DataSpec, tokenizer: PreTrainedTokenizerBase) -> Encoder:
         return PromptCompletionEncoder(tokenizer, spec.prompt_field, spec.completion_field)
@@ -37,10 +42,10 @@ class PromptCompletionEncoder:
     def _texts(self, rows: list[tuple[str, Any]], name: str) -> list[str]:
         out = []
         for key, row in rows:
-            value = row.get(name) if isinstance(row, Mapping) else None
-            if not isinstance(value, str):
-                raise ValueError(f"row {key}: field {name!r} must be a string, got {snippet(value)}")
-            out.append(value)
+            problem = string_field_problem(dict(row) if isinstance(row, Mapping) else row, name)
+            if problem:
+                raise ValueError(f"row {key}: {problem}")
+            out.append(row[name])
         return out
 
     def __call__(self, rows: list[tuple[str, Any]]) -> list[Document]:

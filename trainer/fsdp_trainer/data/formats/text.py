@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .. import files
+from .. import files, scan
 from .base import DataFormat, register
 
 if TYPE_CHECKING:
@@ -23,4 +23,6 @@ class TextFormat(DataFormat):
     def check_files(self, spec: DataSpec, found: files.DataFiles) -> list[str]:
         # The text builder reads whole lines: its column is always "text".
         problem = files.check_has_text(found, spec.text_field if found.builder != "text" else "text")
+        if problem is None:
+            problem = scan.scan(found).message()
         return [f"data.path: {spec.path}: {problem}"] if problem else []
