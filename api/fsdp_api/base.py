@@ -17,8 +17,14 @@ class ApiModel(BaseModel):
     validation), so a typo fails loudly instead of being pruned silently.
     """
 
+    # allow_inf_nan=False: JSON has no infinity or NaN, so kubectl cannot send them (YAML's .inf, .nan).
     model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, extra="forbid", validate_default=True, strict=True
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        validate_default=True,
+        strict=True,
+        allow_inf_nan=False,
     )
     rules: ClassVar[tuple[Rule, ...]] = ()
 

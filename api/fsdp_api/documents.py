@@ -77,11 +77,25 @@ def check_kind(doc: Document) -> None:
         )
 
 
+def without_nulls(value: Any) -> Any:
+    """``value`` with every mapping entry whose value is null left out, at any depth.
+
+    What the API server does with a null where the CRD's schema (which has no
+    nullable field) expects a value: it defaults or drops it, so
+    ``checkpoint: null`` means the defaults there, and must here.
+    """
+    if isinstance(value, dict):
+        return {k: without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [without_nulls(v) for v in value]
+    return value
+
+
 def parse(doc: Document) -> tuple[FSDPTraining | None, list[str]]:
     """The validated FSDPTraining, or the ``path: message`` lines saying why not."""
     check_kind(doc)
     try:
-        training = FSDPTraining.model_validate(doc.body)
+        training = FSDPTraining.model_validate(without_nulls(doc.body))
     except ValidationError as e:
         return None, format_errors(e)
     except RecursionError:

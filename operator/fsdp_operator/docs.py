@@ -34,7 +34,9 @@ message: by the API server (CRD schema and CEL rules) and by
 Types are strict, as the API server's are: `maxSteps: true`,
 `gpusPerNode: false` or `suspend: "yes"` are errors, not 1, 0 and true.
 Numbers are read as kubectl reads YAML: `3e-4` is a number, and a whole
-number written as `2.0` counts as the integer 2.
+number written as `2.0` counts as the integer 2. A field set to `null`
+counts as unset, as the API server reads it (`checkpoint: null` means the
+defaults); `.inf` and `.nan` are refused, as JSON cannot carry them.
 """
 
 

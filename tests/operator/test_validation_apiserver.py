@@ -346,3 +346,44 @@ def test_pod_values_are_refused_by_validate_exactly_when_a_pod_refuses_them(api:
             ours = False
         assert ours == accepted, f"validate with {value!r}"
         assert (dry_run(api, yaml.safe_dump(body), NAMESPACE).returncode == 0) == accepted, f"the CRD with {value!r}"
+
+
+# --- values at the edges of YAML and JSON: validate and the API server agree (issue 24) ---------------
+
+_EDGE_HEAD = f"""apiVersion: training.fsdp.dev/v1alpha1
+kind: FSDPTraining
+metadata:
+  name: edge
+  namespace: {NAMESPACE}
+spec:
+  image: ghcr.io/fsdp-k8s/trainer:0.1.0
+  model:
+    preset: tiny
+"""
+_EDGES = {
+    "grad-clip-inf": "  training:\n    maxSteps: 100\n    gradClipNorm: .inf\n",
+    "grad-clip-nan": "  training:\n    maxSteps: 100\n    gradClipNorm: .nan\n",
+    "max-steps-beyond-int64": "  training:\n    maxSteps: 99999999999999999999\n",
+    "checkpoint-null": "  training:\n    maxSteps: 100\n  checkpoint: null\n",
+    "training-null": "  training: null\n",
+    "peft-null": "  training:\n    maxSteps: 100\n  peft: null\n",
+    "env-value-null": "  training:\n    maxSteps: 100\n  env:\n  - name: A\n    value: null\n",
+}
+
+
+@pytest.mark.parametrize("case", sorted(_EDGES))
+def test_edge_values_are_refused_or_accepted_alike_by_validate_and_the_api_server(
+    api: Any, case: str, tmp_path: Path
+) -> None:
+    from fsdp_api.documents import load_one
+
+    manifest = _EDGE_HEAD + _EDGES[case]
+    res = dry_run(api, manifest, NAMESPACE)
+    path = tmp_path / f"{case}.yaml"
+    path.write_text(manifest)
+    try:
+        load_one(path)
+        validate_error = None
+    except Exception as e:  # whatever validate says: it must agree on accepting or refusing
+        validate_error = str(e)
+    assert (res.returncode == 0) == (validate_error is None), (res.stderr, validate_error)
