@@ -138,7 +138,11 @@ def test_a_hub_model_is_unknown_rather_than_guessed() -> None:
 
 
 def test_a_script_of_your_own_is_unknown_and_says_why() -> None:
-    body = {"image": "trainer:1.0", "command": ["/workspace/train.py"], "resources": {"instanceTypes": ["g5.xlarge"]}}
+    body = {
+        "image": "trainer:1.0",
+        "command": ["/workspace/train.py"],
+        "resources": {"gpusPerNode": 1, "instanceTypes": ["g5.xlarge"]},
+    }
     plan = plan_memory(FSDPTrainingSpec.model_validate(body))
     assert plan.estimate is None and plan.fits is None
     assert "the model is your script's (spec.command)" in plan.summary()

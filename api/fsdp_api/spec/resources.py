@@ -8,6 +8,7 @@ from typing import Annotated, ClassVar, Literal
 from pydantic import Field, field_validator
 
 from ..base import ApiModel
+from ..instance_types import INSTANCE_TYPES
 from ..pod_resources import (
     DefaultRequests,
     default_memory_bytes,
@@ -36,6 +37,21 @@ _SHARED_MEMORY_CEL = (
     "quantity(string(self.sharedMemory)).asApproximateFloat() <= "
     f"double(self.instanceTypes.map(t, {_DEFAULT_MEMORY}[t]).min())))"
 )
+
+# gpusPerNode <= the most GPUs among the listed instance types, when all are known (the
+# table of instance_types, checked against AWS's pages): a pod asking for more fits no
+# node Karpenter could launch, and would stay Pending.
+_GPUS = "{" + ", ".join(f"'{name}': {t.gpus}" for name, t in sorted(INSTANCE_TYPES.items())) + "}"
+_GPUS_FIT_CEL = (
+    "!has(self.instanceTypes) || self.instanceTypes.size() == 0 || "
+    f"self.instanceTypes.exists(t, !(t in {_GPUS})) || "
+    f"self.instanceTypes.exists(t, {_GPUS}[t] >= (has(self.gpusPerNode) ? self.gpusPerNode : 8))"
+)
+
+
+def _gpus_fit(r: ResourcesSpec) -> bool:
+    known = [INSTANCE_TYPES[t].gpus for t in r.instance_types if t in INSTANCE_TYPES]
+    return len(known) < len(r.instance_types) or not known or max(known) >= r.gpus_per_node
 
 
 class ResourcesSpec(ApiModel):
@@ -112,6 +128,15 @@ class ResourcesSpec(ApiModel):
             ),
             field_path=".instanceTypes",
             check=lambda r: r.gpus_per_node > 0 or not any(re.match(GPU_INSTANCE_PATTERN, t) for t in r.instance_types),
+        ),
+        Rule(
+            cel=_GPUS_FIT_CEL,
+            message=(
+                "gpusPerNode is more than any of instanceTypes has: no node Karpenter could launch fits the "
+                "pod (p5/p5e/p5en/p4d.24xlarge have 8 GPUs; docs/eks-capacity.md)"
+            ),
+            field_path=".gpusPerNode",
+            check=_gpus_fit,
         ),
         Rule(
             cel=_SHARED_MEMORY_CEL,
