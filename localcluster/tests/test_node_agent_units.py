@@ -141,6 +141,7 @@ def pod_worker(tmp_path: Path, pod: dict[str, Any], net: PodNetwork, peers: Sequ
         node_capacity={},
         shim_dir=tmp_path,
         site_dir=tmp_path,
+        bind_shim=None,
         extra_env={},
         image_commands={},
         restart_backoff=(1.0, 5.0),
@@ -251,6 +252,61 @@ def test_sitecustomize_gives_python_processes_their_pod_address(tmp_path: Path) 
     env = {**os.environ, "PYTHONPATH": str(tmp_path), POD_IP_ENV: "127.77.0.9"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["127.77.0.9", "127.77.0.9"]
+
+
+# Two pods' rendezvous hosts on one port, as torch elastic starts them (TCPStore binds *:port in C++).
+_STORE_HOST = """
+import datetime, os, sys, time
+import torch.distributed as dist
+ip, port = os.environ["@IP@"], int(sys.argv[1])
+try:
+    store = dist.TCPStore(ip, port, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=5))
+except Exception as e:
+    print("bind failed:", type(e).__name__, flush=True)
+    sys.exit(3)
+store.set("owner", ip)
+print("serving", flush=True)
+time.sleep(60)
+"""
+
+
+def test_native_wildcard_binds_land_on_the_pods_address(tmp_path: Path) -> None:
+    """Issue 23: the second pod's TCPStore found *:29400 taken and torch elastic used the first pod's store."""
+    import datetime
+    import socket
+
+    import torch.distributed as dist
+    from fsdp_localcluster.node_agent import bind_shim
+
+    library = bind_shim.build(tmp_path / "lib")
+    assert library is not None and library.is_file()
+    assert bind_shim.build(tmp_path / "lib") == library  # built once
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code = _STORE_HOST.replace("@IP@", POD_IP_ENV)
+
+    def host(ip: str, preload: bool) -> tuple[subprocess.Popen[str], str]:
+        env = {**os.environ, POD_IP_ENV: ip, **({"LD_PRELOAD": str(library)} if preload else {})}
+        proc = subprocess.Popen([sys.executable, "-c", code, str(port)], env=env, stdout=subprocess.PIPE, text=True)
+        assert proc.stdout is not None
+        return proc, proc.stdout.readline().strip()
+
+    hosts = [host("127.77.0.1", True), host("127.77.0.2", True)]
+    try:
+        assert [said for _, said in hosts] == ["serving", "serving"]
+        for ip in ("127.77.0.1", "127.77.0.2"):
+            client = dist.TCPStore(ip, port, is_master=False, timeout=datetime.timedelta(seconds=5))
+            assert client.get("owner").decode() == ip  # each pod's own store
+        # Without the library a host binds *:port, which the others' addresses already hold
+        # (torch elastic then falls back to being a client of whichever store answers).
+        bare, said = host("127.77.0.3", False)
+        assert said.startswith("bind failed"), said
+        assert bare.wait(timeout=30) == 3
+    finally:
+        for proc, _ in hosts:
+            proc.kill()
+            proc.wait()
 
 
 def test_termination_message_is_the_kubelets_log_tail(tmp_path: Path) -> None:

@@ -2,7 +2,7 @@
 
 ``agent`` registers Karpenter-shaped nodes and dispatches the pods bound to
 them; ``pods`` runs one pod, ``runs`` one container's processes; ``network`` is the pod network on loopback (pod
-IPs, cluster DNS, the Python shim); ``client`` is the small API client they
+IPs, cluster DNS, the Python shim) and ``bind_shim`` its native half; ``client`` is the small API client they
 share. docs/e2e.md describes what is emulated and how.
 """
 

@@ -68,6 +68,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from . import bind_shim
 from .client import ApiError, KubeAPI, Obj, now, now_micro
 from .containers import ServiceProxy, write_runtime
 from .network import NSLOOKUP, SITECUSTOMIZE, PodNetwork
@@ -290,6 +291,7 @@ class NodeAgent:
             node_capacity={n.name: n.capacity for n in self.nodes.values()},
             shim_dir=self.shim_dir,
             site_dir=self.site_dir,
+            bind_shim=bind_shim.build(self.workdir / "lib"),
             extra_env=self.extra_env,
             image_commands=self.image_commands,
             image_patterns=self.image_patterns,

@@ -130,6 +130,7 @@ class PodContext:
     node_capacity: Mapping[str, Mapping[str, str]]  # node name -> capacity (resourceFieldRef defaults)
     shim_dir: Path  # first on PATH: the nslookup shim
     site_dir: Path  # on PYTHONPATH: the sitecustomize shim
+    bind_shim: Path | None  # LD_PRELOADed into processes (not containers): bind_shim.py
     extra_env: Mapping[str, str]
     image_commands: Mapping[str, Sequence[str]]
     restart_backoff: tuple[float, float]  # (first, max) seconds between container restarts
@@ -580,6 +581,8 @@ class PodWorker(threading.Thread):
                     env.setdefault("TMPDIR", str(local))
             if self.sa_dir is not None:
                 env.setdefault("KUBECONFIG", str(self.sa_dir / "kubeconfig"))
+            if self.ctx.bind_shim is not None:
+                env["LD_PRELOAD"] = " ".join(p for p in (str(self.ctx.bind_shim), env.get("LD_PRELOAD", "")) if p)
         site = SITE_MOUNT if contained else str(self.ctx.site_dir)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (site, env.get("PYTHONPATH", "")) if p)
         env[POD_IP_ENV] = self.ip
