@@ -87,6 +87,27 @@ def test_tokenizer_larger_than_the_vocabulary(tmp_path: Path, config: dict) -> N
     assert "has 4096 tokens but the model's vocabulary is 1000; raise vocabSize to at least 4096" in text
 
 
+def test_a_tokenizer_too_large_for_a_pretrained_model_names_the_setting_that_chose_it(
+    tmp_path: Path, config: dict, inputs: dict[str, Path]
+) -> None:
+    """Issue 24: the message blamed data.tokenizer although only model.pretrained was set."""
+    from tests.trainer.model.architectures import build_checkpoint
+
+    model = build_checkpoint("llama", tmp_path / "small-vocab", inputs["tokenizer"], vocab_size=100)
+    config["model"] = {"pretrained": str(model)}
+    del config["data"]["tokenizer"]  # the directory's own tokenizer: 204 tokens
+    assert _errors(tmp_path, config) == (
+        f"model.pretrained: the tokenizer ({model}, from model.pretrained) has 204 tokens but the model's "
+        "vocabulary is 100: the directory's tokenizer and config.json do not belong together; fix the "
+        "directory, or set data.tokenizer to one with at most 100 tokens"
+    )
+    config["data"]["tokenizer"] = str(inputs["tokenizer"])
+    assert _errors(tmp_path, config) == (
+        f"data.tokenizer: the tokenizer ({inputs['tokenizer']}, from data.tokenizer) has 204 tokens but the "
+        "model's vocabulary is 100; use the model's own tokenizer (unset data.tokenizer)"
+    )
+
+
 def test_cpu_offload_without_gpus(tmp_path: Path, config: dict) -> None:
     config["fsdp"] = {"cpuOffload": True}
     text = _errors(tmp_path, config)

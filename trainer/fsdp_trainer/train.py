@@ -118,7 +118,7 @@ def prepare(cfg: TrainerConfig, world: WorldInfo | None = None) -> Prepared:
         "pad_token_id": tokenizer.pad_token_id,
     }
     config = model_config(cfg, path, tokens)
-    check_vocabulary(tokenizer, config.get_text_config().vocab_size, cfg)
+    check_vocabulary(tokenizer, config.get_text_config().vocab_size, cfg, path)
     limit = max_positions(config)
     seq_len = cfg.seq_len(limit)
     if limit is not None and seq_len > limit:

@@ -111,22 +111,24 @@ def load_tokenizer(cfg: TrainerConfig, model_path: Path | None = None) -> PreTra
     return tokenizer
 
 
-def check_vocabulary(tokenizer: PreTrainedTokenizerBase, vocab_size: int, cfg: TrainerConfig) -> None:
-    """Every token id must index the model's embedding."""
+def check_vocabulary(
+    tokenizer: PreTrainedTokenizerBase, vocab_size: int, cfg: TrainerConfig, model_path: Path | None = None
+) -> None:
+    """Every token id must index the model's embedding; the error names the setting that chose each side."""
     if len(tokenizer) <= vocab_size:
         return
-    ref, _ = tokenizer_source(cfg)
-    fix = (
-        f"raise vocabSize to at least {len(tokenizer)}"
-        if not cfg.model.pretrained
-        else "use the model's own tokenizer (unset data.tokenizer)"
-    )
-    raise ConfigError(
-        [
-            f"model.config.vocabSize: the tokenizer ({ref}) has {len(tokenizer)} tokens but the model's "
-            f"vocabulary is {vocab_size}; {fix}"
-        ]
-    )
+    ref, field = tokenizer_source(cfg, model_path)
+    tokens = f"the tokenizer ({ref}, from {field}) has {len(tokenizer)} tokens but the model's vocabulary is {vocab_size}"
+    if not cfg.model.pretrained:
+        line = f"model.config.vocabSize: {tokens}; raise vocabSize to at least {len(tokenizer)}"
+    elif field == "data.tokenizer":
+        line = f"data.tokenizer: {tokens}; use the model's own tokenizer (unset data.tokenizer)"
+    else:
+        line = (
+            f"model.pretrained: {tokens}: the directory's tokenizer and config.json do not belong together; "
+            f"fix the directory, or set data.tokenizer to one with at most {vocab_size} tokens"
+        )
+    raise ConfigError([line])
 
 
 def main(argv: list[str] | None = None) -> None:
