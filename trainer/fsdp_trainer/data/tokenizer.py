@@ -118,7 +118,9 @@ def check_vocabulary(
     if len(tokenizer) <= vocab_size:
         return
     ref, field = tokenizer_source(cfg, model_path)
-    tokens = f"the tokenizer ({ref}, from {field}) has {len(tokenizer)} tokens but the model's vocabulary is {vocab_size}"
+    tokens = (
+        f"the tokenizer ({ref}, from {field}) has {len(tokenizer)} tokens but the model's vocabulary is {vocab_size}"
+    )
     if not cfg.model.pretrained:
         line = f"model.config.vocabSize: {tokens}; raise vocabSize to at least {len(tokenizer)}"
     elif field == "data.tokenizer":
