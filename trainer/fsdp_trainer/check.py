@@ -61,6 +61,7 @@ def processes_per_node(value: str) -> int:
 
 def check(config: str, nnodes: str, nproc_per_node: int) -> str:
     """Check ``config`` for every world size the launch allows; the one-line summary, or ConfigError."""
+    from .checkpoint.compatibility import resume_problems
     from .checkpoint.ownership import directory_conflicts
     from .config import load_config
     from .model.architecture import count_parameters
@@ -87,8 +88,11 @@ def check(config: str, nnodes: str, nproc_per_node: int) -> str:
     # The model, data and checkpoint checks do not depend on the world size:
     # the whole check runs once, the mesh check for each size an elastic job may reach.
     prepared = prepare(cfg, world(counts[0]))
-    # Once here, before torchrun, rather than in every rank (resume_candidates checks it there too).
+    # Once here, before torchrun, rather than in every rank on every restart (the
+    # ranks check both again: resume_candidates, check_candidates).
     errors = directory_conflicts(Path(cfg.checkpoint.dir), cfg.checkpoint.resume, cfg.job)
+    if not errors and cfg.checkpoint.resume == "auto":
+        errors = resume_problems(Path(cfg.checkpoint.dir), prepared.model, cfg.peft)
     for nodes in counts[1:]:
         w = world(nodes)
         errors += [f"{e} (with {nodes} nodes)" for e in ParallelPlan(cfg.fsdp, w.world_size, nproc_per_node).errors()]

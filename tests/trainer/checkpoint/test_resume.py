@@ -177,6 +177,15 @@ def test_a_checkpoint_of_another_architecture_is_refused_by_name(tmp_path: Path,
     refused = launch(work, cfg, nproc=None)
     assert refused.returncode == 2, refused.output[-3000:]
     assert "model: the checkpoint has tensors this model lacks: model.layers.1." in refused.output
+    # The pod's config check says it first, once, before torchrun (issue 24: every rank, every restart).
+    from fsdp_trainer.check import check
+    from fsdp_trainer.errors import ConfigError
+
+    (work / "changed.yaml").write_text(yaml.safe_dump(cfg))
+    with pytest.raises(ConfigError) as info:
+        check(str(work / "changed.yaml"), "1", 2)
+    assert info.value.lines[0].startswith("model: the checkpoint has tensors this model lacks: model.layers.1.")
+    assert info.value.lines[-1].startswith("checkpoint.dir: resuming needs the checkpoint's architecture")
     assert "holds another architecture" in refused.output
     assert "Traceback" not in refused.output
     # The trace accumulates over the three runs: the refused one trained nothing.

@@ -17,7 +17,7 @@ from torch import nn
 
 from ..errors import ConfigError, UnsafeCheckpointError, first_line, name_list
 from ..parallel.distributed import WorldInfo, all_ranks
-from .layout import CONFIG_FILE
+from .layout import CONFIG_FILE, complete_checkpoints
 from .state import MODEL_KEY, checkpointed_tensors
 from .unpickle import saved_metadata
 
@@ -143,3 +143,21 @@ def check_candidates(
         else:
             usable.append((step, path))
     return usable, unreadable
+
+
+def resume_problems(root: Path, model: nn.Module, peft: PeftSpec | None = None) -> list[str]:
+    """What the ranks would refuse to resume, read once by the config check before torchrun.
+
+    The same reading as ``check_candidates`` without a process group: the
+    newest checkpoint whose metadata can be read decides (unreadable ones are
+    passed over there too). An unsafe one raises UnsafeCheckpointError.
+    """
+    for _, path in reversed(complete_checkpoints(root)):
+        try:
+            check_resumable(path, model, peft)
+        except _Unreadable:
+            continue
+        except ConfigError as e:
+            return list(e.lines)
+        return []
+    return []
