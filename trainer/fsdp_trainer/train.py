@@ -252,6 +252,7 @@ class Trainer:
         accum = cfg.training.grad_accum_steps
         self.tokens_per_rank_step = cfg.training.micro_batch_size * self.seq_len * accum
         self.step = 0
+        self.first_step = 1  # the step this process trains first (after a resume: the one after it)
         log.info(
             "model: %s (%s), %.1fM parameters%s, seq_len %d, global batch %d sequences",
             cfg.model.source(),
@@ -312,6 +313,7 @@ class Trainer:
         max_steps = cfg.training.max_steps
         eval_every = cfg.training.eval_interval_steps
         first = True
+        self.first_step = self.step + 1
         while self.step < max_steps:
             self.step += 1
             # The first step after a start also builds caches, compiles, warms up the collectives.
@@ -394,7 +396,7 @@ class Trainer:
         loss_value = loss_total / self.world.world_size
         tokens = self.tokens_per_rank_step * self.dp_size
         if not math.isfinite(loss_value):
-            raise FloatingPointError(f"loss is {loss_value} at step {step}; stopping (lower training.learningRate?)")
+            raise FloatingPointError(self._non_finite_loss(loss_value, step))
         stats = StepStats(
             step=step,
             loss=loss_value,
@@ -406,6 +408,16 @@ class Trainer:
             trained_tokens=round(trained_value[0]) if trained_value else tokens,
         )
         return stats, samples, stop_votes > 0
+
+    def _non_finite_loss(self, loss_value: float, step: int) -> str:
+        """Why training stops on a NaN/inf loss; the first step of a run was computed before any update."""
+        if step == self.first_step:
+            return (
+                f"loss is {loss_value} at step {step}, before this run's first update: the model as loaded or "
+                "initialised gives it, not the learning rate (non-finite weights in the checkpoint, or state "
+                "the architecture computes that did not survive the meta-device build); stopping"
+            )
+        return f"loss is {loss_value} at step {step}; stopping (lower training.learningRate?)"
 
     def _loss_divisor(self, batches: list[Batch]) -> tuple[float | torch.Tensor, torch.Tensor | None]:
         """What each micro-batch's token-loss sum is divided by; and the global trained tokens (None: all).

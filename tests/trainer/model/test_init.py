@@ -159,3 +159,25 @@ def test_reset_buffers_restores_what_init_computes(model_type: str) -> None:
     assert any("mup_vector" in n for n in got) == (model_type == "falcon_h1")
     for name, value in want.items():
         torch.testing.assert_close(got[name], value, msg=f"{model_type}: {name} not recomputed")
+
+
+def test_a_non_finite_first_loss_blames_the_model_not_the_learning_rate(
+    tmp_path: Path, inputs: dict[str, Path]
+) -> None:
+    """The first step's loss comes before any update: a NaN there is the weights' (issue 24: falcon_h1's
+    garbage buffer stopped with "lower training.learningRate?")."""
+    from safetensors.torch import load_file, save_file
+
+    from tests.trainer.harness import launch
+    from tests.trainer.model.architectures import build_checkpoint
+
+    model = build_checkpoint("llama", tmp_path / "nan-model", inputs["tokenizer"])
+    tensors = load_file(model / "model.safetensors")
+    tensors["model.norm.weight"][0] = float("nan")
+    save_file(tensors, model / "model.safetensors", metadata={"format": "pt"})
+    cfg = base_config(tmp_path / "first", inputs["aligned"], inputs["tokenizer"], training={"maxSteps": 3})
+    cfg["model"] = {"pretrained": str(model)}
+    first = launch(tmp_path / "first", cfg, nproc=None)
+    assert first.returncode != 0
+    assert "loss is nan at step 1, before this run's first update: the model as loaded or initialised" in first.output
+    assert "learningRate" not in first.output
