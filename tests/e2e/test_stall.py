@@ -74,10 +74,9 @@ def gone_after(operator: WholeCluster, ns: str) -> Iterator[None]:
     operator.kubectl("delete", "pods", "--all", "-n", ns, "--grace-period=0", "--force", check=False)
 
 
-# Known open bug (issue 23): after the stall restart the re-created pods sometimes never
-# rendezvous and the training stays Running at the hung step; seen again in the first
-# two-worker run after the node agent's DNS fix. Not strict: it passes when they do.
-@pytest.mark.xfail(reason="stall restart: re-created pods sometimes never rendezvous (issue 23, open)", strict=False)
+# After the stall restart the re-created pods sometimes never rendezvoused (issue 23): the
+# rendezvous host's TCPStore (bound *:29400 in C++) shared the port with another pod's on
+# this one machine; node_agent/bind_shim.py gives each pod its own, as its own network would.
 @pytest.mark.usefixtures("gone_after")
 def test_a_hung_rank_is_flagged_stalled_restarted_and_resumes(operator: WholeCluster, ns: str) -> None:
     whole, name, max_steps, interval, hang_at = operator, "hang", 40, 10, 18
