@@ -59,10 +59,13 @@ COPY README.md ./
 COPY api/ api/
 COPY trainer/ trainer/
 # One distribution holds both sides' console scripts: the operator's goes,
-# this image does not carry its package.
+# this image does not carry its package. The embedded corpus is rendered
+# once, into the venv: a pod's HOME is an empty volume, so a user cache alone
+# made every process of every pod render it again.
 # hadolint ignore=DL3013
 RUN pip install --no-cache-dir --no-deps '.[trainer]' \
- && rm /opt/venv/bin/fsdp-operator
+ && rm /opt/venv/bin/fsdp-operator \
+ && python -m fsdp_trainer.data.corpus
 
 FROM ${CUDA_BASE} AS trainer
 ARG DEBIAN_FRONTEND=noninteractive

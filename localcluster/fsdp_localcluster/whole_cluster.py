@@ -25,9 +25,11 @@ from .apiserver import TestCluster
 from .control_plane import ControlPlane
 from .images import LOCAL_IMAGE_PATTERN
 from .node_agent import NodeAgent, NodeSpec, karpenter_node
+from .node_agent.client import KubeAPI
 from .node_agent.containers import image_mode_available
 from .operator_install import OPERATOR_ENTRYPOINT, OPERATOR_NAMESPACE, install_operator
 from .prometheus import PrometheusServer
+from .resources import Resources
 from .wait import wait_for
 
 Obj = dict[str, Any]
@@ -88,6 +90,7 @@ class WholeCluster:
         self.nodes = list(nodes or default_nodes())
         self.echo_logs = echo_logs
         self.agent: NodeAgent | None = None
+        self._resources: Resources | None = None
         self.timings: dict[str, float] = {}
 
     # --- lifecycle -------------------------------------------------------------
@@ -119,6 +122,7 @@ class WholeCluster:
         return self
 
     def stop(self) -> None:
+        self._resources = None
         if self.agent is not None:
             self.agent.stop()
             self.agent = None
@@ -141,19 +145,20 @@ class WholeCluster:
     def kubectl(self, *args: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
         return self.cluster.kubectl(*args, **kwargs)
 
+    @property
+    def resources(self) -> Resources:
+        """Objects by kubectl's resource names, over one keep-alive connection (the tests poll with it)."""
+        if self._resources is None:
+            self._resources = Resources(KubeAPI(self.cluster.kubeconfig, self.cluster.workdir / "test-client"))
+        return self._resources
+
     def get(self, kind: str, name: str, namespace: str | None = None) -> Obj | None:
         """One object as a dict, or None when it does not exist."""
-        ns = [f"--namespace={namespace}"] if namespace else []
-        res = self.kubectl("get", kind, name, *ns, "-o", "json", "--ignore-not-found", check=False)
-        if res.returncode != 0:
-            raise RuntimeError(res.stderr)
-        return json.loads(res.stdout) if res.stdout.strip() else None
+        return self.resources.get(kind, name, namespace)
 
     def list(self, kind: str, namespace: str | None = None, selector: str | None = None) -> list[Obj]:
-        args = [f"--namespace={namespace}"] if namespace else ["--all-namespaces"]
-        if selector:
-            args.append(f"--selector={selector}")
-        return list(json.loads(self.kubectl("get", kind, *args, "-o", "json").stdout)["items"])
+        """Every object of a kind, in a namespace or (None) in all of them."""
+        return self.resources.list(kind, namespace, selector)
 
     def _nodes_ready(self, names: Sequence[str]) -> bool:
         ready = {

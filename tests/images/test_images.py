@@ -68,7 +68,7 @@ class TrainerPod:
             path.chmod(0o777)  # emptyDirs and the claim, writable by the pod's uid as on a node
             volumes[v["name"]] = path
         (volumes["config"] / "train.yaml").write_text(config)
-        self.checkpoints = volumes["checkpoints"]
+        self.checkpoints, self.home = volumes["checkpoints"], volumes["home"]
         self.name = f"image-test-{os.getpid()}-{int(time.monotonic() * 1000)}"
         pod_name = f"{container['env'][0]['value']}-worker-0"
         self.launch = ContainerLaunch(
@@ -149,6 +149,8 @@ def test_trainer_image_trains_as_the_rendered_pod_and_checkpoints(runtime: Path,
     assert [int(s) for s in STEP.findall(pod.output())][-1] == 20
     owners = {p.stat().st_uid for p in pod.checkpoints.rglob("*")}
     assert owners == {1000}, owners
+    # The check and the rank read the corpus the image carries: none rendered it into the pod's HOME.
+    assert not list(pod.home.rglob("corpus-*.json")), sorted(pod.home.rglob("*"))
 
 
 def test_sigterm_to_the_container_saves_a_checkpoint_and_exits_143(runtime: Path, trainer_root: Path) -> None:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import sys
+from pathlib import Path
 
+import pytest
 from fsdp_trainer.data.corpus import build_documents_cleanly, embedded_documents
 from fsdp_trainer.data.tokenizer import ASSET_DIR, EMBEDDED_VOCAB_SIZE, build_bpe_tokenizer
 
@@ -38,3 +41,53 @@ def test_bpe_builder_learns_a_vocabulary() -> None:
     text = docs[3][:300]
     assert tok.decode(tok(text)["input_ids"]) == text  # byte-level: lossless
     assert len(tok(text)["input_ids"]) < len(text.encode()) / 2
+
+
+def test_a_fresh_home_reads_the_environments_corpus_instead_of_rendering_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pod's HOME is an empty volume: the copy beside the venv (or image) spares each process a render."""
+    from fsdp_trainer.data import corpus
+
+    renders: list[int] = []
+
+    def render() -> list[str]:
+        renders.append(1)
+        return ["a document"]
+
+    monkeypatch.setattr(corpus, "build_documents_cleanly", render)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setattr(sys, "prefix", str(tmp_path / "venv"))
+    monkeypatch.setattr(sys, "base_prefix", "/usr")
+    monkeypatch.setenv("HOME", str(tmp_path / "pod-1"))
+    assert corpus.embedded_documents() == ["a document"] and len(renders) == 1
+    (written,) = (tmp_path / "venv" / "share" / "fsdp-k8s").glob("corpus-*.json")
+    # A venv made before this copy existed, with the user cache's: that one is copied beside the venv.
+    (tmp_path / "pod-1" / ".cache").mkdir(parents=True)
+    written.parent.rename(tmp_path / "pod-1" / ".cache" / "fsdp-k8s")
+    assert corpus.embedded_documents() == ["a document"] and len(renders) == 1 and written.exists()
+    assert oct(written.stat().st_mode & 0o777) == "0o644"  # readable by a pod's non-root user
+
+    monkeypatch.setenv("HOME", str(tmp_path / "pod-2"))  # the next pod: another empty HOME
+    assert corpus.embedded_documents() == ["a document"] and len(renders) == 1
+    assert not (tmp_path / "pod-2").exists()
+
+    # Outside a virtual environment nothing is written beside the interpreter: the user cache only.
+    monkeypatch.setattr(sys, "prefix", str(tmp_path / "system"))
+    monkeypatch.setattr(sys, "base_prefix", str(tmp_path / "system"))
+    assert corpus.embedded_documents() == ["a document"] and len(renders) == 2
+    assert not (tmp_path / "system").exists()
+    assert list((tmp_path / "pod-2" / ".cache" / "fsdp-k8s").glob("corpus-*.json"))
+
+
+def test_install_writes_the_environments_copy_or_says_why_not(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fsdp_trainer.data import corpus
+
+    monkeypatch.setattr(corpus, "build_documents_cleanly", lambda: ["a document"])
+    monkeypatch.setattr(sys, "prefix", str(tmp_path / "venv"))
+    assert json.loads(corpus.install().read_text()) == ["a document"]
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    monkeypatch.setattr(sys, "prefix", str(blocked))  # share/ cannot be made below a file
+    with pytest.raises(SystemExit, match=r"fsdp-train: cannot write the embedded corpus to .*/file/share/fsdp-k8s/"):
+        corpus.install()

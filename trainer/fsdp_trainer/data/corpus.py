@@ -106,32 +106,67 @@ def build_documents_cleanly() -> list[str]:
     return json.loads(out.stdout)
 
 
-def _cache_file() -> Path:
-    # Keyed by the interpreter (the source of the text) and by this module's
-    # own source (the rules that cut it), so a change of either rebuilds it.
+def _cache_files() -> list[Path]:
+    """Where the rendered corpus may be kept, first found first read.
+
+    Keyed by the interpreter (the source of the text) and by this module's
+    own source (the rules that cut it), so a change of either rebuilds it.
+    First the environment's own copy (``<prefix>/share/fsdp-k8s``, written
+    when the image or the virtual environment is built): a pod's HOME is a
+    fresh emptyDir, so a user cache alone made the config check and every
+    rank of every pod render it again, about 2 s each before training.
+    """
     key = hashlib.sha256((sys.version + Path(__file__).read_text()).encode()).hexdigest()[:16]
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fsdp-k8s"
-    return base / f"corpus-{key}.json"
+    name = f"corpus-{key}.json"
+    user = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fsdp-k8s"
+    return [Path(sys.prefix) / "share" / "fsdp-k8s" / name, user / name]
+
+
+def _write(path: Path, docs: list[str]) -> bool:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".tmp-")
+        with os.fdopen(fd, "w") as f:
+            json.dump(docs, f)
+        os.chmod(tmp, 0o644)  # an image's copy is written by root and read by the pod's user
+        os.replace(tmp, path)
+        return True
+    except OSError:
+        return False  # a read-only place only costs the rebuild next time
 
 
 def embedded_documents() -> list[str]:
     """The corpus as documents, in a fixed order.
 
     Rendering the pydoc pages takes seconds, so the result is cached; every
-    rank of a launch reads the same file (or builds an identical one).
+    rank of a launch reads the same file (or builds an identical one). A
+    virtual environment keeps its own copy (the local cluster's pods run from
+    this one); any other install writes to the user cache only.
     """
-    cache = _cache_file()
-    try:
-        return json.loads(cache.read_text())
-    except (OSError, ValueError):
-        pass
+    places = _cache_files()
+    in_venv = sys.prefix != sys.base_prefix
+    for i, place in enumerate(places):
+        try:
+            docs = json.loads(place.read_text())
+        except (OSError, ValueError):
+            continue
+        if i > 0 and in_venv:
+            _write(places[0], docs)  # a venv made before the environment's copy existed
+        return docs
     docs = build_documents_cleanly()
-    try:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=cache.parent, prefix=cache.name + ".tmp-")
-        with os.fdopen(fd, "w") as f:
-            json.dump(docs, f)
-        os.replace(tmp, cache)
-    except OSError:
-        pass  # a read-only home only costs the rebuild next time
+    for place in places if in_venv else places[1:]:
+        if _write(place, docs):
+            break
     return docs
+
+
+def install() -> Path:
+    """Render the corpus into the environment, so that no process renders it at start (image builds)."""
+    place = _cache_files()[0]
+    if not _write(place, build_documents_cleanly()):
+        raise SystemExit(f"fsdp-train: cannot write the embedded corpus to {place}")
+    return place
+
+
+if __name__ == "__main__":
+    print(f"embedded corpus written to {install()}")
