@@ -83,6 +83,18 @@ def test_explicit_head_dim_sets_the_attention_width() -> None:
     assert shape_of(build_meta_model(config)).attention_width == 4 * 16
 
 
+def test_an_attention_free_model_counts_its_matmuls_and_no_attention_term() -> None:
+    """Mamba has no num_attention_heads: the trainer stopped at start with an AttributeError (the sweep found it)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.for_model("mamba", vocab_size=256, hidden_size=32, num_hidden_layers=2, state_size=4)
+    model = build_meta_model(config)
+    shape = shape_of(model)
+    assert shape.attention_width == 0
+    assert shape.flops_per_token(64) == shape.flops_per_token(4096) == 6 * shape.matmul_params
+    assert shape.matmul_params == sum(p.numel() for p in model.parameters())  # tied: the table is the head
+
+
 def test_attention_term_grows_with_sequence_length() -> None:
     shape = _shape("llama3.2-1b")
     assert shape.flops_per_token(4096) - shape.flops_per_token(2048) == 12 * 16 * 2048 * 2048

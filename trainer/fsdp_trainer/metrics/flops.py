@@ -89,9 +89,10 @@ def shape_of(model: nn.Module) -> FlopsShape:
         matmul += param.numel() * share
         if not param.requires_grad:
             frozen += param.numel() * share
-    heads = config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    return FlopsShape(round(matmul), config.num_hidden_layers, heads * head_dim, round(frozen))
+    # A state-space model (mamba, rwkv) has no attention heads: no score/value term, only its matmuls.
+    heads = getattr(config, "num_attention_heads", None) or 0
+    head_dim = (getattr(config, "head_dim", None) or config.hidden_size // heads) if heads else 0
+    return FlopsShape(round(matmul), getattr(config, "num_hidden_layers", 0), heads * head_dim, round(frozen))
 
 
 @dataclass(frozen=True)
