@@ -55,17 +55,20 @@ COPY pyproject.toml ./
 # cannot see them behind the extra).
 # hadolint ignore=DL3013
 RUN touch README.md && pip install --no-cache-dir '.[trainer]'
+# The project itself goes to /opt/fsdp, outside the venv, which finds it
+# through a .pth file: the venv (GBs) then stays byte-identical across source
+# edits, so the runtime stage's copy of it is cached too, and an edit rebuilds
+# a layer of a few MB instead of copying the venv again (about 9 minutes
+# here). One distribution holds both sides' console scripts: the operator's
+# goes, this image does not carry its package.
+RUN python -c "__import__('pathlib').Path(__import__('sysconfig').get_path('purelib'), 'fsdp-k8s.pth').write_text('/opt/fsdp')" \
+ && rm /opt/venv/bin/fsdp-operator
 COPY README.md ./
 COPY api/ api/
 COPY trainer/ trainer/
-# One distribution holds both sides' console scripts: the operator's goes,
-# this image does not carry its package. The embedded corpus is rendered
-# once, into the venv: a pod's HOME is an empty volume, so a user cache alone
-# made every process of every pod render it again.
 # hadolint ignore=DL3013
-RUN pip install --no-cache-dir --no-deps '.[trainer]' \
- && rm /opt/venv/bin/fsdp-operator \
- && python -m fsdp_trainer.data.corpus
+RUN pip install --no-cache-dir --no-deps --target /opt/fsdp '.[trainer]' \
+ && rm -rf /opt/fsdp/bin
 
 FROM ${CUDA_BASE} AS trainer
 ARG DEBIAN_FRONTEND=noninteractive
@@ -95,12 +98,17 @@ RUN (userdel --remove ubuntu 2>/dev/null || true) \
  && groupadd --gid 1000 trainer \
  && useradd --uid 1000 --gid 1000 --home-dir /home/trainer --create-home --shell /usr/sbin/nologin trainer
 COPY --from=trainer-build /opt/venv /opt/venv
+COPY --from=trainer-build /opt/fsdp /opt/fsdp
 ENV PATH=/opt/venv/bin:/opt/amazon/efa/bin:$PATH \
     LD_LIBRARY_PATH=/opt/amazon/ofi-nccl/lib/x86_64-linux-gnu:/opt/amazon/ofi-nccl/lib:/opt/amazon/efa/lib \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     HOME=/home/trainer \
     HF_HOME=/home/trainer/.cache/huggingface
+# The embedded corpus, rendered once into the venv: a pod's HOME is an empty
+# volume, so a user cache alone made every process of every pod render it
+# again (about 2 s each before training).
+RUN python -m fsdp_trainer.data.corpus
 USER 1000:1000
 WORKDIR /home/trainer
 # The PyTorchJob sets command [python] with the config check and the torchrun

@@ -80,7 +80,10 @@ def pip_install_targets(stage: Stage) -> list[str]:
         for command in re.split(r"&&|;", run):
             words = shlex.split(command)
             if words[:2] == ["pip", "install"] or words[1:3] == ["pip", "install"]:
-                targets += [w for w in words[2:] if not w.startswith("-") and w != "pip"]
+                args = words[words.index("install") + 1 :]
+                # An option's value (--target DIR) is not a target.
+                values = {i + 1 for i, w in enumerate(args) if w in ("--target", "-t")}
+                targets += [w for i, w in enumerate(args) if not w.startswith("-") and i not in values]
     return targets
 
 

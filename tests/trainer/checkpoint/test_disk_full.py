@@ -58,18 +58,35 @@ def _digests(directory: Path) -> dict[str, str]:
     }
 
 
+def _config(work: Path, inputs: dict[str, Path], **checkpoint: object) -> dict:
+    checkpoint = {"intervalSteps": 2, "keepLast": 1, **checkpoint}
+    return base_config(
+        work, inputs["ragged"], inputs["tokenizer"], training={"maxSteps": 2, "warmupSteps": 1}, checkpoint=checkpoint
+    )
+
+
+@pytest.fixture(scope="module")
+def two_steps(tmp_path_factory: pytest.TempPathFactory, inputs: dict[str, Path]) -> Path:
+    """One 2-rank run to a checkpoint of step 2, which each test copies and resumes (a launch less each)."""
+    work = tmp_path_factory.mktemp("disk-full") / "run"
+    launch(work, _config(work, inputs)).check()
+    return work
+
+
+def _copy_run(src: Path, work: Path, checkpoints: Path | None = None) -> None:
+    shutil.copytree(src, work, ignore=shutil.ignore_patterns("checkpoints"))
+    shutil.copytree(src / "checkpoints", checkpoints or work / "checkpoints")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
 def test_a_full_volume_is_one_line_and_keeps_the_older_checkpoints(
-    tmp_path: Path, inputs: dict[str, Path], async_save: bool
+    tmp_path: Path, inputs: dict[str, Path], async_save: bool, two_steps: Path
 ) -> None:
     work = tmp_path / "run"
     root = work / "checkpoints"
-    checkpoint = {"intervalSteps": 2, "keepLast": 1, "asyncSave": async_save}
-    cfg = base_config(
-        work, inputs["ragged"], inputs["tokenizer"], training={"maxSteps": 2, "warmupSteps": 1}, checkpoint=checkpoint
-    )
-    launch(work, cfg).check()
+    cfg = _config(work, inputs, asyncSave=async_save)
+    _copy_run(two_steps, work)
     older = root / step_dir_name(2)
     before = _digests(older)
     assert before and "COMPLETE" in before
@@ -124,20 +141,14 @@ def small_volume(tmp_path: Path) -> Iterator[Path]:
 
 @pytest.mark.slow
 def test_a_really_full_volume_is_the_same_one_line_and_gives_its_space_back(
-    tmp_path: Path, inputs: dict[str, Path], small_volume: Path
+    tmp_path: Path, inputs: dict[str, Path], small_volume: Path, two_steps: Path
 ) -> None:
     """On a real full filesystem DCP's writer fails with torch's RuntimeError ("unexpected pos"), not an
     OSError (issue 24, 6): before, that was a 200-line crash, and the partial save kept the space."""
     work = tmp_path / "run"
     root = small_volume / "checkpoints"
-    cfg = base_config(
-        work,
-        inputs["ragged"],
-        inputs["tokenizer"],
-        training={"maxSteps": 2, "warmupSteps": 1},
-        checkpoint={"dir": str(root), "intervalSteps": 2, "keepLast": 1},
-    )
-    launch(work, cfg).check()
+    cfg = _config(work, inputs, dir=str(root))
+    _copy_run(two_steps, work, root)
     older = root / step_dir_name(2)
     before = _digests(older)
     # Fill the volume but for 1 KiB: the save of step 4 fails in its first file, a rank file that

@@ -252,9 +252,23 @@ def test_when_no_checkpoint_loads_the_run_stops_and_renames_nothing(tmp_path: Pa
     assert sorted(p.name for p in ckpt_dir.iterdir()) == ["step-00000002", "step-00000004"]
 
 
+@pytest.fixture(scope="module")
+def four_steps(tmp_path_factory: pytest.TempPathFactory, inputs: dict[str, Path]) -> Path:
+    """One single-process run to a checkpoint of step 4, which each test copies (a launch less each)."""
+    work = tmp_path_factory.mktemp("four-steps") / "run"
+    launch(work, _four_step_config(work, inputs), nproc=None).check()
+    return work
+
+
+def _four_step_config(work: Path, inputs: dict[str, Path]) -> dict[str, Any]:
+    return base_config(
+        work, inputs["ragged"], inputs["tokenizer"], training={"maxSteps": 4}, checkpoint={"intervalSteps": 4}
+    )
+
+
 @pytest.mark.parametrize("where", [".metadata", "train.step"])
 def test_a_crafted_checkpoint_stops_resume_and_export_without_running_it(
-    tmp_path: Path, inputs: dict[str, Path], where: str
+    tmp_path: Path, inputs: dict[str, Path], where: str, four_steps: Path
 ) -> None:
     """Whoever can write the checkpoint volume cannot run code in the ranks or in export (issue 24, 1).
 
@@ -265,10 +279,8 @@ def test_a_crafted_checkpoint_stops_resume_and_export_without_running_it(
     from tests.trainer.checkpoint.crafted import plant_in_item, plant_in_metadata
 
     work = tmp_path / "run"
-    cfg = base_config(
-        work, inputs["ragged"], inputs["tokenizer"], training={"maxSteps": 4}, checkpoint={"intervalSteps": 4}
-    )
-    launch(work, cfg, nproc=None).check()
+    cfg = _four_step_config(work, inputs)
+    shutil.copytree(four_steps, work)
     ckpt = work / "checkpoints" / "step-00000004"
     marker = tmp_path / "pwned"
     if where == ".metadata":
@@ -293,7 +305,7 @@ def test_a_crafted_checkpoint_stops_resume_and_export_without_running_it(
 
 
 def test_a_checkpoint_dir_of_another_run_is_refused_in_one_line_and_left_alone(
-    tmp_path: Path, inputs: dict[str, Path]
+    tmp_path: Path, inputs: dict[str, Path], four_steps: Path
 ) -> None:
     """Two trainings in one directory, or resume: never over a used one, mixed runs (issue 24, 4 and 5).
 
@@ -301,10 +313,8 @@ def test_a_checkpoint_dir_of_another_run_is_refused_in_one_line_and_left_alone(
     trained from step 0 beside the old checkpoints and pruning by step number deleted the new ones.
     """
     work = tmp_path / "run"
-    cfg = base_config(
-        work, inputs["ragged"], inputs["tokenizer"], training={"maxSteps": 4}, checkpoint={"intervalSteps": 4}
-    )
-    launch(work, cfg, nproc=None).check()
+    cfg = _four_step_config(work, inputs)
+    shutil.copytree(four_steps, work)
     ckpt_dir = work / "checkpoints"
     before = {p.relative_to(ckpt_dir): p.read_bytes() for p in ckpt_dir.rglob("*") if p.is_file()}
     held = f"checkpoint.dir: {ckpt_dir} already holds 1 checkpoint(s), the newest of step 4"
