@@ -91,3 +91,19 @@ def test_install_writes_the_environments_copy_or_says_why_not(tmp_path: Path, mo
     monkeypatch.setattr(sys, "prefix", str(blocked))  # share/ cannot be made below a file
     with pytest.raises(SystemExit, match=r"fsdp-train: cannot write the embedded corpus to .*/file/share/fsdp-k8s/"):
         corpus.install()
+
+
+def test_the_image_builds_command_renders_the_corpus_beside_the_environment() -> None:
+    """What the Dockerfile runs (``python -m fsdp_trainer.data.corpus``); it failed there once: its fresh
+    interpreter was told to import ``__main__``."""
+    import subprocess
+
+    from fsdp_trainer.data import corpus
+
+    out = subprocess.run(
+        [sys.executable, "-m", "fsdp_trainer.data.corpus"], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    place = corpus._cache_files()[0]
+    assert out.stdout.strip() == f"embedded corpus written to {place}"
+    assert json.loads(place.read_text()) == corpus.build_documents_cleanly()

@@ -100,7 +100,8 @@ def build_documents_cleanly() -> list[str]:
     some appear only after use (``copy``/``pickle`` add ``__slotnames__``), so
     rendering inside a process that has done other things is not reproducible.
     """
-    code = f"import json, sys; from {__name__} import build_documents; json.dump(build_documents(), sys.stdout)"
+    module = __spec__.name if __spec__ else __name__  # not "__main__" under ``python -m``
+    code = f"import json, sys; from {module} import build_documents; json.dump(build_documents(), sys.stdout)"
     env = {**os.environ, "PYTHONHASHSEED": "0"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
     return json.loads(out.stdout)
