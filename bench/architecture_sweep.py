@@ -30,8 +30,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -209,21 +210,31 @@ def main() -> int:
     # Build and check here, one type after another (transformers' imports are not thread-safe);
     # the torchrun launches, which are separate processes, run in parallel.
     results: list[Result] = []
+
+    lock = threading.Lock()  # results come from the main thread and from the pool's callbacks
+
+    def report(result: Result) -> None:
+        """Each result as it comes, on stdout and in --out (a sweep cut short keeps what it found)."""
+        with lock:
+            results.append(result)
+            print(f"{result.model_type}: {result.outcome}: {result.detail}", flush=True)
+            if args.out:
+                args.out.write_text(json.dumps([asdict(r) for r in results], indent=1))
+
+    def finish(result: Result, future: Future) -> None:
+        (result.outcome, result.detail), seconds = future.result()
+        result.seconds += seconds
+        shutil.rmtree(workdir / result.model_type, ignore_errors=True)
+        report(result)
+
     with ThreadPoolExecutor(args.jobs) as pool:
-        pending = []
         for t in types:
             result, config = build_and_check(t, workdir / t)
             if config is None:
-                results.append(result)
-                print(f"{t}: {result.outcome}: {result.detail}", flush=True)
+                report(result)
             else:
-                pending.append((result, pool.submit(timed, train_and_export, workdir / t, config, args.timeout)))
-        for result, future in pending:
-            (result.outcome, result.detail), seconds = future.result()
-            result.seconds += seconds
-            shutil.rmtree(workdir / result.model_type, ignore_errors=True)
-            results.append(result)
-            print(f"{result.model_type}: {result.outcome}: {result.detail}", flush=True)
+                future = pool.submit(timed, train_and_export, workdir / t, config, args.timeout)
+                future.add_done_callback(lambda f, r=result: finish(r, f))
     results.sort(key=lambda r: r.model_type)
     print("\n| model type | result | parameters | detail |\n| --- | --- | ---: | --- |")
     for r in results:
