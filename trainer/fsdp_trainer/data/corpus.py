@@ -114,8 +114,8 @@ def _cache_files() -> list[Path]:
     own source (the rules that cut it), so a change of either rebuilds it.
     First the environment's own copy (``<prefix>/share/fsdp-k8s``, written
     when the image or the virtual environment is built): a pod's HOME is a
-    fresh emptyDir, so a user cache alone made the config check and every
-    rank of every pod render it again, about 2 s each before training.
+    fresh emptyDir, so a user cache alone made every rank of every pod that
+    trains on the corpus render it again, about 2 s each before training.
     """
     key = hashlib.sha256((sys.version + Path(__file__).read_text()).encode()).hexdigest()[:16]
     name = f"corpus-{key}.json"
