@@ -241,7 +241,8 @@ def main() -> int:
         print(f"| `{r.model_type}` | {r.outcome} | {r.params:,} | {r.detail.replace('|', '/')} |")
     counts = {k: sum(r.outcome == k for r in results) for k in ("trains", "refused", "fails", "not built")}
     built = len(results) - counts["not built"]
-    print(f"\n{counts['trains']} of {built} built types train ({len(results)} mapped); {counts}")
+    tried = f"{len(results)} tried of {len(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)} mapped"
+    print(f"\n{counts['trains']} of {built} built types train ({tried}); {counts}")
     if args.out:
         args.out.write_text(json.dumps([asdict(r) for r in results], indent=1))
     shutil.rmtree(workdir, ignore_errors=True)
