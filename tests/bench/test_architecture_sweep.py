@@ -1,0 +1,47 @@
+"""`bench/architecture_sweep.py`'s own logic: tiny configs and the error line it keeps (the sweep is not in CI)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "architecture_sweep.py"
+
+
+def _sweep() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("architecture_sweep", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_tiny_configs_shrink_whatever_names_a_family_uses() -> None:
+    sweep = _sweep()
+    llama = sweep.tiny_config("llama")
+    assert (llama.hidden_size, llama.num_hidden_layers, llama.num_attention_heads, llama.vocab_size) == (64, 2, 4, 4160)
+    gpt2 = sweep.tiny_config("gpt2")  # n_embd, n_layer, n_head
+    assert (gpt2.n_embd, gpt2.n_layer, gpt2.n_head, gpt2.n_positions) == (64, 2, 4, 128)
+    mixtral = sweep.tiny_config("mixtral")
+    assert (mixtral.num_local_experts, mixtral.num_experts_per_tok) == (4, 2)
+    # Derived fields follow: the config's own __init__ ran with the small numbers.
+    gemma2 = sweep.tiny_config("gemma2")
+    assert len(gemma2.layer_types) == gemma2.num_hidden_layers == 2
+
+
+def test_the_kept_error_is_the_ranks_not_torchruns() -> None:
+    sweep = _sweep()
+    output = "\n".join(
+        [
+            "[rank1]: Traceback (most recent call last):",
+            "[rank1]: AttributeError: 'MambaConfig' object has no attribute 'num_attention_heads'",
+            "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:",
+        ]
+    )
+    rank_error = "[rank1]: AttributeError: 'MambaConfig' object has no attribute 'num_attention_heads'"
+    assert sweep.last_error(output) == rank_error
+    refused = "noise\nfsdp-train: model: cannot find the decoder layers of X\nChildFailedError: y"
+    assert sweep.last_error(refused) == "fsdp-train: model: cannot find the decoder layers of X"
