@@ -382,3 +382,35 @@ def test_image_mode_without_a_read_only_root_or_user_leaves_the_images_own() -> 
     ).argv(Path("/r"))
     assert "--read-only" not in argv and "--user" not in argv and "--entrypoint" not in argv
     assert argv[-1] == "img" and "--workdir" in argv
+
+
+def test_a_pod_deleted_while_the_watch_reconnects_is_stopped_without_a_deadlock() -> None:
+    """The relist after a watch ends found a pod gone and called _on_delete under the lock it takes:
+    the agent hung, and every test after it waited on that lock (seen in a full run, 2026-11-26)."""
+    import threading
+
+    from fsdp_localcluster.node_agent.agent import NodeAgent
+
+    stopped: list[str] = []
+
+    class Worker:
+        def mark_gone(self) -> None:
+            stopped.append("gone")
+
+    class Api:
+        def get(self, path: str) -> dict:
+            return {"items": [], "metadata": {"resourceVersion": "7"}}  # the pod is gone
+
+        def watch(self, path: str, rv: str, stopping: threading.Event):
+            stopping.set()  # one relist is all this test needs
+            return iter(())
+
+    agent = object.__new__(NodeAgent)
+    agent.stopping, agent.api, agent._lock = threading.Event(), Api(), threading.Lock()
+    agent.pods = {"u1": {"metadata": {"uid": "u1", "name": "p", "namespace": "ns"}}}
+    agent.workers = {"u1": Worker()}
+    loop = threading.Thread(target=agent._watch_loop, daemon=True)
+    loop.start()
+    loop.join(10)
+    assert not loop.is_alive(), "the pod watch deadlocked on its own lock"
+    assert stopped == ["gone"] and agent.pods == {}

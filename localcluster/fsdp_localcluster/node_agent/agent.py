@@ -502,9 +502,12 @@ class NodeAgent:
                 listing = self.api.get("/api/v1/pods")
                 seen = {p["metadata"]["uid"]: p for p in listing["items"]}
                 with self._lock:
-                    for uid in set(self.pods) - set(seen):
-                        self._on_delete(self.pods[uid])
+                    gone = [self.pods[uid] for uid in set(self.pods) - set(seen)]
                     self.pods = {}
+                # Outside the lock, which _on_delete takes: a pod deleted while the watch was
+                # being re-established deadlocked the agent here (every later test waited on it).
+                for pod in gone:
+                    self._on_delete(pod)
                 for pod in seen.values():
                     self._on_pod(pod)
                 rv = listing["metadata"]["resourceVersion"]
