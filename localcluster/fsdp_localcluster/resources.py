@@ -10,10 +10,11 @@ short name, or ``<name>.<group>``, the core group first.
 from __future__ import annotations
 
 import threading
+import time
 import urllib.parse
 from typing import Any
 
-from .node_agent.client import KubeAPI
+from .node_agent.client import ApiError, KubeAPI
 
 Obj = dict[str, Any]
 
@@ -26,12 +27,24 @@ class Resources:
         self._lock = threading.Lock()
         self._known: dict[str, tuple[str, str, bool]] = {}  # name -> (group-version path, plural, namespaced)
 
+    def _get(self, path: str) -> Any:
+        """GET, retried while the server says 429 (a restarted API server's storage re-initializing),
+        as kubectl retries it: the next test otherwise failed on the previous one's restart."""
+        for _ in range(30):
+            try:
+                return self.api.get(path)
+            except ApiError as e:
+                if e.status != 429:
+                    raise
+                time.sleep(1)
+        return self.api.get(path)
+
     def _discover(self) -> None:
         docs = [("/api/v1", "")]
-        docs += [(f"/apis/{g['preferredVersion']['groupVersion']}", g["name"]) for g in self.api.get("/apis")["groups"]]
+        docs += [(f"/apis/{g['preferredVersion']['groupVersion']}", g["name"]) for g in self._get("/apis")["groups"]]
         known: dict[str, tuple[str, str, bool]] = {}
         for base, group in docs:
-            for r in self.api.get(base)["resources"]:
+            for r in self._get(base)["resources"]:
                 if "/" in r["name"]:  # a subresource (pods/log, .../status)
                     continue
                 target = (base, r["name"], bool(r["namespaced"]))
@@ -58,12 +71,17 @@ class Resources:
 
     def get(self, resource: str, name: str, namespace: str | None = None) -> Obj | None:
         path, _ = self._collection(resource, namespace)
-        return self.api.get_or_none(f"{path}/{urllib.parse.quote(name)}")
+        try:
+            return self._get(f"{path}/{urllib.parse.quote(name)}")
+        except ApiError as e:
+            if e.status == 404:
+                return None
+            raise
 
     def list(self, resource: str, namespace: str | None = None, selector: str | None = None) -> list[Obj]:
         path, version = self._collection(resource, namespace)
         query = f"?{urllib.parse.urlencode({'labelSelector': selector})}" if selector else ""
-        doc = self.api.get(path + query)
+        doc = self._get(path + query)
         kind = doc["kind"].removesuffix("List")
         # As kubectl prints a list: each item names its kind, which the API leaves to the list.
         return [{"apiVersion": version, "kind": kind, **item} for item in doc["items"]]
