@@ -2,21 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 
-SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "architecture_sweep.py"
+from tests.bench.scripts import load_bench_script
 
 
 def _sweep() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("architecture_sweep", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_bench_script("architecture_sweep")
 
 
 def test_tiny_configs_shrink_whatever_names_a_family_uses() -> None:

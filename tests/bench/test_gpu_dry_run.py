@@ -6,7 +6,6 @@ The GPU machine is lent rarely and briefly, so a break in the GPU path must show
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import re
 import subprocess
 import sys
@@ -14,6 +13,8 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+
+from tests.bench.scripts import load_bench_script
 
 SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "trainer_throughput.py"
 RATIO_LINE = re.compile(
@@ -26,12 +27,7 @@ TABLE_ROW = re.compile(
 
 
 def _bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("trainer_throughput", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_bench_script("trainer_throughput")
 
 
 def _args(**given: object) -> argparse.Namespace:

@@ -10,6 +10,8 @@ import pytest
 from fsdp_localcluster.apiserver import TestCluster
 from fsdp_localcluster.wait import wait_for
 
+from tests.cluster.crds import write_crd
+
 pytestmark = pytest.mark.cluster
 
 SHARED_CRDS = [
@@ -98,26 +100,8 @@ def test_extra_crd_with_cel_rules_installs(cluster: TestCluster, tmp_path: Path)
         },
         "x-kubernetes-validations": [{"rule": "self.min <= self.max", "message": "min must be <= max"}],
     }
-    crd = {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": "widgets.test.fsdp.dev"},
-        "spec": {
-            "group": "test.fsdp.dev",
-            "scope": "Namespaced",
-            "names": {"plural": "widgets", "singular": "widget", "kind": "Widget"},
-            "versions": [
-                {
-                    "name": "v1",
-                    "served": True,
-                    "storage": True,
-                    "schema": {"openAPIV3Schema": {"type": "object", "properties": {"spec": spec_schema}}},
-                }
-            ],
-        },
-    }
-    path = tmp_path / "widgets.json"
-    path.write_text(json.dumps(crd))
+    schema = {"type": "object", "properties": {"spec": spec_schema}}
+    path = write_crd(tmp_path, "test.fsdp.dev", "Widget", schema)
     assert cluster.install_crds(path) == ["widgets.test.fsdp.dev"]
     cluster.create_namespace("crd-extra")
 

@@ -11,6 +11,8 @@ from fsdp_localcluster.apiserver import TestCluster
 from fsdp_localcluster.node_agent.client import KubeAPI
 from fsdp_localcluster.resources import Resources
 
+from tests.cluster.crds import write_crd
+
 
 def kubectl_json(cluster: TestCluster, *args: str) -> Any:
     out = cluster.kubectl("get", *args, "-o", "json", "--ignore-not-found")
@@ -54,26 +56,8 @@ def test_names_resolve_as_kubectl_resolves_them(cluster: TestCluster, tmp_path: 
 def test_a_crd_installed_after_the_first_read_is_found(cluster: TestCluster, tmp_path: Path) -> None:
     res = Resources(KubeAPI(cluster.kubeconfig, tmp_path))
     assert res.list("namespaces")  # discovery read before the CRD exists
-    crd = {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": "gadgets.res.fsdp.dev"},
-        "spec": {
-            "group": "res.fsdp.dev",
-            "scope": "Namespaced",
-            "names": {"plural": "gadgets", "singular": "gadget", "kind": "Gadget", "shortNames": ["gd"]},
-            "versions": [
-                {
-                    "name": "v1",
-                    "served": True,
-                    "storage": True,
-                    "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
-                }
-            ],
-        },
-    }
-    path = tmp_path / "gadgets.json"
-    path.write_text(json.dumps(crd))
+    schema = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+    path = write_crd(tmp_path, "res.fsdp.dev", "Gadget", schema, short_names=("gd",))
     assert cluster.install_crds(path) == ["gadgets.res.fsdp.dev"]
     cluster.create_namespace("res-crd")
     cluster.apply({"apiVersion": "res.fsdp.dev/v1", "kind": "Gadget", "metadata": {"name": "g"}}, namespace="res-crd")
