@@ -105,10 +105,6 @@ ENV PATH=/opt/venv/bin:/opt/amazon/efa/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     HOME=/home/trainer \
     HF_HOME=/home/trainer/.cache/huggingface
-# The embedded corpus, rendered once into the venv: a pod's HOME is an empty
-# volume, so a user cache alone made every rank of every pod render it
-# again (about 2 s each before training).
-RUN python -m fsdp_trainer.data.corpus
 USER 1000:1000
 WORKDIR /home/trainer
 # The PyTorchJob sets command [python] with the config check and the torchrun

@@ -149,7 +149,7 @@ def test_trainer_image_trains_as_the_rendered_pod_and_checkpoints(runtime: Path,
     assert [int(s) for s in STEP.findall(pod.output())][-1] == 20
     owners = {p.stat().st_uid for p in pod.checkpoints.rglob("*")}
     assert owners == {1000}, owners
-    # The check and the rank read the corpus the image carries: none rendered it into the pod's HOME.
+    # The check and the rank read the corpus the package ships: nothing rendered it into the pod's HOME.
     assert not list(pod.home.rglob("corpus-*.json")), sorted(pod.home.rglob("*"))
 
 

@@ -11,17 +11,20 @@ steps on a CPU.
 Only the NAME/DESCRIPTION/CLASSES/FUNCTIONS sections of the module pages are
 kept: FILE and MODULE REFERENCE name local paths and versions, and DATA would
 print module globals, ``os.environ`` included. Memory addresses in reprs are
-removed so the text is identical on every run and every node. The text
-differs slightly between Python versions, which only matters for comparing
-runs across versions.
+removed. The text differs between Python versions, so it is rendered once
+(``python -m fsdp_trainer.data.corpus``) and shipped as
+``assets/corpus.json.xz``: every install, image and Python version trains on
+the same bytes, the ones the embedded tokenizer was learned from.
 """
 
 from __future__ import annotations
 
-import hashlib
+import functools
 import importlib
 import json
+import lzma
 import os
+import platform
 import pydoc
 import re
 import subprocess
@@ -45,6 +48,8 @@ ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 # Documents are cut at paragraph boundaries to about this many characters, so
 # the held-out validation slice (whole documents) is a fair sample.
 DOC_CHARS = 4000
+# Rendered once and shipped: see ``embedded_documents``.
+ASSET = Path(__file__).resolve().parent.parent / "assets" / "corpus.json.xz"
 
 
 def _split(text: str, limit: int = DOC_CHARS) -> list[str]:
@@ -107,67 +112,38 @@ def build_documents_cleanly() -> list[str]:
     return json.loads(out.stdout)
 
 
-def _cache_files() -> list[Path]:
-    """Where the rendered corpus may be kept, first found first read.
-
-    Keyed by the interpreter (the source of the text) and by this module's
-    own source (the rules that cut it), so a change of either rebuilds it.
-    First the environment's own copy (``<prefix>/share/fsdp-k8s``, written
-    when the image or the virtual environment is built): a pod's HOME is a
-    fresh emptyDir, so a user cache alone made every rank of every pod that
-    trains on the corpus render it again, about 2 s each before training.
-    """
-    key = hashlib.sha256((sys.version + Path(__file__).read_text()).encode()).hexdigest()[:16]
-    name = f"corpus-{key}.json"
-    user = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fsdp-k8s"
-    return [Path(sys.prefix) / "share" / "fsdp-k8s" / name, user / name]
-
-
-def _write(path: Path, docs: list[str]) -> bool:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".tmp-")
-        with os.fdopen(fd, "w") as f:
-            json.dump(docs, f)
-        os.chmod(tmp, 0o644)  # an image's copy is written by root and read by the pod's user
-        os.replace(tmp, path)
-        return True
-    except OSError:
-        return False  # a read-only place only costs the rebuild next time
+def write_asset(path: Path = ASSET) -> Path:
+    """Render the corpus with this interpreter and write it as the shipped asset (maintainers only)."""
+    record = {"rendered_with": f"Python {platform.python_version()}", "documents": build_documents_cleanly()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".tmp-")
+    with os.fdopen(fd, "wb") as f:
+        f.write(lzma.compress(json.dumps(record, indent=0).encode(), preset=9))
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+    return path
 
 
 def embedded_documents() -> list[str]:
-    """The corpus as documents, in a fixed order.
+    """The corpus as documents, in a fixed order: the shipped asset, never a render.
 
-    Rendering the pydoc pages takes seconds, so the result is cached; every
-    rank of a launch reads the same file (or builds an identical one). A
-    virtual environment keeps its own copy (the local cluster's pods run from
-    this one); any other install writes to the user cache only.
+    Read, not rendered, because pydoc's text changes with the Python version
+    (3.12 gives 490 documents where 3.11 gives 482, 477 of them different):
+    a pod on the image's Python would train on other text than ``make run``
+    on the host, and a resume after an image upgrade would land its data
+    position in another corpus.
     """
-    places = _cache_files()
-    in_venv = sys.prefix != sys.base_prefix
-    for i, place in enumerate(places):
-        try:
-            docs = json.loads(place.read_text())
-        except (OSError, ValueError):
-            continue
-        if i > 0 and in_venv:
-            _write(places[0], docs)  # a venv made before the environment's copy existed
-        return docs
-    docs = build_documents_cleanly()
-    for place in places if in_venv else places[1:]:
-        if _write(place, docs):
-            break
-    return docs
+    return list(_read_asset())
 
 
-def install() -> Path:
-    """Render the corpus into the environment, so that no process renders it at start (image builds)."""
-    place = _cache_files()[0]
-    if not _write(place, build_documents_cleanly()):
-        raise SystemExit(f"fsdp-train: cannot write the embedded corpus to {place}")
-    return place
+@functools.cache
+def _read_asset() -> tuple[str, ...]:
+    try:
+        return tuple(json.loads(lzma.decompress(ASSET.read_bytes()))["documents"])
+    except (OSError, ValueError, KeyError, lzma.LZMAError) as e:
+        raise SystemExit(f"fsdp-train: the embedded corpus {ASSET} cannot be read ({e}); reinstall fsdp-k8s") from None
 
 
 if __name__ == "__main__":
-    print(f"embedded corpus written to {install()}")
+    target = Path(sys.argv[1]) if len(sys.argv) > 1 else ASSET
+    print(f"embedded corpus rendered with Python {platform.python_version()} into {write_asset(target)}")
