@@ -159,3 +159,22 @@ HOST_RESOURCES: dict[str, HostResources] = {
         KARPENTER_INSTANCE_TYPES,
     ),
 }
+
+
+# --- EFA interfaces -----------------------------------------------------------------------
+
+# vpc.amazonaws.com/efa per instance type, as Karpenter's reference lists it (generated from
+# DescribeInstanceTypes' EfaInfo.MaximumEfaInterfaces; aws/karpenter-provider-aws
+# website/content/en/docs/reference/instance-types.md, commit
+# 1d927085dd81a9df9301e613f371dac5b4d16bfe). A type with no such resource has no EFA (g5/g6
+# below 8xlarge). Only the types of INSTANCE_TYPES are listed.
+EFA_INTERFACES: dict[str, int] = {
+    "p5.48xlarge": 32,
+    "p5e.48xlarge": 32,
+    "p5en.48xlarge": 16,
+    "p4d.24xlarge": 4,
+    **{f"g5.{size}": 0 for size in ("xlarge", "2xlarge", "4xlarge")},
+    **{f"g5.{size}": 1 for size in ("8xlarge", "12xlarge", "16xlarge", "24xlarge", "48xlarge")},
+    **{f"g6.{size}": 0 for size in ("xlarge", "2xlarge", "4xlarge")},
+    **{f"g6.{size}": 1 for size in ("8xlarge", "16xlarge")},
+}

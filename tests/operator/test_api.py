@@ -143,3 +143,35 @@ def test_immutable_fields_are_refused_on_update(change: dict[str, Any], path: st
 )
 def test_mutable_fields_may_change(change: dict[str, Any]) -> None:
     assert check_update(tiny_spec(), tiny_spec(**change)) == []
+
+
+def test_every_gpu_instance_type_has_an_efa_count() -> None:
+    from fsdp_api.instance_types import EFA_INTERFACES, INSTANCE_TYPES
+
+    assert EFA_INTERFACES.keys() == INSTANCE_TYPES.keys()
+
+
+@pytest.mark.parametrize(
+    ("types", "efa", "fits"),
+    [
+        (["p5.48xlarge"], 32, True),
+        (["p5en.48xlarge"], 32, False),  # 16 interfaces
+        (["p4d.24xlarge"], 4, True),
+        (["p4d.24xlarge"], 5, False),
+        (["p4d.24xlarge", "p5.48xlarge"], 32, True),  # Karpenter may pick the type that has them
+        (["g5.8xlarge"], 1, True),
+        (["g5.xlarge"], 1, False),  # no EFA below 8xlarge
+        (["g5.xlarge", "x9.unknown"], 1, True),  # a type we do not know: not refused on a guess
+        ([], 32, True),
+        (["g5.xlarge"], 0, True),
+    ],
+)
+def test_efa_per_node_beyond_every_instance_type_is_refused(types: list[str], efa: int, fits: bool) -> None:
+    body = {"resources": {"gpusPerNode": 1, "efaPerNode": efa, "instanceTypes": types}}
+    spec = {"image": "ghcr.io/fsdp-k8s/trainer:0.1.0", "model": {"preset": "tiny"}, "training": {"maxSteps": 10}}
+    try:
+        FSDPTraining.model_validate({"metadata": {"name": "t"}, "spec": {**spec, **body}})
+        refused = []
+    except ValidationError as e:
+        refused = [line for line in format_errors(e) if "efaPerNode is more than" in line]
+    assert (not refused) == fits, refused

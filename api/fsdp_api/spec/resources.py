@@ -8,7 +8,7 @@ from typing import Annotated, ClassVar, Literal
 from pydantic import Field, field_validator
 
 from ..base import ApiModel
-from ..instance_types import INSTANCE_TYPES
+from ..instance_types import EFA_INTERFACES, INSTANCE_TYPES
 from ..pod_resources import (
     DefaultRequests,
     default_memory_bytes,
@@ -47,6 +47,21 @@ _GPUS_FIT_CEL = (
     f"self.instanceTypes.exists(t, !(t in {_GPUS})) || "
     f"self.instanceTypes.exists(t, {_GPUS}[t] >= (has(self.gpusPerNode) ? self.gpusPerNode : 8))"
 )
+
+
+# efaPerNode <= the most EFA interfaces among the listed instance types, when all are known:
+# the EFA device plugin advertises that many vpc.amazonaws.com/efa per node, no more.
+_EFA = "{" + ", ".join(f"'{name}': {n}" for name, n in sorted(EFA_INTERFACES.items())) + "}"
+_EFA_FIT_CEL = (
+    "!has(self.efaPerNode) || self.efaPerNode == 0 || !has(self.instanceTypes) || "
+    f"self.instanceTypes.size() == 0 || self.instanceTypes.exists(t, !(t in {_EFA})) || "
+    f"self.instanceTypes.exists(t, {_EFA}[t] >= self.efaPerNode)"
+)
+
+
+def _efa_fits(r: ResourcesSpec) -> bool:
+    known = [EFA_INTERFACES[t] for t in r.instance_types if t in EFA_INTERFACES]
+    return r.efa_per_node == 0 or len(known) < len(r.instance_types) or not known or max(known) >= r.efa_per_node
 
 
 def _gpus_fit(r: ResourcesSpec) -> bool:
@@ -137,6 +152,16 @@ class ResourcesSpec(ApiModel):
             ),
             field_path=".gpusPerNode",
             check=_gpus_fit,
+        ),
+        Rule(
+            cel=_EFA_FIT_CEL,
+            message=(
+                "efaPerNode is more than any of instanceTypes has: no node Karpenter could launch fits the pod "
+                "(p5/p5e.48xlarge have 32, p5en.48xlarge 16, p4d.24xlarge 4, g5/g6 from 8xlarge 1, smaller "
+                "g5/g6 none; docs/eks-capacity.md)"
+            ),
+            field_path=".efaPerNode",
+            check=_efa_fits,
         ),
         Rule(
             cel=_SHARED_MEMORY_CEL,
