@@ -99,6 +99,7 @@ def memory_problems(path: str, trainings: Sequence[FSDPTraining]) -> list[str]:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from fsdp_api.model_files import check_local_model
+    from fsdp_api.tuning_env import env_notes
 
     trainings = load_trainings(args.file, sys.stdout)
     if trainings is None:
@@ -115,6 +116,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
         for line in memory:
             print(f"warning: {line}", file=sys.stderr)
     for t in trainings:
+        for line in env_notes(t.spec):
+            print(f"note: {args.file}: {KIND} {_display_name(t)!r}: {line}", file=sys.stderr)
         print(f"{args.file}: {KIND} {_display_name(t)!r} is valid", file=sys.stderr)
     return EXIT_OK
 

@@ -175,3 +175,29 @@ def test_efa_per_node_beyond_every_instance_type_is_refused(types: list[str], ef
     except ValidationError as e:
         refused = [line for line in format_errors(e) if "efaPerNode is more than" in line]
     assert (not refused) == fits, refused
+
+
+@pytest.mark.parametrize(
+    ("value", "fault"),
+    [
+        ("after_step:13", ("after_step", 13, 0, "kill")),
+        ("after_step:5:1:hang", ("after_step", 5, 1, "hang")),
+        ("during_save:10:0:sleep2.5", ("during_save", 10, 0, "sleep2.5")),
+        ("during_save:4:3", ("during_save", 4, 3, "kill")),
+    ],
+)
+def test_the_fault_hooks_grammar_reads_every_form_the_tests_use(value: str, fault: tuple) -> None:
+    from fsdp_api.faults import parse_fault
+
+    parsed = parse_fault(value)
+    assert (parsed.point, parsed.step, parsed.rank, parsed.action) == fault
+
+
+@pytest.mark.parametrize(
+    "value", ["", "after_step", "after_step:x", "before_step:3", "after_step:3:0:explode", "after_step:3:"]
+)
+def test_a_malformed_fault_hook_is_refused_with_its_grammar(value: str) -> None:
+    from fsdp_api.faults import parse_fault
+
+    with pytest.raises(ValueError, match=r"is not <point>:<step>\[:<rank>\[:<action>\]\] with point after_step"):
+        parse_fault(value)

@@ -67,6 +67,33 @@ def test_validate_rejects_each_invalid_example(capsys: pytest.CaptureFixture[str
     assert "Traceback" not in out + err
 
 
+def test_validate_says_which_defaults_spec_env_replaces_and_what_the_fault_hook_will_do(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    body = yaml.safe_load(LLAMA.read_text())
+    body["spec"]["env"] += [
+        {"name": "NCCL_SOCKET_IFNAME", "value": "eth9"},
+        {"name": "FI_PROVIDER", "value": "tcp"},
+        {"name": "FSDP_TRAINER_FAULT", "value": "after_step:20:1:hang"},
+    ]
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump(body))
+    code, out, err = run_cli(capsys, "validate", "-f", str(path), "--memory", "off")
+    assert (code, out) == (0, "")
+    head = f"note: {path}: FSDPTraining 'llama32-1b-c4': "
+    assert [line for line in err.splitlines() if line.startswith("note: ")] == [
+        f"{head}spec.env[1]: NCCL_SOCKET_IFNAME='eth9' replaces the operator's default '^lo,docker'",
+        f"{head}spec.env[2]: FI_PROVIDER='tcp' replaces the operator's default 'efa'",
+        f"{head}spec.env[3]: FSDP_TRAINER_FAULT (a test hook) is set: rank 1 hangs after step 20's update, "
+        "before anything is saved, in the first attempt only",
+    ]
+    # Without EFA interfaces FI_PROVIDER is the user's own variable, not a replaced default.
+    body["spec"]["resources"]["efaPerNode"] = 0
+    path.write_text(yaml.safe_dump(body))
+    _, _, err = run_cli(capsys, "validate", "-f", str(path), "--memory", "off")
+    assert "FI_PROVIDER" not in err and "NCCL_SOCKET_IFNAME='eth9'" in err
+
+
 def test_validate_multi_document_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     bad = yaml.safe_load(TINY.read_text())
     bad["metadata"]["name"] = "second"

@@ -52,6 +52,19 @@ def test_every_world_size_an_elastic_job_may_reach_is_checked(config_path: Path)
     ]
 
 
+def test_a_malformed_fault_hook_is_one_config_line_before_any_rank(
+    config_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It raised IndexError/ValueError in every rank at every step (issue 24)."""
+    monkeypatch.setenv("FSDP_TRAINER_FAULT", "after_step")
+    with pytest.raises(ConfigError) as info:
+        check(str(config_path), "1", 2)
+    assert info.value.lines == [
+        "FSDP_TRAINER_FAULT: 'after_step' is not <point>:<step>[:<rank>[:<action>]] with point after_step or "
+        "during_save, action kill, hang or sleep<seconds>"
+    ]
+
+
 def test_launch_arguments_are_read_as_torchrun_reads_them() -> None:
     assert node_counts("3") == [3]
     assert node_counts("2:4") == [2, 3, 4]

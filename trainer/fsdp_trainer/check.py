@@ -25,8 +25,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fsdp_api.contract import CHECK_COMMAND as COMMAND
+from fsdp_api.contract import ENV_TRAINER_FAULT
 
 from .errors import ConfigError
+from .faults import armed_fault
 from .supervisor import stop_on_signals_before_the_launch, supervise
 
 if TYPE_CHECKING:
@@ -71,6 +73,7 @@ def check(config: str, nnodes: str, nproc_per_node: int) -> str:
     from .train import prepare
 
     counts = node_counts(nnodes)
+    armed_fault()  # a malformed value: one line here, not a traceback in every rank at every step
     cfg = load_config(config)
 
     def world(nodes: int) -> WorldInfo:
@@ -150,6 +153,8 @@ def check_main(argv: list[str]) -> int:
     nnodes, nproc = args.nnodes or nnodes or "1", args.nproc_per_node or nproc or "1"
     summary = check(args.config, nnodes, processes_per_node(nproc))
     print(f"fsdp-train: {summary}", file=sys.stderr, flush=True)
+    if fault := armed_fault():  # a test hook: say so once, where a person reading the log looks first
+        print(f"fsdp-train: {ENV_TRAINER_FAULT} is set: {fault.describe()}", file=sys.stderr, flush=True)
     if not command:
         return 0
     sys.stdout.flush()

@@ -1,10 +1,7 @@
 """Fault injection for the resume, atomic-checkpoint and stall tests (never set in production).
 
-``FSDP_TRAINER_FAULT=<point>:<step>[:<rank>[:<action>]]`` acts when rank
-``rank`` (0 unless given) reaches ``point`` at ``step``. Points:
-``after_step`` (the step's update is done, nothing saved yet) and
-``during_save`` (the checkpoint's shards are written but it is not yet
-marked complete). Actions:
+``FSDP_TRAINER_FAULT`` (its grammar: ``fsdp_api.faults``) makes one rank act
+at one point of one step. Actions:
 
 - ``kill`` (the default): SIGKILL, as a node loss or OOM kill would: no
   cleanup, no exception handlers;
@@ -26,6 +23,9 @@ import time
 from pathlib import Path
 
 from fsdp_api.contract import ENV_TRAINER_FAULT
+from fsdp_api.faults import Fault, parse_fault
+
+from .errors import ConfigError
 
 MARKER_DIR = ".faults-fired"
 
@@ -36,24 +36,31 @@ def _act(action: str) -> None:
     elif action == "hang":
         while True:
             time.sleep(3600)
-    elif action.startswith("sleep"):
-        time.sleep(float(action.removeprefix("sleep")))
     else:
-        raise ValueError(f"{ENV_TRAINER_FAULT}: unknown action {action!r} (kill, hang or sleep<seconds>)")
+        time.sleep(float(action.removeprefix("sleep")))
+
+
+def armed_fault() -> Fault | None:
+    """The fault this process was told to inject, or None; a malformed value is a ConfigError."""
+    value = os.environ.get(ENV_TRAINER_FAULT)
+    if not value:
+        return None
+    try:
+        return parse_fault(value)
+    except ValueError as e:
+        raise ConfigError([f"{ENV_TRAINER_FAULT}: {e}"]) from None
 
 
 def maybe_fault(point: str, step: int, rank: int, once_dir: str | Path | None = None) -> None:
-    spec = os.environ.get(ENV_TRAINER_FAULT)
-    if not spec or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
+    fault = armed_fault()
+    if fault is None or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
         return
-    parts = spec.split(":")
-    target_rank = int(parts[2]) if len(parts) > 2 else 0
-    if parts[0] != point or int(parts[1]) != step or rank != target_rank:
+    if (fault.point, fault.step, fault.rank) != (point, step, rank):
         return
     if once_dir is not None:
-        marker = Path(once_dir) / MARKER_DIR / spec.replace(":", "_")
+        marker = Path(once_dir) / MARKER_DIR / os.environ[ENV_TRAINER_FAULT].replace(":", "_")
         if marker.exists():
             return
         marker.parent.mkdir(parents=True, exist_ok=True)
         marker.touch()
-    _act(parts[3] if len(parts) > 3 else "kill")
+    _act(fault.action)

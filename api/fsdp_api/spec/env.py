@@ -8,7 +8,9 @@ from typing import ClassVar
 from pydantic import Field
 
 from ..base import ApiModel
-from ..contract import OPERATOR_ENV
+from ..contract import ENV_TRAINER_FAULT, OPERATOR_ENV
+from ..faults import GRAMMAR as FAULT_GRAMMAR
+from ..faults import PATTERN as FAULT_PATTERN
 from ..rules import Rule
 from .values import ENV_FIELD_PATH_PATTERN
 
@@ -65,7 +67,11 @@ class EnvVar(ApiModel):
 
     # maxLength bounds the cost of the credential-name regex (CEL cost budget).
     name: str = Field(pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$", max_length=128, description="Variable name.")
-    value: str | None = Field(None, description="Literal value (not allowed for credentials: use valueFrom).")
+    # maxLength bounds the CEL cost of the fault-hook rule's regex (an unbounded string is
+    # costed at the request's size limit); 8 KiB is far beyond any literal a training needs.
+    value: str | None = Field(
+        None, max_length=8192, description="Literal value (not allowed for credentials: use valueFrom)."
+    )
     value_from: EnvVarSource | None = Field(None, description="Source of the value, e.g. a Secret key.")
 
     rules: ClassVar[tuple[Rule, ...]] = (
@@ -87,5 +93,12 @@ class EnvVar(ApiModel):
             f"{_OPERATOR_ENV_WHY}",
             field_path=".name",
             check=lambda e: e.name not in OPERATOR_ENV,
+        ),
+        Rule(
+            cel=f"self.name != '{ENV_TRAINER_FAULT}' || (has(self.value) && self.value.matches('{FAULT_PATTERN}'))",
+            message=f"{ENV_TRAINER_FAULT} is the trainer's fault-injection hook for tests; its value must be a "
+            f"literal {FAULT_GRAMMAR} (docs/trainer.md)",
+            field_path=".value",
+            check=lambda e: e.name != ENV_TRAINER_FAULT or bool(e.value and re.match(FAULT_PATTERN, e.value)),
         ),
     )

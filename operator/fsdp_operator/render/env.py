@@ -18,37 +18,9 @@ from fsdp_api.contract import (
     ENV_SEPARATE_RDZV_STORE,
     ENV_SHUTDOWN_TIMEOUT,
 )
+from fsdp_api.tuning_env import tuning_defaults
 
 Env = list[dict[str, Any]]
-
-# Set on every GPU job. Without async error handling a rank that dies leaves
-# the others blocked in a collective until the NCCL timeout; with it they
-# abort, torchrun exits non-zero and the pod restarts from the last checkpoint.
-# (PyTorch >= 2.2 reads the TORCH_-prefixed name; NCCL_ASYNC_ERROR_HANDLING is
-# the deprecated spelling.) NCCL's socket transport (bootstrap, and all
-# traffic without EFA) must use the pod's eth0, never loopback or a bridge.
-GPU_ENV: dict[str, str] = {
-    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
-    "NCCL_SOCKET_IFNAME": "^lo,docker",
-    "NCCL_DEBUG": "WARN",
-}
-
-# Set when EFA interfaces are requested; see docs/renderer.md for the sources.
-# FI_PROVIDER pins libfabric (used by NCCL via the aws-ofi-nccl plugin) to EFA
-# instead of silently falling back to TCP. FI_EFA_USE_DEVICE_RDMA is left
-# unset on purpose: libfabric's EFA provider already uses device RDMA where the
-# NIC has RDMA read (p4d, p5 and later), and when the variable is set to 1 on a
-# NIC without it (g5, g6, g6e) it prints "FI_EFA_USE_DEVICE_RDMA=1 was set by
-# user, but EFA device has no rdma-read capability" and calls abort()
-# (prov/efa/src/rdm, efa_rdm_get_use_device_rdma). FI_EFA_FORK_SAFE keeps
-# registered memory valid in forked DataLoader workers. FI_EFA_USE_HUGE_PAGE=0:
-# the pod requests no hugepages-* resource, so libfabric must not try to back
-# its buffers with them.
-EFA_ENV: dict[str, str] = {
-    "FI_PROVIDER": "efa",
-    "FI_EFA_FORK_SAFE": "1",
-    "FI_EFA_USE_HUGE_PAGE": "0",
-}
 
 
 def _literal(values: dict[str, str]) -> Env:
@@ -67,8 +39,9 @@ def container_env(spec: FSDPTrainingSpec, name: str) -> Env:
     """Operator-set variables first, then ``spec.env``, which may reference ours with ``$(VAR)``.
 
     The API refuses a spec.env entry named like a variable derived from the
-    spec (``contract.OPERATOR_ENV``); one of the tuning variables (NCCL, EFA)
-    replaces ours of the same name.
+    spec (``contract.OPERATOR_ENV``); one of the tuning variables (NCCL, EFA,
+    ``fsdp_api.tuning_env``) replaces ours of the same name, and ``validate``
+    says so.
     """
     env: Env = [
         {"name": ENV_JOB_NAME, "value": name},
@@ -94,10 +67,7 @@ def container_env(spec: FSDPTrainingSpec, name: str) -> Env:
         env.insert(2, {"name": ENV_CONFIG, "value": contract.CONFIG_PATH})
     if spec.metrics.enabled:
         env.append({"name": ENV_METRICS_PORT, "value": str(spec.metrics.port)})
-    if spec.resources.gpus_per_node > 0:
-        env += _literal(GPU_ENV)
-    if spec.resources.efa_per_node > 0:
-        env += _literal(EFA_ENV)
+    env += _literal(tuning_defaults(spec))
     user = [e.model_dump(by_alias=True, exclude_none=True, mode="json") for e in spec.env]
     overridden = {e["name"] for e in user}
     return [e for e in env if e["name"] not in overridden] + user

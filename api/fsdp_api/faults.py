@@ -1,0 +1,44 @@
+"""The trainer's fault-injection hook (``FSDP_TRAINER_FAULT``): its grammar, read by every side.
+
+``<point>:<step>[:<rank>[:<action>]]``: rank ``rank`` (0 unless given) acts
+when it reaches ``point`` at ``step``, in the first torchrun attempt only.
+The tests use it to kill, hang or slow a rank on purpose. It lives here, not
+in the trainer, so that ``validate`` and the API server refuse a malformed
+value (it would otherwise fail in every rank at every step) and can say what
+a well-formed one will do to the run.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+POINTS = {
+    "after_step": "after step {step}'s update, before anything is saved",
+    "during_save": "while saving step {step}'s checkpoint (shards written, not yet marked complete)",
+}
+# Actions: kill (SIGKILL, as a node loss or OOM kill), hang (never return), sleep<s> (a slow but live rank).
+PATTERN = r"^(after_step|during_save):[0-9]{1,9}(:[0-9]{1,6}(:(kill|hang|sleep[0-9]{1,6}([.][0-9]+)?))?)?$"
+GRAMMAR = "<point>:<step>[:<rank>[:<action>]] with point after_step or during_save, action kill, hang or sleep<seconds>"
+
+
+@dataclass(frozen=True)
+class Fault:
+    point: str
+    step: int
+    rank: int = 0
+    action: str = "kill"
+
+    def describe(self) -> str:
+        verb = {"kill": "is killed (SIGKILL)", "hang": "hangs"}.get(self.action, f"sleeps {self.action[5:]} s")
+        return f"rank {self.rank} {verb} {POINTS[self.point].format(step=self.step)}, in the first attempt only"
+
+
+def parse_fault(value: str) -> Fault:
+    """The fault a value names; ValueError with the grammar when it is malformed."""
+    if not re.match(PATTERN, value):
+        raise ValueError(f"{value!r} is not {GRAMMAR}")
+    parts = value.split(":")
+    defaults = ["", "", "0", "kill"]
+    point, step, rank, action = parts + defaults[len(parts) :]
+    return Fault(point, int(step), int(rank), action)
