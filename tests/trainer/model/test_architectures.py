@@ -273,3 +273,42 @@ def test_a_model_without_decoder_blocks_is_a_clear_error() -> None:
 
     with pytest.raises(ConfigError, match="cannot find the decoder layers of Blockless"):
         decoder_units(Blockless())
+
+
+@pytest.mark.parametrize(
+    ("model_type", "config", "block"),
+    [
+        (
+            "biogpt",
+            {"hidden_size": 32, "num_hidden_layers": 3, "num_attention_heads": 4, "intermediate_size": 48},
+            "BioGptDecoderLayer",
+        ),
+        (
+            "blenderbot",
+            {"d_model": 32, "decoder_layers": 3, "decoder_attention_heads": 4, "decoder_ffn_dim": 48},
+            "BlenderbotDecoderLayer",
+        ),
+    ],
+)
+def test_a_model_that_declares_no_split_modules_is_sharded_by_its_repeated_blocks(
+    model_type: str, config: dict[str, Any], block: str
+) -> None:
+    """transformers 5 declares no _no_split_modules for these: they were refused (the sweep's table)."""
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.for_model(model_type, vocab_size=256, max_position_embeddings=64, **config)
+    model = AutoModelForCausalLM.from_config(cfg)
+    assert not getattr(model, "_no_split_modules", None)
+    units = decoder_units(model)
+    assert [type(u.module).__name__ for u in units] == [block] * 3
+    assert len({id(u.parent) for u in units}) == 1  # one list: the decoder's layers, in order
+
+
+def test_a_list_of_bare_layers_is_not_taken_for_blocks() -> None:
+    class Heads(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.heads = nn.ModuleList([nn.Linear(2, 2), nn.Linear(2, 2)])
+
+    with pytest.raises(ConfigError, match="cannot find the decoder layers of Heads: no _no_split_modules class"):
+        decoder_units(Heads())

@@ -6,7 +6,8 @@ transformers ``PretrainedConfig`` that ``AutoModelForCausalLM`` builds. No
 architecture is special-cased by name: the units that activation
 checkpointing and ``fully_shard`` wrap are the model's own
 ``_no_split_modules`` classes (the blocks transformers never splits across
-devices, which is also what Accelerate's FSDP auto-wrap uses).
+devices, which is also what Accelerate's FSDP auto-wrap uses), or, for a
+model that declares none, its longest list of repeated blocks.
 """
 
 from __future__ import annotations
@@ -195,8 +196,27 @@ def _class_names(module: nn.Module) -> set[str]:
     return {cls.__name__ for cls in type(inner if inner is not None else module).__mro__}
 
 
+def _repeated_blocks(model: nn.Module) -> nn.ModuleList | None:
+    """The longest ModuleList of blocks of one class (modules with submodules, not bare layers).
+
+    For models that declare no ``_no_split_modules`` (BioGPT, Blenderbot in
+    transformers 5): their decoder layers are exactly such a list. Any split
+    into units is correct for FSDP and activation checkpointing; the blocks
+    are the efficient one.
+    """
+    best: nn.ModuleList | None = None
+    for parent in model.modules():
+        if not isinstance(parent, nn.ModuleList) or len(parent) == 0:
+            continue
+        if len({type(child) for child in parent}) != 1 or not any(True for _ in parent[0].children()):
+            continue
+        if best is None or len(parent) > len(best):
+            best = parent
+    return best
+
+
 def decoder_units(model: nn.Module) -> list[Unit]:
-    """The model's repeated blocks, in order; a clear error when it declares none."""
+    """The model's repeated blocks, in order; a clear error when it has none."""
     classes = _no_split_classes(model)
     units = [
         Unit(parent, i)
@@ -205,15 +225,17 @@ def decoder_units(model: nn.Module) -> list[Unit]:
         for i, child in enumerate(parent)
         if _class_names(child) & classes
     ]
-    if not units:
-        raise ConfigError(
-            [
-                f"model: cannot find the decoder layers of {type(model).__name__}: it declares no "
-                f"_no_split_modules in a ModuleList (declared: {sorted(classes) or 'none'}), so FSDP "
-                "has no unit to shard"
-            ]
-        )
-    return units
+    if units:
+        return units
+    if not classes and (blocks := _repeated_blocks(model)) is not None:
+        return [Unit(blocks, i) for i in range(len(blocks))]
+    raise ConfigError(
+        [
+            f"model: cannot find the decoder layers of {type(model).__name__}: no _no_split_modules class "
+            f"(declared: {sorted(classes) or 'none'}) and no list of repeated blocks in a ModuleList, so FSDP "
+            "has no unit to shard"
+        ]
+    )
 
 
 def embeddings_tied(model: PreTrainedModel) -> bool:
