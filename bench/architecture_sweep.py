@@ -64,6 +64,23 @@ TINY: dict[str, int] = {
 }
 
 
+# A config's default special-token ids point into its own (large) vocabulary: with the
+# vocabulary shrunk they would be out of range (an embedding's padding_idx refuses that), so
+# they become the embedded tokenizer's, which the model is trained with anyway.
+TOKEN_IDS = {"bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2, "decoder_start_token_id": 0, "sep_token_id": 1}
+
+
+def _token_ids(config: dict[str, Any]) -> dict[str, Any]:
+    def in_range(key: str, value: Any) -> Any:
+        if isinstance(value, int) and value >= VOCAB:
+            return TOKEN_IDS[key]
+        if isinstance(value, list):
+            return [in_range(key, v) for v in value]
+        return value
+
+    return {k: in_range(k, config[k]) for k in TOKEN_IDS if config.get(k) is not None}
+
+
 @dataclass
 class Result:
     model_type: str
@@ -79,9 +96,11 @@ def tiny_config(model_type: str) -> Any:
     cls = CONFIG_MAPPING[model_type]
     defaults = cls().to_dict()
     kwargs = {k: v for k, v in TINY.items() if k in defaults and isinstance(defaults[k], int)}
+    kwargs |= _token_ids(defaults)
     text = defaults.get("text_config")
     if isinstance(text, dict):  # a composite config: shrink its language model
-        kwargs["text_config"] = {**text, **{k: v for k, v in TINY.items() if k in text and isinstance(text[k], int)}}
+        small = {k: v for k, v in TINY.items() if k in text and isinstance(text[k], int)}
+        kwargs["text_config"] = {**text, **small, **_token_ids(text)}
     return cls(**kwargs)
 
 

@@ -24,6 +24,16 @@ def test_tiny_configs_shrink_whatever_names_a_family_uses() -> None:
     assert len(gemma2.layer_types) == gemma2.num_hidden_layers == 2
 
 
+def test_special_token_ids_beyond_the_shrunk_vocabulary_become_the_embedded_tokenizers() -> None:
+    """phi3's pad id 32000 made transformers refuse the shrunk model (padding_idx out of range): "not built"."""
+    from transformers import AutoModelForCausalLM
+
+    phi3 = _sweep().tiny_config("phi3")
+    assert (phi3.vocab_size, phi3.bos_token_id, phi3.eos_token_id, phi3.pad_token_id) == (4160, 1, 1, 2)
+    assert type(AutoModelForCausalLM.from_config(phi3)).__name__ == "Phi3ForCausalLM"
+    assert _sweep().tiny_config("llama").bos_token_id == 1  # already in range: kept
+
+
 def test_the_kept_error_is_the_ranks_not_torchruns() -> None:
     sweep = _sweep()
     output = "\n".join(
