@@ -115,12 +115,26 @@ def last_error(output: str) -> str:
     return (ours or errors or lines or ["(no output)"])[-1][:300]
 
 
+# A tiny model has well under this; more means fields the shrink does not know (blt's hash
+# embeddings built a 23 GB model and the kernel killed the sweep): said, not built.
+MAX_PARAMS = 50_000_000
+
+
+class TooLarge(Exception):
+    pass
+
+
 def build(model_type: str, root: Path) -> tuple[Path, int]:
     import torch
     from transformers import AutoModelForCausalLM
 
+    config = tiny_config(model_type)
+    with torch.device("meta"):  # counted first, without memory
+        params = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
+    if params > MAX_PARAMS:
+        raise TooLarge(f"{params:,} parameters after the shrink (fields it does not know); over {MAX_PARAMS:,}")
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(tiny_config(model_type))
+    model = AutoModelForCausalLM.from_config(config)
     path = root / "model"
     model.save_pretrained(path)
     for file in TOKENIZER.iterdir():

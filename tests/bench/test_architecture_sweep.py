@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import ModuleType
+
+import pytest
 
 from tests.bench.scripts import load_bench_script
 
@@ -47,3 +50,11 @@ def test_the_kept_error_is_the_ranks_not_torchruns() -> None:
     assert sweep.last_error(output) == rank_error
     refused = "noise\nfsdp-train: model: cannot find the decoder layers of X\nChildFailedError: y"
     assert sweep.last_error(refused) == "fsdp-train: model: cannot find the decoder layers of X"
+
+
+def test_a_model_the_shrink_leaves_huge_is_not_built_instead_of_exhausting_memory(tmp_path: Path) -> None:
+    """blt's hash embeddings (fields the shrink does not know) built 4.6 G parameters: the kernel killed the sweep."""
+    sweep = _sweep()
+    with pytest.raises(sweep.TooLarge, match=r"^4,637,121,280 parameters after the shrink"):
+        sweep.build("blt", tmp_path)
+    assert not any(tmp_path.iterdir())  # counted on the meta device, nothing built or saved
