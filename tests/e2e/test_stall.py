@@ -35,7 +35,10 @@ STALL = {
     "onStall": "restart",
     "minSeconds": 10,
     "stepTimeFactor": 10,
-    "startupSeconds": 60,
+    # Wide: under load a pod start (imports, rendezvous) took over 60 s before the operator saw a
+    # first step, and the operator rightly called that "no new step since the start" (issue 23's
+    # flake under load). Detection after a step is seen does not depend on it.
+    "startupSeconds": 240,
     "checkpointSeconds": 30,
     "maxRestarts": 2,
     "trainerStepTimeoutSeconds": 0,
@@ -101,7 +104,7 @@ def test_a_hung_rank_is_flagged_stalled_restarted_and_resumes(operator: WholeClu
     detected = time.monotonic() - t_hang
     record("stall_detected_and_restarted_s", detected)
     # The limit is the 10 s floor (steps take well under 1 s) plus a scrape tick or two; well before the
-    # 60 s start-up allowance, which would mean the step time was never measured (loaded machines are slower).
+    # 240 s start-up allowance, which would mean the step time was never measured (loaded machines are slower).
     assert detected < 45, detected
     assert f"no new step since step {hang_at}" in event["message"], event["message"]
     assert "deleted 2 pods" in event["message"] and "(stall restart 1 of 2)" in event["message"], event["message"]
@@ -126,7 +129,7 @@ def test_a_slow_checkpoint_save_is_never_flagged(operator: WholeCluster, ns: str
     # allowance. The allowances are wider than the other test's: on a loaded machine (CI, two
     # workers) the real save and the first step add seconds, and they are not what is tested here.
     body = with_fault(fsdptraining(name, ns, max_steps=max_steps, interval=interval), "during_save:10:0:sleep25")
-    body["spec"]["stall"] |= {"checkpointSeconds": 60, "startupSeconds": 240}
+    body["spec"]["stall"] |= {"checkpointSeconds": 60}
     whole.cluster.apply(body)
     stalled: list[str] = []
 
