@@ -312,3 +312,14 @@ def test_a_list_of_bare_layers_is_not_taken_for_blocks() -> None:
 
     with pytest.raises(ConfigError, match="cannot find the decoder layers of Heads: no _no_split_modules class"):
         decoder_units(Heads())
+
+
+def test_a_negative_position_count_means_unbounded_not_a_limit_of_minus_one() -> None:
+    """XLNet's max_position_embeddings is -1 (relative positions): it was refused with
+    'training.seqLen: 32 exceeds the model's maximum sequence length -1' (the architecture sweep)."""
+    from fsdp_trainer.model.architecture import max_positions
+    from transformers import AutoConfig
+
+    assert AutoConfig.for_model("xlnet").max_position_embeddings == -1
+    assert max_positions(AutoConfig.for_model("xlnet")) is None
+    assert max_positions(AutoConfig.for_model("llama", max_position_embeddings=64)) == 64

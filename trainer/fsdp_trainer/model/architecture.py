@@ -148,9 +148,12 @@ def model_config(cfg: TrainerConfig, path: Path | None, tokens: dict[str, int | 
 
 
 def max_positions(config: PretrainedConfig) -> int | None:
-    """The longest sequence the architecture is configured for (None: not bounded by a table)."""
+    """The longest sequence the architecture is configured for (None: not bounded by a table).
+
+    XLNet says -1 (relative positions, no table): unbounded, not "at most -1".
+    """
     value = getattr(config, "max_position_embeddings", None)
-    return int(value) if value else None
+    return int(value) if value and int(value) > 0 else None
 
 
 def build_meta_model(config: PretrainedConfig) -> PreTrainedModel:
