@@ -135,6 +135,10 @@ def build(model_type: str, root: Path) -> tuple[Path, int]:
         raise TooLarge(f"{params:,} parameters after the shrink (fields it does not know); over {MAX_PARAMS:,}")
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config)
+    # transformers' own forward on the shrunk config: when it fails, the shrink made an
+    # inconsistent config (e.g. rotary sizes it does not know), which says nothing of the trainer.
+    with torch.no_grad():
+        model(input_ids=torch.randint(3, 200, (1, 16)), labels=torch.randint(3, 200, (1, 16)))
     path = root / "model"
     model.save_pretrained(path)
     for file in TOKENIZER.iterdir():

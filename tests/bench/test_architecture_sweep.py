@@ -58,3 +58,10 @@ def test_a_model_the_shrink_leaves_huge_is_not_built_instead_of_exhausting_memor
     with pytest.raises(sweep.TooLarge, match=r"^4,637,121,280 parameters after the shrink"):
         sweep.build("blt", tmp_path)
     assert not any(tmp_path.iterdir())  # counted on the meta device, nothing built or saved
+
+
+def test_a_shrunk_config_transformers_itself_cannot_run_is_not_built(tmp_path: Path) -> None:
+    """deepseek_v3's shrunk rotary sizes break transformers' own forward: that was counted as the trainer failing."""
+    result, config = _sweep().build_and_check("deepseek_v3", tmp_path / "deepseek_v3")
+    assert (result.outcome, config) == ("not built", None)
+    assert result.detail.startswith("RuntimeError: The size of tensor a (32) must match the size of tensor b (8)")
