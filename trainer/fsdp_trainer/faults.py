@@ -17,6 +17,7 @@ again.
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import time
@@ -43,8 +44,11 @@ def _act(action: str) -> None:
 def armed_fault() -> Fault | None:
     """The fault this process was told to inject, or None; a malformed value is a ConfigError."""
     value = os.environ.get(ENV_TRAINER_FAULT)
-    if not value:
-        return None
+    return _parsed(value) if value else None
+
+
+@functools.cache  # maybe_fault asks at every step: parse a value once
+def _parsed(value: str) -> Fault:
     try:
         return parse_fault(value)
     except ValueError as e:

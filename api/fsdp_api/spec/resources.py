@@ -59,14 +59,21 @@ _EFA_FIT_CEL = (
 )
 
 
+def _most(per_type: dict[str, int], instance_types: list[str]) -> int | None:
+    """The most any listed type has; None when none is listed or one is not in the table (no guess)."""
+    if not instance_types or any(t not in per_type for t in instance_types):
+        return None
+    return max(per_type[t] for t in instance_types)
+
+
 def _efa_fits(r: ResourcesSpec) -> bool:
-    known = [EFA_INTERFACES[t] for t in r.instance_types if t in EFA_INTERFACES]
-    return r.efa_per_node == 0 or len(known) < len(r.instance_types) or not known or max(known) >= r.efa_per_node
+    most = _most(EFA_INTERFACES, r.instance_types)
+    return r.efa_per_node == 0 or most is None or most >= r.efa_per_node
 
 
 def _gpus_fit(r: ResourcesSpec) -> bool:
-    known = [INSTANCE_TYPES[t].gpus for t in r.instance_types if t in INSTANCE_TYPES]
-    return len(known) < len(r.instance_types) or not known or max(known) >= r.gpus_per_node
+    most = _most({name: t.gpus for name, t in INSTANCE_TYPES.items()}, r.instance_types)
+    return most is None or most >= r.gpus_per_node
 
 
 class ResourcesSpec(ApiModel):
