@@ -510,7 +510,7 @@ class Trainer:
     @torch.no_grad()
     def _write_probe(self) -> None:
         """Logits of a fixed input (rank 0 saves them): export must reproduce them."""
-        vocab = self.model.config.vocab_size
+        vocab = self.model.config.get_text_config().vocab_size  # multimodal configs keep it in the text part
         inputs = (torch.arange(2 * 16, device=self.device).view(2, 16) * 37 + 11) % vocab
         self.model.eval()
         with compute_context(self.model, self.cfg.training.precision, self.device):

@@ -83,6 +83,20 @@ def test_explicit_head_dim_sets_the_attention_width() -> None:
     assert shape_of(build_meta_model(config)).attention_width == 4 * 16
 
 
+def test_a_per_layer_head_dim_gives_the_mean_attention_width_over_layers() -> None:
+    """Gemma 4's head_dim differs per layer and its config raises on a global read: the trainer stopped
+    at start with AmbiguousGlobalPerLayerAttributeError (the architecture sweep)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.for_model("gemma4_unified_text", vocab_size=256, hidden_size=64, intermediate_size=64)
+    with pytest.raises(RuntimeError, match="'head_dim' is a per-layer attribute"):
+        _ = config.head_dim
+    dims = [config.per_layer_config[i].head_dim for i in range(config.num_hidden_layers)]
+    assert sorted(set(dims)) == [256, 512] and config.num_attention_heads == 8
+    # 25 layers of 8 x 256 and 5 (the global-attention ones) of 8 x 512, over 30 layers.
+    assert shape_of(build_meta_model(config)).attention_width == round((25 * 2048 + 5 * 4096) / 30) == 2389
+
+
 def test_an_attention_free_model_counts_its_matmuls_and_no_attention_term() -> None:
     """Mamba has no num_attention_heads: the trainer stopped at start with an AttributeError (the sweep found it)."""
     from transformers import AutoConfig

@@ -323,3 +323,37 @@ def test_a_negative_position_count_means_unbounded_not_a_limit_of_minus_one() ->
     assert AutoConfig.for_model("xlnet").max_position_embeddings == -1
     assert max_positions(AutoConfig.for_model("xlnet")) is None
     assert max_positions(AutoConfig.for_model("llama", max_position_embeddings=64)) == 64
+
+
+@pytest.mark.parametrize(
+    ("model_type", "config", "tied"),
+    [
+        ("cpmant", {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "dim_head": 8}, False),
+        (
+            "bigbird_pegasus",
+            {"d_model": 32, "decoder_layers": 2, "decoder_attention_heads": 4, "max_position_embeddings": 64},
+            False,
+        ),
+        (
+            "llama",
+            {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "tie_word_embeddings": True},
+            True,
+        ),
+        ("llama", {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4}, False),
+    ],
+    ids=["cpmant", "bigbird_pegasus", "llama-tied", "llama-untied"],
+)
+def test_the_head_is_tied_only_where_transformers_ties_it(model_type: str, config: dict[str, Any], tied: bool) -> None:
+    """tie_word_embeddings defaults to true, but CPM-Ant and BigBird-Pegasus declare no tie: materialising
+    tied their head to the embedding (CPM-Ant's head silently became its 1,280-row embedding; sharded,
+    'FSDP untied the output head from the input embedding', the architecture sweep)."""
+    from fsdp_trainer.model.architecture import build_meta_model, embeddings_tied, materialize
+    from transformers import AutoConfig
+
+    model = build_meta_model(AutoConfig.for_model(model_type, vocab_size=256, **config))
+    assert model.config.tie_word_embeddings is True or not tied
+    assert embeddings_tied(model) is tied
+    materialize(model, "cpu")
+    head, embedding = model.get_output_embeddings().weight, model.get_input_embeddings().weight
+    assert (head is embedding) is tied
+    assert tuple(head.shape) == (256, 32)

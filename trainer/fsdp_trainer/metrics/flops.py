@@ -89,10 +89,25 @@ def shape_of(model: nn.Module) -> FlopsShape:
         matmul += param.numel() * share
         if not param.requires_grad:
             frozen += param.numel() * share
+    layers = getattr(config, "num_hidden_layers", 0)
+    return FlopsShape(round(matmul), layers, _attention_width(config, layers), round(frozen))
+
+
+def _layer_attention_width(config: Any) -> int:
     # A state-space model (mamba, rwkv) has no attention heads: no score/value term, only its matmuls.
     heads = getattr(config, "num_attention_heads", None) or 0
-    head_dim = (getattr(config, "head_dim", None) or config.hidden_size // heads) if heads else 0
-    return FlopsShape(round(matmul), getattr(config, "num_hidden_layers", 0), heads * head_dim, round(frozen))
+    return heads * (getattr(config, "head_dim", None) or config.hidden_size // heads) if heads else 0
+
+
+def _attention_width(config: Any, layers: int) -> int:
+    """heads x head_dim; for a config whose layers differ (Gemma 4's per-layer head_dim) the mean over layers.
+
+    Such a config refuses to answer a per-layer attribute globally (an error, not a default).
+    """
+    per_layer = getattr(config, "per_layer_config", None)
+    if per_layer is None or not layers:
+        return _layer_attention_width(config)
+    return round(sum(_layer_attention_width(per_layer[i]) for i in range(layers)) / layers)
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 from ..errors import ConfigError, load_failure
 from .hub import local_path, snapshot
 from .llama import llama_config
-from .param_names import unique_parameters
+from .param_names import base_name, unique_parameters
 
 log = logging.getLogger(__name__)
 
@@ -242,8 +242,20 @@ def decoder_units(model: nn.Module) -> list[Unit]:
 
 
 def embeddings_tied(model: PreTrainedModel) -> bool:
-    text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    return bool(getattr(text, "tie_word_embeddings", False)) and model.get_output_embeddings() is not None
+    """Whether transformers ties this model's output head to its input embedding.
+
+    The config's ``tie_word_embeddings`` is not enough: it defaults to true, and
+    models that declare no tie (BigBird-Pegasus, CPM-Ant) keep a head of their
+    own despite it. transformers' own mapping of tied parameters decides.
+    """
+    head = model.get_output_embeddings()
+    if head is None:
+        return False
+    declared = getattr(model, "all_tied_weights_keys", None)
+    if declared is None:  # not built by transformers' post_init: only the config can tell
+        text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        return bool(getattr(text, "tie_word_embeddings", False))
+    return any(f"{base_name(name)}.weight" in declared for name, module in model.named_modules() if module is head)
 
 
 def _is_tied(model: PreTrainedModel) -> bool:
