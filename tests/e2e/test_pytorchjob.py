@@ -236,6 +236,7 @@ def test_a_pod_no_node_fits_stays_pending_with_the_schedulers_reason(whole: Whol
     cond = wait_for(unschedulable, 60, "the scheduler to give up on nofit-worker-0")
     assert cond["status"] == "False"
     assert "3 node(s) didn't match Pod's node affinity/selector" in cond["message"], json.dumps(cond)
+
     # Nothing ran: the job is only Created. The training operator writes that condition in its own
     # reconcile, which can come after the scheduler's verdict on a loaded machine (CI saw no status yet).
     def true_conditions() -> list[str] | None:
