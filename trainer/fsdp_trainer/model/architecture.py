@@ -255,7 +255,13 @@ def embeddings_tied(model: PreTrainedModel) -> bool:
     if declared is None:  # not built by transformers' post_init: only the config can tell
         text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         return bool(getattr(text, "tie_word_embeddings", False))
-    return any(f"{base_name(name)}.weight" in declared for name, module in model.named_modules() if module is head)
+    return not declared.keys().isdisjoint(head_weight_names(model))
+
+
+def head_weight_names(model: PreTrainedModel) -> set[str]:
+    """The Hugging Face name(s) of the output head's weight (LoRA wrappers stripped)."""
+    head = model.get_output_embeddings()
+    return {f"{base_name(name)}.weight" for name, module in model.named_modules() if module is head}
 
 
 def _is_tied(model: PreTrainedModel) -> bool:

@@ -37,7 +37,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from ..errors import ConfigError, name_list
-from .architecture import embeddings_tied
+from .architecture import embeddings_tied, head_weight_names
 from .param_names import base_name, base_parameters
 from .shards import copy_full_into, local_slices, local_tensor
 
@@ -86,10 +86,7 @@ def _ignored(model: PreTrainedModel) -> list[re.Pattern[str]]:
 
 
 def _tied_names(model: PreTrainedModel) -> set[str]:
-    if not embeddings_tied(model):
-        return set()
-    head = model.get_output_embeddings()
-    return {f"{base_name(n)}.weight" for n, m in model.named_modules() if m is head}
+    return head_weight_names(model) if embeddings_tied(model) else set()
 
 
 def expected_tensors(model: nn.Module) -> dict[str, tuple[int, ...]]:
