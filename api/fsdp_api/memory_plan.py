@@ -16,7 +16,9 @@ use it. The numbers model what the trainer does (``fsdp_trainer.parallel``,
   base still takes its fp32 weights, its activations and its gathers;
 - activations: the tensors autograd saves per decoder layer, by seqLen,
   microBatchSize and activationCheckpointing;
-- logits: the output head's logits, their fp32 copy and log-softmax;
+- logits: the output head's logits, their fp32 copy and log-softmax, or
+  with ``training.logits: chunked`` one chunk of them and the gradients
+  the chunked loss keeps for backward;
 - communication: the unsharded parameters FSDP all-gathers (the root
   module's embedding and head stay gathered for the whole step, one or more
   decoder layers at a time besides, every layer with shard_grad_op);
@@ -38,6 +40,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from .instance_types import GIB, INSTANCE_TYPES, InstanceType
+from .loss_chunks import loss_chunk_tokens
 from .model_files import local_model_dir
 from .parallel_plan import ParallelPlan
 from .presets import HUB_MODEL_PRESETS, PRESETS, ModelDims
@@ -142,6 +145,7 @@ class Workload:
     prefetch: int
     device: Device
     adapter_params: int = 0  # LoRA's trainable parameters; 0: every weight trains
+    logits: str = "full"  # training.logits: chunked or full
 
     @property
     def compute_bytes(self) -> int:
@@ -171,6 +175,7 @@ def workload(spec: FSDPTrainingSpec, dims: ModelDims) -> Workload:
         prefetch=spec.fsdp.prefetch,
         device="cuda" if spec.resources.gpus_per_node > 0 else "cpu",
         adapter_params=lora_params(dims, spec.peft) if spec.peft is not None else 0,
+        logits=spec.training.logits,
     )
 
 
@@ -254,7 +259,26 @@ def activation_bytes(w: Workload) -> int:
 
 
 def logits_bytes(w: Workload) -> int:
-    """The loss's share at the start of backward: 12 bytes per token and vocabulary entry.
+    """The loss's share at the start of backward.
+
+    Chunked (``fsdp_trainer.loss.chunked``): forward leaves the gradient of
+    the hidden states (compute dtype) and an fp32 sum of the head's weight
+    gradient, which is the head's gradient ``estimate`` counts anyway;
+    while it runs, one chunk holds 12 bytes per token and vocabulary entry:
+    in fp32 the logits, log-sum-exp's temporary and the gradient; in bf16
+    the matmul's output and the gradient's bf16 copy take the third's place
+    (measured on the CPU: 11.8 bytes). Full: 12 bytes per
+    token and vocabulary entry of the whole micro-batch, below.
+    """
+    if w.logits == "chunked":
+        d = w.dims
+        chunk = min(loss_chunk_tokens(d.vocab_size), w.micro_batch * w.seq_len) * d.vocab_size
+        return w.micro_batch * w.seq_len * d.hidden_size * w.compute_bytes + chunk * 3 * FP32
+    return _full_logits_bytes(w)
+
+
+def _full_logits_bytes(w: Workload) -> int:
+    """The plain loss at the start of backward: 12 bytes per token and vocabulary entry.
 
     Forward keeps log-softmax's fp32 output (the logits and their fp32 copy
     are freed once the loss exists); its backward then holds that output,
@@ -263,6 +287,12 @@ def logits_bytes(w: Workload) -> int:
     log-softmax: at most 10 bytes) is below that.
     """
     return w.micro_batch * w.seq_len * w.dims.vocab_size * 3 * FP32
+
+
+def _logits_note(w: Workload) -> str:
+    if w.logits == "chunked":
+        return f"vocab {w.dims.vocab_size}: chunks of {loss_chunk_tokens(w.dims.vocab_size)} tokens + head gradients"
+    return f"vocab {w.dims.vocab_size}: log-softmax and its gradients (fp32)"
 
 
 def communication_bytes(w: Workload) -> int:
@@ -372,7 +402,7 @@ def estimate(w: Workload) -> Estimate:
             + (", + foreach temp" if temp else ""),
         ),
         Component("activations", acts, f"{w.micro_batch}x{w.seq_len} tokens, checkpointing {w.checkpointing}"),
-        Component("logits", logits, f"vocab {w.dims.vocab_size}: log-softmax and its gradients (fp32)"),
+        Component("logits", logits, _logits_note(w)),
         Component("communication", comm, _comm_note(w)),
         Component("overhead", overhead, "CUDA context + allocator slack" if overhead else "none counted off GPU"),
     )

@@ -39,6 +39,15 @@ CASES: dict[str, dict[str, Any]] = {
         "training": {"seqLen": 256, "microBatchSize": 2},
         "peft": {"rank": 16},
     },
+    # Llama 3's vocabulary, where the loss is the largest buffer: full logits, then the chunked loss.
+    "vocab128k-full": {
+        "model": {"preset": "tiny", "config": {"vocabSize": 128_256}},
+        "training": {"seqLen": 256, "microBatchSize": 4, "logits": "full"},
+    },
+    "vocab128k-chunked": {
+        "model": {"preset": "tiny", "config": {"vocabSize": 128_256}},
+        "training": {"seqLen": 256, "microBatchSize": 4, "logits": "chunked"},
+    },
 }
 
 

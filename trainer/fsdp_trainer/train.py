@@ -31,7 +31,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from fsdp_api.contract import STALLS_DIR
 from fsdp_api.trainer_config import TrainerConfig
 from torch import nn
@@ -44,11 +43,12 @@ from .config import check_config
 from .data.attention import PackedAttention
 from .data.formats import data_format
 from .data.loader import TrainData, row_counts, validation_batches
-from .data.packing import IGNORE_INDEX, Batch
+from .data.packing import Batch
 from .data.prefetch import PrefetchedData
 from .data.tokenizer import check_vocabulary, load_tokenizer
 from .errors import ConfigError
 from .faults import maybe_fault
+from .loss import ChunkedHead, OutputLoss, output_loss
 from .metrics import MetricsProcessor
 from .metrics.flops import shape_of
 from .metrics.stats import StepStats
@@ -163,14 +163,6 @@ def build_model(p: Prepared, *, resuming: bool = False) -> nn.Module:
     return model
 
 
-def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Summed next-token cross-entropy, computed in fp32 whatever the compute dtype.
-
-    Labels equal to IGNORE_INDEX (prompts, padding) add nothing.
-    """
-    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), reduction="sum", ignore_index=IGNORE_INDEX)
-
-
 def state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[int, int]:
     """Bytes of this rank's parameter shards and optimizer state."""
     params = sum(local_tensor(p).numel() * local_tensor(p).element_size() for _, p in unique_parameters(model))
@@ -211,6 +203,7 @@ class Trainer:
         self.model = build_model(p, resuming=bool(found))
         self.num_params = count_parameters(self.model)
         self.num_trainable = count_trainable(self.model)
+        self.loss = self._output_loss()
         # Packed rows of the supervised formats attend only within their row.
         self.packed = (
             PackedAttention(self.model, self.seq_len) if data_format(cfg.data.format).packs_documents else None
@@ -241,6 +234,7 @@ class Trainer:
             seq_len=self.seq_len,
             flops=shape_of(self.model),
             num_trainable=self.num_trainable,
+            logits=self.loss.mode,
         )
         self._validation: list[Batch] | None = None
         self.stop_signal: int | None = None
@@ -262,6 +256,20 @@ class Trainer:
             self.seq_len,
             cfg.training.micro_batch_size * accum * self.dp_size,
         )
+
+    def _output_loss(self) -> OutputLoss:
+        """How the loss is computed (``training.logits``), decided on a probe forward (collective)."""
+        # Eager for the probe: a compiled layer would trace a no-grad variant at the
+        # probe's shape, and a second shape makes dynamo compile for dynamic shapes.
+        with (
+            compute_context(self.model, self.cfg.training.precision, self.device),
+            torch.compiler.set_stance("force_eager"),
+        ):
+            loss = output_loss(self.model, self.cfg.training.logits, self.device)
+        self._reshard()
+        if isinstance(loss, ChunkedHead):
+            log.info("logits: chunked, %d tokens per chunk (%s)", loss.chunk_tokens, loss.transform)
+        return loss
 
     def _lora_summary(self, adapted: list[str]) -> str:
         if not adapted:
@@ -308,6 +316,7 @@ class Trainer:
             world_size=self.world.world_size,
             num_params=self.num_params,
             trainable_params=self.num_trainable,
+            logits=self.loss.mode,
             **({"frozen_sha256": frozen_digest(self.model)} if self.trace.enabled else {}),
         )
         max_steps = cfg.training.max_steps
@@ -374,9 +383,8 @@ class Trainer:
         for micro, batch in enumerate(batches):
             set_gradient_sync(self.model, micro == accum - 1)
             with compute_context(self.model, self.cfg.training.precision, self.device):
-                logits = self.model(input_ids=batch.inputs, **self._attention(batch)).logits
-            loss = token_loss_sum(logits, batch.labels) / divisor
-            del logits
+                loss = self.loss.loss_sum(self.model, batch.labels, input_ids=batch.inputs, **self._attention(batch))
+            loss = loss / divisor
             loss.backward()
             loss_sum += loss.detach()
         grad_norm = clip_gradients(self.model, self.cfg.training.grad_clip_norm)
@@ -489,8 +497,8 @@ class Trainer:
         for batch in batches:
             batch = batch.to(self.device)
             with compute_context(self.model, self.cfg.training.precision, self.device):
-                logits = self.model(input_ids=batch.inputs, **self._attention(batch)).logits
-            totals[0] += token_loss_sum(logits, batch.labels).double()
+                loss = self.loss.loss_sum(self.model, batch.labels, input_ids=batch.inputs, **self._attention(batch))
+            totals[0] += loss.double()
             totals[1] += batch.num_trained
         self.model.train()
         self._reshard()

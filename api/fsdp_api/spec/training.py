@@ -39,6 +39,14 @@ class TrainingSpec(ApiModel):
         description="Recompute activations in backward: none, selective (every other layer) or full (every layer).",
     )
     compile: bool = Field(False, description="torch.compile each decoder layer.")
+    logits: Literal["chunked", "full"] = Field(
+        "chunked",
+        description=(
+            "chunked: the output head and the cross-entropy run a chunk of tokens at a time, so the fp32 logits of "
+            "a whole micro-batch never exist (the model trains on full logits, with a warning, where its logits are "
+            "not its head's output); full: the model's logits, then the loss."
+        ),
+    )
     seed: int = Field(42, ge=0, le=2**31 - 1, description="Random seed for weight init and data order.")
     log_interval_steps: int = Field(10, ge=1, description="Steps between log lines on rank 0.")
     eval_interval_steps: int = Field(0, ge=0, description="Steps between validation runs; 0 disables validation.")

@@ -9,7 +9,7 @@ import pytest
 import torch
 from fsdp_trainer.data.attention import PackedAttention, additive, block_causal_mask
 from fsdp_trainer.data.sft import Document, DocumentPacker, stack_sequences
-from fsdp_trainer.train import token_loss_sum
+from fsdp_trainer.loss import token_loss_sum
 from torch import nn
 from transformers import (
     GPT2Config,

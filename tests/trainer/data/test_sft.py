@@ -24,7 +24,8 @@ from fsdp_trainer.data.packing import IGNORE_INDEX, Batch
 from fsdp_trainer.data.sft import Document, DocumentPacker, stack_sequences
 from fsdp_trainer.data.sources import holdout_mask
 from fsdp_trainer.errors import ConfigError
-from fsdp_trainer.train import prepare, token_loss_sum
+from fsdp_trainer.loss import token_loss_sum
+from fsdp_trainer.train import prepare
 from transformers import AutoTokenizer
 
 from tests.trainer.data.chat_inputs import (

@@ -3,8 +3,8 @@
 Every architecture of ``architectures.ARCHITECTURES`` is checked against
 transformers itself: the sharded model loaded from the checkpoint gives the
 logits of ``AutoModelForCausalLM.from_pretrained`` on the same files, a 2-rank
-``full`` run trains like a single process, and the export loads back into
-transformers with the trained logits.
+``full`` run on the chunked loss trains like a single process on full logits,
+and the export loads back into transformers with the trained logits.
 """
 
 from __future__ import annotations
@@ -112,16 +112,18 @@ def test_two_rank_full_sharding_trains_like_one_process_and_exports(
     name: str, checkpoints: dict[str, Path], inputs: dict[str, Path], tmp_path: Path
 ) -> None:
     runs = {}
-    for nproc, mbs in ((None, 4), (2, 2)):
+    # The single process on full logits, the sharded run on the chunked loss (the default).
+    for nproc, mbs, logits in ((None, 4, "full"), (2, 2, "chunked")):
         work = tmp_path / f"n{nproc}"
         cfg = _config(
             work,
             inputs["aligned"],
             {"pretrained": str(checkpoints[name])},
-            training={"maxSteps": 10, "microBatchSize": mbs},
+            training={"maxSteps": 10, "microBatchSize": mbs, "logits": logits},
             fsdp={"shardingStrategy": "full"},
         )
         runs[nproc] = launch(work, cfg, nproc=nproc).check()
+        assert runs[nproc].events("start")[0]["logits"] == logits
     single, sharded_losses = runs[None].losses(), runs[2].losses()
     assert sorted(single) == list(range(1, 11))
     # Step 1 trains the pretrained weights as loaded: its loss is transformers' own
@@ -144,7 +146,7 @@ def _transformers_loss(checkpoint: Path, inputs: dict[str, Path]) -> float:
     """Mean next-token loss of transformers' model, in training mode, on the one-process run's first batch."""
     from fsdp_api.spec import DataSpec
     from fsdp_trainer.data.loader import TrainData
-    from fsdp_trainer.train import token_loss_sum
+    from fsdp_trainer.loss import token_loss_sum
     from transformers import AutoTokenizer
 
     train = base_config(Path("unused"), inputs["aligned"], Path("unused"))["training"]

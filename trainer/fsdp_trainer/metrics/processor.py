@@ -68,9 +68,11 @@ class MetricsProcessor:
         seq_len: int,
         num_trainable: int | None = None,
         flops: FlopsShape,
+        logits: str = "full",
         stream: TextIO | None = None,
     ) -> None:
         self.cfg = cfg
+        self.logits = logits
         self.world = world
         self.num_params = num_params
         self.num_trainable = num_params if num_trainable is None else num_trainable
@@ -119,6 +121,7 @@ class MetricsProcessor:
             contract.LABEL_SHARDING_STRATEGY: self.cfg.fsdp.sharding_strategy,
             contract.LABEL_PRECISION: self.cfg.training.precision,
             contract.LABEL_WORLD_SIZE: str(self.world.world_size),
+            contract.LABEL_LOGITS: self.logits,
         }
         m.info.labels(**self.labels, **info).set(1)
         m.max_steps.labels(**self.labels).set(self.max_steps)

@@ -1,0 +1,14 @@
+"""The training loss: full logits or a chunked output head (``training.logits``)."""
+
+from .chunked import LogitTransform, linear_cross_entropy_sum
+from .head import ChunkedHead, FullLogits, OutputLoss, output_loss, token_loss_sum
+
+__all__ = [
+    "ChunkedHead",
+    "FullLogits",
+    "LogitTransform",
+    "OutputLoss",
+    "linear_cross_entropy_sum",
+    "output_loss",
+    "token_loss_sum",
+]
