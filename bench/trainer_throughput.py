@@ -35,9 +35,12 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import yaml
 from fsdp_api.launch import free_port, local_env, torchrun_standalone, trainer_program
+from fsdp_api.memory_plan import plan_memory
+from fsdp_api.spec import FSDPTrainingSpec
 from fsdp_trainer.metrics.logline import MFU_PATTERN, PEAK_MEMORY_PATTERN, SUMMARY_PATTERN
 
 REPO = Path(__file__).resolve().parents[1]
@@ -77,6 +80,7 @@ class Setup:
     activation_checkpointing: bool = False
     compile: bool = False
     architecture: Path | None = None  # a config.json directory instead of the preset
+    logits: str = "chunked"  # training.logits of the trainer's runs (the minimal loop: full logits)
 
     @property
     def tokens_per_step(self) -> int:
@@ -88,8 +92,18 @@ class Setup:
         return f"{model} seq {self.seq_len} mbs {self.micro_batch_size} {ac}{' compile' if self.compile else ''}"
 
 
-# One row of the GPU table: seqLen, full activation checkpointing, torch.compile.
-Row = tuple[int, bool, bool]
+class Row(NamedTuple):
+    """One row of the GPU table (micro_batch None: the run's ``--micro-batch-size``)."""
+
+    seq_len: int
+    activation_checkpointing: bool
+    compile: bool
+    logits: str = "chunked"
+    micro_batch: int | None = None
+
+    def describe(self) -> str:
+        ac, comp = "full" if self.activation_checkpointing else "none", "compile" if self.compile else "eager"
+        return f"{self.seq_len}/{ac}/{comp}/{self.logits}" + (f"/mbs {self.micro_batch}" if self.micro_batch else "")
 
 
 @dataclass(frozen=True)
@@ -105,11 +119,11 @@ class GpuRun:
     repeats: int
 
     def describe(self, device_name: str, nproc: int, micro_batch_size: int) -> str:
-        rows = ", ".join(f"{s}/{'full' if ac else 'none'}/{'compile' if c else 'eager'}" for s, ac, c in self.rows)
+        rows = ", ".join(row.describe() for row in self.rows)
         return (
             f"GPU bench on {device_name} x {nproc}: {self.preset} {self.precision}, micro-batch {micro_batch_size}, "
             f"{self.steps} steps (timed after {WARMUP_STEPS}), {self.repeats} repeat(s), "
-            f"ratio at seqLen {self.ratio_seq_len}; rows (seqLen/AC/compile): {rows}"
+            f"ratio at seqLen {self.ratio_seq_len}; rows (seqLen/AC/compile/logits): {rows}"
         )
 
 
@@ -118,20 +132,27 @@ GPU_FULL = GpuRun(
     "bf16",
     "cuda",
     2048,
-    tuple(itertools.product((2048, 4096), (False, True), (False, True))),
+    tuple(Row(*r) for r in itertools.product((2048, 4096), (False, True), (False, True), ("full", "chunked"))),
     STEPS,
     REPEATS,
 )
-# The full matrix at 15 steps took ~8.5 min on one H200 (about 50 s a run, start-up bound):
-# five runs in all (the ratio's two, three more rows) fit a lease of 8 minutes with room to spare.
+# The 8-row matrix at 15 steps took ~8.5 min on one H200 (about 50 s a run, start-up bound):
+# six runs in all (the ratio's two, four more rows) fit a lease of 8 minutes. Full logits against
+# the chunked loss, eager and compiled, and a micro-batch the memory the chunks give back pays for.
 GPU_QUICK = dataclasses.replace(
     GPU_FULL,
-    rows=((2048, False, False), (2048, False, True), (4096, False, True), (4096, True, True)),
+    rows=(
+        Row(2048, False, False, "full"),
+        Row(2048, False, False, "chunked"),
+        Row(4096, False, True, "full"),
+        Row(4096, False, True, "chunked"),
+        Row(4096, False, True, "chunked", 2),
+    ),
     steps=15,
     repeats=1,
 )
 # Compile stays off: inductor on the CPU needs a C++ toolchain and minutes.
-GPU_DRY_RUN = GpuRun("tiny", "bf16", "cpu", 64, ((64, False, False), (64, True, False)), 5, 1)
+GPU_DRY_RUN = GpuRun("tiny", "bf16", "cpu", 64, (Row(64, False, False), Row(64, True, False, "full")), 5, 1)
 
 
 @dataclass(frozen=True)
@@ -169,6 +190,7 @@ def trainer_config(s: Setup, workdir: Path) -> dict:
             "precision": s.precision,
             "activationCheckpointing": "full" if s.activation_checkpointing else "none",
             "compile": s.compile,
+            "logits": s.logits,
             "logIntervalSteps": 10,
             "evalIntervalSteps": 0,
         },
@@ -296,29 +318,63 @@ def gpu_bench(args: argparse.Namespace, workdir: Path) -> None:
     mbs = args.micro_batch_size or 1
     print(run.describe(device_name, nproc, mbs), flush=True)
 
-    def setup(seq_len: int, ac: bool, comp: bool) -> Setup:
-        return Setup(run.preset, nproc, seq_len, mbs, run.steps, run.precision, ac, comp)
+    def setup(row: Row) -> Setup:
+        return Setup(
+            run.preset,
+            nproc,
+            row.seq_len,
+            row.micro_batch or mbs,
+            run.steps,
+            run.precision,
+            row.activation_checkpointing,
+            row.compile,
+            logits=row.logits,
+        )
 
     # The headline ratio first, so that a device lease cut short still reports it.
-    ratio_row: Row = (run.ratio_seq_len, False, False)
+    ratio_row = Row(run.ratio_seq_len, False, False)
     print(f"seqLen {run.ratio_seq_len}, no checkpointing, eager: trainer vs minimal FSDP2 loop", flush=True)
-    ours, minimal = compare(setup(*ratio_row), run.repeats, workdir, gpu=on_gpu)
+    ours, minimal = compare(setup(ratio_row), run.repeats, workdir, gpu=on_gpu)
     report_ratio(ours, minimal, cpu_time=False)
-    print(f"| seqLen | activation ckpt | compile | tokens/s/{'GPU' if on_gpu else 'rank'} | MFU | peak memory |")
-    print("| ---: | --- | --- | ---: | ---: | ---: |", flush=True)
+    unit = "GPU" if on_gpu else "rank"
+    print(f"| seqLen | micro-batch | activation ckpt | compile | logits | tokens/s/{unit} | MFU | peak memory | plan |")
+    print("| ---: | ---: | --- | --- | --- | ---: | ---: | ---: | ---: |", flush=True)
     for row in run.rows:
-        seq_len, ac, comp = row
-        tag = f"gpu-{seq_len}-{'ac' if ac else 'noac'}-{'compile' if comp else 'eager'}"
+        s = setup(row)
+        cells = [str(row.seq_len), str(s.micro_batch_size), "full" if s.activation_checkpointing else "none"]
+        cells += ["on" if s.compile else "off", s.logits]
+        tag = f"gpu-{row.seq_len}-{s.micro_batch_size}-{'ac' if s.activation_checkpointing else 'noac'}"
+        tag += f"-{'compile' if s.compile else 'eager'}-{s.logits}"
         try:
             # The ratio's first trainer run has this very setup: a lease is too short to run it twice.
-            r = ours[0] if row == ratio_row else run_trainer(setup(*row), workdir, on_gpu, tag)
+            r = ours[0] if s == setup(ratio_row) else run_trainer(s, workdir, on_gpu, tag)
         except SystemExit as e:  # e.g. out of memory at 4096 without checkpointing
-            print(f"| {seq_len} | {'full' if ac else 'none'} | {'on' if comp else 'off'} | failed: {e} | | |")
+            print("| " + " | ".join(cells) + f" | failed: {e} | | | |", flush=True)
             continue
         mfu = f"{r.mfu:.1%}" if r.mfu is not None else "n/a"
-        cells = [str(seq_len), "full" if ac else "none", "on" if comp else "off"]
-        cells += [f"{r.tokens_per_second / nproc:,.0f}", mfu, r.peak_memory]
+        cells += [f"{r.tokens_per_second / nproc:,.0f}", mfu, r.peak_memory, planned_memory(s, on_gpu)]
         print("| " + " | ".join(cells) + " |", flush=True)
+
+
+def planned_memory(s: Setup, on_gpu: bool) -> str:
+    """``fsdp-operator plan``'s tensor estimate of the same job (the trainer reports allocated bytes too)."""
+    spec = FSDPTrainingSpec.model_validate(
+        {
+            "image": "bench:plan",
+            "model": {"preset": s.preset},
+            "training": {
+                "maxSteps": s.steps,
+                "seqLen": s.seq_len,
+                "microBatchSize": s.micro_batch_size,
+                "precision": s.precision,
+                "activationCheckpointing": "full" if s.activation_checkpointing else "none",
+                "logits": s.logits,
+            },
+            "resources": {"nodes": 1, "gpusPerNode": s.nproc} if on_gpu else {"nodes": s.nproc, "gpusPerNode": 0},
+        }
+    )
+    estimate = plan_memory(spec).estimate
+    return f"{estimate.tensor_bytes / 2**30:.2f} GiB" if estimate is not None else "n/a"
 
 
 def main() -> None:

@@ -21,7 +21,8 @@ RATIO_LINE = re.compile(
     r"^trainer [\d,]+ tok/s \| minimal FSDP2 [\d,]+ tok/s \| ratio (?P<ratio>[\d.]+) ", re.MULTILINE
 )
 TABLE_ROW = re.compile(
-    r"^\| (?P<seq>\d+) \| (?P<ac>none|full) \| (?P<compile>on|off) \| (?P<tps>[\d,]+) \| (?P<mfu>[^|]+) \| [^|]+ \|$",
+    r"^\| (?P<seq>\d+) \| (?P<mbs>\d+) \| (?P<ac>none|full) \| (?P<compile>on|off) \| (?P<logits>chunked|full) \| "
+    r"(?P<tps>[\d,]+) \| (?P<mfu>[^|]+) \| (?P<peak>[^|]+) \| (?P<plan>[\d.]+ GiB) \|$",
     re.MULTILINE,
 )
 
@@ -38,14 +39,15 @@ def _args(**given: object) -> argparse.Namespace:
 def test_each_gpu_run_has_its_settings() -> None:
     bench = _bench()
     full, quick, dry = (bench.gpu_run(_args(**a)) for a in ({}, {"quick": True}, {"dry_run": True}))
-    assert (full.preset, full.device, full.steps, full.repeats, len(full.rows)) == ("llama3.2-1b", "cuda", 30, 2, 8)
-    # --quick: a subset of the full matrix at 15 steps, once.
+    assert (full.preset, full.device, full.steps, full.repeats, len(full.rows)) == ("llama3.2-1b", "cuda", 30, 2, 16)
+    # --quick: full logits against the chunked loss at 15 steps, once; all but one row are in the full matrix.
     assert (quick.preset, quick.steps, quick.repeats) == ("llama3.2-1b", 15, 1)
-    assert set(quick.rows) < set(full.rows)
+    assert len(set(quick.rows) - set(full.rows)) == 1
+    assert {row.logits for row in quick.rows} == {"full", "chunked"}
     # --dry-run: the CPU, seqLen 64, checkpointing off and on, more steps than the warm-up.
     assert (dry.preset, dry.device, dry.steps, dry.repeats) == ("tiny", "cpu", 5, 1)
     assert dry.steps > bench.WARMUP_STEPS
-    assert sorted(dry.rows) == [(64, False, False), (64, True, False)]
+    assert sorted(dry.rows) == [(64, False, False, "chunked", None), (64, True, False, "full", None)]
     assert bench.gpu_run(_args(quick=True, steps=20, repeats=3)).steps == 20
     assert bench.gpu_run(_args(quick=True, steps=20, repeats=3)).repeats == 3
 
@@ -67,8 +69,11 @@ def test_gpu_path_runs_on_the_cpu() -> None:
     assert ratio.start() < out.index("| seqLen |")
 
     rows = list(TABLE_ROW.finditer(out))
-    expected = [(str(s), "full" if ac else "none", "on" if c else "off") for s, ac, c in _bench().GPU_DRY_RUN.rows]
-    assert [(r["seq"], r["ac"], r["compile"]) for r in rows] == expected, out
+    expected = [
+        (str(r.seq_len), "full" if r.activation_checkpointing else "none", "on" if r.compile else "off", r.logits)
+        for r in _bench().GPU_DRY_RUN.rows
+    ]
+    assert [(r["seq"], r["ac"], r["compile"], r["logits"]) for r in rows] == expected, out
     for r in rows:
         assert int(r["tps"].replace(",", "")) > 0, r[0]
         assert r["mfu"] == "n/a", r[0]  # no peak TFLOP/s is known for a CPU

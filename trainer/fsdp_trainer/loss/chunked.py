@@ -65,14 +65,22 @@ def _chunk_loss(
     return loss, grad
 
 
+_fp32_out_matmul: dict[str, bool] = {}  # device type -> whether addmm takes out_dtype there
+
+
 def _accumulate(total: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
     """total += a @ b, accumulated in total's dtype (fp32) without a whole-size temporary where the backend can."""
     if total.dtype == a.dtype:
         total.addmm_(a, b)
-    elif total.is_cuda:
-        torch.addmm(total, a, b, out_dtype=total.dtype, out=total)
-    else:
-        total.add_(a @ b)
+        return
+    device = total.device.type
+    if _fp32_out_matmul.get(device, device == "cuda"):
+        try:  # bf16 inputs, fp32 output: CUDA's addmm.dtype_out (not every torch has it)
+            torch.addmm(total, a, b, out_dtype=total.dtype, out=total)
+            return
+        except (TypeError, RuntimeError, NotImplementedError):
+            _fp32_out_matmul[device] = False
+    total.add_(a @ b)
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
