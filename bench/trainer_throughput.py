@@ -100,10 +100,13 @@ class Row(NamedTuple):
     compile: bool
     logits: str = "chunked"
     micro_batch: int | None = None
+    precision: str | None = None  # None: the run's (bf16 on the GPU)
 
     def describe(self) -> str:
         ac, comp = "full" if self.activation_checkpointing else "none", "compile" if self.compile else "eager"
-        return f"{self.seq_len}/{ac}/{comp}/{self.logits}" + (f"/mbs {self.micro_batch}" if self.micro_batch else "")
+        extra = f"/mbs {self.micro_batch}" if self.micro_batch else ""
+        extra += f"/{self.precision}" if self.precision else ""
+        return f"{self.seq_len}/{ac}/{comp}/{self.logits}{extra}"
 
 
 @dataclass(frozen=True)
@@ -137,8 +140,8 @@ GPU_FULL = GpuRun(
     REPEATS,
 )
 # The 8-row matrix at 15 steps took ~8.5 min on one H200 (about 50 s a run, start-up bound):
-# six runs in all (the ratio's two, four more rows) fit a lease of 8 minutes. Full logits against
-# the chunked loss, eager and compiled, and a micro-batch the memory the chunks give back pays for.
+# seven runs in all (the ratio's two, five more rows) fit a lease of 8 minutes. Full logits
+# against the chunked loss, eager and compiled, then float8 on top, and float8 at micro-batch 2.
 GPU_QUICK = dataclasses.replace(
     GPU_FULL,
     rows=(
@@ -146,7 +149,8 @@ GPU_QUICK = dataclasses.replace(
         Row(2048, False, False, "chunked"),
         Row(4096, False, True, "full"),
         Row(4096, False, True, "chunked"),
-        Row(4096, False, True, "chunked", 2),
+        Row(4096, False, True, "chunked", precision="float8"),
+        Row(4096, False, True, "chunked", 2, precision="float8"),
     ),
     steps=15,
     repeats=1,
@@ -325,7 +329,7 @@ def gpu_bench(args: argparse.Namespace, workdir: Path) -> None:
             row.seq_len,
             row.micro_batch or mbs,
             run.steps,
-            run.precision,
+            row.precision or run.precision,
             row.activation_checkpointing,
             row.compile,
             logits=row.logits,
@@ -337,14 +341,15 @@ def gpu_bench(args: argparse.Namespace, workdir: Path) -> None:
     ours, minimal = compare(setup(ratio_row), run.repeats, workdir, gpu=on_gpu)
     report_ratio(ours, minimal, cpu_time=False)
     unit = "GPU" if on_gpu else "rank"
-    print(f"| seqLen | micro-batch | activation ckpt | compile | logits | tokens/s/{unit} | MFU | peak memory | plan |")
-    print("| ---: | ---: | --- | --- | --- | ---: | ---: | ---: | ---: |", flush=True)
+    header = f"| seqLen | micro-batch | precision | activation ckpt | compile | logits | tokens/s/{unit} | MFU |"
+    print(header + " peak memory | plan |")
+    print("| ---: | ---: | --- | --- | --- | --- | ---: | ---: | ---: | ---: |", flush=True)
     for row in run.rows:
         s = setup(row)
-        cells = [str(row.seq_len), str(s.micro_batch_size), "full" if s.activation_checkpointing else "none"]
-        cells += ["on" if s.compile else "off", s.logits]
+        cells = [str(row.seq_len), str(s.micro_batch_size), s.precision]
+        cells += ["full" if s.activation_checkpointing else "none", "on" if s.compile else "off", s.logits]
         tag = f"gpu-{row.seq_len}-{s.micro_batch_size}-{'ac' if s.activation_checkpointing else 'noac'}"
-        tag += f"-{'compile' if s.compile else 'eager'}-{s.logits}"
+        tag += f"-{'compile' if s.compile else 'eager'}-{s.logits}-{s.precision}"
         try:
             # The ratio's first trainer run has this very setup: a lease is too short to run it twice.
             r = ours[0] if s == setup(ratio_row) else run_trainer(s, workdir, on_gpu, tag)

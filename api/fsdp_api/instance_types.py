@@ -81,6 +81,14 @@ def lookup(name: str) -> InstanceType | None:
     return INSTANCE_TYPES.get(name)
 
 
+# float8 matmuls (torch._scaled_mm, which torchao's float8 training calls) need CUDA compute
+# capability 8.9 or later (torchao/utils.py ``is_sm_at_least_89``, torchao 0.18.0): Hopper
+# (H100, H200, capability 9.0) has float8 tensor cores; Ampere (A100 8.0, A10G 8.6) has none.
+# g6's GPU is not named in the table above, so it is not listed either.
+FLOAT8_GPU_MODELS = ("NVIDIA H100", "NVIDIA H200")
+FLOAT8_INSTANCE_TYPES = tuple(name for name, t in INSTANCE_TYPES.items() if t.gpu_model in FLOAT8_GPU_MODELS)
+
+
 # --- the host: vCPUs, memory, pods ------------------------------------------------------
 
 # EC2 User Guide, accelerated computing instances, "Hardware specifications" (Default vCPUs,

@@ -43,6 +43,7 @@ from .instance_types import GIB, INSTANCE_TYPES, InstanceType
 from .loss_chunks import loss_chunk_tokens
 from .model_files import local_model_dir
 from .parallel_plan import ParallelPlan
+from .precision import compute_dtype
 from .presets import HUB_MODEL_PRESETS, PRESETS, ModelDims
 from .spec import MAX_NODES, FSDPTrainingSpec, ModelOverrides, PeftSpec, effective_seq_len
 
@@ -150,7 +151,7 @@ class Workload:
     @property
     def compute_bytes(self) -> int:
         """Bytes per element of the compute dtype (FSDP's param_dtype, or autocast's)."""
-        return BF16 if self.precision == "bf16" else FP32
+        return BF16 if compute_dtype(self.precision) == "bf16" else FP32
 
     @property
     def trainable_params(self) -> int:
@@ -306,7 +307,7 @@ def communication_bytes(w: Workload) -> int:
     """
     d, c = w.dims, w.compute_bytes
     if not w.uses_fsdp:
-        return d.num_params() * c if w.precision == "bf16" else 0
+        return d.num_params() * c if compute_dtype(w.precision) == "bf16" else 0
     layer = layer_params(d) * c
     gathered_layers = (1 + w.prefetch) * layer if w.reshard_after_forward else d.num_layers * layer
     return root_params(d) * c + gathered_layers + layer
@@ -411,7 +412,7 @@ def estimate(w: Workload) -> Estimate:
 
 def _comm_note(w: Workload) -> str:
     if not w.uses_fsdp:
-        return "bf16 autocast weight copies" if w.precision == "bf16" else "none (one process, no FSDP)"
+        return "bf16 autocast weight copies" if compute_dtype(w.precision) == "bf16" else "none (one process, no FSDP)"
     gathered = f"{1 + w.prefetch} layer(s)" if w.reshard_after_forward else "all layers"
     return f"gathered root + {gathered} + all-gather buffer"
 

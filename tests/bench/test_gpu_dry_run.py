@@ -21,7 +21,8 @@ RATIO_LINE = re.compile(
     r"^trainer [\d,]+ tok/s \| minimal FSDP2 [\d,]+ tok/s \| ratio (?P<ratio>[\d.]+) ", re.MULTILINE
 )
 TABLE_ROW = re.compile(
-    r"^\| (?P<seq>\d+) \| (?P<mbs>\d+) \| (?P<ac>none|full) \| (?P<compile>on|off) \| (?P<logits>chunked|full) \| "
+    r"^\| (?P<seq>\d+) \| (?P<mbs>\d+) \| (?P<precision>bf16|float8|fp32) \| (?P<ac>none|full) \| "
+    r"(?P<compile>on|off) \| (?P<logits>chunked|full) \| "
     r"(?P<tps>[\d,]+) \| (?P<mfu>[^|]+) \| (?P<peak>[^|]+) \| (?P<plan>[\d.]+ GiB) \|$",
     re.MULTILINE,
 )
@@ -42,12 +43,13 @@ def test_each_gpu_run_has_its_settings() -> None:
     assert (full.preset, full.device, full.steps, full.repeats, len(full.rows)) == ("llama3.2-1b", "cuda", 30, 2, 16)
     # --quick: full logits against the chunked loss at 15 steps, once; all but one row are in the full matrix.
     assert (quick.preset, quick.steps, quick.repeats) == ("llama3.2-1b", 15, 1)
-    assert len(set(quick.rows) - set(full.rows)) == 1
+    assert len(set(quick.rows) - set(full.rows)) == 2  # the float8 rows
     assert {row.logits for row in quick.rows} == {"full", "chunked"}
+    assert {row.precision for row in quick.rows} == {None, "float8"}
     # --dry-run: the CPU, seqLen 64, checkpointing off and on, more steps than the warm-up.
     assert (dry.preset, dry.device, dry.steps, dry.repeats) == ("tiny", "cpu", 5, 1)
     assert dry.steps > bench.WARMUP_STEPS
-    assert sorted(dry.rows) == [(64, False, False, "chunked", None), (64, True, False, "full", None)]
+    assert sorted(dry.rows) == [(64, False, False, "chunked", None, None), (64, True, False, "full", None, None)]
     assert bench.gpu_run(_args(quick=True, steps=20, repeats=3)).steps == 20
     assert bench.gpu_run(_args(quick=True, steps=20, repeats=3)).repeats == 3
 

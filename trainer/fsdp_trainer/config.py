@@ -12,6 +12,7 @@ fails on every rank with the same message instead of hanging a rendezvous.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 from typing import Any
@@ -95,12 +96,31 @@ def check_config(cfg: TrainerConfig, plan: ParallelPlan, device_type: str = "cud
     errors += plan.errors()
     if cfg.fsdp.cpu_offload and device_type != "cuda":
         errors.append("fsdp.cpuOffload: needs GPUs; without them the parameters already live in CPU memory")
+    errors += _check_float8(cfg, device_type)
     errors += _check_data(cfg)
     errors += _check_model_refs(cfg)
     errors += _check_checkpoint_dir(cfg)
     if errors:
         raise ConfigError(errors)
     _check_hub_reachable(cfg)
+
+
+def _check_float8(cfg: TrainerConfig, device_type: str) -> list[str]:
+    if cfg.training.precision != "float8":
+        return []
+    if importlib.util.find_spec("torchao") is None:
+        return ["training.precision: float8 needs torchao, which this environment lacks (pip install torchao)"]
+    import torch  # here: the config check itself runs without torch's import time
+
+    if device_type == "cuda" and torch.cuda.is_available():
+        capability = torch.cuda.get_device_capability()
+        if capability < (8, 9):
+            name = torch.cuda.get_device_name()
+            return [
+                f"training.precision: float8 needs float8 tensor cores (compute capability 8.9 or later: H100, "
+                f"H200, L4, L40S); this GPU is {name}, {capability[0]}.{capability[1]}: use bf16"
+            ]
+    return []
 
 
 def hub_refs(cfg: TrainerConfig) -> list[tuple[str, str]]:

@@ -69,6 +69,7 @@ from .model.pretrained import LoadPlan, check_pretrained, load_pretrained
 from .model.shards import local_tensor
 from .optim import build_optimizer, build_scheduler, clip_gradients, restore_schedule
 from .parallel.distributed import WorldInfo, destroy_distributed, init_distributed, world_from_env
+from .parallel.float8 import float8_plan
 from .parallel.parallelize import compute_context, is_fsdp, parallelize, set_gradient_sync
 from .parallel.plan import ParallelPlan, build_mesh
 from .trace import Trace
@@ -133,6 +134,13 @@ def prepare(cfg: TrainerConfig, world: WorldInfo | None = None) -> Prepared:
     except (ValueError, TypeError, AttributeError) as e:
         raise ConfigError([f"model: transformers cannot build {type(config).__name__} as configured: {e}"]) from None
     decoder_units(model)
+    if cfg.training.precision == "float8" and not float8_plan(model).converted:
+        raise ConfigError(
+            [
+                f"training.precision: float8: no Linear layer of {type(model).__name__}'s decoder blocks can run in "
+                f"float8 ({float8_plan(model).summary()}); use bf16"
+            ]
+        )
     adapted = apply_lora(model, cfg.peft) if cfg.peft is not None else []
     pretrained = check_pretrained(model, path) if cfg.model.pretrained and path is not None else None
     return Prepared(cfg, world, plan, tokenizer, model, seq_len, pretrained, adapted)
@@ -149,7 +157,7 @@ def build_model(p: Prepared, *, resuming: bool = False) -> nn.Module:
     cfg, world, plan = p.cfg, p.world, p.plan
     model = p.model
     mesh = build_mesh(world, plan) if plan.uses_fsdp else None
-    parallelize(model, cfg, plan, mesh)
+    parallelize(model, cfg, plan, mesh, world.device)
     materialize(model, "cpu" if plan.fsdp.cpu_offload else world.device)
     if p.pretrained is not None and (not resuming or p.adapted):
         reset_buffers(model)
@@ -317,6 +325,7 @@ class Trainer:
             num_params=self.num_params,
             trainable_params=self.num_trainable,
             logits=self.loss.mode,
+            float8_linears=sum(type(m).__name__ == "Float8Linear" for m in self.model.modules()),
             **({"frozen_sha256": frozen_digest(self.model)} if self.trace.enabled else {}),
         )
         max_steps = cfg.training.max_steps

@@ -8,10 +8,12 @@ script replaces the built-in trainer) and the sequence length are here.
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from pydantic import BaseModel
 
 from ..contract import POD_MOUNTS, RDZV_PORT
+from ..instance_types import FLOAT8_INSTANCE_TYPES
 from ..rules import Rule
 from .backend_rules import BACKEND_RULES
 from .checkpoint import CheckpointSpec
@@ -22,6 +24,15 @@ from .stall import StallSpec
 from .training import TrainingSpec
 from .values import IMAGE_PINNED_PATTERN
 from .volumes import NO_NESTING_MOUNTS, mounts_clash
+
+_NOT_FLOAT8 = "!has(self.training) || !has(self.training.precision) || self.training.precision != 'float8'"
+_FLOAT8_CEL = "[" + ", ".join(f"'{t}'" for t in FLOAT8_INSTANCE_TYPES) + "]"
+
+
+def _float8_types(resources: Any) -> bool:
+    types = resources.instance_types
+    return bool(types) and all(t in FLOAT8_INSTANCE_TYPES for t in types)
+
 
 # --- sequence length ----------------------------------------------------------
 
@@ -234,6 +245,23 @@ SPEC_RULES: tuple[Rule, ...] = (
         ),
         field_path=".pod.volumeMounts",
         check=lambda s: not any(mounts_clash(m.mount_path, s.checkpoint.dir) for m in s.pod.volume_mounts),
+    ),
+    Rule(
+        cel=f"{_NOT_FLOAT8} || !has(self.resources) || self.resources.gpusPerNode > 0",
+        message="training.precision float8 needs GPUs with float8 tensor cores; a CPU-only job "
+        "(resources.gpusPerNode: 0) cannot run it",
+        field_path=".training.precision",
+        check=lambda s: s.training is None or s.training.precision != "float8" or s.resources.gpus_per_node > 0,
+    ),
+    Rule(
+        cel=(
+            f"{_NOT_FLOAT8} || (has(self.resources) && has(self.resources.instanceTypes)"
+            f" && self.resources.instanceTypes.size() > 0 && self.resources.instanceTypes.all(t, t in {_FLOAT8_CEL}))"
+        ),
+        message="training.precision float8 needs GPUs with float8 tensor cores: list resources.instanceTypes, "
+        f"each one of {', '.join(FLOAT8_INSTANCE_TYPES)} (H100, H200); A100 (p4d) and A10G (g5) have none",
+        field_path=".training.precision",
+        check=lambda s: s.training is None or s.training.precision != "float8" or _float8_types(s.resources),
     ),
     Rule(
         cel="!has(self.resources) || self.resources.efaPerNode == 0 || self.resources.gpusPerNode > 0",

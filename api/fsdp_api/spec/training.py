@@ -7,6 +7,7 @@ from typing import ClassVar, Literal
 from pydantic import Field
 
 from ..base import ApiModel
+from ..precision import DEFAULT_FLOAT8_RECIPE, Float8Recipe, Precision
 from ..rules import Rule
 
 
@@ -31,8 +32,19 @@ class TrainingSpec(ApiModel):
     )
     weight_decay: float = Field(0.1, ge=0, le=10, description="AdamW weight decay.")
     grad_clip_norm: float = Field(1.0, ge=0, description="Clip the global gradient norm to this value; 0 disables.")
-    precision: Literal["bf16", "fp32"] = Field(
-        "bf16", description="bf16: bf16 parameters and compute with fp32 gradient reduction; fp32: full precision."
+    precision: Precision = Field(
+        "bf16",
+        description=(
+            "bf16: bf16 parameters and compute with fp32 gradient reduction; float8: the same, with the decoder "
+            "blocks' matmuls in float8 (torchao; GPUs with float8 tensor cores: H100, H200); fp32: full precision."
+        ),
+    )
+    float8_recipe: Float8Recipe | None = Field(
+        None,
+        description=(
+            "With precision float8: tensorwise (one scale per tensor, float8 all-gather of the weights) or "
+            "rowwise (one scale per row: more accurate, slower). Unset: tensorwise."
+        ),
     )
     activation_checkpointing: Literal["none", "selective", "full"] = Field(
         "none",
@@ -54,12 +66,21 @@ class TrainingSpec(ApiModel):
 
     rules: ClassVar[tuple[Rule, ...]] = (
         Rule(
+            cel="!has(self.float8Recipe) || (has(self.precision) && self.precision == 'float8')",
+            message="float8Recipe applies to precision: float8 only",
+            field_path=".float8Recipe",
+            check=lambda t: t.float8_recipe is None or t.precision == "float8",
+        ),
+        Rule(
             cel="!has(self.warmupSteps) || self.warmupSteps < self.maxSteps",
             message="warmupSteps must be smaller than maxSteps",
             field_path=".warmupSteps",
             check=lambda t: t.warmup_steps is None or t.warmup_steps < t.max_steps,
         ),
     )
+
+    def effective_float8_recipe(self) -> Float8Recipe:
+        return self.float8_recipe or DEFAULT_FLOAT8_RECIPE
 
     def effective_warmup_steps(self) -> int:
         if self.warmup_steps is not None:

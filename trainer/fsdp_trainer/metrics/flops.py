@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fsdp_api.contract import ENV_PEAK_TFLOPS
+from fsdp_api.precision import compute_dtype
 from torch import nn
 
 PEAK_OVERRIDE_ENV = ENV_PEAK_TFLOPS
@@ -156,7 +157,7 @@ def peak_tflops(device_name: str | None, precision: str, *, tf32: bool = False) 
     """Dense peak TFLOP/s of one device for the training precision; 0.0 when unknown.
 
     ``device_name`` is None on the CPU, whose peak we do not guess: MFU is then
-    not reported. ``precision`` is the spec's ``bf16`` or ``fp32``; fp32
+    not reported. ``precision`` is the spec's ``bf16``, ``float8`` or ``fp32``; fp32
     matmuls run on TF32 tensor cores only when torch allows it (``tf32``).
     """
     override = os.environ.get(PEAK_OVERRIDE_ENV)
@@ -168,7 +169,7 @@ def peak_tflops(device_name: str | None, precision: str, *, tf32: bool = False) 
     if row is None:
         return 0.0
     peak = row[1]
-    if precision == "bf16":
+    if compute_dtype(precision) == "bf16":  # float8 too: its MFU is against the bf16 peak
         return peak.bf16
     return peak.tf32 if tf32 else peak.fp32
 

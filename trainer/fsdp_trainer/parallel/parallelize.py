@@ -2,7 +2,8 @@
 
 The units are the model's decoder blocks (``model.architecture.decoder_units``:
 its ``_no_split_modules``), whatever the architecture. Order matters, as in
-torchtitan: activation checkpointing wraps each decoder layer first,
+torchtitan: float8 swaps the blocks' Linear layers first (``float8.py``),
+activation checkpointing wraps each decoder layer next,
 torch.compile compiles the (wrapped) layers, and ``fully_shard`` goes on each
 layer and then on the root, so every layer is one all-gather / reduce-scatter
 group and the root group holds the embeddings, final norm and output head.
@@ -22,6 +23,7 @@ from collections.abc import Iterator
 
 import torch
 from fsdp_api.parallel_plan import ParallelPlan
+from fsdp_api.precision import compute_dtype
 from fsdp_api.trainer_config import TrainerConfig
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
@@ -30,6 +32,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionP
 from transformers import PreTrainedModel
 
 from ..model.architecture import decoder_units
+from .float8 import apply_float8
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +71,7 @@ def apply_compile(model: PreTrainedModel) -> None:
 
 
 def mixed_precision(precision: str) -> MixedPrecisionPolicy:
-    if precision == "bf16":
+    if compute_dtype(precision) == "bf16":
         # bf16 compute and all-gathers, fp32 gradient reduction: summing
         # gradients over many ranks in bf16 loses too many bits.
         return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
@@ -102,9 +105,16 @@ def apply_prefetch(model: PreTrainedModel, depth: int) -> None:
 
 
 def parallelize(
-    model: PreTrainedModel, cfg: TrainerConfig, plan: ParallelPlan, mesh: DeviceMesh | None
+    model: PreTrainedModel,
+    cfg: TrainerConfig,
+    plan: ParallelPlan,
+    mesh: DeviceMesh | None,
+    device: torch.device | None = None,
 ) -> PreTrainedModel:
     """Everything that wraps the meta model, in the order that works (``mesh``: None without FSDP)."""
+    if cfg.training.precision == "float8":
+        recipe = cfg.training.effective_float8_recipe()
+        apply_float8(model, recipe, device or torch.device("cpu"), fsdp=mesh is not None)
     wrapped = apply_activation_checkpointing(model, cfg.training.activation_checkpointing)
     if wrapped:
         log.info("activation checkpointing (%s) on %d layers", cfg.training.activation_checkpointing, wrapped)
@@ -133,7 +143,7 @@ def set_gradient_sync(model: nn.Module, enabled: bool) -> None:
 @contextlib.contextmanager
 def compute_context(model: nn.Module, precision: str, device: torch.device) -> Iterator[None]:
     """bf16 autocast for the plain (non-FSDP) model; FSDP's policy casts by itself."""
-    if precision == "bf16" and not is_fsdp(model):
+    if compute_dtype(precision) == "bf16" and not is_fsdp(model):
         with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
             yield
     else:

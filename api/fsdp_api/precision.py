@@ -1,0 +1,19 @@
+"""The training precisions (``training.precision``) and the dtype each computes in.
+
+``float8`` computes in bf16 like ``bf16`` (the same FSDP mixed-precision
+policy, the same memory for activations), with the decoder blocks' matmuls
+in float8 through torchao (``fsdp_trainer.parallel.float8``).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+Precision = Literal["bf16", "float8", "fp32"]
+Float8Recipe = Literal["tensorwise", "rowwise"]
+DEFAULT_FLOAT8_RECIPE: Float8Recipe = "tensorwise"
+
+
+def compute_dtype(precision: str) -> Literal["bf16", "fp32"]:
+    """The dtype of activations and of the gathered weights: fp32 only for ``fp32``."""
+    return "fp32" if precision == "fp32" else "bf16"

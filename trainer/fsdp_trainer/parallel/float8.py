@@ -1,0 +1,93 @@
+"""float8 matmuls for the decoder blocks (``training.precision: float8``), through torchao.
+
+Which Linear layers convert is decided here for any architecture, not per
+model family: a layer inside a decoder block whose both dimensions divide
+by 16 (what float8 matmuls take), except routers (a mixture-of-experts
+gate picks experts: its few outputs need the precision) and never the
+output head (the loss's logits). Everything else (embeddings, norms, the
+head, experts stored as 3-D parameters) stays in bf16. The conversion
+swaps the module class and keeps parameter names, so checkpoints and the
+Hugging Face export are those of a bf16 run.
+
+On the CPU torchao emulates the float8 matmuls (same casts and scales,
+matmul in high precision): what the tests use; admission refuses float8
+for CPU-only jobs and GPUs without float8 tensor cores.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from ..model.architecture import decoder_units
+
+log = logging.getLogger(__name__)
+
+FLOAT8_DIVISOR = 16
+ROUTER_NAMES = frozenset({"gate", "router", "gating"})
+
+
+@dataclass
+class Float8Report:
+    converted: list[str] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)  # name -> why
+
+    def summary(self) -> str:
+        reasons: dict[str, int] = {}
+        for why in self.skipped.values():
+            reasons[why] = reasons.get(why, 0) + 1
+        kept = ", ".join(f"{n} {why}" for why, n in sorted(reasons.items()))
+        return f"{len(self.converted)} Linear layers in float8" + (f"; kept in bf16: {kept}" if kept else "")
+
+
+def _why_not(name: str, module: nn.Linear) -> str | None:
+    if name.rsplit(".", 1)[-1] in ROUTER_NAMES or ".router." in f".{name}.":
+        return "router"
+    if module.in_features % FLOAT8_DIVISOR or module.out_features % FLOAT8_DIVISOR:
+        return f"dimension not divisible by {FLOAT8_DIVISOR}"
+    return None
+
+
+def float8_plan(model: nn.Module) -> Float8Report:
+    """Which Linear layers of the decoder blocks convert, and why the others do not."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    report = Float8Report()
+    in_blocks = {id(m) for unit in decoder_units(model) for m in unit.module.modules()}
+    for name, module in model.named_modules():
+        if not isinstance(module, nn.Linear):
+            continue
+        if module is head:
+            why: str | None = "output head"
+        else:
+            why = _why_not(name, module) if id(module) in in_blocks else "outside the decoder blocks"
+        if why is None:
+            report.converted.append(name)
+        else:
+            report.skipped[name] = why
+    return report
+
+
+def apply_float8(model: nn.Module, recipe: str, device: torch.device, *, fsdp: bool) -> Float8Report:
+    """Convert in place (on the meta model, before checkpointing, compile and FSDP wrap it)."""
+    try:
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    except ImportError as e:  # the trainer image installs it; a hand-made environment may not
+        raise RuntimeError(f"training.precision float8 needs torchao ({e})") from None
+    report = float8_plan(model)
+    chosen = set(report.converted)
+    config = Float8LinearConfig.from_recipe_name(recipe)
+    # tensorwise scales let FSDP all-gather the weights in float8 (half the bytes of bf16);
+    # the CPU has no float8 matmul, so torchao emulates it there.
+    config = Float8LinearConfig(
+        **{
+            **{f: getattr(config, f) for f in config.__dataclass_fields__},
+            "enable_fsdp_float8_all_gather": fsdp and recipe == "tensorwise",
+            "emulate": device.type != "cuda",
+        }
+    )
+    convert_to_float8_training(model, config=config, module_filter_fn=lambda _m, name: name in chosen)
+    log.info("float8 (%s recipe%s): %s", recipe, ", emulated on the CPU" if config.emulate else "", report.summary())
+    return report
