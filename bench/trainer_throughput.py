@@ -12,9 +12,10 @@ are excluded from both. The result is printed as the ratio trainer/minimal
 
 GPU (``--gpu``, on a machine with CUDA GPUs): llama3.2-1b, bf16, one rank per
 GPU; first the trainer/minimal ratio at seqLen 2048, then tokens/s and MFU per
-GPU and peak memory at seqLen 2048 and 4096, with and without full activation
-checkpointing and torch.compile. ``--quick`` is the subset that fits one
-8-minute device lease; ``--dry-run`` runs the same path on the CPU (tiny
+GPU and peak memory (next to the memory plan's estimate) at seqLen 2048 and
+4096, with and without full activation checkpointing, torch.compile and the
+chunked loss. ``--quick`` is the subset that fits one 8-minute device lease
+(and adds float8 rows); ``--rows`` reruns named rows; ``--dry-run`` runs the same path on the CPU (tiny
 preset, 2 gloo ranks, seqLen 64, 5 steps), so that tests catch a break in it
 without a GPU.
 
@@ -120,6 +121,7 @@ class GpuRun:
     rows: tuple[Row, ...]
     steps: int
     repeats: int
+    ratio: bool = True  # False: the table alone (--rows)
 
     def describe(self, device_name: str, nproc: int, micro_batch_size: int) -> str:
         rows = ", ".join(row.describe() for row in self.rows)
@@ -304,7 +306,16 @@ def cpu_bench(args: argparse.Namespace, workdir: Path) -> None:
 
 def gpu_run(args: argparse.Namespace) -> GpuRun:
     run = GPU_DRY_RUN if args.dry_run else GPU_QUICK if args.quick else GPU_FULL
-    return dataclasses.replace(run, steps=args.steps or run.steps, repeats=args.repeats or run.repeats)
+    run = dataclasses.replace(run, steps=args.steps or run.steps, repeats=args.repeats or run.repeats)
+    if getattr(args, "rows", None):
+        # A subset to rerun inside a short lease: rows named as the settings line prints them.
+        wanted = [w.strip() for w in args.rows.split(",")]
+        every = {row.describe(): row for row in (*GPU_FULL.rows, *GPU_QUICK.rows, *run.rows)}
+        unknown = [w for w in wanted if w not in every]
+        if unknown:
+            raise SystemExit(f"--rows: unknown row(s) {', '.join(unknown)}; known: {', '.join(every)}")
+        run = dataclasses.replace(run, rows=tuple(every[w] for w in wanted), ratio=False)
+    return run
 
 
 def gpu_bench(args: argparse.Namespace, workdir: Path) -> None:
@@ -337,9 +348,11 @@ def gpu_bench(args: argparse.Namespace, workdir: Path) -> None:
 
     # The headline ratio first, so that a device lease cut short still reports it.
     ratio_row = Row(run.ratio_seq_len, False, False)
-    print(f"seqLen {run.ratio_seq_len}, no checkpointing, eager: trainer vs minimal FSDP2 loop", flush=True)
-    ours, minimal = compare(setup(ratio_row), run.repeats, workdir, gpu=on_gpu)
-    report_ratio(ours, minimal, cpu_time=False)
+    ours: list[Result] = []
+    if run.ratio:
+        print(f"seqLen {run.ratio_seq_len}, no checkpointing, eager: trainer vs minimal FSDP2 loop", flush=True)
+        ours, minimal = compare(setup(ratio_row), run.repeats, workdir, gpu=on_gpu)
+        report_ratio(ours, minimal, cpu_time=False)
     unit = "GPU" if on_gpu else "rank"
     header = f"| seqLen | micro-batch | precision | activation ckpt | compile | logits | tokens/s/{unit} | MFU |"
     print(header + " peak memory | plan |")
@@ -352,7 +365,7 @@ def gpu_bench(args: argparse.Namespace, workdir: Path) -> None:
         tag += f"-{'compile' if s.compile else 'eager'}-{s.logits}-{s.precision}"
         try:
             # The ratio's first trainer run has this very setup: a lease is too short to run it twice.
-            r = ours[0] if s == setup(ratio_row) else run_trainer(s, workdir, on_gpu, tag)
+            r = ours[0] if ours and s == setup(ratio_row) else run_trainer(s, workdir, on_gpu, tag)
         except SystemExit as e:  # e.g. out of memory at 4096 without checkpointing
             print("| " + " | ".join(cells) + f" | failed: {e} | | | |", flush=True)
             continue
@@ -375,7 +388,10 @@ def planned_memory(s: Setup, on_gpu: bool) -> str:
                 "activationCheckpointing": "full" if s.activation_checkpointing else "none",
                 "logits": s.logits,
             },
-            "resources": {"nodes": 1, "gpusPerNode": s.nproc} if on_gpu else {"nodes": s.nproc, "gpusPerNode": 0},
+            # an H100 node: float8 is admitted only where the GPUs have float8 tensor cores
+            "resources": {"nodes": 1, "gpusPerNode": s.nproc, "instanceTypes": ["p5.48xlarge"]}
+            if on_gpu
+            else {"nodes": s.nproc, "gpusPerNode": 0},
         }
     )
     estimate = plan_memory(spec).estimate
@@ -398,6 +414,7 @@ def main() -> None:
     p.add_argument("--seq-len", type=int, default=None, help="CPU only (default 256, the example's)")
     p.add_argument("--micro-batch-size", type=int, default=None, help="default: 8 on CPU (the example's), 1 on GPU")
     p.add_argument("--keep", action="store_true", help="keep the work directory with the runs' logs")
+    p.add_argument("--rows", help="with --gpu: only these rows, comma-separated as the settings line names them")
     args = p.parse_args()
     if (args.quick or args.dry_run) and not args.gpu:
         p.error("--quick and --dry-run go with --gpu")

@@ -266,10 +266,10 @@ def logits_bytes(w: Workload) -> int:
     the hidden states (compute dtype) and an fp32 sum of the head's weight
     gradient, which is the head's gradient ``estimate`` counts anyway;
     while it runs, one chunk holds 12 bytes per token and vocabulary entry:
-    in fp32 the logits, log-sum-exp's temporary and the gradient; in bf16
-    the matmul's output and the gradient's bf16 copy take the third's place
-    (measured on the CPU: 11.8 bytes). Full: 12 bytes per
-    token and vocabulary entry of the whole micro-batch, below.
+    in fp32 the logits, their log-softmax (the gradient, in place) and the
+    gradient's copy; in bf16 the matmul's output and that copy take 2 bytes
+    each. Full: 12 bytes per token and vocabulary entry of the whole
+    micro-batch, below.
     """
     if w.logits == "chunked":
         d = w.dims
@@ -532,6 +532,9 @@ def _candidates(spec: FSDPTrainingSpec) -> list[tuple[str, FSDPTrainingSpec]]:
     """Single changes, in the order they are preferred (cheapest in speed and cost first)."""
     t, f = spec.training, spec.fsdp
     out: list[tuple[str, FSDPTrainingSpec]] = []
+    # First: the loss's buffers, which cost no recompute and keep the batch.
+    if t.logits == "full":
+        out.append(("set training.logits: chunked", _training(spec, logits="chunked")))
     order = ("none", "selective", "full")
     for mode in order[order.index(t.activation_checkpointing) + 1 :]:
         out.append((f"set training.activationCheckpointing: {mode}", _training(spec, activation_checkpointing=mode)))
@@ -560,6 +563,7 @@ def _candidates(spec: FSDPTrainingSpec) -> list[tuple[str, FSDPTrainingSpec]]:
 def _combined(spec: FSDPTrainingSpec) -> list[tuple[str, FSDPTrainingSpec]]:
     """The same changes applied one on top of the other, strongest of each kind."""
     steps = [
+        ("training.logits: chunked", lambda s: _training(s, logits="chunked")),
         ("training.activationCheckpointing: full", lambda s: _training(s, activation_checkpointing="full")),
         ("fsdp.shardingStrategy: full", lambda s: _fsdp(s, sharding_strategy="full", shard_group_size=None)),
         ("training.microBatchSize: 1", lambda s: _training(s, micro_batch_size=1)),

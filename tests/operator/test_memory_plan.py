@@ -101,28 +101,30 @@ def test_70b_on_one_g5_does_not_fit_and_says_what_would() -> None:
 
 
 def test_the_first_single_change_that_fits_is_suggested() -> None:
-    # 8B on 16 A100-40GB, full logits: the activations of 2 x 2048 tokens are what does not fit.
-    s = spec(training={"microBatchSize": 2, "logits": "full"}, resources={"instanceTypes": ["p4d.24xlarge"]})
+    # 8B on 16 A100-40GB at 2 x 2048 tokens: full logits (the default) are what does not fit.
+    resources = {"instanceTypes": ["p4d.24xlarge"]}
+    s = spec(training={"microBatchSize": 2}, resources=resources)
     plan = plan_memory(s)
     assert plan.fits is False
-    assert plan.suggestion == "set training.activationCheckpointing: selective"
-    fixed = spec(training={"microBatchSize": 2, "logits": "full", "activationCheckpointing": "selective"})
-    fixed = fixed.model_copy(update={"resources": s.resources})
-    assert plan_memory(fixed).fits is True
+    assert plan.suggestion == "set training.logits: chunked"
+    assert plan_memory(spec(training={"microBatchSize": 2, "logits": "chunked"}, resources=resources)).fits is True
+    # At 4 x 2048 the chunked loss is not enough, nor is selective checkpointing: full checkpointing is.
+    s = spec(training={"microBatchSize": 4, "logits": "chunked"}, resources=resources)
+    assert plan_memory(s).suggestion == "set training.activationCheckpointing: full"
+    fixed = spec(training={"microBatchSize": 4, "logits": "chunked", "activationCheckpointing": "full"})
+    assert plan_memory(fixed.model_copy(update={"resources": s.resources})).fits is True
 
 
 def test_the_chunked_loss_gives_back_the_logits_memory() -> None:
-    # The same 8B job as above fits with the chunked loss (the default): 4,096 tokens x 128,256
-    # entries x 12 bytes of loss buffers become one 523-token chunk.
+    # 4,096 tokens x 128,256 entries x 12 bytes of loss buffers become one 512-token chunk.
     resources = {"instanceTypes": ["p4d.24xlarge"]}
-    full = plan_memory(spec(training={"microBatchSize": 2, "logits": "full"}, resources=resources))
-    chunked = plan_memory(spec(training={"microBatchSize": 2}, resources=resources))
-    assert chunked.fits is True
+    full = plan_memory(spec(training={"microBatchSize": 2}, resources=resources))
+    chunked = plan_memory(spec(training={"microBatchSize": 2, "logits": "chunked"}, resources=resources))
     assert {p.estimate.components[4].name for p in (full, chunked)} == {"logits"}
     full_logits, chunked_logits = (p.estimate.components[4].bytes for p in (full, chunked))
     assert full_logits == 4096 * 128_256 * 12
-    assert chunked_logits == 4096 * 4096 * 2 + 523 * 128_256 * 12
-    assert "chunks of 523 tokens" in chunked.estimate.components[4].note
+    assert chunked_logits == 4096 * 4096 * 2 + 512 * 128_256 * 12
+    assert "chunks of 512 tokens" in chunked.estimate.components[4].note
 
 
 def test_the_smallest_gpu_among_the_instance_types_is_the_bound() -> None:

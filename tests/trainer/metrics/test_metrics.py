@@ -119,7 +119,7 @@ def test_contract_names_and_labels_on_one_endpoint(scraped: Scraped) -> None:
         ("tiny", "full", "fp32")
     }
     assert {s.labels["world_size"] for s in info} == {"2"}
-    assert {s.labels["logits"] for s in info} == {"chunked"}  # the tiny Llama takes the chunked loss
+    assert {s.labels["logits"] for s in info} == {"full"}  # training.logits' default
     assert set(by_rank(last, "fsdp_train_max_steps").values()) == {STEPS}
     assert set(by_rank(last, "fsdp_train_restart_count").values()) == {0.0}
 

@@ -37,32 +37,35 @@ IDENTITY = LogitTransform()
 
 
 def _chunk_loss(
-    logits: torch.Tensor, labels: torch.Tensor, transform: LogitTransform, want_grad: bool
+    logits: torch.Tensor, labels: torch.Tensor, transform: LogitTransform, grad_dtype: torch.dtype | None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Summed cross-entropy of one chunk (fp32 logits) and, if asked, d(loss)/d(logits)."""
+    """Summed cross-entropy of one chunk (fp32 logits, consumed) and, if ``grad_dtype``, d(loss)/d(logits).
+
+    Few passes over the chunk: log-softmax, one exp in place, and the loss
+    mask applied in the same pass that casts the gradient to the matmul dtype.
+    """
     z = logits.mul_(transform.scale) if transform.scale != 1.0 else logits
     slope = None
     if transform.cap:
         z = torch.tanh(z.div_(transform.cap))
-        slope = (1.0 - z * z).mul_(transform.scale) if want_grad else None
+        slope = (1.0 - z * z).mul_(transform.scale) if grad_dtype is not None else None
         z = z.mul_(transform.cap)
     valid = labels != IGNORE_INDEX
     targets = torch.where(valid, labels, 0)
-    lse = torch.logsumexp(z, dim=-1)
-    picked = z.gather(1, targets.unsqueeze(1)).squeeze(1)
-    loss = ((lse - picked) * valid).sum()
-    if not want_grad:
+    logp = torch.log_softmax(z, dim=-1)
+    del z, logits  # the chunk's logits are freed before the gradient exists
+    loss = -(logp.gather(1, targets.unsqueeze(1)).squeeze(1) * valid).sum()
+    if grad_dtype is None:
         return loss, None
-    # softmax(z) - onehot(target), zero on ignored rows, in z's own storage
-    grad = z.sub_(lse.unsqueeze(1)).exp_()
-    rows = torch.arange(grad.shape[0], device=grad.device)
-    grad[rows, targets] -= 1.0
-    grad.mul_(valid.unsqueeze(1))
+    # softmax(z) - onehot(target), zero on ignored rows
+    grad = logp.exp_()
+    grad[torch.arange(grad.shape[0], device=grad.device), targets] -= 1.0
     if slope is not None:
         grad.mul_(slope)
     elif transform.scale != 1.0:
         grad.mul_(transform.scale)
-    return loss, grad
+    out = torch.empty(grad.shape, dtype=grad_dtype, device=grad.device)
+    return loss, torch.mul(grad, valid.unsqueeze(1), out=out)
 
 
 _fp32_out_matmul: dict[str, bool] = {}  # device type -> whether addmm takes out_dtype there
@@ -93,17 +96,21 @@ class _LinearCrossEntropy(torch.autograd.Function):
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
         grad_b = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if need_b else None
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        grad_dtype = hidden.dtype if want_grad else None
         for start in range(0, hidden.shape[0], chunk_tokens):
             h = hidden[start : start + chunk_tokens]
-            logits = h @ weight.t() if bias is None else torch.addmm(bias, h, weight.t())
-            loss, grad = _chunk_loss(logits.float(), labels[start : start + chunk_tokens], transform, want_grad)
-            del logits
+            # Passed unnamed, so _chunk_loss can free the logits before the gradient is allocated.
+            loss, grad = _chunk_loss(
+                (h @ weight.t() if bias is None else torch.addmm(bias, h, weight.t())).float(),
+                labels[start : start + chunk_tokens],
+                transform,
+                grad_dtype,
+            )
             total += loss
             if grad is None:
                 continue
             if grad_b is not None:
-                grad_b += grad.sum(0)
-            grad = grad.to(hidden.dtype)
+                grad_b += grad.float().sum(0)
             if grad_h is not None:
                 torch.mm(grad, weight, out=grad_h[start : start + chunk_tokens])
             if grad_w is not None:
