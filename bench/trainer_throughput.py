@@ -185,18 +185,25 @@ def _run(cmd: list[str], env: dict[str, str], log: Path) -> str:
     return done.stdout
 
 
+def training_section(s: Setup) -> dict:
+    """The spec's training section of a setup (the trainer's config and the memory plan read the same)."""
+    return {
+        "maxSteps": s.steps,
+        "seqLen": s.seq_len,
+        "microBatchSize": s.micro_batch_size,
+        "precision": s.precision,
+        "activationCheckpointing": "full" if s.activation_checkpointing else "none",
+        "compile": s.compile,
+        "logits": s.logits,
+    }
+
+
 def trainer_config(s: Setup, workdir: Path) -> dict:
     return {
         "job": {"name": "bench", "namespace": "bench"},
         "model": {"architecture": str(s.architecture)} if s.architecture else {"preset": s.preset},
         "training": {
-            "maxSteps": s.steps,
-            "seqLen": s.seq_len,
-            "microBatchSize": s.micro_batch_size,
-            "precision": s.precision,
-            "activationCheckpointing": "full" if s.activation_checkpointing else "none",
-            "compile": s.compile,
-            "logits": s.logits,
+            **training_section(s),
             "logIntervalSteps": 10,
             "evalIntervalSteps": 0,
         },
@@ -380,14 +387,7 @@ def planned_memory(s: Setup, on_gpu: bool) -> str:
         {
             "image": "bench:plan",
             "model": {"preset": s.preset},
-            "training": {
-                "maxSteps": s.steps,
-                "seqLen": s.seq_len,
-                "microBatchSize": s.micro_batch_size,
-                "precision": s.precision,
-                "activationCheckpointing": "full" if s.activation_checkpointing else "none",
-                "logits": s.logits,
-            },
+            "training": training_section(s),
             # an H100 node: float8 is admitted only where the GPUs have float8 tensor cores
             "resources": {"nodes": 1, "gpusPerNode": s.nproc, "instanceTypes": ["p5.48xlarge"]}
             if on_gpu
