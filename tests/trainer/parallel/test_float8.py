@@ -11,6 +11,7 @@ from fsdp_api.trainer_config import TrainerConfig
 from fsdp_trainer.errors import ConfigError
 from fsdp_trainer.parallel.float8 import apply_float8, float8_plan
 from fsdp_trainer.train import prepare
+from peft import LoraConfig, inject_adapter_in_model
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from tests.trainer.harness import base_config, cpu_world, launch
@@ -44,6 +45,21 @@ def test_a_router_that_is_a_linear_stays_in_bf16() -> None:
     model = _model("llama")
     model.model.layers[1].mlp.gate = torch.nn.Linear(32, 16, bias=False, device="meta")
     assert float8_plan(model).skipped["model.layers.1.mlp.gate"] == "router"
+
+
+def test_with_lora_the_frozen_base_converts_and_the_adapters_train_in_bf16() -> None:
+    model = _model("llama", "cpu")
+    for p in model.parameters():
+        p.requires_grad_(False)
+    model = inject_adapter_in_model(LoraConfig(r=16, target_modules=["q_proj", "v_proj"]), model)
+    report = apply_float8(model, "tensorwise", torch.device("cpu"), fsdp=False)
+    assert "model.layers.0.self_attn.q_proj.base_layer" in report.converted
+    assert report.skipped["model.layers.0.self_attn.q_proj.lora_A.default"] == "LoRA adapter"
+    ids = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(0))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model(input_ids=ids, labels=ids).loss.backward()
+    trained = {n for n, p in model.named_parameters() if p.grad is not None}
+    assert trained and all(".lora_" in n for n in trained)
 
 
 def test_a_dimension_float8_cannot_take_stays_in_bf16() -> None:

@@ -3,8 +3,9 @@
 Which Linear layers convert is decided here for any architecture, not per
 model family: a layer inside a decoder block whose both dimensions divide
 by 16 (what float8 matmuls take), except routers (a mixture-of-experts
-gate picks experts: its few outputs need the precision) and never the
-output head (the loss's logits). Everything else (embeddings, norms, the
+gate picks experts: its few outputs need the precision), LoRA's adapter
+matrices (with ``spec.peft`` the frozen base layers convert, the adapters
+train in bf16) and never the output head (the loss's logits). Everything else (embeddings, norms, the
 head, experts stored as 3-D parameters) stays in bf16. The conversion
 swaps the module class and keeps parameter names, so checkpoints and the
 Hugging Face export are those of a bf16 run.
@@ -44,6 +45,8 @@ class Float8Report:
 
 
 def _why_not(name: str, module: nn.Linear) -> str | None:
+    if ".lora_" in f".{name}":  # PEFT's adapter matrices: tiny, and the only weights that train
+        return "LoRA adapter"
     if name.rsplit(".", 1)[-1] in ROUTER_NAMES or ".router." in f".{name}.":
         return "router"
     if module.in_features % FLOAT8_DIVISOR or module.out_features % FLOAT8_DIVISOR:
