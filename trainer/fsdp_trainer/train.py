@@ -48,7 +48,7 @@ from .data.prefetch import PrefetchedData
 from .data.tokenizer import check_vocabulary, load_tokenizer
 from .errors import ConfigError
 from .faults import maybe_fault
-from .loss import ChunkedHead, OutputLoss, output_loss
+from .loss import ChunkedHead, FullLogits, OutputLoss, output_loss
 from .metrics import MetricsProcessor
 from .metrics.flops import shape_of
 from .metrics.stats import StepStats
@@ -134,11 +134,11 @@ def prepare(cfg: TrainerConfig, world: WorldInfo | None = None) -> Prepared:
     except (ValueError, TypeError, AttributeError) as e:
         raise ConfigError([f"model: transformers cannot build {type(config).__name__} as configured: {e}"]) from None
     decoder_units(model)
-    if cfg.training.precision == "float8" and not float8_plan(model).converted:
+    if cfg.training.precision == "float8" and not (float8 := float8_plan(model)).converted:
         raise ConfigError(
             [
                 f"training.precision: float8: no Linear layer of {type(model).__name__}'s decoder blocks can run in "
-                f"float8 ({float8_plan(model).summary()}); use bf16"
+                f"float8 ({float8.summary()}); use bf16"
             ]
         )
     adapted = apply_lora(model, cfg.peft) if cfg.peft is not None else []
@@ -267,6 +267,8 @@ class Trainer:
 
     def _output_loss(self) -> OutputLoss:
         """How the loss is computed (``training.logits``), decided on a probe forward (collective)."""
+        if self.cfg.training.logits == "full":
+            return FullLogits(reason="training.logits: full")
         # Eager for the probe: a compiled layer would trace a no-grad variant at the
         # probe's shape, and a second shape makes dynamo compile for dynamic shapes.
         with (

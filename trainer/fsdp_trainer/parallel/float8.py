@@ -17,6 +17,7 @@ for CPU-only jobs and GPUs without float8 tensor cores.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 
@@ -84,12 +85,8 @@ def apply_float8(model: nn.Module, recipe: str, device: torch.device, *, fsdp: b
     config = Float8LinearConfig.from_recipe_name(recipe)
     # tensorwise scales let FSDP all-gather the weights in float8 (half the bytes of bf16);
     # the CPU has no float8 matmul, so torchao emulates it there.
-    config = Float8LinearConfig(
-        **{
-            **{f: getattr(config, f) for f in config.__dataclass_fields__},
-            "enable_fsdp_float8_all_gather": fsdp and recipe == "tensorwise",
-            "emulate": device.type != "cuda",
-        }
+    config = dataclasses.replace(
+        config, enable_fsdp_float8_all_gather=fsdp and recipe == "tensorwise", emulate=device.type != "cuda"
     )
     convert_to_float8_training(model, config=config, module_filter_fn=lambda _m, name: name in chosen)
     log.info("float8 (%s recipe%s): %s", recipe, ", emulated on the CPU" if config.emulate else "", report.summary())
