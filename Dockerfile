@@ -78,9 +78,13 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # The EFA steps AWS documents for containers: no kernel module (the host has
 # it), no ulimit config (the pod gets IPC_LOCK), no post-install check (no
 # EFA device at build time).
+# gcc, libc6-dev and libpython3-dev: torch.compile's Triton builds a small C
+# launcher module (its backends/nvidia/driver.c, which includes Python.h) with
+# the system C compiler the first time it runs on a node; without one, every
+# compiled layer falls back to eager (tests/images/test_images.py builds it).
 # hadolint ignore=DL3008,DL3003
 RUN apt-get update \
- && apt-get install -y --no-install-recommends python3 ca-certificates \
+ && apt-get install -y --no-install-recommends python3 ca-certificates gcc libc6-dev libpython3-dev \
  && if [ "${INSTALL_EFA}" = true ]; then \
       apt-get install -y --no-install-recommends curl \
       && curl -fsSL "https://efa-installer.amazonaws.com/aws-efa-installer-${EFA_INSTALLER_VERSION}.tar.gz" \

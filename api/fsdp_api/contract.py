@@ -319,6 +319,13 @@ LAST_STEP_TIMESTAMP = Metric(
     "fsdp_train_last_step_timestamp_seconds", "gauge", "Unix time the last optimizer step completed."
 )
 RESTART_COUNT = Metric("fsdp_train_restart_count", "gauge", "Worker-group restarts by torchrun so far.")
+# A value, not an info label: the mode is known only after the first forward, and a
+# multiprocess exposition keeps a label set it once wrote.
+COMPILED = Metric(
+    "fsdp_train_compiled",
+    "gauge",
+    "1: the decoder layers run compiled by inductor; 0: eager (training.compile off, or inductor failed).",
+)
 GPU_UTILIZATION = Metric("fsdp_gpu_utilization_ratio", "gauge", "GPU busy ratio (NVML), 0..1.", gpu_only=True)
 GPU_MEMORY_USED = Metric("fsdp_gpu_memory_used_bytes", "gauge", "GPU memory in use (NVML).", gpu_only=True)
 GPU_MEMORY_TOTAL = Metric("fsdp_gpu_memory_total_bytes", "gauge", "GPU memory size (NVML).", gpu_only=True)

@@ -68,6 +68,7 @@ from .model.param_names import unique_parameters
 from .model.pretrained import LoadPlan, check_pretrained, load_pretrained
 from .model.shards import local_tensor
 from .optim import build_optimizer, build_scheduler, clip_gradients, restore_schedule
+from .parallel.compile import CompileReport, compile_report
 from .parallel.distributed import WorldInfo, destroy_distributed, init_distributed, world_from_env
 from .parallel.float8 import float8_plan
 from .parallel.parallelize import compute_context, is_fsdp, parallelize, set_gradient_sync
@@ -98,6 +99,7 @@ class Prepared:
     seq_len: int
     pretrained: LoadPlan | None
     adapted: list[str]  # LoRA's target modules (spec.peft); empty: every weight trains
+    compile: CompileReport  # training.compile's decision for this device; filled in by the first step
 
 
 def prepare(cfg: TrainerConfig, world: WorldInfo | None = None) -> Prepared:
@@ -143,7 +145,8 @@ def prepare(cfg: TrainerConfig, world: WorldInfo | None = None) -> Prepared:
         )
     adapted = apply_lora(model, cfg.peft) if cfg.peft is not None else []
     pretrained = check_pretrained(model, path) if cfg.model.pretrained and path is not None else None
-    return Prepared(cfg, world, plan, tokenizer, model, seq_len, pretrained, adapted)
+    compiled = compile_report(cfg, world.device)
+    return Prepared(cfg, world, plan, tokenizer, model, seq_len, pretrained, adapted, compiled)
 
 
 def build_model(p: Prepared, *, resuming: bool = False) -> nn.Module:
@@ -157,7 +160,7 @@ def build_model(p: Prepared, *, resuming: bool = False) -> nn.Module:
     cfg, world, plan = p.cfg, p.world, p.plan
     model = p.model
     mesh = build_mesh(world, plan) if plan.uses_fsdp else None
-    parallelize(model, cfg, plan, mesh, world.device)
+    parallelize(model, cfg, plan, mesh, world.device, p.compile)
     materialize(model, "cpu" if plan.fsdp.cpu_offload else world.device)
     if p.pretrained is not None and (not resuming or p.adapted):
         reset_buffers(model)
@@ -209,6 +212,7 @@ class Trainer:
         found = resume_candidates(cfg.checkpoint, world, cfg.job)
         self.resume_candidates, self.unreadable = check_candidates(found, p.model, world, cfg.peft)
         self.model = build_model(p, resuming=bool(found))
+        self.compile = p.compile
         self.num_params = count_parameters(self.model)
         self.num_trainable = count_trainable(self.model)
         self.loss = self._output_loss()
@@ -281,6 +285,14 @@ class Trainer:
             log.info("logits: chunked, %d tokens per chunk (%s)", loss.chunk_tokens, loss.transform)
         return loss
 
+    def _report_compile(self) -> None:
+        """After the first step, when inductor has compiled (or failed on) the layers: the mode that ran."""
+        report = self.compile
+        self.metrics.set_compile_mode(report.mode)
+        self.trace.write("compile", step=self.step, **report.record())
+        if report.enabled and not report.fallbacks:
+            log.info("compile: %d graphs compiled by inductor", report.compiled)
+
     def _lora_summary(self, adapted: list[str]) -> str:
         if not adapted:
             return ""
@@ -350,6 +362,8 @@ class Trainer:
                 samples=samples,
                 **self._data_record(stats),
             )
+            if self.step == self.first_step:
+                self._report_compile()
             maybe_fault("after_step", self.step, self.world.rank, cfg.checkpoint.dir)
             if eval_every and (self.step % eval_every == 0 or self.step == max_steps):
                 self.watchdog.arm(f"validation at step {self.step}", timeout + stall.checkpoint_seconds)

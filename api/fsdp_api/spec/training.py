@@ -50,7 +50,13 @@ class TrainingSpec(ApiModel):
         "none",
         description="Recompute activations in backward: none, selective (every other layer) or full (every layer).",
     )
-    compile: bool = Field(False, description="torch.compile each decoder layer.")
+    compile: bool | None = Field(
+        None,
+        description=(
+            "torch.compile each decoder layer (inductor). Unset: on for GPU ranks, off for CPU ranks. A layer that "
+            "inductor cannot compile runs eager, with one warning line naming the reason; false: always eager."
+        ),
+    )
     logits: Literal["full", "chunked"] = Field(
         "full",
         description=(
@@ -82,6 +88,16 @@ class TrainingSpec(ApiModel):
 
     def effective_float8_recipe(self) -> Float8Recipe:
         return self.float8_recipe or DEFAULT_FLOAT8_RECIPE
+
+    def compile_decision(self, device_type: str) -> tuple[bool, str]:
+        """Whether to compile on this device, and why (unset: GPUs compile, CPUs do not)."""
+        if self.compile is not None:
+            return self.compile, f"training.compile: {str(self.compile).lower()}"
+        if device_type == "cpu":
+            # Inductor builds C++ for every new shape on CPU ranks: minutes on a
+            # small machine for runs that are tests and demos.
+            return False, "training.compile unset: off on CPU ranks"
+        return True, "training.compile unset: on for GPU ranks"
 
     def effective_warmup_steps(self) -> int:
         if self.warmup_steps is not None:

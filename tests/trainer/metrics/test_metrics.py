@@ -120,6 +120,7 @@ def test_contract_names_and_labels_on_one_endpoint(scraped: Scraped) -> None:
     }
     assert {s.labels["world_size"] for s in info} == {"2"}
     assert {s.labels["logits"] for s in info} == {"full"}  # training.logits' default
+    assert set(by_rank(last, "fsdp_train_compiled").values()) == {0.0}  # training.compile unset: CPU ranks eager
     assert set(by_rank(last, "fsdp_train_max_steps").values()) == {STEPS}
     assert set(by_rank(last, "fsdp_train_restart_count").values()) == {0.0}
 
@@ -303,6 +304,7 @@ BASELINE_WORKER = textwrap.dedent(
     proc.on_step(StepStats(step=1, loss=1.0, learning_rate=0.1, grad_norm=1.0, tokens=64,
                            step_seconds=0.2, data_seconds=0.05))
     proc.on_checkpoint_saved(1, 1.5)
+    proc.set_compile_mode("inductor")
     after = scrape()
     proc.close()
     sys.stdout.write(before + "\\n=====\\n" + after)
@@ -337,6 +339,8 @@ def test_counters_and_histograms_export_zero_before_their_first_increment(tmp_pa
     for name, value in zero_then.items():
         assert by_rank(before, name) == {"0": 0.0}, name
         assert by_rank(after, name) == {"0": pytest.approx(value)}, name
+    # Compiled or not is known after the first forward: 0 until then, 1 once inductor compiled.
+    assert (by_rank(before, "fsdp_train_compiled"), by_rank(after, "fsdp_train_compiled")) == ({"0": 0.0}, {"0": 1.0})
 
     def buckets(samples: list[Sample], histogram: str) -> dict[float, float]:
         return {float(s.labels["le"]): s.value for s in samples if s.name == f"{histogram}_bucket"}

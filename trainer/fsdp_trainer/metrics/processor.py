@@ -124,6 +124,8 @@ class MetricsProcessor:
             contract.LABEL_LOGITS: self.logits,
         }
         m.info.labels(**self.labels, **info).set(1)
+        # 0 until the first forward has shown that inductor compiled the layers.
+        m.compiled.labels(**self.labels).set(0)
         m.max_steps.labels(**self.labels).set(self.max_steps)
         m.restart_count.labels(**self.labels).set(self.restart_count)
         m.peak_tflops.labels(**self.labels).set(self.peak_tflops)
@@ -136,6 +138,11 @@ class MetricsProcessor:
         for series in (m.tokens, m.trained_tokens, m.data_wait, m.step_duration, m.checkpoint_save):
             series.labels(**self.labels)
         self.gpu = GpuSampler.open(self.world.device)
+
+    def set_compile_mode(self, mode: str) -> None:
+        """The compile mode that ran, known after the first forward: inductor, eager or off."""
+        if self.metrics is not None:
+            self.metrics.compiled.labels(**self.labels).set(1 if mode == "inductor" else 0)
 
     def on_step(self, stats: StepStats) -> None:
         self._window.append(stats)

@@ -237,6 +237,7 @@ class TrainerMetrics:
         self.trainable_parameters = _create(c.MODEL_TRAINABLE_PARAMETERS)
         self.last_step_timestamp = _create(c.LAST_STEP_TIMESTAMP)
         self.restart_count = _create(c.RESTART_COUNT)
+        self.compiled = _create(c.COMPILED)
         self.gpu_utilization = _create(c.GPU_UTILIZATION)
         self.gpu_memory_used = _create(c.GPU_MEMORY_USED)
         self.gpu_memory_total = _create(c.GPU_MEMORY_TOTAL)

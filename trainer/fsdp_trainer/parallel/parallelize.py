@@ -4,7 +4,7 @@ The units are the model's decoder blocks (``model.architecture.decoder_units``:
 its ``_no_split_modules``), whatever the architecture. Order matters, as in
 torchtitan: float8 swaps the blocks' Linear layers first (``float8.py``),
 activation checkpointing wraps each decoder layer next,
-torch.compile compiles the (wrapped) layers, and ``fully_shard`` goes on each
+torch.compile compiles the (wrapped) layers (``compile.py``), and ``fully_shard`` goes on each
 layer and then on the root, so every layer is one all-gather / reduce-scatter
 group and the root group holds the embeddings, final norm and output head.
 All of this happens on the meta device, before any storage exists.
@@ -32,6 +32,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionP
 from transformers import PreTrainedModel
 
 from ..model.architecture import decoder_units
+from .compile import CompileReport, apply_compile
 from .float8 import apply_float8
 
 log = logging.getLogger(__name__)
@@ -58,16 +59,6 @@ def apply_activation_checkpointing(model: PreTrainedModel, mode: str) -> int:
             unit.replace(checkpoint_wrapper(unit.module, checkpoint_impl=CheckpointImpl.NO_REENTRANT))
             wrapped += 1
     return wrapped
-
-
-def apply_compile(model: PreTrainedModel) -> None:
-    """torch.compile each decoder layer in place (parameter names unchanged).
-
-    Per layer rather than the whole model: all layers share one compiled graph,
-    compile time stays flat in depth, and FSDP's hooks stay between layers.
-    """
-    for layer in decoder_layers(model):
-        layer.compile()
 
 
 def mixed_precision(precision: str) -> MixedPrecisionPolicy:
@@ -110,6 +101,7 @@ def parallelize(
     plan: ParallelPlan,
     mesh: DeviceMesh | None,
     device: torch.device | None = None,
+    compile_report: CompileReport | None = None,
 ) -> PreTrainedModel:
     """Everything that wraps the meta model, in the order that works (``mesh``: None without FSDP)."""
     if cfg.training.precision == "float8":
@@ -118,8 +110,8 @@ def parallelize(
     wrapped = apply_activation_checkpointing(model, cfg.training.activation_checkpointing)
     if wrapped:
         log.info("activation checkpointing (%s) on %d layers", cfg.training.activation_checkpointing, wrapped)
-    if cfg.training.compile:
-        apply_compile(model)
+    if compile_report is not None:
+        apply_compile(model, compile_report)
     if mesh is not None:
         apply_fsdp(model, mesh, plan, cfg.training.precision)
         apply_prefetch(model, plan.fsdp.prefetch)
