@@ -282,6 +282,11 @@ GLOBAL_TOKENS_PER_SECOND = Metric(
 )
 TFLOPS = Metric("fsdp_train_tflops", "gauge", "Achieved model TFLOP/s per device, recent steps.")
 MFU = Metric("fsdp_train_mfu_ratio", "gauge", "Model FLOPs utilisation (0..1); absent when the peak is unknown.")
+MFU_FLOAT8 = Metric(
+    "fsdp_train_mfu_float8_ratio",
+    "gauge",
+    "MFU against the device's dense float8 peak (precision float8 only); fsdp_train_mfu_ratio is against bf16.",
+)
 PEAK_TFLOPS = Metric(
     "fsdp_train_peak_tflops", "gauge", "Dense peak TFLOP/s of the device for the training dtype; 0 when unknown."
 )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -13,11 +14,13 @@ from fsdp_trainer.metrics import MetricsProcessor, StepStats
 from fsdp_trainer.metrics.flops import (
     PEAK_OVERRIDE_ENV,
     FlopsShape,
+    float8_peak_tflops,
     lookup_peak,
     mfu,
     peak_tflops,
     shape_of,
 )
+from fsdp_trainer.metrics.logline import MFU_PATTERN
 from fsdp_trainer.model.architecture import build_meta_model
 from fsdp_trainer.model.llama import llama_config
 
@@ -137,6 +140,20 @@ def test_peak_table_matches_nvml_names(nvml_name: str, row: str, bf16: float) ->
     assert peak_tflops(nvml_name, "bf16") == bf16
 
 
+def test_the_float8_peak_is_known_only_for_gpus_with_float8_tensor_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(PEAK_OVERRIDE_ENV, raising=False)
+    assert float8_peak_tflops("NVIDIA H100 80GB HBM3") == 1978.9  # 3,958 with sparsity, halved
+    assert float8_peak_tflops("NVIDIA H200") == 1978.9
+    assert float8_peak_tflops("NVIDIA L40S") == 733.0
+    assert float8_peak_tflops("NVIDIA A100-SXM4-80GB") == 0.0  # Ampere: no float8 tensor cores
+    assert float8_peak_tflops("Tesla T4") == 0.0
+    assert float8_peak_tflops(None) == 0.0
+    # float8 MFU is reported against the bf16 peak, as bf16's is, so the two compare.
+    assert peak_tflops("NVIDIA H100 80GB HBM3", "float8") == 989.4
+    monkeypatch.setenv(PEAK_OVERRIDE_ENV, "500")
+    assert float8_peak_tflops("NVIDIA H100 80GB HBM3") == 0.0  # the override names one peak, not two
+
+
 def test_fp32_uses_tf32_peak_only_when_enabled() -> None:
     assert peak_tflops("NVIDIA H100 80GB HBM3", "fp32") == 66.9
     assert peak_tflops("NVIDIA H100 80GB HBM3", "fp32", tf32=True) == 494.7
@@ -163,7 +180,9 @@ def test_mfu_of_a_1b_step_on_h100() -> None:
     assert mfu(tflops, 989.4) == pytest.approx(0.33233, rel=1e-4)
 
 
-def _processor(monkeypatch: pytest.MonkeyPatch, peak: str | None) -> tuple[MetricsProcessor, io.StringIO]:
+def _processor(
+    monkeypatch: pytest.MonkeyPatch, peak: str | None, precision: str = "bf16"
+) -> tuple[MetricsProcessor, io.StringIO]:
     if peak is None:
         monkeypatch.delenv(PEAK_OVERRIDE_ENV, raising=False)
     else:
@@ -172,7 +191,7 @@ def _processor(monkeypatch: pytest.MonkeyPatch, peak: str | None) -> tuple[Metri
         {
             "job": {"name": "flops"},
             "model": {"preset": "tiny"},
-            "training": {"maxSteps": 100, "seqLen": 256, "logIntervalSteps": 1},
+            "training": {"maxSteps": 100, "seqLen": 256, "logIntervalSteps": 1, "precision": precision},
             "metrics": {"enabled": False},
         }
     )
@@ -213,6 +232,24 @@ def test_processor_reports_mfu_with_a_known_peak(monkeypatch: pytest.MonkeyPatch
         StepStats(step=1, loss=5.0, learning_rate=1e-4, grad_norm=2.0, tokens=8192, step_seconds=0.5, data_seconds=0.0)
     )
     assert "MFU 25.9%" in out.getvalue()
+
+
+def test_a_float8_run_reports_mfu_against_both_peaks(monkeypatch: pytest.MonkeyPatch) -> None:
+    proc, out = _processor(monkeypatch, peak=None, precision="float8")
+    # A device whose float8 peak is twice its bf16 one, as on every GPU with float8 tensor cores
+    # (the CPU has no device name to look up).
+    proc.peak_tflops, proc.float8_peak_tflops = 1.0, 2.0
+    for step in range(1, 6):
+        stats = dict(loss=5.0, learning_rate=1e-4, grad_norm=1.0, tokens=8192, step_seconds=0.5, data_seconds=0)
+        proc.on_step(StepStats(step=step, **stats))
+    proc.close()
+    lines = out.getvalue().splitlines()
+    # 0.2586 TFLOP/s per device (test_processor_log_line_numbers_on_cpu): 25.9% of 1, 12.9% of 2.
+    assert "MFU 25.9% of the bf16 peak, 12.9% of the float8 peak" in lines[0], lines[0]
+    # The summary times wall clock, not step_seconds: its figures differ, the float8 one is half.
+    both = re.search(r"MFU ([\d.]+)% of the bf16 peak, ([\d.]+)% of the float8 peak", lines[-1])
+    assert both is not None and float(both[2]) == pytest.approx(float(both[1]) / 2, abs=0.06), lines[-1]
+    assert MFU_PATTERN.search(lines[-1])["mfu"] == both[1]  # what the benchmarks read back: the bf16 figure
 
 
 def test_processor_prints_a_steady_state_summary_at_close(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -113,31 +113,35 @@ def _attention_width(config: Any, layers: int) -> int:
 
 @dataclass(frozen=True)
 class PeakTFLOPs:
-    """Dense peak TFLOP/s of one GPU: bf16 and TF32 tensor cores, plain FP32."""
+    """Dense peak TFLOP/s of one GPU: bf16, float8 (None: no float8 tensor cores) and TF32 tensor cores, FP32."""
 
     bf16: float
     tf32: float
     fp32: float
+    fp8: float | None = None
 
 
+# float8 (dense) only where the GPU has float8 tensor cores (Hopper, Ada, Blackwell):
+# NVIDIA's datasheets give it at twice the bf16 figure, e.g. H100 SXM 3,958
+# TFLOP/s with sparsity, 1,979 dense; Ampere (A100, A10/A10G) has none.
 # Ordered: the first pattern that matches the NVML/torch device name wins, so
 # specific variants (H100 NVL, H100 PCIe) come before the family name.
 # Names as NVML reports them, e.g. "NVIDIA H100 80GB HBM3" (SXM5),
 # "NVIDIA H200", "NVIDIA A100-SXM4-80GB", "NVIDIA L4", "NVIDIA A10G".
 PEAK_TABLE: tuple[tuple[str, str, PeakTFLOPs], ...] = (
-    ("B200", r"\bB200\b", PeakTFLOPs(bf16=2250.0, tf32=1100.0, fp32=75.0)),
-    ("H200 NVL", r"\bH200 NVL\b", PeakTFLOPs(bf16=835.5, tf32=417.5, fp32=60.0)),
-    ("H200", r"\bH200\b", PeakTFLOPs(bf16=989.4, tf32=494.7, fp32=66.9)),
-    ("GH200", r"\bGH200\b", PeakTFLOPs(bf16=989.4, tf32=494.7, fp32=66.9)),
-    ("H100 NVL", r"\bH100 NVL\b", PeakTFLOPs(bf16=835.5, tf32=417.5, fp32=60.0)),
-    ("H100 PCIe", r"\bH100 PCIe\b", PeakTFLOPs(bf16=756.5, tf32=378.0, fp32=51.2)),
-    ("H100 SXM", r"\bH100\b", PeakTFLOPs(bf16=989.4, tf32=494.7, fp32=66.9)),
-    ("H800", r"\bH800\b", PeakTFLOPs(bf16=989.4, tf32=494.7, fp32=66.9)),
+    ("B200", r"\bB200\b", PeakTFLOPs(bf16=2250.0, tf32=1100.0, fp32=75.0, fp8=4500.0)),
+    ("H200 NVL", r"\bH200 NVL\b", PeakTFLOPs(bf16=835.5, tf32=417.5, fp32=60.0, fp8=1671.0)),
+    ("H200", r"\bH200\b", PeakTFLOPs(bf16=989.4, tf32=494.7, fp32=66.9, fp8=1978.9)),
+    ("GH200", r"\bGH200\b", PeakTFLOPs(bf16=989.4, tf32=494.7, fp32=66.9, fp8=1978.9)),
+    ("H100 NVL", r"\bH100 NVL\b", PeakTFLOPs(bf16=835.5, tf32=417.5, fp32=60.0, fp8=1671.0)),
+    ("H100 PCIe", r"\bH100 PCIe\b", PeakTFLOPs(bf16=756.5, tf32=378.0, fp32=51.2, fp8=1513.0)),
+    ("H100 SXM", r"\bH100\b", PeakTFLOPs(bf16=989.4, tf32=494.7, fp32=66.9, fp8=1978.9)),
+    ("H800", r"\bH800\b", PeakTFLOPs(bf16=989.4, tf32=494.7, fp32=66.9, fp8=1978.9)),
     ("A100", r"\bA100\b", PeakTFLOPs(bf16=312.0, tf32=156.0, fp32=19.5)),
     ("A800", r"\bA800\b", PeakTFLOPs(bf16=312.0, tf32=156.0, fp32=19.5)),
-    ("L40S", r"\bL40S\b", PeakTFLOPs(bf16=362.1, tf32=183.0, fp32=91.6)),
-    ("L40", r"\bL40\b", PeakTFLOPs(bf16=181.0, tf32=90.5, fp32=90.5)),
-    ("L4", r"\bL4\b", PeakTFLOPs(bf16=121.0, tf32=60.0, fp32=30.3)),
+    ("L40S", r"\bL40S\b", PeakTFLOPs(bf16=362.1, tf32=183.0, fp32=91.6, fp8=733.0)),
+    ("L40", r"\bL40\b", PeakTFLOPs(bf16=181.0, tf32=90.5, fp32=90.5, fp8=362.0)),
+    ("L4", r"\bL4\b", PeakTFLOPs(bf16=121.0, tf32=60.0, fp32=30.3, fp8=242.5)),
     # AWS's A10G (g5) has no datasheet of its own; it is an A10 variant, so the
     # A10's figures stand in for it.
     ("A10G", r"\bA10G\b", PeakTFLOPs(bf16=125.0, tf32=62.5, fp32=31.2)),
@@ -172,6 +176,20 @@ def peak_tflops(device_name: str | None, precision: str, *, tf32: bool = False) 
     if compute_dtype(precision) == "bf16":  # float8 too: its MFU is against the bf16 peak
         return peak.bf16
     return peak.tf32 if tf32 else peak.fp32
+
+
+def float8_peak_tflops(device_name: str | None) -> float:
+    """Dense float8 peak TFLOP/s of one device; 0.0 when unknown, on the CPU, or with FSDP_PEAK_TFLOPS set.
+
+    The override names one peak (the one ``peak_tflops`` returns); a second,
+    float8 MFU beside it would be a guess.
+    """
+    if device_name is None or os.environ.get(PEAK_OVERRIDE_ENV):
+        return 0.0
+    row = lookup_peak(device_name)
+    if row is None:
+        return 0.0
+    return row[1].fp8 or 0.0
 
 
 def mfu(tflops_per_device: float, peak: float) -> float | None:

@@ -47,6 +47,14 @@ class IntervalSummary:
     data_share: float
     eta_seconds: float
     trained_share: float | None = None  # trained / processed tokens; None: all trained
+    mfu_float8: float | None = None  # precision float8: against the float8 peak (mfu: the bf16 peak)
+
+
+def mfu_text(mfu: float, mfu_float8: float | None) -> str:
+    """``MFU x%``; a float8 run names both peaks (MFU_PATTERN reads the first figure)."""
+    if mfu_float8 is None:
+        return f"MFU {mfu:.1%}"
+    return f"MFU {mfu:.1%} of the bf16 peak, {mfu_float8:.1%} of the float8 peak"
 
 
 def step_line(s: IntervalSummary) -> str:
@@ -62,7 +70,7 @@ def step_line(s: IntervalSummary) -> str:
         parts.append(f"{s.trained_share:.0%} trained")
     parts.append(f"{s.tflops_per_device:.3g} TFLOP/s/dev")
     if s.mfu is not None:
-        parts.append(f"MFU {s.mfu:.1%}")
+        parts.append(mfu_text(s.mfu, s.mfu_float8))
     parts += [
         f"mem {format_bytes(s.memory_peak_bytes)}",
         f"data {s.data_share:.1%}",
@@ -84,6 +92,7 @@ class RunSummary:
     tflops_per_device: float
     mfu: float | None
     memory_peak_bytes: int
+    mfu_float8: float | None = None
 
 
 # ``summary_line`` read back (the benchmarks): its first part, then two of its fields.
@@ -104,7 +113,7 @@ def summary_line(s: RunSummary) -> str:
         f"{s.tflops_per_device:.3g} TFLOP/s/dev",
     ]
     if s.mfu is not None:
-        parts.append(f"MFU {s.mfu:.1%}")
+        parts.append(mfu_text(s.mfu, s.mfu_float8))
     parts.append(f"peak mem {format_bytes(s.memory_peak_bytes)}")
     return " | ".join(parts)
 

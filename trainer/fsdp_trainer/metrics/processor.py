@@ -21,7 +21,7 @@ import torch
 from fsdp_api import contract
 from fsdp_api.contract import ENV_METRICS_ADDR, ENV_METRICS_LINGER_SECONDS
 
-from .flops import FlopsShape, mfu, peak_tflops
+from .flops import FlopsShape, float8_peak_tflops, mfu, peak_tflops
 from .logline import IntervalSummary, ProgressBar, RunSummary, step_line, summary_line
 from .memory import memory_bytes
 from .nvml import GpuSampler
@@ -80,6 +80,8 @@ class MetricsProcessor:
         self.flops_per_token = flops.flops_per_token(seq_len)
         self.device_name = torch.cuda.get_device_name(world.device) if world.device.type == "cuda" else None
         self.peak_tflops = peak_tflops(self.device_name, cfg.training.precision, tf32=_tf32_enabled())
+        # float8 runs: MFU against the bf16 peak (comparable with a bf16 run) and against the float8 one.
+        self.float8_peak_tflops = float8_peak_tflops(self.device_name) if cfg.training.precision == "float8" else 0.0
         self.max_steps = cfg.training.max_steps
         self.restart_count = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
         self.labels = contract.rank_label_values(cfg.job.name, world.node_rank, world.local_rank)
@@ -220,6 +222,7 @@ class MetricsProcessor:
             tokens_per_second_per_device=per_device,
             tflops_per_device=tflops,
             mfu=mfu(tflops, self.peak_tflops),
+            mfu_float8=mfu(tflops, self.float8_peak_tflops),
             seconds_per_step=seconds / len(steps) if steps else 0.0,
             data_share=data / seconds if seconds > 0 else 0.0,
         )
@@ -249,6 +252,7 @@ class MetricsProcessor:
             tokens_per_second_per_device=per_device,
             tflops_per_device=tflops,
             mfu=mfu(tflops, self.peak_tflops),
+            mfu_float8=mfu(tflops, self.float8_peak_tflops),
             memory_peak_bytes=memory_bytes(self.world.device)[0],
         )
 
@@ -269,6 +273,7 @@ class MetricsProcessor:
             tokens_per_second_per_device=interval.tokens_per_second_per_device,
             tflops_per_device=interval.tflops_per_device,
             mfu=interval.mfu,
+            mfu_float8=interval.mfu_float8,
             memory_peak_bytes=memory_bytes(self.world.device)[0],
             data_share=interval.data_share,
             eta_seconds=recent.eta(last.step, self.max_steps),
@@ -290,6 +295,8 @@ class MetricsProcessor:
         m.tflops.labels(**lb).set(rates.tflops_per_device)
         if rates.mfu is not None:
             m.mfu.labels(**lb).set(rates.mfu)
+        if rates.mfu_float8 is not None:
+            m.mfu_float8.labels(**lb).set(rates.mfu_float8)
         m.step_duration.labels(**lb).observe(stats.step_seconds)
         m.data_wait.labels(**lb).inc(max(0.0, stats.data_seconds))
         peak, reserved = memory_bytes(self.world.device)
@@ -337,6 +344,7 @@ class _Rates:
     tokens_per_second_per_device: float
     tflops_per_device: float
     mfu: float | None
+    mfu_float8: float | None
     seconds_per_step: float
     data_share: float
 

@@ -220,6 +220,7 @@ class TrainerMetrics:
         self.global_tokens_per_second = _create(c.GLOBAL_TOKENS_PER_SECOND)
         self.tflops = _create(c.TFLOPS)
         self.mfu = _create(c.MFU)
+        self.mfu_float8 = _create(c.MFU_FLOAT8)
         self.peak_tflops = _create(c.PEAK_TFLOPS)
         self.step_duration = _create(c.STEP_DURATION)
         self.data_wait = _create(c.DATA_WAIT)
