@@ -39,7 +39,10 @@ POD = "live-worker-0"
 # rate()/increase()/histogram_quantile() need two in their window.
 SCRAPE_INTERVAL = "200ms"
 # Absent on a CPU by contract (docs/metrics.md): no known peak, no MFU.
-CPU_ABSENT = {"fsdp_train_mfu_ratio": "MFU is absent when the device's peak FLOP/s is unknown (CPU)"}
+CPU_ABSENT = {
+    "fsdp_train_mfu_ratio": "MFU is absent when the device's peak FLOP/s is unknown (CPU)",
+    "fsdp_train_mfu_float8_ratio": "float8 MFU: a float8 run on a GPU with float8 tensor cores only",
+}
 
 
 class LabelledPrometheus(PrometheusServer):

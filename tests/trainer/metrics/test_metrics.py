@@ -40,7 +40,8 @@ RANK_LABELS = {"job_name", "node_rank", "local_rank"}
 # Per the shared contract; on the CPU the MFU gauge and the NVML series are
 # absent, and eval/checkpoint series appear only once those have happened.
 EXPECTED = {m for m in TRAINER_METRICS if not m.startswith(("fsdp_checkpoint_", "fsdp_train_eval_"))} - {
-    "fsdp_train_mfu_ratio"
+    "fsdp_train_mfu_ratio",
+    "fsdp_train_mfu_float8_ratio",
 }
 CHECKPOINT = {
     "fsdp_checkpoint_save_duration_seconds_count",
@@ -203,7 +204,7 @@ def test_cpu_run_has_no_gpu_series_no_mfu_and_no_nvml_errors(scraped: Scraped) -
     run = scraped.run
     names = {s.name for snap in snapshots for s in snap}
     assert not {n for n in names if n.startswith("fsdp_gpu_")}
-    assert "fsdp_train_mfu_ratio" not in names
+    assert not names & {"fsdp_train_mfu_ratio", "fsdp_train_mfu_float8_ratio"}
     assert set(by_rank(training_snapshots(snapshots)[-1], "fsdp_train_peak_tflops").values()) == {0.0}
     out = run.output()
     assert "NVML" not in out and "nvml" not in out
