@@ -78,13 +78,9 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # The EFA steps AWS documents for containers: no kernel module (the host has
 # it), no ulimit config (the pod gets IPC_LOCK), no post-install check (no
 # EFA device at build time).
-# gcc, libc6-dev and libpython3-dev: torch.compile's Triton builds a small C
-# launcher module (its backends/nvidia/driver.c, which includes Python.h) with
-# the system C compiler the first time it runs on a node; without one, every
-# compiled layer falls back to eager (tests/images/test_images.py builds it).
 # hadolint ignore=DL3008,DL3003
 RUN apt-get update \
- && apt-get install -y --no-install-recommends python3 ca-certificates gcc libc6-dev libpython3-dev \
+ && apt-get install -y --no-install-recommends python3 ca-certificates \
  && if [ "${INSTALL_EFA}" = true ]; then \
       apt-get install -y --no-install-recommends curl \
       && curl -fsSL "https://efa-installer.amazonaws.com/aws-efa-installer-${EFA_INSTALLER_VERSION}.tar.gz" \
@@ -102,6 +98,15 @@ RUN (userdel --remove ubuntu 2>/dev/null || true) \
  && groupadd --gid 1000 trainer \
  && useradd --uid 1000 --gid 1000 --home-dir /home/trainer --create-home --shell /usr/sbin/nologin trainer
 COPY --from=trainer-build /opt/venv /opt/venv
+# gcc, libc6-dev and libpython3-dev: torch.compile's Triton builds a small C
+# launcher module (its backends/nvidia/driver.c, which includes Python.h) with
+# the system C compiler the first time it runs on a node; without one, every
+# compiled layer falls back to eager (tests/images/test_images.py builds it).
+# A layer of its own after the venv's: adding it did not re-copy the venv (GBs).
+# hadolint ignore=DL3008
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends gcc libc6-dev libpython3-dev \
+ && rm -rf /var/lib/apt/lists/*
 COPY --from=trainer-build /opt/fsdp /opt/fsdp
 ENV PATH=/opt/venv/bin:/opt/amazon/efa/bin:$PATH \
     LD_LIBRARY_PATH=/opt/amazon/ofi-nccl/lib/x86_64-linux-gnu:/opt/amazon/ofi-nccl/lib:/opt/amazon/efa/lib \
