@@ -22,7 +22,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from tests.trainer.harness import ParityRuns, RunResult, launch
 from tests.trainer.model.architectures import ARCHITECTURES
 
-STEPS = 20
+STEPS = 3  # the reference's warm-up is 2 steps: its first 3 losses do not depend on maxSteps
 NO_COMPILER = "/nonexistent/c++"
 
 
@@ -61,9 +61,14 @@ def test_a_graph_inductor_cannot_build_runs_eager_with_the_same_result(monkeypat
 
 
 def _compiled_run(tmp_path: Path, parity_runs: ParityRuns, env: dict[str, str] | None = None) -> RunResult:
-    """The parity runs' ``full`` variant (2 ranks, same global batches as the reference), compiled."""
+    """The parity runs' ``full`` variant (2 ranks, same global batches as the reference), compiled, cut short.
+
+    Its first STEPS losses equal the 20-step reference's: they follow the
+    updates of the warm-up steps, whose learning rates do not depend on
+    maxSteps. No validation: its no-grad forward would compile a second graph.
+    """
     cfg = parity_runs.config("full")
-    cfg["training"]["compile"] = True
+    cfg["training"].update(compile=True, maxSteps=STEPS, evalIntervalSteps=0)
     cfg["checkpoint"]["dir"] = str(tmp_path / "checkpoints")
     return launch(tmp_path, cfg, env=env, timeout=600).check()
 
@@ -71,7 +76,9 @@ def _compiled_run(tmp_path: Path, parity_runs: ParityRuns, env: dict[str, str] |
 def _worst(run: RunResult, ref: RunResult) -> float:
     ref_loss, loss = ref.losses(), run.losses()
     assert sorted(loss) == list(range(1, STEPS + 1))
-    return max(abs(loss[s] - ref_loss[s]) for s in ref_loss)
+    worst = max(abs(loss[s] - ref_loss[s]) for s in loss)
+    print(f"largest loss difference from the eager reference over {STEPS} steps: {worst:.2e}")
+    return worst
 
 
 @pytest.mark.slow
@@ -82,9 +89,9 @@ def test_two_compiled_ranks_train_like_one_eager_process(tmp_path: Path, parity_
     assert event["graphs"] >= 1
     assert "compile: the decoder layers through inductor (training.compile: true)" in run.output
     assert "inductor failed" not in run.output
-    # Inductor fuses and reorders fp32 arithmetic: close to the eager reference, not bitwise.
+    # Inductor fuses and reorders fp32 arithmetic: close to the eager reference, not bitwise (measured 9.5e-7).
     worst = _worst(run, parity_runs.get("reference"))
-    assert worst <= 1e-3, f"largest loss difference {worst:.2e}"
+    assert worst <= 1e-4, f"largest loss difference {worst:.2e}"
 
 
 @pytest.mark.slow
@@ -97,7 +104,7 @@ def test_without_a_compiler_the_layers_run_eager_and_say_why(tmp_path: Path, par
     warnings = [line for line in run.output.splitlines() if "inductor failed" in line]
     assert len(warnings) == 2, warnings  # one line per rank
     assert "the decoder layers run eager" in warnings[0]
-    # Eager is the model's own arithmetic: as exact as the uncompiled parity runs.
+    # Eager is the model's own arithmetic: as exact as the uncompiled parity runs (measured 4.8e-7).
     worst = _worst(run, parity_runs.get("reference"))
     assert worst <= 1e-4, f"largest loss difference {worst:.2e}"
 
