@@ -252,9 +252,10 @@ def run_minimal(s: Setup, workdir: Path, gpu: bool, tag: str) -> Result:
 
 
 def run_accelerate(s: Setup, workdir: Path, gpu: bool, tag: str) -> Result:
-    program = [str(REPO / "bench" / "accelerate_fsdp2.py"), "--architecture", str(s.architecture)]
+    program = [str(REPO / "bench" / "accelerate_fsdp2.py")]
+    program += ["--architecture", str(s.architecture)] if s.architecture else ["--preset", s.preset]
     program += ["--seq-len", str(s.seq_len), "--micro-batch-size", str(s.micro_batch_size)]
-    program += ["--steps", str(s.steps), "--warmup-steps", str(WARMUP_STEPS)]
+    program += ["--steps", str(s.steps), "--warmup-steps", str(WARMUP_STEPS), "--precision", s.precision]
     out = _run(torchrun_standalone(s.nproc, program), _env(s.nproc, gpu, workdir), workdir / f"{tag}.log")
     line = next((x for x in out.splitlines() if x.startswith("BENCH_RESULT ")), None)
     if line is None:
@@ -265,7 +266,7 @@ def run_accelerate(s: Setup, workdir: Path, gpu: bool, tag: str) -> Result:
         # on the CPU its AcceleratorState keeps MULTI_CPU, i.e. DDP (accelerate/state.py).
         print(f"  note: Accelerate ran {r['distributed_type']} (DDP), not FSDP, on this device", flush=True)
     tokens = r["steps"] * s.tokens_per_step
-    return Result(tokens / r["seconds"], tokens / r["cpu_seconds"])
+    return Result(tokens / r["seconds"], tokens / r["cpu_seconds"], None, f"{r['peak_memory_bytes'] / 2**30:.1f} GiB")
 
 
 def compare(
@@ -360,6 +361,7 @@ def gpu_bench(args: argparse.Namespace, workdir: Path) -> None:
         print(f"seqLen {run.ratio_seq_len}, no checkpointing, eager: trainer vs minimal FSDP2 loop", flush=True)
         ours, minimal = compare(setup(ratio_row), run.repeats, workdir, gpu=on_gpu)
         report_ratio(ours, minimal, cpu_time=False)
+        compare_accelerate(setup(ratio_row), ours, workdir, on_gpu)
     unit = "GPU" if on_gpu else "rank"
     header = f"| seqLen | micro-batch | precision | activation ckpt | compile | logits | tokens/s/{unit} | MFU |"
     print(header + " peak memory | plan |")
@@ -379,6 +381,22 @@ def gpu_bench(args: argparse.Namespace, workdir: Path) -> None:
         mfu = f"{r.mfu:.1%}" if r.mfu is not None else "n/a"
         cells += [f"{r.tokens_per_second / nproc:,.0f}", mfu, r.peak_memory, planned_memory(s, on_gpu)]
         print("| " + " | ".join(cells) + " |", flush=True)
+
+
+def compare_accelerate(s: Setup, ours: list[Result], workdir: Path, on_gpu: bool) -> None:
+    """The same setup under Hugging Face Accelerate's FSDP2 plugin, against the trainer runs just made.
+
+    A failure is one line, not the end of the bench: the table after it is what a short lease is for.
+    """
+    print(f"seqLen {s.seq_len}, no checkpointing, eager: trainer vs Hugging Face Accelerate FSDP2", flush=True)
+    try:
+        theirs = [run_accelerate(s, workdir, on_gpu, f"accelerate-{i}") for i in range(len(ours))]
+    except SystemExit as e:
+        print(f"Accelerate FSDP2: failed: {e}", flush=True)
+        return
+    for i, r in enumerate(theirs):
+        print(f"  repeat {i + 1}: Accelerate {r.tokens_per_second:,.0f} tok/s, peak memory {r.peak_memory}", flush=True)
+    report_ratio(ours, theirs, cpu_time=False, name="Accelerate FSDP2", target=1.1)
 
 
 def planned_memory(s: Setup, on_gpu: bool) -> str:

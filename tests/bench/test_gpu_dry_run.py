@@ -20,6 +20,10 @@ SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "trainer_throughput.py"
 RATIO_LINE = re.compile(
     r"^trainer [\d,]+ tok/s \| minimal FSDP2 [\d,]+ tok/s \| ratio (?P<ratio>[\d.]+) ", re.MULTILINE
 )
+ACCELERATE_LINE = re.compile(
+    r"^trainer [\d,]+ tok/s \| Accelerate FSDP2 (?P<theirs>[\d,]+) tok/s \| ratio (?P<ratio>[\d.]+) \(target 1.1\)$",
+    re.MULTILINE,
+)
 TABLE_ROW = re.compile(
     r"^\| (?P<seq>\d+) \| (?P<mbs>\d+) \| (?P<precision>bf16|float8|fp32) \| (?P<ac>none|full) \| "
     r"(?P<compile>on|off) \| (?P<logits>chunked|full) \| "
@@ -69,6 +73,13 @@ def test_gpu_path_runs_on_the_cpu() -> None:
     assert float(ratio["ratio"]) > 0
     # The ratio comes before the table, so that a lease cut short still reports it.
     assert ratio.start() < out.index("| seqLen |")
+    # Then Hugging Face Accelerate on the same setup, against the same trainer runs; on the CPU
+    # Accelerate does not shard (its FSDP plugin is for accelerators) and the bench says so.
+    accelerate = ACCELERATE_LINE.search(out)
+    assert accelerate is not None, out
+    assert ratio.start() < accelerate.start() < out.index("| seqLen |")
+    assert int(accelerate["theirs"].replace(",", "")) > 0
+    assert "note: Accelerate ran DistributedType.MULTI_CPU (DDP), not FSDP, on this device" in out
 
     rows = list(TABLE_ROW.finditer(out))
     expected = [
