@@ -103,9 +103,12 @@ COPY --from=trainer-build /opt/venv /opt/venv
 # the system C compiler the first time it runs on a node; without one, every
 # compiled layer falls back to eager (tests/images/test_images.py builds it).
 # A layer of its own after the venv's: adding it did not re-copy the venv (GBs).
+# apt-get clean: a base without docker-clean's apt hook (tools/build-images.sh
+# builds on a debootstrap one) would keep the downloaded .debs in the layer.
 # hadolint ignore=DL3008
 RUN apt-get update \
  && apt-get install -y --no-install-recommends gcc libc6-dev libpython3-dev \
+ && apt-get clean \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=trainer-build /opt/fsdp /opt/fsdp
 ENV PATH=/opt/venv/bin:/opt/amazon/efa/bin:$PATH \
