@@ -72,11 +72,23 @@ def main(argv: list[str] | None = None) -> int:
             return check_main(argv[1:])
         return train_main(argv)
     except ConfigError as e:
-        print(f"fsdp-train: {e}", file=sys.stderr)
+        say(f"fsdp-train: {e}")
         return CONFIG_ERROR_EXIT_CODE
     except (UnsafeCheckpointError, UnloadableCheckpointError, CheckpointSaveError) as e:
-        print(f"fsdp-train: {e}", file=sys.stderr)
+        say(f"fsdp-train: {e}")
         return 1
+
+
+def say(text: str) -> None:
+    """``text`` and its newline to stderr in one write.
+
+    Every rank of a launch reports the same error to the same pipe. print()
+    writes the text and the newline separately, and unbuffered (the pods set
+    PYTHONUNBUFFERED) another rank's line can land between the two: two lines
+    run together. One write under PIPE_BUF bytes is never split.
+    """
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
 
 
 if __name__ == "__main__":
