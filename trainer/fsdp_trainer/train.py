@@ -68,7 +68,7 @@ from .model.param_names import unique_parameters
 from .model.pretrained import LoadPlan, check_pretrained, load_pretrained
 from .model.shards import local_tensor
 from .optim import build_optimizer, build_scheduler, clip_gradients, restore_schedule
-from .parallel.compile import CompileReport, compile_report
+from .parallel.compile import MODE_INDUCTOR, CompileReport, compile_report
 from .parallel.distributed import WorldInfo, destroy_distributed, init_distributed, world_from_env
 from .parallel.float8 import float8_plan
 from .parallel.parallelize import compute_context, is_fsdp, parallelize, set_gradient_sync
@@ -288,7 +288,7 @@ class Trainer:
     def _report_compile(self) -> None:
         """After the first step, when inductor has compiled (or failed on) the layers: the mode that ran."""
         report = self.compile
-        self.metrics.set_compile_mode(report.mode)
+        self.metrics.set_compiled(report.mode == MODE_INDUCTOR)
         self.trace.write("compile", step=self.step, **report.record())
         if report.enabled and not report.fallbacks:
             log.info("compile: %d graphs compiled by inductor", report.compiled)

@@ -305,7 +305,7 @@ BASELINE_WORKER = textwrap.dedent(
     proc.on_step(StepStats(step=1, loss=1.0, learning_rate=0.1, grad_norm=1.0, tokens=64,
                            step_seconds=0.2, data_seconds=0.05))
     proc.on_checkpoint_saved(1, 1.5)
-    proc.set_compile_mode("inductor")
+    proc.set_compiled(True)
     after = scrape()
     proc.close()
     sys.stdout.write(before + "\\n=====\\n" + after)

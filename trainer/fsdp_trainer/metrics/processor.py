@@ -141,10 +141,10 @@ class MetricsProcessor:
             series.labels(**self.labels)
         self.gpu = GpuSampler.open(self.world.device)
 
-    def set_compile_mode(self, mode: str) -> None:
-        """The compile mode that ran, known after the first forward: inductor, eager or off."""
+    def set_compiled(self, compiled: bool) -> None:
+        """Whether inductor compiled the decoder layers, known after the first forward."""
         if self.metrics is not None:
-            self.metrics.compiled.labels(**self.labels).set(1 if mode == "inductor" else 0)
+            self.metrics.compiled.labels(**self.labels).set(1 if compiled else 0)
 
     def on_step(self, stats: StepStats) -> None:
         self._window.append(stats)
