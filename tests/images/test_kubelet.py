@@ -9,6 +9,7 @@ docs/images.md, "On a real kubelet".
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import signal
@@ -23,7 +24,7 @@ from fsdp_localcluster.apiserver import TestCluster
 from fsdp_localcluster.binaries import tool_path
 from fsdp_localcluster.images import LOCAL_TRAINER_IMAGE, require_images
 from fsdp_localcluster.kubelet_node import KubeletNode, missing_requirements
-from fsdp_localcluster.wait import wait_for
+from fsdp_localcluster.wait import WaitTimeout, wait_for
 
 from tests.images.rendered import render_tiny, worker_template
 
@@ -119,20 +120,40 @@ class StatusWatch:
                 "-n",
                 NAMESPACE,
                 "-w",
+                "--output-watch-events",
                 "-o",
                 "json",
             ],
             stdout=subprocess.PIPE,
             text=True,
         )
-        self.pods: list[dict[str, Any]] = []
-        self.reader = threading.Thread(target=lambda: self.pods.extend(_json_stream(self.proc.stdout)), daemon=True)
+        self.events: list[dict[str, Any]] = []
+        self.reader = threading.Thread(target=lambda: self.events.extend(_json_stream(self.proc.stdout)), daemon=True)
         self.reader.start()
 
-    def last_termination(self) -> dict[str, Any]:
+    def summary(self) -> list[tuple[str, Any]]:
+        """Each event's type and the container states it carried: a failure message short enough to read."""
+        return [
+            (
+                e.get("type", "?"),
+                [cs.get("state") for cs in (e.get("object") or {}).get("status", {}).get("containerStatuses") or []],
+            )
+            for e in self.events
+        ]
+
+    def last_termination(self) -> dict[str, Any] | None:
+        """The last terminated state the watch saw, read once the watch has seen the pod deleted.
+
+        Stopping the watch as soon as `kubectl delete` returned lost the final status updates
+        still on their way to it on a busy machine (a CI flake: no terminated state seen at all).
+        """
+        # Never raises: it runs in a `finally`, where an exception would hide the test's own failure.
+        with contextlib.suppress(WaitTimeout):
+            wait_for(lambda: any(e.get("type") == "DELETED" for e in self.events), 60, "the watch to see the deletion")
         self.proc.terminate()
         self.reader.join(10)
-        return next(t for pod in reversed(self.pods) if (t := terminated(pod)))
+        pods = [e.get("object") for e in self.events]
+        return next((t for pod in reversed(pods) if (t := terminated(pod))), None)
 
 
 def test_the_rendered_trainer_pod_trains_and_checkpoints_on_a_real_kubelet(node: KubeletNode, tmp_path: Path) -> None:
@@ -186,7 +207,7 @@ def test_deleting_the_pod_sigterms_the_trainer_which_checkpoints_and_exits_143(
         delete(node, name)  # the kubelet's graceful termination: SIGTERM, then the grace period
     finally:
         last = watch.last_termination()
-    assert last["exitCode"] == 128 + signal.SIGTERM, last
+    assert last is not None and last["exitCode"] == 128 + signal.SIGTERM, watch.summary()
     # Saved at the step it was in when the signal came: none of the logged steps is lost.
     saved = saved_steps(claim)
     assert len(saved) == 1 and steps[-1] <= saved[0] < 5000, (saved, steps)
@@ -216,7 +237,7 @@ def test_deleting_the_pod_while_it_starts_ends_it_at_once_not_at_the_grace_perio
     finally:
         last = watch.last_termination()
     assert gone, "still there 100 s after its deletion (grace period 300 s)"
-    assert last["exitCode"] == 128 + signal.SIGTERM, last
+    assert last is not None and last["exitCode"] == 128 + signal.SIGTERM, watch.summary()
 
 
 def _json_stream(stream: Any) -> Iterator[dict[str, Any]]:
