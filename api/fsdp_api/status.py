@@ -82,6 +82,22 @@ class FSDPTrainingStatus(ApiModel):
     step: int | None = Field(None, ge=0, description="Latest optimizer step reported by the trainer's metrics.")
     loss: float | None = Field(None, description="Latest training loss reported by the trainer's metrics.")
     tokens_per_second: float | None = Field(None, ge=0, description="Latest global training throughput in tokens/s.")
+    # Named as Kubeflow Trainer v2.3 names them in TrainJob.status.trainerStatus, so one reading serves both.
+    progress_percentage: int | None = Field(
+        None, ge=0, le=100, description="Share of spec.training.maxSteps trained, in percent (rounded down)."
+    )
+    estimated_remaining_seconds: int | None = Field(
+        None,
+        ge=0,
+        le=2**31 - 1,
+        description=(
+            "Steps left times the recent step time, while Running: an estimate that leaves out the time "
+            "checkpoint saves and validation take."
+        ),
+    )
+    remaining: str | None = Field(
+        None, max_length=16, description="estimatedRemainingSeconds for people, e.g. 3h05m (kubectl get's column)."
+    )
     stall_restarts: int | None = Field(
         None, ge=0, description="Times the operator restarted the job's pods because it stalled (spec.stall.onStall)."
     )

@@ -32,6 +32,18 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Step", "type": "integer", "jsonPath": ".status.step", "description": "Latest optimizer step."},
     {"name": "Loss", "type": "number", "jsonPath": ".status.loss", "description": "Latest training loss."},
     {
+        "name": "Done%",
+        "type": "integer",
+        "jsonPath": ".status.progressPercentage",
+        "description": "Share of maxSteps trained.",
+    },
+    {
+        "name": "Remaining",
+        "type": "string",
+        "jsonPath": ".status.remaining",
+        "description": "Estimated training time left.",
+    },
+    {
         "name": "Tokens/s",
         "type": "number",
         "jsonPath": ".status.tokensPerSecond",

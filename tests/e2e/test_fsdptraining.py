@@ -60,6 +60,10 @@ def test_happy_path_succeeds_with_checkpoints_status_and_prometheus(operator: Wh
             # The operator's own progress figures appear while it runs.
             running = wait_for(lambda: (st := status(whole, name, ns)).get("step") and st, 120, "status.step")
             assert running["phase"] in ("Running", "Succeeded"), dump(running)
+            if running["phase"] == "Running":
+                # How far it is and the time left, from the same scrape as the step.
+                assert running["progressPercentage"] == running["step"] * 100 // max_steps, dump(running)
+                assert running["estimatedRemainingSeconds"] >= 0 and running["remaining"], dump(running)
             assert wait_phase(whole, name, ns, TERMINAL, 300) == "Succeeded"
         record("job_total_s", time.monotonic() - t0)
         record("trainer_steps_per_s", steps_per_second([(t, float(s)) for t, s in samples]))
@@ -87,6 +91,7 @@ def test_happy_path_succeeds_with_checkpoints_status_and_prometheus(operator: Wh
     assert mirrored["Succeeded"]["status"] == "True"
     assert final["jobName"] == name and final["nodes"] == 2
     assert final["step"] == max_steps and math.isfinite(final["loss"]), dump(final)
+    assert (final["progressPercentage"], final["remaining"]) == (100, "0s"), dump(final)
     # Checkpoints every 10 steps plus the last, all complete, on the claim's volume.
     assert checkpoint_steps(whole, ns) == [10, 20, 30]
     record("checkpoint_steps_seen", json.dumps(checkpoint_steps(whole, ns)))

@@ -94,7 +94,19 @@ def _resolve(json_path: str) -> Schema | None:
 def test_printer_columns_point_at_fields_of_their_type() -> None:
     columns = crd()["spec"]["versions"][0]["additionalPrinterColumns"]
     names = [c["name"] for c in columns]
-    assert names == ["Phase", "Nodes", "GPUs", "Step", "Loss", "Tokens/s", "Backend", "Job", "Age"]
+    assert names == [
+        "Phase",
+        "Nodes",
+        "GPUs",
+        "Step",
+        "Loss",
+        "Done%",
+        "Remaining",
+        "Tokens/s",
+        "Backend",
+        "Job",
+        "Age",
+    ]
     for c in columns:
         target = _resolve(c["jsonPath"])
         assert target is not None, f"{c['name']}: {c['jsonPath']} is not in the schema"

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import re
 import sys
 import threading
 import time
@@ -656,12 +657,16 @@ fsdp_train_loss{{job_name="prog",node_rank="0",local_rank="0"}} {loss}
 # TYPE fsdp_train_global_tokens_per_second gauge
 fsdp_train_global_tokens_per_second{{job_name="prog",node_rank="0",local_rank="0"}} 5120.5
 # TYPE fsdp_checkpoint_last_step gauge
-fsdp_checkpoint_last_step{{job_name="prog",node_rank="0",local_rank="0"}} 100
+fsdp_checkpoint_last_step{{job_name="prog",node_rank="0",local_rank="0"}} 10
+# TYPE fsdp_train_step_duration_seconds histogram
+fsdp_train_step_duration_seconds_bucket{{job_name="prog",node_rank="0",local_rank="0",le="+Inf"}} 20
+fsdp_train_step_duration_seconds_sum{{job_name="prog",node_rank="0",local_rank="0"}} 40.0
+fsdp_train_step_duration_seconds_count{{job_name="prog",node_rank="0",local_rank="0"}} 20
 """
 
 
 class _FakeTrainer(http.server.BaseHTTPRequestHandler):
-    step = 120
+    step = 20
     loss = 2.75
 
     def do_GET(self) -> None:
@@ -704,14 +709,18 @@ def test_step_loss_and_throughput_come_from_the_rank0_pod(env: Env) -> None:
             ns, pod["metadata"]["name"], {"phase": "Running", "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}]}
         )
         env.patch_job_status(ns, name, {"conditions": [{"type": "Running", "status": "True", "reason": "Running"}]})
-        s = env.wait_status(ns, name, "scraped progress", step=120, loss=2.75, tokensPerSecond=5120.5)
-        assert s["checkpoint"]["lastStep"] == 100
+        s = env.wait_status(ns, name, "scraped progress", step=20, loss=2.75, tokensPerSecond=5120.5)
+        assert s["checkpoint"]["lastStep"] == 10
         assert s["phase"] == "Running"
+        # maxSteps 50: 40 % done; 30 steps left at the trainer's mean 2 s (its histogram: 40 s / 20 steps).
+        assert (s["progressPercentage"], s["estimatedRemainingSeconds"], s["remaining"]) == (40, 60, "1m"), s
 
-        _FakeTrainer.step = 121
-        env.wait_status(ns, name, "the next step", step=121)
+        _FakeTrainer.step = 21
+        env.wait_status(ns, name, "the next step", step=21, progressPercentage=42)
         row = env.cluster.kubectl("get", "fsdptraining", name, "-n", ns, "--no-headers").stdout.split()
-        assert row[:6] == [name, "Running", "2", "0", "121", "2.75"]  # NAME PHASE NODES GPUS STEP LOSS
+        # NAME PHASE NODES GPUS STEP LOSS DONE% REMAINING: the time left now from the operator's own step clock.
+        assert row[:7] == [name, "Running", "2", "0", "21", "2.75", "42"], row
+        assert re.fullmatch(r"\d+(s|m(\d\ds)?)", row[7]), row
 
         # The job finishes. The pod is done (the periodic scrape skips it), its endpoint
         # still answers with the last step's figures, which only the final read can see.
@@ -721,6 +730,7 @@ def test_step_loss_and_throughput_come_from_the_rank0_pod(env: Env) -> None:
         env.patch_job_status(ns, name, {"conditions": [{"type": "Succeeded", "status": "True", "reason": "Done"}]})
         s = env.wait_status(ns, name, "the final figures", phase="Succeeded", step=50, loss=1.5)
         assert s["checkpoint"]["lastStep"] == 50  # the trainer always checkpoints its last step
+        assert (s["progressPercentage"], s["estimatedRemainingSeconds"], s["remaining"]) == (100, 0, "0s"), s
     finally:
         server.shutdown()
         server.server_close()

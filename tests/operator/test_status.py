@@ -243,7 +243,16 @@ def test_conditions_have_a_stable_order() -> None:
 
 # --- final figures of a finished job --------------------------------------------------------
 
-SCRAPED_MID_RUN = {"phase": "Running", "step": 6, "loss": 3.5, "tokensPerSecond": 800.0, "checkpoint": {"lastStep": 5}}
+SCRAPED_MID_RUN = {
+    "phase": "Running",
+    "step": 6,
+    "loss": 3.5,
+    "tokensPerSecond": 800.0,
+    "checkpoint": {"lastStep": 5},
+    "progressPercentage": 60,
+    "estimatedRemainingSeconds": 8,
+    "remaining": "8s",
+}
 
 
 def test_succeeded_job_reports_max_steps_however_late_the_last_scrape() -> None:
@@ -251,11 +260,29 @@ def test_succeeded_job_reports_max_steps_however_late_the_last_scrape() -> None:
     assert (s.phase, s.step, s.checkpoint.last_step) == ("Succeeded", 10, 10)
     # Loss and throughput cannot be derived: the last figures read stay.
     assert (s.loss, s.tokens_per_second) == (3.5, 800.0)
+    assert (s.progress_percentage, s.estimated_remaining_seconds, s.remaining) == (100, 0, "0s")
+
+
+def test_running_job_keeps_its_progress_and_time_left() -> None:
+    s = compute_status(facts(), job(cond("Running")), SCRAPED_MID_RUN, now=NOW)
+    assert (s.progress_percentage, s.estimated_remaining_seconds, s.remaining) == (60, 8, "8s")
+
+
+@pytest.mark.parametrize("phase_condition", ["Failed", "Suspended", "Restarting"])
+def test_a_job_that_is_not_running_keeps_its_progress_but_has_no_time_left(phase_condition: str) -> None:
+    s = compute_status(facts(), job(cond("Running"), cond(phase_condition)), SCRAPED_MID_RUN, now=NOW)
+    assert s.phase == phase_condition
+    assert (s.progress_percentage, s.estimated_remaining_seconds, s.remaining) == (60, None, None)
 
 
 def test_failed_job_keeps_the_last_scraped_step() -> None:
     s = compute_status(facts(), job(cond("Failed")), SCRAPED_MID_RUN, now=NOW)
     assert (s.phase, s.step, s.checkpoint.last_step) == ("Failed", 6, 5)
+
+
+def test_succeeded_job_of_an_older_spec_is_not_called_complete() -> None:
+    s = compute_status(facts(generation=2), job(cond("Succeeded"), generation=1), SCRAPED_MID_RUN, now=NOW)
+    assert (s.progress_percentage, s.estimated_remaining_seconds) == (60, None)
 
 
 def test_succeeded_job_of_an_older_spec_keeps_the_scraped_step() -> None:

@@ -30,9 +30,10 @@ from fsdp_api.contract import JobBackend
 
 from .. import backends
 from .bodies import MetricsView, live_pods, uid_of
+from .completion import completion_fields
 from .kube import NETWORK_ERRORS, ApiError
 from .peering import we_are_active
-from .progress import Unreadable, rank0_pod, scrape
+from .progress import TrainerProgress, Unreadable, rank0_pod, scrape
 from .records import record_pods, record_progress
 from .stall.check import check_stall
 from .state import Runtime
@@ -212,7 +213,9 @@ async def scrape_once(rt: Runtime, session: aiohttp.ClientSession, peering: Peer
         async with gate:
             progress = await scrape(session, pod["status"]["podIP"], MetricsView.of(body).port)
         rt.metrics.scrapes.labels("error" if isinstance(progress, Unreadable) else "success").inc()
-        fields = progress.status_fields() if not isinstance(progress, Unreadable) else {}
+        fields = (
+            {} if isinstance(progress, Unreadable) else {**progress.status_fields(), **_completion(rt, body, progress)}
+        )
         if fields and await record_progress(rt, body, fields):
             updated += 1
         await check_stall(rt, body, progress, time.monotonic())
@@ -232,6 +235,14 @@ async def scrape_once(rt: Runtime, session: aiohttp.ClientSession, peering: Peer
             if isinstance(r, Exception):
                 log.debug("progress update failed: %r", r)
     return updated
+
+
+def _completion(rt: Runtime, body: Mapping[str, Any], progress: TrainerProgress) -> dict[str, Any]:
+    """Progress and time left; the step time is the stall clock's recent one, else the trainer's mean."""
+    clock = rt.step_clocks.get(uid_of(body))
+    rate = (clock.seconds_per_step or clock.reported) if clock is not None else None
+    max_steps = TrainingFacts.from_body(body).max_steps
+    return completion_fields(progress.step, max_steps, rate or progress.seconds_per_step)
 
 
 async def run_scraper(rt: Runtime, interval: float, peering: PeeringView | None) -> None:

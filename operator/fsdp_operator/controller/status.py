@@ -21,6 +21,7 @@ from fsdp_api.memory_plan import MemoryPlan
 from fsdp_api.status import CheckpointStatus, Condition, FSDPTrainingStatus, Phase
 
 from ..backends import FAILED_CREATE_POD, JobView, job_view
+from .completion import human_duration
 from .condition_builders import CONDITIONS, EARLY_CONDITIONS, fits_memory, stall_state
 from .conditions import (
     APPLY_FAILED,
@@ -184,6 +185,7 @@ def compute_status(
         # checkpoint (the final one is unconditional), and by then its metrics
         # endpoint is gone: the last scrape may be several steps behind.
         step = last_checkpoint = training.max_steps
+    completion = _carried_completion(prev, phase, step, training.max_steps)
     return FSDPTrainingStatus(
         phase=phase,
         message=bounded(message),
@@ -198,6 +200,7 @@ def compute_status(
         step=step,
         loss=prev.get("loss"),
         tokens_per_second=prev.get("tokensPerSecond"),
+        **completion,
         stall_restarts=stall_restarts if stall_restarts is not None else prev.get("stallRestarts"),
         checkpoint=CheckpointStatus(
             dir=training.checkpoint_dir,
@@ -206,6 +209,19 @@ def compute_status(
         ),
         memory=fits_memory(memory, prev, inp.prev_conds, training.generation, inp.now)[1],
     )
+
+
+def _carried_completion(prev: Mapping[str, Any], phase: str, step: int | None, max_steps: int | None) -> dict[str, Any]:
+    """Progress as the scraper last wrote it; the time left only while Running, nothing left once Succeeded."""
+    if phase == "Succeeded" and step is not None and step == max_steps:
+        return {"progress_percentage": 100, "estimated_remaining_seconds": 0, "remaining": human_duration(0)}
+    carried = {"progress_percentage": prev.get("progressPercentage")}
+    if phase == "Running":
+        carried |= {
+            "estimated_remaining_seconds": prev.get("estimatedRemainingSeconds"),
+            "remaining": prev.get("remaining"),
+        }
+    return carried
 
 
 __all__ = [
