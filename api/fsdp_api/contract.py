@@ -184,6 +184,8 @@ METRICS_PORT = 9402
 # A checkpoint directory counts only once this file exists in it (written last).
 CHECKPOINT_COMPLETE_MARKER = "COMPLETE"
 CHECKPOINT_DIR_PREFIX = "step-"
+# TensorBoard's event files, under checkpoint.dir (spec.tracking.tensorboard).
+TENSORBOARD_SUBDIR = "tensorboard"
 
 # Environment variables: set by the renderer (pods) or the local launcher,
 # read by the trainer.
@@ -330,6 +332,11 @@ COMPILED = Metric(
     "fsdp_train_compiled",
     "gauge",
     "1: the decoder layers run compiled by inductor; 0: eager (training.compile off, or inductor failed).",
+)
+TRACKER_POINTS_DROPPED = Metric(
+    "fsdp_tracker_points_dropped",
+    "counter",
+    "Points not logged to an experiment tracker (spec.tracking): its writer fell behind or failed.",
 )
 GPU_UTILIZATION = Metric("fsdp_gpu_utilization_ratio", "gauge", "GPU busy ratio (NVML), 0..1.", gpu_only=True)
 GPU_MEMORY_USED = Metric("fsdp_gpu_memory_used_bytes", "gauge", "GPU memory in use (NVML).", gpu_only=True)

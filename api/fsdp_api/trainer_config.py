@@ -25,6 +25,7 @@ from .spec import (
     ModelSpec,
     PeftSpec,
     StallSpec,
+    TrackingSpec,
     TrainingSpec,
     effective_seq_len,
 )
@@ -40,7 +41,7 @@ class JobInfo(ApiModel):
 
 
 # The spec's sections that the built-in trainer reads, in train.yaml's order (after job).
-SECTIONS = ("model", "data", "training", "fsdp", "peft", "checkpoint", "metrics", "stall")
+SECTIONS = ("model", "data", "training", "fsdp", "peft", "checkpoint", "metrics", "stall", "tracking")
 # Optional in the spec only because spec.command can replace the built-in trainer.
 REQUIRED_SECTIONS = ("model", "training")
 
@@ -65,6 +66,7 @@ class TrainerConfig(ApiModel):
     checkpoint: CheckpointSpec = _section("checkpoint")
     metrics: MetricsSpec = _section("metrics")
     stall: StallSpec = _section("stall")
+    tracking: TrackingSpec = _section("tracking")
 
     # The spec's own rule: a CLI override is checked like kubectl apply.
     rules: ClassVar[tuple[Rule, ...]] = (SEQ_LEN_RULE,)

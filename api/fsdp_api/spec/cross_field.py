@@ -21,6 +21,7 @@ from .data import DataSpec
 from .fsdp import FSDPSpec
 from .model import ModelSpec, preset_cel
 from .stall import StallSpec
+from .tracking import TrackingSpec
 from .training import TrainingSpec
 from .values import IMAGE_PINNED_PATTERN
 from .volumes import NO_NESTING_MOUNTS, mounts_clash
@@ -171,6 +172,7 @@ COMMAND_RULES: tuple[Rule, ...] = (
     _left_alone("fsdp", FSDPSpec, _all_fields(FSDPSpec)),
     _left_alone("checkpoint", CheckpointSpec, ("interval_steps", "keep_last", "resume", "async_save")),
     _left_alone("stall", StallSpec, ("trainer_step_timeout_seconds",)),
+    _left_alone("tracking", TrackingSpec, _all_fields(TrackingSpec)),
 )
 
 

@@ -24,6 +24,7 @@ from .pod import PodSettings
 from .resources import ElasticSpec, ResourcesSpec
 from .scheduling import RunPolicySpec, SchedulingSpec
 from .stall import StallSpec
+from .tracking import TrackingSpec
 from .training import TrainingSpec
 from .values import DNS_LABEL, MAX_IMAGE_LENGTH, MAX_NAME_LENGTH
 
@@ -83,6 +84,9 @@ class FSDPTrainingSpec(ApiModel):
     metrics: MetricsSpec = Field(default_factory=MetricsSpec, description="Prometheus metrics of the trainer.")
     stall: StallSpec = Field(
         default_factory=StallSpec, description="Stall watchdog: when no new step counts as stalled, and the action."
+    )
+    tracking: TrackingSpec = Field(
+        default_factory=TrackingSpec, description="Experiment trackers rank 0 logs the training's series to."
     )
     network_policy: NetworkPolicySpec = Field(
         default_factory=NetworkPolicySpec, description="Who may reach the job's pods (a NetworkPolicy)."

@@ -18,13 +18,15 @@ from typing import Any
 
 import pytest
 import yaml
-from fsdp_api.contract import ENV_TRAINER_FAULT
+from fsdp_api.contract import CHECKPOINT_SAVE_DURATION, ENV_TRAINER_FAULT, LOSS, TENSORBOARD_SUBDIR
 from fsdp_api.launch import torchrun_standalone, trainer_program
 from fsdp_trainer.checkpoint import MARKER, complete_checkpoints
 from fsdp_trainer.trace import read_trace
+from fsdp_trainer.tracking import series_tag
 
 from tests.trainer.checkpoint.resume_runs import effective_steps, split_attempts
 from tests.trainer.harness import base_config, launch, offline_env
+from tests.trainer.tracking.board import read_scalars
 
 pytestmark = pytest.mark.slow
 
@@ -37,6 +39,7 @@ def test_killed_run_resumes_with_identical_losses_and_data(tmp_path: Path, input
             inputs["tokenizer"],
             training={"gradAccumSteps": 2},
             checkpoint={"intervalSteps": 5, "keepLast": 2},
+            tracking={"tensorboard": {"flushSeconds": 1}},
         )
 
     straight = launch(tmp_path / "straight", config("straight")).check()
@@ -65,6 +68,16 @@ def test_killed_run_resumes_with_identical_losses_and_data(tmp_path: Path, input
     assert any(not s.endswith("@0") for s in samples)
     # keepLast 2: only the two newest complete checkpoints remain.
     assert [step for step, _ in complete_checkpoints(tmp_path / "killed" / "checkpoints")] == [15, 20]
+
+    # spec.tracking.tensorboard: one run across the kill, each step once (TensorBoard's own reader),
+    # with the losses of the steps that count; rank 0 logged steps 11-13 twice, and the purge hides the first.
+    board = tmp_path / "killed" / "checkpoints" / TENSORBOARD_SUBDIR
+    logged = read_scalars(board, series_tag(LOSS))
+    assert [s for s, _ in logged] == list(range(1, 21))
+    for (step, loss), record in zip(logged, effective_steps(killed, 0), strict=True):
+        assert loss == pytest.approx(record["loss"], rel=1e-6), step
+    assert [s for s, _ in read_scalars(board, series_tag(CHECKPOINT_SAVE_DURATION))] == [5, 10, 15, 20]
+    assert len(list(board.glob("events.out.tfevents.*"))) == 2  # one file per attempt
 
 
 @pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])

@@ -21,6 +21,7 @@ import torch
 from fsdp_api import contract
 from fsdp_api.contract import ENV_METRICS_ADDR, ENV_METRICS_LINGER_SECONDS
 
+from ..tracking import Tracking, open_tracking
 from .flops import FlopsShape, float8_peak_tflops, mfu, peak_tflops
 from .logline import IntervalSummary, ProgressBar, RunSummary, step_line, summary_line
 from .memory import memory_bytes
@@ -90,6 +91,7 @@ class MetricsProcessor:
         self.metrics: TrainerMetrics | None = None
         self.server: MetricsServer | None = None
         self.gpu: GpuSampler | None = None
+        self.tracking: Tracking | None = None
         self._window: deque[StepStats] = deque(maxlen=self.WINDOW_STEPS)
         self._interval: list[StepStats] = []
         self._steps_seen = 0
@@ -109,7 +111,11 @@ class MetricsProcessor:
     # --- hooks -------------------------------------------------------------
 
     def start(self) -> None:
-        """Create this rank's series; local rank 0 also serves the pod's endpoint."""
+        """Create this rank's series; local rank 0 also serves the pod's endpoint; rank 0 opens the trackers."""
+        if self.is_logger:
+            self.tracking = open_tracking(
+                self.cfg, on_drop=self._count_dropped, say=lambda text: self._print(text, force=True)
+            )
         if not self.cfg.metrics.enabled:
             return
         addr = os.environ.get(ADDR_ENV, "0.0.0.0")
@@ -137,7 +143,14 @@ class MetricsProcessor:
         # step or save, not nothing: rate()/increase() need a sample before
         # the first increment, or that increment is never seen. Without it a
         # pod's first checkpoint save stays invisible until a second one.
-        for series in (m.tokens, m.trained_tokens, m.data_wait, m.step_duration, m.checkpoint_save):
+        for series in (
+            m.tokens,
+            m.trained_tokens,
+            m.data_wait,
+            m.step_duration,
+            m.checkpoint_save,
+            m.tracker_points_dropped,
+        ):
             series.labels(**self.labels)
         self.gpu = GpuSampler.open(self.world.device)
 
@@ -156,6 +169,8 @@ class MetricsProcessor:
             self._export_step(stats, rates)
         if not self.is_logger:
             return
+        if self.tracking is not None:
+            self._track_step(stats, rates)
         if self._bar is not None:
             self._bar.update(stats.step, rates.global_tokens_per_second, rates.eta(stats.step, self.max_steps))
         if self._should_log(stats.step):
@@ -167,6 +182,8 @@ class MetricsProcessor:
         if self.metrics is not None:
             self.metrics.eval_loss.labels(**self.labels).set(loss)
             self.metrics.eval_perplexity.labels(**self.labels).set(ppl)
+        if self.tracking is not None:
+            self.tracking.log(step, {contract.EVAL_LOSS: loss, contract.EVAL_PERPLEXITY: ppl})
         self._print(f"eval step {step} | loss {loss:.4f} | perplexity {ppl:.2f}")
 
     # The checkpointer logs saves and resumes itself; these only feed metrics.
@@ -179,6 +196,9 @@ class MetricsProcessor:
             m.checkpoint_last_save.labels(**self.labels).set(time.time())
             if size_bytes is not None:
                 m.checkpoint_size.labels(**self.labels).set(size_bytes)
+        if self.tracking is not None:
+            self.tracking.log(step, {contract.CHECKPOINT_SAVE_DURATION: seconds, contract.CHECKPOINT_SIZE: size_bytes})
+            self.tracking.sync()  # what led up to the checkpoint is on disk with it
 
     def on_checkpoint_loaded(self, step: int, seconds: float, skipped: int = 0) -> None:
         if self.metrics is not None:
@@ -194,6 +214,9 @@ class MetricsProcessor:
             time.sleep(seconds)
 
     def close(self) -> None:
+        if self.tracking is not None:
+            self.tracking.close()
+            self.tracking = None
         if self._bar is not None:
             self._bar.close()
         summary = self._summary()
@@ -304,6 +327,30 @@ class MetricsProcessor:
         m.memory_reserved.labels(**lb).set(reserved)
         m.last_step_timestamp.labels(**lb).set(time.time())
         self._export_gpu()
+
+    def _track_step(self, stats: StepStats, rates: _Rates) -> None:
+        """Rank 0's step for the trackers: the job-level series the Prometheus endpoint exports."""
+        assert self.tracking is not None
+        peak, reserved = memory_bytes(self.world.device)
+        self.tracking.log(
+            stats.step,
+            {
+                contract.LOSS: stats.loss,
+                contract.LEARNING_RATE: stats.learning_rate,
+                contract.GRAD_NORM: stats.grad_norm,
+                contract.GLOBAL_TOKENS_PER_SECOND: rates.global_tokens_per_second,
+                contract.TFLOPS: rates.tflops_per_device,
+                contract.MFU: rates.mfu,
+                contract.MFU_FLOAT8: rates.mfu_float8,
+                contract.STEP_DURATION: stats.step_seconds,
+                contract.MEMORY_PEAK: peak,
+                contract.MEMORY_RESERVED: reserved,
+            },
+        )
+
+    def _count_dropped(self, points: int) -> None:
+        if self.metrics is not None:
+            self.metrics.tracker_points_dropped.labels(**self.labels).inc(points)
 
     def _export_gpu(self) -> None:
         now = time.monotonic()

@@ -239,6 +239,7 @@ class TrainerMetrics:
         self.last_step_timestamp = _create(c.LAST_STEP_TIMESTAMP)
         self.restart_count = _create(c.RESTART_COUNT)
         self.compiled = _create(c.COMPILED)
+        self.tracker_points_dropped = _create(c.TRACKER_POINTS_DROPPED)
         self.gpu_utilization = _create(c.GPU_UTILIZATION)
         self.gpu_memory_used = _create(c.GPU_MEMORY_USED)
         self.gpu_memory_total = _create(c.GPU_MEMORY_TOTAL)

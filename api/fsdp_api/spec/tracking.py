@@ -1,0 +1,52 @@
+"""The tracking section: experiment trackers that rank 0 logs the training's series to.
+
+Each tracker is a field of its own here and a module of its own in the trainer
+(``fsdp_trainer/tracking/``); the trainer writes to them from a background
+thread, so a slow or absent tracker never slows a step.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from ..base import ApiModel
+from ..contract import TENSORBOARD_SUBDIR
+
+
+class TensorBoardSpec(ApiModel):
+    """TensorBoard event files, written by rank 0 under the checkpoint directory, so they persist with it."""
+
+    flush_seconds: int = Field(
+        30,
+        ge=1,
+        le=600,
+        description=(
+            f"How often the event file is written out to <checkpoint.dir>/{TENSORBOARD_SUBDIR}, "
+            "and so how late TensorBoard sees new points."
+        ),
+    )
+
+
+class TrackingSpec(ApiModel):
+    """Experiment trackers (docs/tracking.md); none by default."""
+
+    tensorboard: TensorBoardSpec | None = Field(
+        None,
+        description=(
+            f"Write TensorBoard event files to <checkpoint.dir>/{TENSORBOARD_SUBDIR}; a resumed training "
+            "continues the same run, each step once."
+        ),
+    )
+    queue_points: int = Field(
+        10_000,
+        ge=100,
+        le=1_000_000,
+        description=(
+            "Points that may wait for the trackers' background writer. When it falls behind that far, "
+            "new points are dropped and counted (fsdp_tracker_points_dropped_total): training never waits."
+        ),
+    )
+
+    @property
+    def enabled(self) -> bool:
+        return self.tensorboard is not None
