@@ -110,7 +110,9 @@ build_target() {
   fi
   log "building $image ($hash)"
   local start=$SECONDS
-  buildah bud --layers --pull=never --target "$target" \
+  # --force-rm: a failed build (a full disk) must not leave its working container behind,
+  # a copy of the venv that makes the next try fail the same way.
+  buildah bud --layers --force-rm --pull=never --target "$target" \
     --build-arg "CUDA_BASE=$LOCAL_BASE_IMAGE" --build-arg "PYTHON_BASE=$LOCAL_BASE_IMAGE" \
     --build-arg INSTALL_EFA=false \
     "${mounts[@]}" -t "$repo:$hash" -t "$image" -f "$ROOT/Dockerfile" "$ROOT" >&2

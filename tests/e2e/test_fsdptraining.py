@@ -10,9 +10,11 @@ import time
 from pathlib import Path
 
 import pytest
+from fsdp_api.contract import LOSS, TENSORBOARD_SUBDIR
 from fsdp_localcluster.images import LOCAL_TRAINER_IMAGE, require_images
 from fsdp_localcluster.wait import wait_for
 from fsdp_localcluster.whole_cluster import WholeCluster
+from fsdp_trainer.tracking import series_tag
 
 from tests.e2e.timings import record
 from tests.e2e.training import (
@@ -31,6 +33,7 @@ from tests.e2e.training import (
     trainer_logs,
     wait_phase,
 )
+from tests.trainer.tracking.board import read_scalars
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -47,7 +50,9 @@ def test_happy_path_succeeds_with_checkpoints_status_and_prometheus(operator: Wh
     create_claim(whole, ns)
     t0 = time.monotonic()
     require_images()  # the trainer pods run from the image built from the Dockerfile
-    whole.cluster.apply(fsdptraining(name, ns, max_steps=max_steps, interval=10, image=LOCAL_TRAINER_IMAGE))
+    training = fsdptraining(name, ns, max_steps=max_steps, interval=10, image=LOCAL_TRAINER_IMAGE)
+    training["spec"]["tracking"] = {"tensorboard": {"flushSeconds": 1}}
+    whole.cluster.apply(training)
     pod_monitor = wait_for(lambda: whole.get("podmonitor", name, ns), 60, "the operator's PodMonitor")
 
     with whole.prometheus_for(pod_monitor, scrape_interval="1s") as prom:
@@ -95,6 +100,12 @@ def test_happy_path_succeeds_with_checkpoints_status_and_prometheus(operator: Wh
     # Checkpoints every 10 steps plus the last, all complete, on the claim's volume.
     assert checkpoint_steps(whole, ns) == [10, 20, 30]
     record("checkpoint_steps_seen", json.dumps(checkpoint_steps(whole, ns)))
+    # spec.tracking.tensorboard, from the trainer image, as its user, on the claim next to the checkpoints.
+    board = Path(whole.node_agent.claim_path(ns, "ckpt")) / TENSORBOARD_SUBDIR
+    logged = read_scalars(board, series_tag(LOSS))
+    assert [s for s, _ in logged] == list(range(1, max_steps + 1)), logged
+    assert all(math.isfinite(v) for _, v in logged), logged
+    assert {(p.stat().st_uid, p.stat().st_gid) for p in board.iterdir()} == {(1000, 1000)}
 
 
 def _qwen2_on_the_claim(operator: WholeCluster, ns: str, name: str, **spec: object) -> tuple[Path, str, str]:
