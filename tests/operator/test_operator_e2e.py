@@ -713,7 +713,7 @@ def test_step_loss_and_throughput_come_from_the_rank0_pod(env: Env) -> None:
         assert s["checkpoint"]["lastStep"] == 10
         assert s["phase"] == "Running"
         # maxSteps 50: 40 % done; 30 steps left at the trainer's mean 2 s (its histogram: 40 s / 20 steps).
-        assert (s["progressPercentage"], s["estimatedRemainingSeconds"], s["remaining"]) == (40, 60, "1m"), s
+        assert (s["progressPercentage"], s["estimatedRemainingSeconds"], s["remaining"]) == (40, 60, "1m00s"), s
 
         _FakeTrainer.step = 21
         env.wait_status(ns, name, "the next step", step=21, progressPercentage=42)

@@ -10,24 +10,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from fsdp_api.durations import format_duration
+
 # The status schema's bound for estimatedRemainingSeconds (an int32, as in Kubeflow's trainerStatus).
 MAX_REMAINING_SECONDS = 2**31 - 1
-
-
-def human_duration(seconds: int) -> str:
-    """A duration the way kubectl prints ages: 45s, 7m30s, 42m, 3h05m, 2d04h."""
-    minutes, secs = divmod(seconds, 60)
-    hours, mins = divmod(minutes, 60)
-    days, hrs = divmod(hours, 24)
-    if minutes < 1:
-        return f"{secs}s"
-    if minutes < 10:
-        return f"{minutes}m{secs:02d}s" if secs else f"{minutes}m"
-    if hours < 1:
-        return f"{minutes}m"
-    if days < 1:
-        return f"{hours}h{mins:02d}m"
-    return f"{days}d{hrs:02d}h"
 
 
 def completion_fields(step: int | None, max_steps: int | None, seconds_per_step: float | None) -> dict[str, Any]:
@@ -43,5 +29,5 @@ def completion_fields(step: int | None, max_steps: int | None, seconds_per_step:
     if seconds_per_step is not None and math.isfinite(seconds_per_step) and seconds_per_step > 0:
         seconds = min(MAX_REMAINING_SECONDS, round(max(0, max_steps - step) * seconds_per_step))
         out["estimatedRemainingSeconds"] = seconds
-        out["remaining"] = human_duration(seconds)
+        out["remaining"] = format_duration(seconds)
     return out

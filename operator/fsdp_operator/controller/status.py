@@ -17,11 +17,11 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
+from fsdp_api.durations import format_duration
 from fsdp_api.memory_plan import MemoryPlan
 from fsdp_api.status import CheckpointStatus, Condition, FSDPTrainingStatus, Phase
 
 from ..backends import FAILED_CREATE_POD, JobView, job_view
-from .completion import human_duration
 from .condition_builders import CONDITIONS, EARLY_CONDITIONS, fits_memory, stall_state
 from .conditions import (
     APPLY_FAILED,
@@ -214,7 +214,7 @@ def compute_status(
 def _carried_completion(prev: Mapping[str, Any], phase: str, step: int | None, max_steps: int | None) -> dict[str, Any]:
     """Progress as the scraper last wrote it; the time left only while Running, nothing left once Succeeded."""
     if phase == "Succeeded" and step is not None and step == max_steps:
-        return {"progress_percentage": 100, "estimated_remaining_seconds": 0, "remaining": human_duration(0)}
+        return {"progress_percentage": 100, "estimated_remaining_seconds": 0, "remaining": format_duration(0)}
     carried = {"progress_percentage": prev.get("progressPercentage")}
     if phase == "Running":
         carried |= {

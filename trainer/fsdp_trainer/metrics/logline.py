@@ -2,24 +2,11 @@
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 from typing import TextIO
 
-
-def format_duration(seconds: float) -> str:
-    """Compact h/m/s: 3h02m, 4m05s, 42s."""
-    if not math.isfinite(seconds) or seconds < 0:
-        return "?"
-    s = round(seconds)
-    hours, rest = divmod(s, 3600)
-    minutes, secs = divmod(rest, 60)
-    if hours:
-        return f"{hours}h{minutes:02d}m"
-    if minutes:
-        return f"{minutes}m{secs:02d}s"
-    return f"{secs}s"
+from fsdp_api.durations import format_duration
 
 
 def format_bytes(n: float) -> str:

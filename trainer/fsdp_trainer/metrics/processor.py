@@ -165,12 +165,15 @@ class MetricsProcessor:
         self._steps_seen += 1
         self._track_steady_state(stats)
         rates = self._rates(self._window)
+        tracked = self.is_logger and self.tracking is not None
+        # (peak, reserved), read once for the endpoint and the trackers, and only if one wants it.
+        memory = memory_bytes(self.world.device) if self.metrics is not None or tracked else (0, 0)
         if self.metrics is not None:
-            self._export_step(stats, rates)
+            self._export_step(stats, rates, memory)
         if not self.is_logger:
             return
-        if self.tracking is not None:
-            self._track_step(stats, rates)
+        if tracked:
+            self._track_step(stats, rates, memory)
         if self._bar is not None:
             self._bar.update(stats.step, rates.global_tokens_per_second, rates.eta(stats.step, self.max_steps))
         if self._should_log(stats.step):
@@ -303,7 +306,7 @@ class MetricsProcessor:
             trained_share=_trained_share(self._interval),
         )
 
-    def _export_step(self, stats: StepStats, rates: _Rates) -> None:
+    def _export_step(self, stats: StepStats, rates: _Rates, memory: tuple[int, int]) -> None:
         m, lb = self.metrics, self.labels
         assert m is not None
         m.step.labels(**lb).set(stats.step)
@@ -322,16 +325,16 @@ class MetricsProcessor:
             m.mfu_float8.labels(**lb).set(rates.mfu_float8)
         m.step_duration.labels(**lb).observe(stats.step_seconds)
         m.data_wait.labels(**lb).inc(max(0.0, stats.data_seconds))
-        peak, reserved = memory_bytes(self.world.device)
+        peak, reserved = memory
         m.memory_peak.labels(**lb).set(peak)
         m.memory_reserved.labels(**lb).set(reserved)
         m.last_step_timestamp.labels(**lb).set(time.time())
         self._export_gpu()
 
-    def _track_step(self, stats: StepStats, rates: _Rates) -> None:
+    def _track_step(self, stats: StepStats, rates: _Rates, memory: tuple[int, int]) -> None:
         """Rank 0's step for the trackers: the job-level series the Prometheus endpoint exports."""
         assert self.tracking is not None
-        peak, reserved = memory_bytes(self.world.device)
+        peak, reserved = memory
         self.tracking.log(
             stats.step,
             {

@@ -30,6 +30,7 @@ class TensorBoardTracker:
         self.flush_seconds = flush_seconds
         self.config_yaml = config_yaml
         self._events: Any = None  # tensorboardX's EventsWriter, opened at the first point
+        self._protos: tuple[Any, Any] = (None, None)  # its Event and Summary messages, imported then
         self._flushed_at = 0.0
 
     @classmethod
@@ -39,10 +40,8 @@ class TensorBoardTracker:
         return cls(Path(cfg.checkpoint.dir) / TENSORBOARD_SUBDIR, spec.flush_seconds, cfg.to_yaml())
 
     def write(self, step: int, values: Mapping[str, float]) -> None:
-        from tensorboardX.proto.event_pb2 import Event
-        from tensorboardX.proto.summary_pb2 import Summary
-
         events = self._events or self._open(step)
+        Event, Summary = self._protos
         # One event per step holding every series: TensorBoard reads them so, and one
         # event per series (SummaryWriter.add_scalar) costs about ten times the CPU.
         summary = Summary(value=[Summary.Value(tag=tag, simple_value=value) for tag, value in values.items()])
@@ -63,6 +62,7 @@ class TensorBoardTracker:
     def _open(self, first_step: int) -> Any:
         from tensorboardX.event_file_writer import EventsWriter
         from tensorboardX.proto.event_pb2 import Event, SessionLog
+        from tensorboardX.proto.summary_pb2 import Summary
         from tensorboardX.summary import text
 
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -74,5 +74,5 @@ class TensorBoardTracker:
         events.write_event(Event(wall_time=now, step=first_step, session_log=SessionLog(status=SessionLog.START)))
         config = text(CONFIG_TAG, f"```yaml\n{self.config_yaml}```")
         events.write_event(Event(wall_time=now, step=first_step, summary=config))
-        self._events, self._flushed_at = events, time.monotonic()
+        self._events, self._flushed_at, self._protos = events, time.monotonic(), (Event, Summary)
         return events
