@@ -29,6 +29,8 @@ from fsdp_api.launch import local_env, torchrun_standalone, trainer_program
 from fsdp_trainer.parallel.distributed import WorldInfo
 from fsdp_trainer.trace import read_trace
 
+from tests.trainer.warm_launch import RANK_ENTRY, warm_launcher
+
 NUM_WORDS = 200
 SEQ_LEN = 32
 # The tiny preset shrunk to milliseconds per step; the vocabulary covers the
@@ -154,6 +156,23 @@ def launch(
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
     trace_dir = workdir / "trace"
     trainer = trainer_program(config_path, "--trace-dir", str(trace_dir), *(args or []))
+    launch_env = offline_env(env)
+    launcher = warm_launcher(launch_env, offline_env())
+    if launcher is not None:
+        # The same torchrun and trainer, forked from a process that imported them once (warm_launch.py).
+        trainer_args = trainer[2:]  # after "-m fsdp_trainer"
+        if nproc is None:
+            argv = trainer_args
+        else:
+            options = torchrun_standalone(nproc, [], max_restarts=max_restarts)[3:]
+            argv = [*options, "--start-method", "fork", "--run-path", str(RANK_ENTRY), *trainer_args]
+        try:
+            returncode, output = launcher.run(
+                argv, torchrun=nproc is not None, env=launch_env, cwd=workdir, timeout=timeout
+            )
+        except TimeoutError as e:
+            raise AssertionError(f"trainer still running after {timeout}s:\n{str(e)[-6000:]}") from None
+        return RunResult(returncode, output, workdir, trace_dir)
     if nproc is None:
         cmd = [sys.executable, *trainer]
     else:
@@ -161,7 +180,7 @@ def launch(
     # Own session, so a timeout can kill torchrun's workers too, not only torchrun.
     proc = subprocess.Popen(
         cmd,
-        env=offline_env(env),
+        env=launch_env,
         cwd=workdir,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -175,6 +194,34 @@ def launch(
         output, _ = proc.communicate()
         raise AssertionError(f"trainer still running after {timeout}s:\n{output[-6000:]}") from None
     return RunResult(proc.returncode, output, workdir, trace_dir)
+
+
+def run_script(script: Path, args: list[str], *, cwd: Path, nproc: int = 2, timeout: float = 300) -> tuple[int, str]:
+    """A test's own rank script under torchrun (``nproc`` ranks, the offline environment); exit code and output.
+
+    Warm where it can be (warm_launch.py: the ranks fork from a process that
+    has imported torch and the trainer), cold otherwise, as ``launch``.
+    """
+    env = offline_env()
+    launcher = warm_launcher(env, env)
+    if launcher is not None:
+        options = torchrun_standalone(nproc, [])[3:]
+        argv = [*options, "--start-method", "fork", "--run-path", str(script), *args]
+        try:
+            return launcher.run(argv, torchrun=True, env=env, cwd=cwd, timeout=timeout)
+        except TimeoutError as e:
+            raise AssertionError(f"{script.name} still running after {timeout}s:\n{str(e)[-6000:]}") from None
+    proc = subprocess.run(
+        torchrun_standalone(nproc, [str(script), *args]),
+        env=env,
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    return proc.returncode, proc.stdout
 
 
 def cpu_world(world_size: int = 2, local_world_size: int = 2) -> WorldInfo:

@@ -10,18 +10,15 @@ the test).
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from fsdp_api.launch import torchrun_standalone
 from fsdp_api.memory_plan import plan_memory
 from fsdp_api.spec import FSDPTrainingSpec
 from fsdp_api.trainer_config import TrainerConfig
 
-from tests.trainer.harness import offline_env
+from tests.trainer.harness import run_script
 
 PROBE = Path(__file__).with_name("memory_probe.py")
 TOLERANCE = 0.20
@@ -72,9 +69,8 @@ def measure(spec: FSDPTrainingSpec, workdir: Path) -> list[dict[str, Any]]:
     config = workdir / "train.yaml"
     config.write_text(TrainerConfig.from_spec(spec, "memory-probe", "test").to_yaml())
     out = workdir / "out"
-    cmd = torchrun_standalone(2, [str(PROBE), str(config), str(out)], python=sys.executable)
-    proc = subprocess.run(cmd, env=offline_env(), cwd=workdir, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, f"memory probe failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    returncode, output = run_script(PROBE, [str(config), str(out)], cwd=workdir)
+    assert returncode == 0, f"memory probe failed:\n{output[-8000:]}"
     return [json.loads(p.read_text()) for p in sorted(out.glob("memory-rank*.json"))]
 
 

@@ -9,14 +9,12 @@ and the export loads back into transformers with the trained logits.
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 import yaml
-from fsdp_api.launch import torchrun_standalone
 from fsdp_api.trainer_config import TrainerConfig
 from fsdp_trainer.errors import ConfigError
 from fsdp_trainer.export import export_checkpoint
@@ -27,7 +25,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import AutoModelForCausalLM
 
-from tests.trainer.harness import base_config, cpu_world, launch, offline_env
+from tests.trainer.harness import base_config, cpu_world, launch, run_script
 from tests.trainer.model.architectures import ARCHITECTURES, build_checkpoint
 
 HERE = Path(__file__).parent
@@ -64,15 +62,8 @@ def sharded(tmp_path_factory: pytest.TempPathFactory, inputs: dict[str, Path], c
             path.write_text(yaml.safe_dump(cfg))
             args.append(f"{name}-{kind}={path}")
     out = root / "result.pt"
-    proc = subprocess.run(
-        torchrun_standalone(2, [str(HERE / "arch_check.py"), str(out), *args]),
-        env=offline_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    returncode, output = run_script(HERE / "arch_check.py", [str(out), *args], cwd=root, timeout=600)
+    assert returncode == 0, output[-8000:]
     return torch.load(out)
 
 

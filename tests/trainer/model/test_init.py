@@ -3,13 +3,11 @@ any sharding; pretrained weights stream into the shards exactly."""
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
-from fsdp_api.launch import torchrun_standalone
 from fsdp_api.spec import ModelSpec
 from fsdp_api.trainer_config import TrainerConfig
 from fsdp_trainer.model.architecture import build_meta_model, materialize
@@ -19,7 +17,7 @@ from fsdp_trainer.model.param_names import unique_parameters
 from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from tests.trainer.harness import SMALL_MODEL, base_config, offline_env
+from tests.trainer.harness import SMALL_MODEL, base_config, run_script
 
 HERE = Path(__file__).parent
 
@@ -79,15 +77,8 @@ def test_rotary_frequencies_are_recomputed() -> None:
 def _dist_check(tmp_path: Path, config: dict) -> dict:
     cfg_path, out = tmp_path / "train.yaml", tmp_path / "result.pt"
     cfg_path.write_text(yaml.safe_dump(config))
-    proc = subprocess.run(
-        torchrun_standalone(2, [str(HERE / "dist_check.py"), str(cfg_path), str(out)]),
-        env=offline_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    returncode, output = run_script(HERE / "dist_check.py", [str(cfg_path), str(out)], cwd=tmp_path)
+    assert returncode == 0, output[-6000:]
     return torch.load(out)
 
 
