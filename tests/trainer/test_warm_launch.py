@@ -11,6 +11,7 @@ from tests.trainer.harness import ParityRuns, launch, offline_env
 from tests.trainer.warm_launch import warm_launcher
 
 
+@pytest.mark.slow
 def test_a_warm_launch_gives_the_cold_launchs_losses_bit_for_bit(
     tmp_path: Path, parity_runs: ParityRuns, monkeypatch: pytest.MonkeyPatch
 ) -> None:
