@@ -3,7 +3,8 @@
 # real trainer run) and promtool (checks and unit-tests the alert rules);
 # buildah and debootstrap build the images (tools/build-images.sh), podman
 # and runc run containers from them (the node agent's image mode); containerd
-# and the CNI plugins run the real kubelet's node (fsdp_localcluster/kubelet_node.py).
+# and the CNI plugins run the real kubelet's node (fsdp_localcluster/kubelet_node.py);
+# envsubst runs the quickstart's own commands (tests/bundle/test_bundle_quickstart.py).
 set -euo pipefail
 need=()
 command -v prometheus >/dev/null || need+=(prometheus)
@@ -15,6 +16,7 @@ command -v runc >/dev/null || [ -x /usr/sbin/runc ] || need+=(runc)
 command -v debootstrap >/dev/null || [ -x /usr/sbin/debootstrap ] || need+=(debootstrap)
 command -v containerd >/dev/null || need+=(containerd)
 [ -x /usr/lib/cni/bridge ] || need+=(containernetworking-plugins)
+command -v envsubst >/dev/null || need+=(gettext-base)
 if [ ${#need[@]} -eq 0 ]; then exit 0; fi
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO=sudo

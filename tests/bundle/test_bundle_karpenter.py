@@ -119,7 +119,7 @@ def test_the_device_plugins_run_on_the_gpu_nodes() -> None:
         assert tolerates(given, taint), (given, taint)
     selector = helm_set(doc, "GPU_NODES")
     assert {k.removeprefix("nodeSelector."): v for k, v in selector.items()}.items() <= labels.items()
-    assert '--set "$GPU_NODES"' in doc
+    assert '--set-string "$GPU_NODES"' in doc  # typed: test_bundle_quickstart.py
 
 
 # The AL2023 AMI's base runtime spec (awslabs/amazon-eks-ami,
