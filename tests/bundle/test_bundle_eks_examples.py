@@ -271,6 +271,37 @@ def test_the_smoke_script_passes_and_fails_as_documented(tmp_path: Path) -> None
     assert "below SMOKE_MIN_MEMLOCK_KIB" in memlock.stderr and "size_MiB" not in memlock.stdout, memlock.stdout
 
 
+def smoke_functions() -> dict:
+    namespace: dict = {"__name__": "allreduce"}
+    exec(compile(smoke_script(), "allreduce.py", "exec"), namespace)
+    return namespace
+
+
+# NCCL's own INFO lines (format of NVIDIA/nccl#527's EFA log, aws-ofi-nccl's plugin).
+EFA_LOG = """\
+ip-10-0-1-2:4161:4522 [3] NCCL INFO NET/OFI Selected Provider is efa
+ip-10-0-1-2:4161:4522 [3] NCCL INFO Using network AWS Libfabric
+ip-10-0-1-2:4161:4522 [3] NCCL INFO NET/OFI Using aws-ofi-nccl 1.13.2
+"""
+SOCKET_LOG = """\
+ip-10-0-1-2:4161:4522 [3] NCCL INFO NET/Plugin: Could not find: libnccl-net.so
+ip-10-0-1-2:4161:4522 [3] NCCL INFO NET/Socket : Using [0]eth0:10.0.1.2<0>
+ip-10-0-1-2:4161:4522 [3] NCCL INFO Using network Socket
+"""
+
+
+def test_the_smoke_script_fails_when_nccl_falls_back_to_tcp_sockets() -> None:
+    """A 2-node all-reduce over sockets passes every sum; only NCCL's own log tells it is not EFA."""
+    f = smoke_functions()
+    assert f["nccl_networks"](EFA_LOG) == ["AWS Libfabric"]
+    assert f["nccl_networks"](SOCKET_LOG) == ["Socket"]
+    assert f["network_problem"](["AWS Libfabric"], "") == ""
+    assert f["network_problem"](["AWS Libfabric"], "Libfabric") == ""
+    assert "fell back to TCP sockets" in f["network_problem"](["Socket"], "")
+    assert "did not report its network" in f["network_problem"]([], "")
+    assert f["network_problem"](["IB"], "Libfabric") == "NCCL uses IB, not SMOKE_REQUIRE_NETWORK='Libfabric'"
+
+
 # --- the smoke test is placed like a rendered job --------------------------------------
 
 
