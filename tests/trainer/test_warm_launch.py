@@ -37,6 +37,11 @@ def test_only_an_environment_the_trainer_reads_at_run_time_may_differ_from_the_s
     # Read at import (a sitecustomize on PYTHONPATH, inductor's compiler): the launch must be cold.
     assert warm_launcher({**env, "PYTHONPATH": "/elsewhere"}, env) is None
     assert warm_launcher({**env, "CXX": "/nonexistent/c++"}, env) is None
+    # The test process's environment changed (a library set a variable): a new server, not cold launches.
+    drifted = {**env, "TORCHINDUCTOR_CACHE_DIR": "/tmp/elsewhere"}
+    again = warm_launcher(drifted, drifted)
+    assert again is not None and again is not launcher and launcher._server.poll() is not None
+    assert warm_launcher(env, env) is not again  # and back
 
 
 def test_cold_launches_are_forced_by_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

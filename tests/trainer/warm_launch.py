@@ -127,13 +127,22 @@ _launcher: WarmLauncher | None = None
 
 
 def warm_launcher(env: dict[str, str], baseline: dict[str, str]) -> WarmLauncher | None:
-    """The shared server, started on first use with ``baseline`` (a launch's environment with nothing
-    added); None where ``env`` rules a warm launch out."""
+    """The shared server for ``baseline`` (a launch's environment with nothing added); None where
+    ``env`` rules a warm launch out.
+
+    The test process's own environment drifts: libraries set variables when a test imports them
+    (torch's inductor sets TORCHINDUCTOR_CACHE_DIR, and after an in-process compile a pointer in
+    _TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR). A server started before would then refuse every
+    launch, so a changed baseline starts a new server instead.
+    """
     global _launcher
     if os.environ.get("FSDP_TESTS_COLD_LAUNCH") == "1":
         return None
-    if _launcher is None or _launcher._server.poll() is not None:
-        _launcher = WarmLauncher(_comparable(baseline))
+    wanted = _comparable(baseline)
+    if _launcher is None or _launcher._server.poll() is not None or _launcher.env != wanted:
+        if _launcher is not None:
+            _launcher.close()
+        _launcher = WarmLauncher(wanted)
     return _launcher if _launcher.accepts(env) else None
 
 
