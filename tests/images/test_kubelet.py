@@ -240,6 +240,44 @@ def test_deleting_the_pod_while_it_starts_ends_it_at_once_not_at_the_grace_perio
     assert last is not None and last["exitCode"] == 128 + signal.SIGTERM, watch.summary()
 
 
+def test_deleting_the_pod_before_python_has_started_ends_it_at_once(node: KubeletNode, tmp_path: Path) -> None:
+    """A SIGTERM before the command can install any handler: the kernel drops it for a PID 1.
+
+    A sitecustomize that sleeps holds the interpreter before any of our code, so the
+    deletion always lands there. As the container's PID 1 the command ignored it and the
+    pod lived until its 300 s grace period ended; the rendered pods share their process
+    namespace (the pause container is PID 1), and it dies at once.
+    """
+    config, pod = rendered(max_steps=5000, interval=5000)
+    name = pod["metadata"]["name"]
+    assert pod["spec"]["shareProcessNamespace"] is True
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    (shim / "sitecustomize.py").write_text("import time\n\ntime.sleep(30)\n")
+    shim.chmod(0o755)
+    pod["spec"]["volumes"].append({"name": "shim", "hostPath": {"path": str(shim), "type": "Directory"}})
+    (container,) = pod["spec"]["containers"]
+    container["volumeMounts"].append({"name": "shim", "mountPath": "/shim", "readOnly": True})
+    container["env"].append({"name": "PYTHONPATH", "value": "/shim"})
+    run_on(node, config, pod)
+    watch = StatusWatch(node, name)
+    try:
+        wait_for(
+            lambda: any(
+                "running" in cs["state"]
+                for cs in (get_pod(node, name) or {}).get("status", {}).get("containerStatuses", [])
+            ),
+            120,
+            "the container to start",
+        )
+        delete(node, name)
+        gone = get_pod(node, name) is None
+    finally:
+        last = watch.last_termination()
+    assert gone, "still there 100 s after its deletion (grace period 300 s)"
+    assert last is not None and last["exitCode"] == 128 + signal.SIGTERM, watch.summary()
+
+
 def _json_stream(stream: Any) -> Iterator[dict[str, Any]]:
     """The objects of a stream of concatenated JSON documents (kubectl's --watch -o json)."""
     decoder, buffer = json.JSONDecoder(), ""

@@ -52,7 +52,7 @@ PATCHED_CONTAINER_FIELDS = ("volumeMounts", "securityContext")
 # Container fields spec.trainer carries.
 TRAINER_FIELDS = {"image": "image", "command": "command", "args": "args", "env": "env", "resources": "resourcesPerNode"}
 # Fields neither can set: the runtime holds them, the same for every job.
-RUNTIME_POD_FIELDS = ("automountServiceAccountToken",)
+RUNTIME_POD_FIELDS = ("automountServiceAccountToken", "shareProcessNamespace")
 RUNTIME_CONTAINER_FIELDS = ("imagePullPolicy", "ports", "terminationMessagePolicy")
 
 

@@ -239,6 +239,12 @@ def pod_template(spec: FSDPTrainingSpec, name: str, annotations: dict[str, str])
         "volumes": vols,
         # Room for the checkpoint the trainer saves on SIGTERM (docs/renderer.md).
         "terminationGracePeriodSeconds": spec.pod.termination_grace_period_seconds,
+        # The pause container is then PID 1, not the trainer's command. The kernel drops a
+        # signal to a PID namespace's init that has no handler for it, so a SIGTERM (a pod
+        # deleted, preempted or drained) in the first moments of the container, before
+        # Python had installed its handler, was lost: the pod ran on until the grace
+        # period's SIGKILL. As an ordinary process the command dies of it at once.
+        "shareProcessNamespace": True,
     }
     if not pod["nodeSelector"]:
         del pod["nodeSelector"]
