@@ -213,14 +213,9 @@ def test_deleting_the_pod_sigterms_the_trainer_which_checkpoints_and_exits_143(
     assert len(saved) == 1 and steps[-1] <= saved[0] < 5000, (saved, steps)
 
 
-def test_deleting_the_pod_while_it_starts_ends_it_at_once_not_at_the_grace_period(node: KubeletNode) -> None:
-    """A SIGTERM while the config check runs (PID 1) stopped nothing before the check handled it.
-
-    The pod then trained on until its 300 s grace period ended in SIGKILL (137).
-    """
-    config, pod = rendered(max_steps=5000, interval=5000)
+def delete_as_it_starts_and_see_it_end_at_once(node: KubeletNode, config: dict[str, Any], pod: dict[str, Any]) -> None:
+    """Create the pod, delete it once its container runs: gone within the deletion's 100 s, by SIGTERM (143)."""
     name = pod["metadata"]["name"]
-    assert pod["spec"]["terminationGracePeriodSeconds"] == 300
     run_on(node, config, pod)
     watch = StatusWatch(node, name)
     try:
@@ -238,6 +233,16 @@ def test_deleting_the_pod_while_it_starts_ends_it_at_once_not_at_the_grace_perio
         last = watch.last_termination()
     assert gone, "still there 100 s after its deletion (grace period 300 s)"
     assert last is not None and last["exitCode"] == 128 + signal.SIGTERM, watch.summary()
+
+
+def test_deleting_the_pod_while_it_starts_ends_it_at_once_not_at_the_grace_period(node: KubeletNode) -> None:
+    """A SIGTERM while the config check runs (PID 1) stopped nothing before the check handled it.
+
+    The pod then trained on until its 300 s grace period ended in SIGKILL (137).
+    """
+    config, pod = rendered(max_steps=5000, interval=5000)
+    assert pod["spec"]["terminationGracePeriodSeconds"] == 300
+    delete_as_it_starts_and_see_it_end_at_once(node, config, pod)
 
 
 def test_deleting_the_pod_before_python_has_started_ends_it_at_once(node: KubeletNode, tmp_path: Path) -> None:
@@ -249,7 +254,6 @@ def test_deleting_the_pod_before_python_has_started_ends_it_at_once(node: Kubele
     namespace (the pause container is PID 1), and it dies at once.
     """
     config, pod = rendered(max_steps=5000, interval=5000)
-    name = pod["metadata"]["name"]
     assert pod["spec"]["shareProcessNamespace"] is True
     shim = tmp_path / "shim"
     shim.mkdir()
@@ -259,23 +263,7 @@ def test_deleting_the_pod_before_python_has_started_ends_it_at_once(node: Kubele
     (container,) = pod["spec"]["containers"]
     container["volumeMounts"].append({"name": "shim", "mountPath": "/shim", "readOnly": True})
     container["env"].append({"name": "PYTHONPATH", "value": "/shim"})
-    run_on(node, config, pod)
-    watch = StatusWatch(node, name)
-    try:
-        wait_for(
-            lambda: any(
-                "running" in cs["state"]
-                for cs in (get_pod(node, name) or {}).get("status", {}).get("containerStatuses", [])
-            ),
-            120,
-            "the container to start",
-        )
-        delete(node, name)
-        gone = get_pod(node, name) is None
-    finally:
-        last = watch.last_termination()
-    assert gone, "still there 100 s after its deletion (grace period 300 s)"
-    assert last is not None and last["exitCode"] == 128 + signal.SIGTERM, watch.summary()
+    delete_as_it_starts_and_see_it_end_at_once(node, config, pod)
 
 
 def _json_stream(stream: Any) -> Iterator[dict[str, Any]]:

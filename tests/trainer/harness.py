@@ -140,6 +140,12 @@ def offline_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def warm_torchrun(nproc: int, entry: Path, args: list[str], *, max_restarts: int | None = None) -> list[str]:
+    """torchrun's arguments for a warm launch: the standalone launch, its ranks forked, ``entry`` run in them."""
+    options = torchrun_standalone(nproc, [], max_restarts=max_restarts)[3:]
+    return [*options, "--start-method", "fork", "--run-path", str(entry), *args]
+
+
 def launch(
     workdir: Path,
     config: dict[str, Any],
@@ -164,8 +170,7 @@ def launch(
         if nproc is None:
             argv = trainer_args
         else:
-            options = torchrun_standalone(nproc, [], max_restarts=max_restarts)[3:]
-            argv = [*options, "--start-method", "fork", "--run-path", str(RANK_ENTRY), *trainer_args]
+            argv = warm_torchrun(nproc, RANK_ENTRY, trainer_args, max_restarts=max_restarts)
         try:
             returncode, output = launcher.run(
                 argv, torchrun=nproc is not None, env=launch_env, cwd=workdir, timeout=timeout
@@ -177,23 +182,23 @@ def launch(
         cmd = [sys.executable, *trainer]
     else:
         cmd = torchrun_standalone(nproc, trainer, max_restarts=max_restarts)
+    returncode, output = run_cold(cmd, env=launch_env, cwd=workdir, timeout=timeout, what="trainer")
+    return RunResult(returncode, output, workdir, trace_dir)
+
+
+def run_cold(cmd: list[str], *, env: dict[str, str], cwd: Path, timeout: float, what: str) -> tuple[int, str]:
+    """``cmd`` as a fresh process; its exit code and output (stdout and stderr together)."""
     # Own session, so a timeout can kill torchrun's workers too, not only torchrun.
     proc = subprocess.Popen(
-        cmd,
-        env=launch_env,
-        cwd=workdir,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
+        cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
     )
     try:
         output, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         output, _ = proc.communicate()
-        raise AssertionError(f"trainer still running after {timeout}s:\n{output[-6000:]}") from None
-    return RunResult(proc.returncode, output, workdir, trace_dir)
+        raise AssertionError(f"{what} still running after {timeout}s:\n{output[-6000:]}") from None
+    return proc.returncode, output
 
 
 def run_script(script: Path, args: list[str], *, cwd: Path, nproc: int = 2, timeout: float = 300) -> tuple[int, str]:
@@ -205,23 +210,13 @@ def run_script(script: Path, args: list[str], *, cwd: Path, nproc: int = 2, time
     env = offline_env()
     launcher = warm_launcher(env, env)
     if launcher is not None:
-        options = torchrun_standalone(nproc, [])[3:]
-        argv = [*options, "--start-method", "fork", "--run-path", str(script), *args]
+        argv = warm_torchrun(nproc, script, args)
         try:
             return launcher.run(argv, torchrun=True, env=env, cwd=cwd, timeout=timeout)
         except TimeoutError as e:
             raise AssertionError(f"{script.name} still running after {timeout}s:\n{str(e)[-6000:]}") from None
-    proc = subprocess.run(
-        torchrun_standalone(nproc, [str(script), *args]),
-        env=env,
-        cwd=cwd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-    return proc.returncode, proc.stdout
+    cmd = torchrun_standalone(nproc, [str(script), *args])
+    return run_cold(cmd, env=env, cwd=cwd, timeout=timeout, what=script.name)
 
 
 def cpu_world(world_size: int = 2, local_world_size: int = 2) -> WorldInfo:
