@@ -64,7 +64,7 @@ class WarmLauncher:
     """A server process with the trainer imported, forking one launch per request."""
 
     def __init__(self, env: dict[str, str]) -> None:
-        self.env = dict(env)
+        self.env = _comparable(env)  # what a launch's environment is compared with
         self._dir = tempfile.mkdtemp(prefix="fsdp-warm-")
         self.socket_path = os.path.join(self._dir, "launch.sock")
         self._server = subprocess.Popen(
@@ -77,7 +77,7 @@ class WarmLauncher:
         atexit.register(self.close)
 
     def accepts(self, env: dict[str, str]) -> bool:
-        return self._server.poll() is None and _comparable(env) == _comparable(self.env)
+        return self._server.poll() is None and _comparable(env) == self.env
 
     def run(
         self, argv: list[str], *, torchrun: bool, env: dict[str, str], cwd: Path, timeout: float
