@@ -86,7 +86,11 @@ def test_hung_rank_is_dumped_restarted_and_resumes_from_the_checkpoint(tmp_path:
     run = launch(tmp_path, cfg, env={ENV_TRAINER_FAULT: "after_step:5:1:hang"}, max_restarts=1).check()
     elapsed = time.monotonic() - t0
     assert "rank 1: step 5 did not finish within 3 s" in run.output
-    assert f"exitcode: {STALL_EXIT_CODE}" in run.output or f"exit code {STALL_EXIT_CODE}" in run.output
+    # The hung rank says it ends with the stall code (the unit test above checks that it does).
+    # torchrun's own "failed (exitcode: N)" line is not asserted: it names whichever rank it
+    # noticed first, and the healthy peer, whose collective breaks when the hung rank exits,
+    # often ends in the same instant with exit code 1 (about 1 launch in 10 here).
+    assert f"exiting with {STALL_EXIT_CODE}" in run.output
     stacks = sorted((tmp_path / "checkpoints" / STALLS_DIR).glob("rank-1-*.txt"))
     assert len(stacks) == 1
     # The dump shows where the rank hung: in the injected fault, called from the train loop.
