@@ -116,6 +116,11 @@ KUEUE_VERSION = "v1beta2"
 WORKLOAD_API_VERSION = f"{KUEUE_GROUP}/{KUEUE_VERSION}"
 WORKLOAD_KIND = "Workload"
 WORKLOAD_PLURAL = "workloads"
+# On a queued job that Kueue's webhook let through unsuspended (its integration for the
+# kind is off): the operator suspended it, so it does not run outside its queue.
+KUEUE_HOLD_ANNOTATION = f"{GROUP}/held-for-kueue"
+# The Admitted reason of such a training (controller/queueing.py).
+NOT_MANAGED_BY_KUEUE = "NotManagedByKueue"
 
 # --- Prometheus operator ---------------------------------------------------------
 

@@ -6,8 +6,8 @@ differs from an in-cluster install, and why:
 
 - its webhooks are registered by URL on loopback (no pod network), with the
   control plane's webhook CA and serving cert (``ControlPlane.webhook_certs``);
-  only those of the PyTorchJob and TrainJob integrations and of Kueue's own objects: the
-  others' paths belong to frameworks that are not enabled, and with
+  only those of the enabled integrations (PyTorchJob, TrainJob) and of Kueue's own objects:
+  the others' paths belong to frameworks that are not enabled, and with
   ``failurePolicy: Fail`` they would only add ways to fail;
 - the CRDs are installed as the module ships them (no conversion webhook):
   everything here speaks v1beta2, the storage version;
@@ -51,11 +51,12 @@ MUTATING = "kueue-mutating-webhook-configuration"
 VALIDATING = "kueue-validating-webhook-configuration"
 CONFIGURATIONS = {"MutatingWebhookConfiguration": MUTATING, "ValidatingWebhookConfiguration": VALIDATING}
 # The webhooks of config/components/webhook/manifests.yaml that concern our jobs and Kueue's own objects.
-TRAINJOB_WEBHOOKS = frozenset({"mtrainjob.kb.io", "vtrainjob.kb.io"})
-WEBHOOKS = frozenset(
+FRAMEWORK_WEBHOOKS = {
+    PYTORCHJOB_FRAMEWORK: frozenset({"mpytorchjob.kb.io", "vpytorchjob.kb.io"}),
+    TRAINJOB_FRAMEWORK: frozenset({"mtrainjob.kb.io", "vtrainjob.kb.io"}),
+}
+KUEUE_WEBHOOKS = frozenset(
     {
-        "mpytorchjob.kb.io",
-        "vpytorchjob.kb.io",
         "mclusterqueue.kb.io",
         "vclusterqueue.kb.io",
         "vcohort.kb.io",
@@ -76,12 +77,20 @@ class Kueue:
         self.dir = control_plane.dir / "kueue"
         self.frameworks: tuple[str, ...] = (PYTORCHJOB_FRAMEWORK,)
 
-    def start(self, timeout: float = 120.0) -> Kueue:
+    def start(self, timeout: float = 120.0, frameworks: tuple[str, ...] | None = None) -> Kueue:
+        """Start it with ``frameworks`` (default: ours that the cluster can serve).
+
+        Fewer frameworks is how Kueue 0.19 and later are installed by default
+        (kubeflow.org/pytorchjob left out): a job of a left-out kind passes
+        Kueue's webhooks untouched, as there.
+        """
         ensure_tools([KUEUE])
         source = kueue_source()
         self.dir.mkdir(parents=True, exist_ok=True)
         jobset = self.cluster.kubectl("get", "crd", JOBSET_CRD, "--ignore-not-found", "-o", "name").stdout.strip()
-        self.frameworks = (PYTORCHJOB_FRAMEWORK, TRAINJOB_FRAMEWORK) if jobset else (PYTORCHJOB_FRAMEWORK,)
+        if frameworks is None:
+            frameworks = (PYTORCHJOB_FRAMEWORK, TRAINJOB_FRAMEWORK) if jobset else (PYTORCHJOB_FRAMEWORK,)
+        self.frameworks = frameworks
         self.cluster.install_crds(source / "config" / "components" / "crd" / "bases")
         pki = self.cp.webhook_certs()
         certs = self.cp.serving_certs(self.dir / "webhook-certs")
@@ -92,7 +101,7 @@ class Kueue:
         config.write_text(
             yaml.safe_dump(self._config(certs, webhook, metrics, health, self.frameworks), sort_keys=False)
         )
-        wanted = WEBHOOKS | (TRAINJOB_WEBHOOKS if TRAINJOB_FRAMEWORK in self.frameworks else frozenset())
+        wanted = KUEUE_WEBHOOKS | frozenset().union(*(FRAMEWORK_WEBHOOKS[f] for f in self.frameworks))
         manifests = source / "config" / "components" / "webhook" / "manifests.yaml"
         register_webhooks(self.cluster, manifests, {}, CONFIGURATIONS, wanted, webhook, b64(pki / "webhook-ca.crt"))
         args = [f"--config={config}", f"--kubeconfig={self.cluster.kubeconfig}", "--zap-log-level=2"]

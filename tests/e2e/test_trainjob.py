@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from fsdp_api.contract import JOB_COMPLETION_INDEX_LABEL, JOBSET_NAME_LABEL, TRAINJOB_RUNTIME
 from fsdp_localcluster.binaries import REPO_ROOT
-from fsdp_localcluster.kueue import Kueue
+from fsdp_localcluster.kueue import TRAINJOB_FRAMEWORK, Kueue
 from fsdp_localcluster.trainer_v2 import TrainerV2
 from fsdp_localcluster.wait import wait_for
 from fsdp_localcluster.whole_cluster import WholeCluster
@@ -40,6 +40,8 @@ from tests.e2e.training import (
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
+# What the operator logs when it leaves an admitted queued TrainJob as Kueue wrote it.
+LEFT_AS_ADMITTED = "left as Kueue admitted it"
 RUNTIME_FILE = REPO_ROOT / "kustomize" / "components" / "trainjob" / "clustertrainingruntime.yaml"
 
 
@@ -241,6 +243,19 @@ def test_queued_trainjobs_wait_for_kueue_and_run_one_after_the_other(
     assert conditions(first)["Admitted"]["status"] == "True", dump(first)
     (workload,) = [w for w in whole.list("workloads.kueue.x-k8s.io", ns) if "first" in w["metadata"]["name"]]
     assert workload["metadata"]["ownerReferences"][0]["kind"] == "TrainJob"
+    # An operator restart re-applies running trainings. Kueue rewrote the admitted TrainJob (its
+    # Trainer v2.2 types drop terminationGracePeriodSeconds from our runtime patch), and Trainer's
+    # webhook refuses runtime patch changes to a TrainJob that is not suspended: the operator
+    # leaves an admitted queued job alone rather than failing that apply for as long as it runs.
+    restart_operator(whole)
+    log = wait_for(
+        lambda: (text := whole.operator_logs()) and (LEFT_AS_ADMITTED in text or "RuntimePatches" in text) and text,
+        60,
+        "the new operator to re-apply 'first'",
+    )
+    assert "RuntimePatches" not in log, log[-3000:]
+    reconciled = conditions(status(whole, "first", ns))["Reconciled"]
+    assert reconciled["status"] == "True", dump(reconciled)
 
     whole.cluster.apply(queued("second", "ckpt-b", 10))
     st = wait_for(
@@ -263,3 +278,47 @@ def test_queued_trainjobs_wait_for_kueue_and_run_one_after_the_other(
     record("trainjob_queue_wait_to_admission_s", time.monotonic() - t_freed)
     assert wait_phase(whole, "second", ns, TERMINAL, 300) == "Succeeded"
     assert sorted(step_losses(whole, "second", ns)) == list(range(1, 11))
+
+
+def test_a_queued_pytorchjob_that_kueue_does_not_manage_is_held_with_the_fix_in_its_status(
+    kueue: Kueue, operator: WholeCluster, ns: str
+) -> None:
+    """Kueue 0.19's default install leaves kubeflow.org/pytorchjob out: a queued training on the
+    PyTorchJob backend would run at once, outside its queue. It is held suspended instead, the
+    status says why and what to change, and once Kueue manages PyTorchJobs it queues and runs."""
+    whole = operator
+    for obj in queue_objects(ns):
+        whole.cluster.apply(obj)
+    create_claim(whole, ns, "ckpt")
+    body = fsdptraining("unmanaged", ns, max_steps=10, interval=10, claim="ckpt")
+    body["spec"]["scheduling"] = {"queue": "team"}
+    t0 = time.monotonic()
+    kueue.stop()
+    kueue.start(frameworks=(TRAINJOB_FRAMEWORK,))
+    try:
+        whole.cluster.apply(body)
+        st = wait_for(
+            lambda: (
+                conditions(s := status(whole, "unmanaged", ns)).get("Admitted", {}).get("reason") == "NotManagedByKueue"
+                and s
+            ),
+            60,
+            "the status to say that Kueue does not manage the PyTorchJob",
+        )
+        message = conditions(st)["Admitted"]["message"]
+        assert "kubeflow.org/pytorchjob" in message and "backend: trainjob" in message, message
+        assert whole.get("pytorchjob", "unmanaged", ns)["spec"]["runPolicy"]["suspend"] is True
+        wait_for(lambda: not pods_of(whole, "unmanaged", ns), 60, "no pod of the held job")
+        assert last_step(whole, "unmanaged", ns) == 0
+    finally:
+        kueue.stop()
+        kueue.start()
+    record("kueue_restart_with_fewer_integrations_s", time.monotonic() - t0)
+    # The fix the message names: Kueue now manages PyTorchJobs, finds the held one and admits it.
+    wait_for(
+        lambda: conditions(status(whole, "unmanaged", ns)).get("Admitted", {}).get("status") == "True",
+        120,
+        "Kueue to admit the held training",
+    )
+    assert wait_phase(whole, "unmanaged", ns, TERMINAL, 300) == "Succeeded"
+    assert sorted(step_losses(whole, "unmanaged", ns)) == list(range(1, 11))

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from fsdp_operator.controller.queueing import owning_job, queue_state, trim_workload
+from fsdp_api.contract import KUEUE_HOLD_ANNOTATION, NOT_MANAGED_BY_KUEUE
+from fsdp_operator.controller.queueing import let_through, owning_job, queue_state, trim_workload
 from fsdp_operator.controller.status import compute_status, transition_events
 
 from tests.operator.render_fixtures import job_of
@@ -76,6 +77,15 @@ def test_a_queued_job_carries_kueues_labels_and_leaves_suspend_to_kueue() -> Non
     assert "suspend" not in job_of(suspend=True, **QUEUED)["spec"]["runPolicy"]
 
 
+def test_a_queued_job_kueue_did_not_suspend_at_creation_is_one_it_does_not_manage() -> None:
+    created = job_of(**QUEUED)  # as it comes back from a create that Kueue's webhook did not touch
+    assert let_through(created)
+    created["spec"]["runPolicy"]["suspend"] = True  # what Kueue's webhook does to a kind it manages
+    assert not let_through(created)
+    # Not queued: nothing for Kueue to manage.
+    assert not let_through(job_of())
+
+
 # --- reading the Workload --------------------------------------------------------------------
 
 
@@ -89,6 +99,24 @@ def test_queue_state_says_why_it_waits_or_that_it_was_preempted() -> None:
     assert (preempted.admitted, preempted.reason) == (False, "Preempted")
     assert preempted.evicted is not None and preempted.evicted["status"] == "True"
     assert preempted.message == f"Preempted: {PREEMPTED_MESSAGE}"
+
+
+def test_a_held_job_without_a_workload_says_kueue_does_not_manage_it_and_what_to_change() -> None:
+    held = job(suspend=True)
+    held["metadata"]["annotations"][KUEUE_HOLD_ANNOTATION] = "Kueue does not manage pytorchjobs"
+    state = queue_state(None, "team-a", held)
+    assert (state.admitted, state.reason) == (False, NOT_MANAGED_BY_KUEUE)
+    assert state.message.startswith("Kueue did not suspend PyTorchJob llama when it was created")
+    assert "outside LocalQueue team-a" in state.message
+    assert "Add kubeflow.org/pytorchjob to integrations.frameworks" in state.message
+    assert state.message.endswith("or use spec.backend: trainjob")
+    # Once Kueue manages the kind it makes the Workload: that one says where the job stands.
+    assert queue_state(PENDING, "team-a", held).reason == "Pending"
+    # An unmarked job without a Workload only waits for Kueue to make one.
+    assert queue_state(None, "team-a", job(suspend=True)).reason == "NoWorkload"
+    st = compute_status(facts(**QUEUED), held, None, queue=state, now=NOW)
+    assert conditions_of(st)["Admitted"].reason == NOT_MANAGED_BY_KUEUE
+    assert st.phase == "Queued" and st.message == state.message
 
 
 def test_a_workload_is_tied_to_its_job_and_trimmed() -> None:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Literal
 
 from ..contract import BACKENDS, METRICS_PORT, TRAINJOB, TRAINJOB_RUNTIME
 from ..rules import Rule, TransitionRule
+from .pod import DEFAULT_GRACE_SECONDS
 from .values import MAX_NODES
 
 if TYPE_CHECKING:
@@ -106,6 +107,30 @@ TRAINJOB_RULES: tuple[Rule, ...] = (
 )
 
 
+# Kueue 0.17-0.19 carry Trainer v2.2's types, whose runtime patch has no
+# terminationGracePeriodSeconds (added in Trainer v2.3.0, kubeflow/trainer#3324).
+# Kueue writes an admitted TrainJob back whole with those types, so a queued
+# TrainJob's grace period is dropped at admission and the runtime's (the default)
+# applies. kubernetes-sigs/kueue#14504 moved Kueue to Trainer v2.3.0 after 0.19.
+_QUEUED_TRAINJOB_GRACE = Rule(
+    cel=(
+        f"!has(self.pod) || !has(self.pod.terminationGracePeriodSeconds) || "
+        f"self.pod.terminationGracePeriodSeconds == {DEFAULT_GRACE_SECONDS} || "
+        f"!has(self.scheduling) || !has(self.scheduling.queue) || !({_TRAINJOB})"
+    ),
+    message=(
+        f"pod.terminationGracePeriodSeconds must be {DEFAULT_GRACE_SECONDS} (the runtime's) for a queued training "
+        "with backend: trainjob: Kueue up to 0.19 drops it from the TrainJob when it admits it, so the pods would "
+        f"get {DEFAULT_GRACE_SECONDS} s anyway (docs/kueue.md); use backend: pytorchjob for another grace period"
+    ),
+    field_path=".pod.terminationGracePeriodSeconds",
+    check=lambda s: (
+        s.pod.termination_grace_period_seconds == DEFAULT_GRACE_SECONDS
+        or s.scheduling.queue is None
+        or not _is_trainjob(s.backend)
+    ),
+)
+
 # A TrainJob's spec.trainer and activeDeadlineSeconds are immutable (Trainer
 # v2.3.0, "self == oldSelf" on both): with backend trainjob the spec fields
 # rendered there (metrics: the FSDP_METRICS_PORT variable) cannot change either.
@@ -166,7 +191,7 @@ def _trainjob_name_error(name: str, backend: str) -> str | None:
 # --- every backend ---------------------------------------------------------------
 
 # Rules on spec that hold only under one backend (FSDPTrainingSpec's rules include them).
-BACKEND_RULES: tuple[Rule, ...] = (*PYTORCHJOB_RULES, *TRAINJOB_RULES)
+BACKEND_RULES: tuple[Rule, ...] = (*PYTORCHJOB_RULES, *TRAINJOB_RULES, _QUEUED_TRAINJOB_GRACE)
 # Rules on the whole object (metadata.name against spec.backend), after the spec's own root rules.
 BACKEND_ROOT_RULES: tuple[dict[str, str], ...] = TRAINJOB_ROOT_RULES
 

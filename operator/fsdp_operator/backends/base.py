@@ -33,6 +33,9 @@ class Backend(Protocol):
     kueue_integration: str
     # Whether the status' replicaStatuses count pods (True) or something coarser, like child Jobs (False).
     counts_pods: bool
+    # Whether a queued job, once Kueue has admitted it, must not be applied again: Kueue
+    # rewrote it in a way a re-apply would undo, and the job's API refuses that undo.
+    frozen_once_admitted: bool
 
     def render_job(
         self, spec: FSDPTrainingSpec, name: str, namespace: str, annotations: dict[str, str], template: Json
@@ -50,6 +53,10 @@ class Backend(Protocol):
 
     def kubeflow_v1_view(self, job: Mapping[str, Any]) -> tuple[Json, Json]:
         """The job's ``spec`` (``runPolicy.suspend``) and ``status``, as a PyTorchJob would say them."""
+        ...
+
+    def suspend_patch(self, suspend: bool) -> Json:
+        """The merge patch that suspends (or resumes) the job."""
         ...
 
 

@@ -111,6 +111,9 @@ class PyTorchJobBackend:
     kueue_integration = "kubeflow.org/pytorchjob"
     # The training operator counts the pods of each replica type.
     counts_pods = True
+    # Kueue adds its flavor's placement to the pod template on admission; a re-apply leaves
+    # fields it does not set alone, so it may run.
+    frozen_once_admitted = False
 
     def render_job(
         self, spec: FSDPTrainingSpec, name: str, namespace: str, annotations: dict[str, str], template: Json
@@ -129,3 +132,6 @@ class PyTorchJobBackend:
     def kubeflow_v1_view(self, job: Mapping[str, Any]) -> tuple[Json, Json]:
         spec = {"runPolicy": copy.deepcopy(((job.get("spec") or {}).get("runPolicy")) or {})}
         return spec, copy.deepcopy(dict(job.get("status") or {}))
+
+    def suspend_patch(self, suspend: bool) -> Json:
+        return {"spec": {"runPolicy": {"suspend": suspend}}}

@@ -136,6 +136,11 @@ class TrainJobBackend:
     kueue_integration = "trainer.kubeflow.org/trainjob"
     # jobsStatus counts JobSet's child Jobs, not pods.
     counts_pods = False
+    # Kueue writes the admitted TrainJob back whole with its own copy of Trainer's types;
+    # Kueue 0.17-0.19 have Trainer v2.2's, whose runtime patch lacks terminationGracePeriodSeconds,
+    # so ours loses it. Re-applying ours would change spec.runtimePatches, which Trainer's
+    # webhook refuses unless the TrainJob is suspended.
+    frozen_once_admitted = True
 
     def render_job(
         self, spec: FSDPTrainingSpec, name: str, namespace: str, annotations: dict[str, str], template: Json
@@ -158,3 +163,6 @@ class TrainJobBackend:
 
     def kubeflow_v1_view(self, job: Mapping[str, Any]) -> tuple[Json, Json]:
         return {"runPolicy": {"suspend": trainjob_suspended(job)}}, trainjob_status(job)
+
+    def suspend_patch(self, suspend: bool) -> Json:
+        return {"spec": {"suspend": suspend}}

@@ -15,14 +15,14 @@ from typing import Any
 
 import kopf
 from fsdp_api import API_VERSION, KIND, FSDPTraining, format_errors
-from fsdp_api.contract import NETWORKPOLICY_KIND, PODMONITOR_KIND
+from fsdp_api.contract import NETWORKPOLICY_KIND, NOT_MANAGED_BY_KUEUE, PODMONITOR_KIND
 from pydantic import ValidationError
 
 from .. import backends
 from ..render import render
 from . import bodies
 from .kube import NETWORK_ERRORS, ApiError
-from .queueing import is_active, set_active
+from .queueing import hold_for_kueue, is_active, is_suspended, let_through, not_managed_message, set_active
 from .state import Runtime, newest_job, owner_of, trim
 from .status import (
     APPLY_FAILED,
@@ -105,9 +105,14 @@ async def apply_training(rt: Runtime, body: Mapping[str, Any], *, prune: bool = 
         await _apply_objects(rt, body, objects, events, prune=prune, retry=retry)
     finally:
         rt.applying.discard(uid)
-    await keep_suspend_intent(rt, body)
+        # Also when the apply failed: stopping a queued training must not wait for its job to apply.
+        await keep_suspend_intent(rt, body)
     rt.metrics.reconciles.labels("success").inc()
     rt.metrics.reconcile_duration.observe(time.perf_counter() - started)
+
+
+def _queue(body: Mapping[str, Any]) -> str:
+    return str(((body.get("spec") or {}).get("scheduling") or {}).get("queue") or "")
 
 
 def _owned_by(obj: Mapping[str, Any], uid: str) -> bool:
@@ -117,14 +122,15 @@ def _owned_by(obj: Mapping[str, Any], uid: str) -> bool:
     )
 
 
-async def _foreign_objects(rt: Runtime, objects: list[Json], uid: str) -> list[str]:
-    """The rendered objects whose name is taken by an object this training does not own.
+async def _existing_objects(rt: Runtime, objects: list[Json], uid: str) -> tuple[list[str], Json | None]:
+    """The rendered objects whose name is taken by an object this training does not own, and its job.
 
     Server-side apply with force would silently adopt such an object (and the
     garbage collector would later delete it with the training), so every
     name is checked before anything is applied.
     """
     foreign = []
+    job = None
     for obj in objects:
         meta = obj["metadata"]
         found = await rt.client.get(obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"])
@@ -133,7 +139,27 @@ async def _foreign_objects(rt: Runtime, objects: list[Json], uid: str) -> list[s
             foreign.append(
                 f"{obj['kind']} {meta['name']} ({'owned by ' + ', '.join(owners) if owners else 'no owner'})"
             )
-    return foreign
+        elif found is not None and obj["kind"] in backends.BY_KIND:
+            job = found
+    return foreign, job
+
+
+def _admitted_and_frozen(body: Mapping[str, Any], job: Json | None) -> bool:
+    """A queued job that Kueue admitted and rewrote so that applying ours again would be refused."""
+    if not _queue(body) or job is None or not backends.BY_KIND[job["kind"]].frozen_once_admitted:
+        return False
+    return not is_suspended(job)
+
+
+def _left_alone(job: Json, generation: str) -> str:
+    """The Reconciled message for an admitted job left as Kueue wrote it."""
+    meta = job["metadata"]
+    if (meta.get("annotations") or {}).get(GENERATION_ANNOTATION) == generation:
+        return ""
+    return (
+        f"generation {generation} is not applied to {job['kind']} {meta['name']} while it runs: Kueue admitted it, and "
+        f"it takes changes only while suspended; set spec.suspend: true, then false, to apply them"
+    )
 
 
 async def _apply_objects(
@@ -142,8 +168,9 @@ async def _apply_objects(
     meta = body.get("metadata") or {}
     uid = meta.get("uid", "")
     job: Json | None = None
+    outcome = ReconcileOutcome(True, "Applied")
     try:
-        foreign = await _foreign_objects(rt, objects, uid)
+        foreign, existing = await _existing_objects(rt, objects, uid)
         if foreign:
             rt.metrics.reconciles.labels("error").inc()
             delay = retry_delay(retry, 5)
@@ -154,8 +181,14 @@ async def _apply_objects(
             await record_failure(rt, body, ReconcileOutcome(False, FOREIGN_OBJECT, message))
             raise kopf.TemporaryError(message, delay=delay)
         for obj in objects:
+            is_job = obj["kind"] in backends.BY_KIND
+            if is_job and existing is not None and _admitted_and_frozen(body, existing):
+                job = existing
+                log.info("%s %s/%s left as Kueue admitted it", job["kind"], meta.get("namespace"), meta.get("name"))
+                outcome = ReconcileOutcome(True, "Applied", _left_alone(existing, str(meta.get("generation") or 0)))
+                continue
             result = await rt.client.apply(obj)
-            if obj["kind"] in backends.BY_KIND:
+            if is_job:
                 job = result.body
                 if result.created:
                     latency = _seconds_since(meta.get("creationTimestamp"))
@@ -164,6 +197,10 @@ async def _apply_objects(
                     events.append(
                         EventSpec("Normal", "JobCreated", f"created {obj['kind']} {result.body['metadata']['name']}")
                     )
+                    if let_through(job):
+                        job = await hold_for_kueue(rt.client, job)
+                        why = not_managed_message(job, _queue(body))
+                        events.append(EventSpec("Warning", NOT_MANAGED_BY_KUEUE, why))
         if prune:
             rendered = {o["kind"] for o in objects}
             for kind in OPTIONAL_KINDS:
@@ -182,7 +219,7 @@ async def _apply_objects(
         async with rt.lock(uid):
             rt.applying.discard(uid)  # under the lock: a job event now waits for this sync, then runs its own
             job = newest_job(job, rt.jobs.get(uid))
-            await sync_locked(rt, body, job, outcome=ReconcileOutcome(True, "Applied"), source="apply", events=events)
+            await sync_locked(rt, body, job, outcome=outcome, source="apply", events=events)
     except (ApiError, *NETWORK_ERRORS) as e:
         # The objects are applied; only the status lags. Retrying re-applies (a no-op) and writes it.
         rt.metrics.reconciles.labels("error").inc()

@@ -9,6 +9,14 @@ the Workload's spec.active instead, which is Kueue's documented way
 to stop a workload (Kueue then evicts it: reason Deactivated) and to let it
 queue again. Names and condition types are Kueue v0.17.0's
 (apis/kueue/v1beta2/workload_types.go).
+
+Kueue manages only the kinds whose integration its configuration enables
+(``integrations.frameworks``); since v0.19 kubeflow.org/pytorchjob is not among
+the defaults. A job of another kind passes its webhook unsuspended and would run
+at once, outside its queue. So a queued job that comes back from its creation
+unsuspended is suspended by the operator and marked (KUEUE_HOLD_ANNOTATION),
+and the status says what to change; once Kueue manages the kind, it finds the
+suspended job, makes its Workload and admits it as any other.
 """
 
 from __future__ import annotations
@@ -18,7 +26,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from fsdp_api.contract import WORKLOAD_API_VERSION, WORKLOAD_KIND
+from fsdp_api.contract import (
+    KUEUE_HOLD_ANNOTATION,
+    KUEUE_QUEUE_LABEL,
+    NOT_MANAGED_BY_KUEUE,
+    WORKLOAD_API_VERSION,
+    WORKLOAD_KIND,
+)
 
 from .. import backends
 from .kube import KubeClient
@@ -67,8 +81,51 @@ class QueueState:
     evicted: Json | None = None  # the Workload's Evicted condition, when it has one
 
 
-def queue_state(workload: Mapping[str, Any] | None, queue: str) -> QueueState:
-    """The training's queue state from its Workload (None: Kueue has not made one yet)."""
+def is_suspended(job: Mapping[str, Any]) -> bool:
+    spec, _ = backends.BY_KIND[job["kind"]].kubeflow_v1_view(job)
+    return bool(spec["runPolicy"].get("suspend", False))
+
+
+def let_through(job: Mapping[str, Any]) -> bool:
+    """A queued job that Kueue's webhook did not suspend at its creation: Kueue does not manage its kind."""
+    labels = (job.get("metadata") or {}).get("labels") or {}
+    return KUEUE_QUEUE_LABEL in labels and not is_suspended(job)
+
+
+def held_for_kueue(job: Mapping[str, Any] | None) -> bool:
+    return job is not None and KUEUE_HOLD_ANNOTATION in ((job.get("metadata") or {}).get("annotations") or {})
+
+
+async def hold_for_kueue(client: KubeClient, job: Mapping[str, Any]) -> Json:
+    """Suspend a job that Kueue let through, and mark it so that the status can say why."""
+    backend = backends.BY_KIND[job["kind"]]
+    meta = job["metadata"]
+    patch = {
+        **backend.suspend_patch(True),
+        "metadata": {"annotations": {KUEUE_HOLD_ANNOTATION: f"Kueue does not manage {backend.ref.plural}"}},
+    }
+    return await client.merge_patch(backend.ref.api_version, backend.ref.kind, meta["namespace"], meta["name"], patch)
+
+
+def not_managed_message(job: Mapping[str, Any], queue: str) -> str:
+    backend = backends.BY_KIND[job["kind"]]
+    kind, name = job["kind"], job["metadata"]["name"]
+    others = [b.ref.name for b in backends.REGISTRY.values() if b is not backend]
+    alternative = "".join(f", or use spec.backend: {other}" for other in others)
+    return (
+        f"Kueue did not suspend {kind} {name} when it was created, so it does not manage {kind}s here: "
+        f"the operator holds it suspended so that it does not run outside LocalQueue {queue}. "
+        f"Add {backend.kueue_integration} to integrations.frameworks in Kueue's configuration (Kueue 0.19 "
+        f"and later leave kubeflow.org/pytorchjob out by default) and restart Kueue, which then queues "
+        f"this job{alternative}"
+    )
+
+
+def queue_state(workload: Mapping[str, Any] | None, queue: str, job: Mapping[str, Any] | None = None) -> QueueState:
+    """The training's queue state from its Workload (None: Kueue has not made one yet) and its job."""
+    if workload is None and held_for_kueue(job):
+        assert job is not None
+        return QueueState(False, NOT_MANAGED_BY_KUEUE, not_managed_message(job, queue))
     if workload is None:
         return QueueState(
             False,

@@ -66,7 +66,7 @@ async def sync_locked(
     # The plan depends on the spec only: made when it is applied, kept in between.
     plan = memory_plan_of(body) if outcome is not None else None
     facts = TrainingFacts.from_body(body)
-    queue = queue_state(rt.workloads.get(uid), facts.queue) if facts.queue is not None else None
+    queue = queue_state(rt.workloads.get(uid), facts.queue, job) if facts.queue is not None else None
     new = compute_status(
         facts,
         job,
