@@ -60,6 +60,9 @@ TRAINJOB_PATCH_MANAGER = f"{GROUP}/fsdp-operator"
 # Labels JobSet and the Job controller set on every pod of a TrainJob.
 JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 JOB_COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
+# The Job controller sets this variable in each container of an Indexed Job's pods
+# (JobSet's, so a TrainJob's): the pod's index, 0 for node 0.
+JOB_COMPLETION_INDEX_ENV = "JOB_COMPLETION_INDEX"
 
 
 @dataclass(frozen=True)
@@ -216,6 +219,9 @@ ENV_TRAINER_FAULT = "FSDP_TRAINER_FAULT"
 # rendezvous store per round (render/env.py says why).
 ENV_SHUTDOWN_TIMEOUT = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
 ENV_SEPARATE_RDZV_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+# The pod's own address (downward API, status.podIP): where node 0 hosts the
+# rendezvous when its rendezvous name is not its hostname (fsdp_trainer/check.py).
+ENV_POD_IP = "FSDP_POD_IP"
 # What spec.env may not set: each variable the operator derives, and the
 # field it derives it from (a user value would silently replace it).
 OPERATOR_ENV: dict[str, str] = {
@@ -226,6 +232,7 @@ OPERATOR_ENV: dict[str, str] = {
     ENV_METRICS_PORT: "metrics.port",
     ENV_SHUTDOWN_TIMEOUT: "pod.terminationGracePeriodSeconds",
     ENV_SEPARATE_RDZV_STORE: "always 1, or a restarted pod cannot rendezvous",
+    ENV_POD_IP: "the pod's status.podIP",
 }
 
 # --- the trainer's metrics ---------------------------------------------------------

@@ -19,6 +19,8 @@ TORCHRUN = "torchrun"
 # The container's interpreter, from PATH (the image's venv), like torchrun.
 PYTHON = "python"
 LOOPBACK = "127.0.0.1"
+# The check's option: ``VAR=VALUE``, the condition under which this pod hosts the rendezvous.
+HOST_RENDEZVOUS_FLAG = "--host-rendezvous-if"
 
 
 def trainer_program(config_path: str | Path, *extra: str) -> list[str]:
@@ -26,8 +28,13 @@ def trainer_program(config_path: str | Path, *extra: str) -> list[str]:
     return ["-m", TRAINER_MODULE, CONFIG_FLAG, str(config_path), *extra]
 
 
-def checked_launch(config_path: str | Path, launch: Sequence[str], *, python: str = PYTHON) -> list[str]:
+def checked_launch(
+    config_path: str | Path, launch: Sequence[str], *, python: str = PYTHON, host_rendezvous_if: str | None = None
+) -> list[str]:
     """``launch`` preceded by the trainer's one-process config check, which starts it when the config is good.
+
+    ``host_rendezvous_if`` (``VAR=VALUE``): where the variable has that value, the
+    pod hosts the c10d rendezvous at its own address (HOST_RENDEZVOUS_FLAG).
 
     The check execs ``launch``, except torchrun, whose parent it stays so that
     a SIGTERM stop exits 143 (torchrun alone exits 1; see fsdp_trainer/supervisor.py).
@@ -37,7 +44,8 @@ def checked_launch(config_path: str | Path, launch: Sequence[str], *, python: st
     reads the node and process counts from the torchrun flags of ``launch``,
     so they are written once.
     """
-    return [python, "-m", TRAINER_MODULE, CHECK_COMMAND, CONFIG_FLAG, str(config_path), "--", *launch]
+    host = [HOST_RENDEZVOUS_FLAG, host_rendezvous_if] if host_rendezvous_if else []
+    return [python, "-m", TRAINER_MODULE, CHECK_COMMAND, CONFIG_FLAG, str(config_path), *host, "--", *launch]
 
 
 def torchrun_rendezvous(

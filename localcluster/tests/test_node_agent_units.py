@@ -130,6 +130,21 @@ def test_a_replaced_pod_keeps_its_hostname_and_gets_the_new_address(tmp_path: Pa
     assert net.names_for("ns")["tj-node-0-0.tj"] == net.ip_for("ns", "tj-node-0-0-bbbbb")
 
 
+def test_a_withheld_record_is_not_served_and_a_start_does_not_wait_for_it(tmp_path: Path) -> None:
+    """A test's DNS outage: no record for one pod name, and a process naming it starts without it."""
+    net = PodNetwork(tmp_path / "hosts")
+    pods = [jobset_pod("tj-node-0-0-x7k2p", "tj-node-0-0")]
+    net.withhold("ns", "tj-node-0-0.tj")
+    net.refresh([headless_service()], pods)
+    assert net.rewrite("tj-node-0-0.tj:29400", "ns") == "tj-node-0-0.tj:29400"
+    assert "tj-node-0-0.tj" not in (tmp_path / "hosts").read_text()
+    worker = pod_worker(tmp_path, pods[0], net, pods)
+    worker._await_peer_names(worker.container(), ["--rdzv-endpoint=tj-node-0-0.tj:29400"])  # no NotReady
+    net.withhold("ns", "tj-node-0-0.tj", withheld=False)
+    net.refresh([headless_service()], pods)
+    assert net.rewrite("tj-node-0-0.tj:29400", "ns") == f"{net.ip_for('ns', 'tj-node-0-0-x7k2p')}:29400"
+
+
 def pod_worker(tmp_path: Path, pod: dict[str, Any], net: PodNetwork, peers: Sequence[dict[str, Any]]) -> PodWorker:
     """A PodWorker with no API server behind it: enough for its translation rules."""
     ctx = PodContext(

@@ -322,3 +322,23 @@ def test_a_queued_pytorchjob_that_kueue_does_not_manage_is_held_with_the_fix_in_
     )
     assert wait_phase(whole, "unmanaged", ns, TERMINAL, 300) == "Succeeded"
     assert sorted(step_losses(whole, "unmanaged", ns)) == list(range(1, 11))
+
+
+def test_node_0_hosts_the_rendezvous_while_cluster_dns_has_no_record_of_it(
+    trainer_v2: TrainerV2, operator: WholeCluster, ns: str
+) -> None:
+    """Node 0's rendezvous name, <name>-node-0-0.<name>, is not its hostname: torchrun finds out
+    whether it hosts the store by looking that name up. Without the record (as after a JobSet
+    restart, until the headless Service's endpoints catch up) node 0 would wait for a store that
+    nobody hosts, for the whole read timeout (600 s). Node 0 now hosts it at its own address."""
+    whole = operator
+    name = "nodns"
+    whole.node_agent.network.withhold(ns, f"{name}-node-0-0.{name}")
+    try:
+        t0 = time.monotonic()
+        whole.cluster.apply(trainjob_training(name, ns, nodes=1, max_steps=5, interval=5, claim=None))
+        assert wait_phase(whole, name, ns, TERMINAL, 180) == "Succeeded", trainer_logs(whole, name, ns)
+        record("trainjob_without_dns_record_apply_to_succeeded_s", time.monotonic() - t0)
+    finally:
+        whole.node_agent.network.withhold(ns, f"{name}-node-0-0.{name}", withheld=False)
+    assert "hosts the rendezvous at its own address" in trainer_logs(whole, name, ns)

@@ -26,6 +26,7 @@ import pytest
 from fsdp_api import FSDPTraining
 from fsdp_api.contract import (
     CLUSTER_TRAINING_RUNTIME_KIND,
+    JOB_COMPLETION_INDEX_ENV,
     KUEUE_PRIORITY_LABEL,
     KUEUE_QUEUE_LABEL,
     RDZV_PORT,
@@ -35,6 +36,7 @@ from fsdp_api.contract import (
     TRAINJOB_PATCH_MANAGER,
     TRAINJOB_RUNTIME,
 )
+from fsdp_api.launch import HOST_RENDEZVOUS_FLAG
 from fsdp_operator.render import cluster_training_runtime, render
 
 Obj = dict[str, Any]
@@ -217,6 +219,14 @@ def documented_differences(pod: Obj, spec: Obj) -> Obj:
     container["args"] = [
         f"--rdzv-endpoint={NAME}-worker-0:{RDZV_PORT}" if a == endpoint else a for a in container["args"]
     ]
+    # Node 0 hosts the rendezvous at its own address (the built-in trainer's check does it; a
+    # script of your own runs under torchrun directly): a PyTorchJob's node 0 finds its name in /etc/hosts.
+    if spec.get("command") is None:
+        host_if = container["args"].index(HOST_RENDEZVOUS_FLAG)
+        assert container["args"][host_if + 1] == f"{JOB_COMPLETION_INDEX_ENV}=0"
+        del container["args"][host_if : host_if + 2]
+    else:
+        assert HOST_RENDEZVOUS_FLAG not in container["args"]
     # The runtime names the c10d port for what it is; the training operator requires "pytorchjob-port".
     for port in container["ports"]:
         if port["name"] == "c10d":

@@ -26,9 +26,11 @@ from typing import TYPE_CHECKING
 
 from fsdp_api.contract import CHECK_COMMAND as COMMAND
 from fsdp_api.contract import ENV_TRAINER_FAULT
+from fsdp_api.launch import HOST_RENDEZVOUS_FLAG
 
 from .errors import ConfigError
 from .faults import armed_fault
+from .rendezvous_host import hosted_here
 from .supervisor import stop_on_signals_before_the_launch, supervise
 
 if TYPE_CHECKING:
@@ -148,6 +150,12 @@ def check_main(argv: list[str]) -> int:
     parser.add_argument("--config", required=True, help="train.yaml (the job's ConfigMap)")
     parser.add_argument("--nnodes", help="N or MIN:MAX (default: the torchrun command's, else 1)")
     parser.add_argument("--nproc-per-node", help="N, gpu, cpu or auto (default: the torchrun command's, else 1)")
+    parser.add_argument(
+        HOST_RENDEZVOUS_FLAG,
+        dest="host_rendezvous_if",
+        metavar="VAR=VALUE",
+        help="where VAR has VALUE, this pod hosts torchrun's rendezvous at its own address (rendezvous_host.py)",
+    )
     args = parser.parse_args(argv)
     nnodes, nproc = launch_shape(command)
     nnodes, nproc = args.nnodes or nnodes or "1", args.nproc_per_node or nproc or "1"
@@ -157,6 +165,12 @@ def check_main(argv: list[str]) -> int:
         print(f"fsdp-train: {ENV_TRAINER_FAULT} is set: {fault.describe()}", file=sys.stderr, flush=True)
     if not command:
         return 0
+    if args.host_rendezvous_if and (torchrun := torchrun_arguments(command)) is not None:
+        launcher = command[: len(command) - len(torchrun)]
+        torchrun, said = hosted_here(torchrun, args.host_rendezvous_if, os.environ)
+        command = [*launcher, *torchrun]
+        if said:
+            print(f"fsdp-train: {said}", file=sys.stderr, flush=True)
     sys.stdout.flush()
     try:
         if torchrun_arguments(command) is not None:

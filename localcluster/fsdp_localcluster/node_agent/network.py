@@ -38,6 +38,22 @@ class PodNetwork:
         self.table: dict[str, str] = {}
         # Every Service with a selector, by namespace, whether or not a live pod backs it now.
         self.services: dict[str, set[str]] = {}
+        # (namespace, name) records that cluster DNS does not serve (yet): see ``withhold``.
+        self.withheld: set[tuple[str, str]] = set()
+
+    def withhold(self, namespace: str, name: str, withheld: bool = True) -> None:
+        """Serve no record for ``name`` (a pod's ``<hostname>.<subdomain>``) until called with False.
+
+        What a pod sees while cluster DNS has not published its record yet
+        (the endpoints of a headless Service lag the pod, e.g. after a JobSet restart).
+        """
+        with self._lock:
+            (self.withheld.add if withheld else self.withheld.discard)((namespace, name))
+
+    def is_withheld(self, namespace: str, name: str) -> bool:
+        """Whether ``name`` is withheld: a process starts without it rather than wait for it."""
+        with self._lock:
+            return (namespace, name) in self.withheld
 
     def ip_for(self, namespace: str, name: str) -> str:
         with self._lock:
@@ -87,6 +103,8 @@ class PodNetwork:
                 pod_spec = p.get("spec") or {}
                 hostname, subdomain = pod_spec.get("hostname"), pod_spec.get("subdomain")
                 # Of two live pods with one hostname (a replacement), the first by name, like a Service's.
+                if (ns, f"{hostname}.{name}") in self.withheld:
+                    continue
                 if hostname and subdomain == name and f"{ns}/{hostname}.{name}" not in table:
                     self._add(table, ns, f"{hostname}.{name}", self.ip_for(ns, p["metadata"]["name"]))
         with self._lock:

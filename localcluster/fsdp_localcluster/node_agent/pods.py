@@ -706,7 +706,9 @@ class PodWorker(threading.Thread):
         pending = [
             n
             for n in names
-            if n not in known and any(re.search(rf"(?<![\w.-]){re.escape(n)}(?![\w-])", t) for t in texts)
+            if n not in known
+            and not self.ctx.network.is_withheld(self.namespace, n)
+            and any(re.search(rf"(?<![\w.-]){re.escape(n)}(?![\w-])", t) for t in texts)
         ]
         if not pending:
             return

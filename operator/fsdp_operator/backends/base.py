@@ -33,6 +33,10 @@ class Backend(Protocol):
     kueue_integration: str
     # Whether the status' replicaStatuses count pods (True) or something coarser, like child Jobs (False).
     counts_pods: bool
+    # The variable holding a pod's node index where node 0's rendezvous name is not its own
+    # hostname (so that node 0 hosts the rendezvous without looking that name up); None
+    # where it is (node 0 finds its own name in its /etc/hosts).
+    node_index_env: str | None
     # Whether a queued job, once Kueue has admitted it, must not be applied again: Kueue
     # rewrote it in a way a re-apply would undo, and the job's API refuses that undo.
     frozen_once_admitted: bool

@@ -111,6 +111,8 @@ class PyTorchJobBackend:
     kueue_integration = "kubeflow.org/pytorchjob"
     # The training operator counts the pods of each replica type.
     counts_pods = True
+    # Node 0's rendezvous name is its pod's hostname (pod_host).
+    node_index_env = None
     # Kueue adds its flavor's placement to the pod template on admission; a re-apply leaves
     # fields it does not set alone, so it may run.
     frozen_once_admitted = False

@@ -23,6 +23,7 @@ from typing import Any
 from fsdp_api import FSDPTrainingSpec
 from fsdp_api.contract import (
     CLUSTER_TRAINING_RUNTIME_KIND,
+    JOB_COMPLETION_INDEX_ENV,
     TRAINER_GROUP,
     TRAINJOB,
     TRAINJOB_NODE,
@@ -136,6 +137,8 @@ class TrainJobBackend:
     kueue_integration = "trainer.kubeflow.org/trainjob"
     # jobsStatus counts JobSet's child Jobs, not pods.
     counts_pods = False
+    # Node 0's rendezvous name is <hostname>.<subdomain>, which only cluster DNS resolves.
+    node_index_env = JOB_COMPLETION_INDEX_ENV
     # Kueue writes the admitted TrainJob back whole with its own copy of Trainer's types;
     # Kueue 0.17-0.19 have Trainer v2.2's, whose runtime patch lacks terminationGracePeriodSeconds,
     # so ours loses it. Re-applying ours would change spec.runtimePatches, which Trainer's

@@ -55,15 +55,20 @@ def pod_command(spec: FSDPTrainingSpec, name: str) -> dict[str, Any]:
     needs torchrun on its PATH, as any PyTorch image has).
     """
     own = spec.command is not None
+    backend = backends.named(spec.backend)
     program = [*spec.command, *(spec.args or [])] if spec.command is not None else None
     torchrun = torchrun_rendezvous(
         nnodes=nnodes(spec),
         nproc_per_node=spec.procs_per_node(),
-        endpoint=backends.rendezvous_endpoint(backends.named(spec.backend), name),
+        endpoint=backends.rendezvous_endpoint(backend, name),
         run_id=name,
         rdzv_conf=RDZV_CONF,
         max_restarts=max_restarts(spec),
         program=program if program is not None else trainer_program(contract.CONFIG_PATH),
     )
-    cmd = torchrun if own else checked_launch(contract.CONFIG_PATH, torchrun)
+    # Node 0 hosts the rendezvous at its own address where its rendezvous name is not its
+    # hostname: otherwise torchrun decides by looking that name up, and without the record
+    # node 0 waits out the read timeout as a client of a store nobody hosts.
+    node_zero = f"{backend.node_index_env}=0" if backend.node_index_env else None
+    cmd = torchrun if own else checked_launch(contract.CONFIG_PATH, torchrun, host_rendezvous_if=node_zero)
     return {"command": cmd[:1], "args": cmd[1:]}

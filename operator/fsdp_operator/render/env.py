@@ -15,6 +15,7 @@ from fsdp_api.contract import (
     ENV_JOB_NAME,
     ENV_JOB_NAMESPACE,
     ENV_METRICS_PORT,
+    ENV_POD_IP,
     ENV_SEPARATE_RDZV_STORE,
     ENV_SHUTDOWN_TIMEOUT,
 )
@@ -62,6 +63,9 @@ def container_env(spec: FSDPTrainingSpec, name: str) -> Env:
         # LaunchConfig.shutdown_timeout, torch 2.15): most of the pod's grace
         # period, leaving torchrun and the check time to exit (docs/renderer.md).
         {"name": ENV_SHUTDOWN_TIMEOUT, "value": str(shutdown_timeout(spec))},
+        # Node 0 of a TrainJob hosts the rendezvous at this address rather than under
+        # a name only cluster DNS knows (render/command.py, fsdp_trainer/check.py).
+        {"name": ENV_POD_IP, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
     ]
     if not spec.runs_own_script:
         env.insert(2, {"name": ENV_CONFIG, "value": contract.CONFIG_PATH})
