@@ -40,8 +40,8 @@ from tests.e2e.training import (
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-# What the operator logs when it leaves an admitted queued TrainJob as Kueue wrote it.
-LEFT_AS_ADMITTED = "left as Kueue admitted it"
+# What the operator logs when it re-applies a running TrainJob with Kueue's rewrite of our patch kept.
+LEFT_AS_ADMITTED = "keeps spec.runtimePatches as it is on the server"
 RUNTIME_FILE = REPO_ROOT / "kustomize" / "components" / "trainjob" / "clustertrainingruntime.yaml"
 
 
@@ -246,7 +246,7 @@ def test_queued_trainjobs_wait_for_kueue_and_run_one_after_the_other(
     # An operator restart re-applies running trainings. Kueue rewrote the admitted TrainJob (its
     # Trainer v2.2 types drop terminationGracePeriodSeconds from our runtime patch), and Trainer's
     # webhook refuses runtime patch changes to a TrainJob that is not suspended: the operator
-    # leaves an admitted queued job alone rather than failing that apply for as long as it runs.
+    # applies the patch as it is on the server rather than fail that apply for as long as it runs.
     restart_operator(whole)
     log = wait_for(
         lambda: (text := whole.operator_logs()) and (LEFT_AS_ADMITTED in text or "RuntimePatches" in text) and text,

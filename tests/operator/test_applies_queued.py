@@ -14,7 +14,7 @@ import kopf
 import pytest
 from fsdp_api.contract import KUEUE_HOLD_ANNOTATION, NOT_MANAGED_BY_KUEUE
 from fsdp_operator.controller import sync
-from fsdp_operator.controller.applies import apply_training
+from fsdp_operator.controller.applies import apply_training, rendered_objects
 from fsdp_operator.controller.kube import ApiError, ApplyResult
 from fsdp_operator.controller.metrics import OperatorMetrics
 from fsdp_operator.controller.state import Runtime
@@ -33,6 +33,7 @@ class FakeApi:
         self.existing = existing or {}
         self.refuse = refuse
         self.applied: list[str] = []
+        self.bodies: dict[str, Json] = {}
         self.merge_patches: list[tuple[str, str, Json]] = []
 
     async def get(self, api_version: str, kind: str, ns: str | None, name: str) -> Json | None:
@@ -43,6 +44,7 @@ class FakeApi:
         if kind in ("PyTorchJob", "TrainJob") and self.refuse:
             raise ApiError(403, "PATCH", f"/{kind}", REFUSED)
         self.applied.append(kind)
+        self.bodies[kind] = copy.deepcopy(obj)
         body = copy.deepcopy(obj)
         body["metadata"]["uid"] = f"uid-{kind}"
         return ApplyResult(body=body, created=kind not in self.existing)
@@ -80,6 +82,10 @@ def run_apply(api: FakeApi, body: Json, workload: Json | None = None) -> Runtime
 
     asyncio.run(go())
     return rt
+
+
+def render_training(body: Json) -> list[Json]:
+    return rendered_objects(body)
 
 
 def owned(obj: Json) -> Json:
@@ -121,19 +127,25 @@ def test_suspend_reaches_the_workload_when_the_jobs_apply_fails() -> None:
     assert ("Workload", "trainjob-llama-1", {"spec": {"active": False}}) in api.merge_patches
 
 
-def test_an_admitted_queued_trainjob_is_not_applied_again() -> None:
-    running = owned(
-        {
-            "kind": "TrainJob",
-            "metadata": {"name": "llama", "namespace": "ml", "annotations": {"training.fsdp.dev/generation": "1"}},
-            "spec": {"suspend": False},
-        }
-    )
-    api = FakeApi(existing={"TrainJob": running}, refuse=True)  # an apply would be refused
+def test_a_running_trainjob_is_applied_with_what_trainer_refuses_to_change_kept() -> None:
+    """An admitted queued TrainJob as Kueue wrote it back (our patch without the grace period),
+    created by an operator that rendered its trainer differently."""
+    (rendered,) = [o for o in render_training(training(backend="trainjob", **QUEUED)) if o["kind"] == "TrainJob"]
+    running = owned(copy.deepcopy(rendered))
+    running["spec"]["trainer"]["env"] = running["spec"]["trainer"]["env"][:-1]  # an older operator's
+    ((patch,),) = [running["spec"]["runtimePatches"]]
+    pod = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
+    del pod["spec"]["terminationGracePeriodSeconds"]  # Kueue 0.17-0.19 drop it on admission
+    running["spec"]["suspend"] = False
+    running["metadata"]["annotations"]["training.fsdp.dev/generation"] = "1"
+    api = FakeApi(existing={"TrainJob": running})
     run_apply(api, training(backend="trainjob", **QUEUED))
-    assert "TrainJob" not in api.applied
-    assert "ConfigMap" in api.applied  # the rest is applied as always
-    # Suspended (queued, or preempted), it is applied as any job.
-    api = FakeApi(existing={"TrainJob": {**running, "spec": {"suspend": True}}})
+    applied = api.bodies["TrainJob"]
+    assert applied["spec"]["trainer"] == running["spec"]["trainer"]
+    assert applied["spec"]["runtimePatches"] == running["spec"]["runtimePatches"]
+    # Suspended (queued again, or preempted), it takes the patch as rendered; the trainer never changes.
+    api = FakeApi(existing={"TrainJob": {**running, "spec": {**running["spec"], "suspend": True}}})
     run_apply(api, training(backend="trainjob", **QUEUED))
-    assert "TrainJob" in api.applied
+    applied = api.bodies["TrainJob"]
+    assert applied["spec"]["runtimePatches"] == rendered["spec"]["runtimePatches"]
+    assert applied["spec"]["trainer"] == running["spec"]["trainer"]

@@ -37,9 +37,6 @@ class Backend(Protocol):
     # hostname (so that node 0 hosts the rendezvous without looking that name up); None
     # where it is (node 0 finds its own name in its /etc/hosts).
     node_index_env: str | None
-    # Whether a queued job, once Kueue has admitted it, must not be applied again: Kueue
-    # rewrote it in a way a re-apply would undo, and the job's API refuses that undo.
-    frozen_once_admitted: bool
 
     def render_job(
         self, spec: FSDPTrainingSpec, name: str, namespace: str, annotations: dict[str, str], template: Json
@@ -61,6 +58,11 @@ class Backend(Protocol):
 
     def suspend_patch(self, suspend: bool) -> Json:
         """The merge patch that suspends (or resumes) the job."""
+        ...
+
+    def keep_immutable(self, rendered: Json, existing: Json) -> tuple[Json, tuple[str, ...]]:
+        """The job to apply over ``existing``: ``rendered`` with the fields the job's API would refuse
+        to change taken from ``existing``, and the paths of those that differed."""
         ...
 
 

@@ -113,9 +113,6 @@ class PyTorchJobBackend:
     counts_pods = True
     # Node 0's rendezvous name is its pod's hostname (pod_host).
     node_index_env = None
-    # Kueue adds its flavor's placement to the pod template on admission; a re-apply leaves
-    # fields it does not set alone, so it may run.
-    frozen_once_admitted = False
 
     def render_job(
         self, spec: FSDPTrainingSpec, name: str, namespace: str, annotations: dict[str, str], template: Json
@@ -137,3 +134,8 @@ class PyTorchJobBackend:
 
     def suspend_patch(self, suspend: bool) -> Json:
         return {"spec": {"runPolicy": {"suspend": suspend}}}
+
+    def keep_immutable(self, rendered: Json, existing: Json) -> tuple[Json, tuple[str, ...]]:
+        # The training operator's webhook (v1.9.4) checks an update like a create, with no
+        # immutable field of ours; Kueue's placement on admission is in fields we do not set.
+        return rendered, ()

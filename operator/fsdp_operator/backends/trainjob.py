@@ -34,6 +34,7 @@ from fsdp_api.contract import (
 
 from .base import Json
 from .common import job_metadata
+from .trainjob_keep import keep_immutable
 from .trainjob_view import trainjob_status, trainjob_suspended
 
 Obj = dict[str, Any]
@@ -139,11 +140,6 @@ class TrainJobBackend:
     counts_pods = False
     # Node 0's rendezvous name is <hostname>.<subdomain>, which only cluster DNS resolves.
     node_index_env = JOB_COMPLETION_INDEX_ENV
-    # Kueue writes the admitted TrainJob back whole with its own copy of Trainer's types;
-    # Kueue 0.17-0.19 have Trainer v2.2's, whose runtime patch lacks terminationGracePeriodSeconds,
-    # so ours loses it. Re-applying ours would change spec.runtimePatches, which Trainer's
-    # webhook refuses unless the TrainJob is suspended.
-    frozen_once_admitted = True
 
     def render_job(
         self, spec: FSDPTrainingSpec, name: str, namespace: str, annotations: dict[str, str], template: Json
@@ -169,3 +165,6 @@ class TrainJobBackend:
 
     def suspend_patch(self, suspend: bool) -> Json:
         return {"spec": {"suspend": suspend}}
+
+    def keep_immutable(self, rendered: Json, existing: Json) -> tuple[Json, tuple[str, ...]]:
+        return keep_immutable(rendered, existing)

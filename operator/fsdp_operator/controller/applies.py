@@ -22,7 +22,7 @@ from .. import backends
 from ..render import render
 from . import bodies
 from .kube import NETWORK_ERRORS, ApiError
-from .queueing import hold_for_kueue, is_active, is_suspended, let_through, not_managed_message, set_active
+from .queueing import hold_for_kueue, is_active, let_through, not_managed_message, set_active
 from .state import Runtime, newest_job, owner_of, trim
 from .status import (
     APPLY_FAILED,
@@ -144,21 +144,26 @@ async def _existing_objects(rt: Runtime, objects: list[Json], uid: str) -> tuple
     return foreign, job
 
 
-def _admitted_and_frozen(body: Mapping[str, Any], job: Json | None) -> bool:
-    """A queued job that Kueue admitted and rewrote so that applying ours again would be refused."""
-    if not _queue(body) or job is None or not backends.BY_KIND[job["kind"]].frozen_once_admitted:
-        return False
-    return not is_suspended(job)
-
-
-def _left_alone(job: Json, generation: str) -> str:
-    """The Reconciled message for an admitted job left as Kueue wrote it."""
-    meta = job["metadata"]
-    if (meta.get("annotations") or {}).get(GENERATION_ANNOTATION) == generation:
-        return ""
-    return (
-        f"generation {generation} is not applied to {job['kind']} {meta['name']} while it runs: Kueue admitted it, and "
-        f"it takes changes only while suspended; set spec.suspend: true, then false, to apply them"
+def _keep_immutable(obj: Json, existing: Json, generation: str) -> tuple[Json, str]:
+    """The job to apply over ``existing`` (what its API refuses to change kept as it is) and the
+    Reconciled message when that holds back this generation's changes ("" when not)."""
+    job, kept = backends.BY_KIND[obj["kind"]].keep_immutable(obj, existing)
+    if not kept:
+        return job, ""
+    meta = existing["metadata"]
+    where = f"{existing['kind']} {meta.get('namespace')}/{meta['name']}"
+    log.info("%s keeps %s as it is on the server", where, " and ".join(kept))
+    applied = (meta.get("annotations") or {}).get(GENERATION_ANNOTATION)
+    if applied == generation:
+        # Only the rendering differs (a newer operator, or Kueue's rewrite on admission):
+        # nothing the user asked for is held back.
+        return job, ""
+    if applied is not None:
+        # Held back: the status keeps the generation the job really runs.
+        job["metadata"].setdefault("annotations", {})[GENERATION_ANNOTATION] = applied
+    return job, (
+        f"generation {generation} is not all applied to {where}: it keeps {' and '.join(kept)} as they are while it "
+        "runs (its API refuses changes there); suspend it (spec.suspend: true, then false) to apply them"
     )
 
 
@@ -182,11 +187,9 @@ async def _apply_objects(
             raise kopf.TemporaryError(message, delay=delay)
         for obj in objects:
             is_job = obj["kind"] in backends.BY_KIND
-            if is_job and existing is not None and _admitted_and_frozen(body, existing):
-                job = existing
-                log.info("%s %s/%s left as Kueue admitted it", job["kind"], meta.get("namespace"), meta.get("name"))
-                outcome = ReconcileOutcome(True, "Applied", _left_alone(existing, str(meta.get("generation") or 0)))
-                continue
+            if is_job and existing is not None:
+                obj, held_back = _keep_immutable(obj, existing, str(meta.get("generation") or 0))
+                outcome = ReconcileOutcome(True, "Applied", held_back)
             result = await rt.client.apply(obj)
             if is_job:
                 job = result.body
