@@ -41,7 +41,7 @@ from tests.e2e.training import (
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 # What the operator logs when it re-applies a running TrainJob with Kueue's rewrite of our patch kept.
-LEFT_AS_ADMITTED = "keeps spec.runtimePatches as it is on the server"
+KEPT_OUR_PATCH = "keeps spec.runtimePatches as it is on the server"
 RUNTIME_FILE = REPO_ROOT / "kustomize" / "components" / "trainjob" / "clustertrainingruntime.yaml"
 
 
@@ -249,7 +249,7 @@ def test_queued_trainjobs_wait_for_kueue_and_run_one_after_the_other(
     # applies the patch as it is on the server rather than fail that apply for as long as it runs.
     restart_operator(whole)
     log = wait_for(
-        lambda: (text := whole.operator_logs()) and (LEFT_AS_ADMITTED in text or "RuntimePatches" in text) and text,
+        lambda: (text := whole.operator_logs()) and (KEPT_OUR_PATCH in text or "RuntimePatches" in text) and text,
         60,
         "the new operator to re-apply 'first'",
     )
