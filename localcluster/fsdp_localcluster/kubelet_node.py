@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -56,6 +57,7 @@ NAMESPACE = "k8s.io"  # containerd's namespace for CRI (the kubelet's) container
 # containerd's content and snapshots outlive a node (a fresh node per test session), so the 13 GB
 # trainer image is loaded once per build, not per session: its state and containers stay per node.
 _CACHE_HOME = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+log = logging.getLogger(__name__)
 IMAGE_STORE = Path(os.environ.get("FSDP_TOOLS_CACHE") or _CACHE_HOME / "fsdp-k8s") / "kubelet-containerd"
 # The image label that names the buildah image an import came from (its ID changes with every build).
 SOURCE_LABEL = "fsdp-k8s.dev/buildah-image-id"
@@ -177,6 +179,23 @@ class KubeletNode:
         ).stdout.strip()
         if source and f"{SOURCE_LABEL}={source}" in self._ctr("images", "list", f"name=={image}", check=False):
             return 0.0
+        err = self._import(image)
+        if err and "does not exist" in err:
+            # The store outlives the node (IMAGE_STORE): an import that another run left half done
+            # leaves snapshots whose parents are gone ("parent snapshot ... does not exist: not
+            # found", seen in a clean-clone run). The failed import gave them up; a second one
+            # unpacks the layers afresh.
+            log.warning("importing %s failed (%s); removing it and importing again", image, err.strip()[-200:])
+            self._ctr("images", "rm", image, check=False)
+            err = self._import(image)
+        if err:
+            raise KubeletNodeUnavailable(f"cannot load {image} into the node's containerd: {err.strip()[-500:]}")
+        if source:
+            self._ctr("images", "label", image, f"{SOURCE_LABEL}={source}")
+        return time.monotonic() - t0
+
+    def _import(self, image: str) -> str:
+        """Stream ``image`` from buildah into containerd; what went wrong ("" when it worked)."""
         push = subprocess.Popen(
             ["buildah", "push", "--quiet", image, f"docker-archive:/dev/stdout:{image}"],
             stdout=subprocess.PIPE,
@@ -192,11 +211,8 @@ class KubeletNode:
         push.stdout.close()
         pushed = push.wait()
         if pushed != 0 or load.returncode != 0:
-            err = (push.stderr.read().decode(errors="replace") if push.stderr else "") + load.stderr
-            raise KubeletNodeUnavailable(f"cannot load {image} into the node's containerd: {err.strip()[-500:]}")
-        if source:
-            self._ctr("images", "label", image, f"{SOURCE_LABEL}={source}")
-        return time.monotonic() - t0
+            return (push.stderr.read().decode(errors="replace") if push.stderr else "") + load.stderr or "failed"
+        return ""
 
     # ------------------------------------------------------------ pods on the node
 

@@ -153,3 +153,45 @@ def test_upstream_webhook_patches_apply_and_only_kept_webhooks_are_registered_by
     assert doc == {"webhooks": [{"name": "a"}, {"name": "c"}, {"name": "d"}]}
     with pytest.raises(ValueError, match="remove"):
         json_patch(doc, [{"op": "remove", "path": "/webhooks/0"}])
+
+
+FAKE_CTR = """#!/bin/sh
+# ctr for the test: 'images import' fails once as a half-done earlier import leaves the store.
+log="{log}"
+echo "$*" >> "$log"
+case "$*" in
+  *"images import"*)
+    cat > /dev/null
+    if [ ! -e "$log.failed" ]; then
+      touch "$log.failed"
+      echo "ctr: failed to prepare extraction snapshot: parent snapshot sha256:99 does not exist: not found" >&2
+      exit 1
+    fi ;;
+esac
+exit 0
+"""
+FAKE_BUILDAH = """#!/bin/sh
+case "$1" in inspect) echo build-7 ;; push) echo image-bytes ;; esac
+"""
+
+
+def test_an_import_the_store_cannot_unpack_is_done_again_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """containerd's store outlives a node; an import on a store with a missing parent snapshot is redone."""
+    from fsdp_localcluster.kubelet_node import KubeletNode
+
+    bin_dir, log = tmp_path / "bin", tmp_path / "ctr.log"
+    bin_dir.mkdir()
+    for name, text in (("ctr", FAKE_CTR.format(log=log)), ("buildah", FAKE_BUILDAH)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    node = KubeletNode.__new__(KubeletNode)
+    node.socket = tmp_path / "containerd.sock"
+    node.load_image("localhost/trainer:local")
+    calls = [line.split(" ", 4)[-1] for line in log.read_text().splitlines()]
+    assert [c for c in calls if "import" in c or " rm " in f" {c} " or "label" in c] == [
+        "images import -",
+        "images rm localhost/trainer:local",
+        "images import -",
+        "images label localhost/trainer:local fsdp-k8s.dev/buildah-image-id=build-7",
+    ]
