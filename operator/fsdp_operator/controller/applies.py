@@ -235,9 +235,9 @@ async def keep_suspend_intent(rt: Runtime, body: Mapping[str, Any]) -> None:
     Called after each apply and each Workload event: the Workload appears
     after the job, so the first call may find none and a later one sets it.
     """
-    spec = body.get("spec") or {}
-    if not (spec.get("scheduling") or {}).get("queue"):
+    if not _queue(body):
         return
+    spec = body.get("spec") or {}
     uid = bodies.uid_of(body)
     workload = rt.workloads.get(uid)
     want = not bool(spec.get("suspend", False))
