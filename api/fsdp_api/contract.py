@@ -194,6 +194,9 @@ CHECKPOINT_COMPLETE_MARKER = "COMPLETE"
 CHECKPOINT_DIR_PREFIX = "step-"
 # TensorBoard's event files, under checkpoint.dir (spec.tracking.tensorboard).
 TENSORBOARD_SUBDIR = "tensorboard"
+# The MLflow run a training logs to, kept under checkpoint.dir so every process of
+# the training continues it (spec.tracking.mlflow).
+MLFLOW_RUN_FILE = "mlflow-run.json"
 
 # Environment variables: set by the renderer (pods) or the local launcher,
 # read by the trainer.
@@ -222,6 +225,11 @@ ENV_SEPARATE_RDZV_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 # The pod's own address (downward API, status.podIP): where node 0 hosts the
 # rendezvous when its rendezvous name is not its hostname (fsdp_trainer/check.py).
 ENV_POD_IP = "FSDP_POD_IP"
+# The FSDPTraining's metadata.uid and spec.image, which trackers tag the run with.
+# Set only where the operator renders what it applies: an offline render has no
+# uid, and the overlay's `images:` knob rewrites the image after the render.
+ENV_TRAINING_UID = "FSDP_TRAINING_UID"
+ENV_TRAINING_IMAGE = "FSDP_TRAINING_IMAGE"
 # What spec.env may not set: each variable the operator derives, and the
 # field it derives it from (a user value would silently replace it).
 OPERATOR_ENV: dict[str, str] = {
@@ -233,6 +241,8 @@ OPERATOR_ENV: dict[str, str] = {
     ENV_SHUTDOWN_TIMEOUT: "pod.terminationGracePeriodSeconds",
     ENV_SEPARATE_RDZV_STORE: "always 1, or a restarted pod cannot rendezvous",
     ENV_POD_IP: "the pod's status.podIP",
+    ENV_TRAINING_UID: "the FSDPTraining's metadata.uid",
+    ENV_TRAINING_IMAGE: "image",
 }
 
 # --- the trainer's metrics ---------------------------------------------------------

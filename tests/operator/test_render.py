@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from fsdp_api import FSDPTraining
+from fsdp_api.contract import ENV_TRAINING_IMAGE, ENV_TRAINING_UID
 from fsdp_api.spec import SECRET_ENV_PATTERN
 from fsdp_api.trainer_config import TrainerConfig
 from fsdp_operator.render import render
@@ -116,6 +117,19 @@ def test_set_owner_puts_a_controller_reference_on_every_object() -> None:
                 "blockOwnerDeletion": True,
             }
         ]
+
+
+def test_the_operators_render_tells_the_trackers_the_uid_and_image_and_an_offline_render_does_not() -> None:
+    t = training()
+
+    def job(rendered: list[Obj]) -> Obj:
+        return next(o for o in rendered if o["kind"] == "PyTorchJob")
+
+    applied = env_of(job(render(t, set_owner=True)))
+    assert applied[ENV_TRAINING_UID] == {"name": ENV_TRAINING_UID, "value": "0b6c5a8e-2f0e-4c52-9d0b-6f1f3c1d9a11"}
+    assert applied[ENV_TRAINING_IMAGE]["value"] == t.spec.image
+    # No uid offline, and the overlay's `images:` knob may rewrite the image after the render.
+    assert not {ENV_TRAINING_UID, ENV_TRAINING_IMAGE} & set(env_of(job(render(t))))
 
 
 def test_set_owner_needs_a_uid() -> None:

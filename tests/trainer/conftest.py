@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.trainer.harness import ParityRuns, build_word_tokenizer, write_aligned_jsonl, write_ragged_jsonl
+from tests.trainer.tracking.mlflow_server import MlflowServer
 
 
 @pytest.fixture(autouse=True)
@@ -42,3 +44,11 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def parity_runs(tmp_path_factory: pytest.TempPathFactory, inputs: dict[str, Path]) -> ParityRuns:
     return ParityRuns(tmp_path_factory.mktemp("parity"), inputs)
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
+    """One real MLflow tracking server per test worker; tests tell their runs apart by experiment."""
+    server = MlflowServer(tmp_path_factory.mktemp("mlflow")).start()
+    yield server
+    server.stop()

@@ -13,11 +13,12 @@ from pathlib import Path
 import pytest
 import yaml
 from fsdp_api.contract import CONFIG_ERROR_EXIT_CODE
-from fsdp_api.launch import checked_launch, torchrun_standalone, trainer_program
+from fsdp_api.launch import checked_launch, free_port, torchrun_standalone, trainer_program
 from fsdp_trainer.check import check, launch_shape, node_counts, processes_per_node
 from fsdp_trainer.errors import ConfigError
 
 from tests.trainer.harness import base_config, offline_env
+from tests.trainer.tracking.mlflow_server import MlflowServer
 
 
 @pytest.fixture
@@ -180,3 +181,23 @@ def _open_writer(fifo: Path) -> int | None:
         return os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
     except OSError:
         return None
+
+
+def test_an_mlflow_server_is_asked_once_before_the_launch(
+    config_path: Path, capsys: pytest.CaptureFixture[str], mlflow_server: MlflowServer
+) -> None:
+    """A wrong tracker address is one line before torchrun; a server that is down only a warning."""
+    _write(config_path, tracking={"mlflow": {"uri": mlflow_server.uri, "experiment": "checked"}})
+    assert check(str(config_path), "1", 2).startswith("configuration ok: ")
+    assert "warning" not in capsys.readouterr().err
+
+    down = f"http://127.0.0.1:{free_port()}"
+    _write(config_path, tracking={"mlflow": {"uri": down, "experiment": "checked"}})
+    assert check(str(config_path), "1", 2).startswith("configuration ok: ")
+    assert capsys.readouterr().err.startswith(f"fsdp-train: warning: tracking.mlflow.uri {down} does not answer now")
+
+    _write(config_path, tracking={"mlflow": {"uri": "http://mlflow.typo.invalid:5000", "experiment": "checked"}})
+    with pytest.raises(ConfigError) as info:
+        check(str(config_path), "1", 2)
+    [line] = info.value.lines
+    assert line.startswith("tracking.mlflow.uri http://mlflow.typo.invalid:5000: the host does not resolve (")

@@ -72,6 +72,7 @@ def check(config: str, nnodes: str, nproc_per_node: int) -> str:
     from .model.lora import count_trainable
     from .parallel.distributed import world_from_env
     from .parallel.plan import ParallelPlan
+    from .tracking import tracker_problems
     from .train import prepare
 
     counts = node_counts(nnodes)
@@ -98,6 +99,11 @@ def check(config: str, nnodes: str, nproc_per_node: int) -> str:
     errors = directory_conflicts(Path(cfg.checkpoint.dir), cfg.checkpoint.resume, cfg.job)
     if not errors and cfg.checkpoint.resume == "auto":
         errors = resume_problems(Path(cfg.checkpoint.dir), prepared.model, cfg.peft)
+    # Asked once per pod, before torchrun: a wrong tracker address is one line here.
+    tracker_errors, tracker_warnings = tracker_problems(cfg, os.environ)
+    errors += tracker_errors
+    for warning in tracker_warnings:
+        print(f"fsdp-train: warning: {warning}", file=sys.stderr, flush=True)
     for nodes in counts[1:]:
         w = world(nodes)
         errors += [f"{e} (with {nodes} nodes)" for e in ParallelPlan(cfg.fsdp, w.world_size, nproc_per_node).errors()]

@@ -57,7 +57,7 @@ from .pod import DEFAULT_GRACE_SECONDS, DO_NOT_DISRUPT, KARPENTER_SELECTOR_KEYS,
 from .resources import GPU_INSTANCE_PATTERN, ElasticSpec, ResourcesSpec
 from .scheduling import RunPolicySpec, SchedulingSpec
 from .stall import StallSpec
-from .tracking import TensorBoardSpec, TrackingSpec
+from .tracking import MlflowSpec, TensorBoardSpec, TrackingSpec
 from .training import TrainingSpec
 from .updates import IMMUTABLE_FIELDS, check_update, immutable_rule
 from .values import (
@@ -140,6 +140,7 @@ __all__ = [
     "LabelSelectorRequirement",
     "LabelValue",
     "MetricsSpec",
+    "MlflowSpec",
     "ModelOverrides",
     "ModelSpec",
     "ModuleName",

@@ -27,6 +27,38 @@ class TensorBoardSpec(ApiModel):
     )
 
 
+class MlflowSpec(ApiModel):
+    """An MLflow tracking server that rank 0 logs one run per training to."""
+
+    uri: str = Field(
+        min_length=8,
+        max_length=2048,
+        pattern=r"^https?://[^\s/?#]+[^\s]*$",
+        description=(
+            "The tracking server's address, http:// or https:// (e.g. http://mlflow.mlflow.svc:5000). "
+            "Credentials come from a Secret through spec.env: MLFLOW_TRACKING_TOKEN, or "
+            "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD."
+        ),
+    )
+    experiment: str = Field(
+        min_length=1,
+        max_length=500,
+        description="The experiment the run belongs to; created when the server has none of that name.",
+    )
+    run_name: str | None = Field(
+        None,
+        min_length=1,
+        max_length=250,
+        description="The run's display name (default: the FSDPTraining's name).",
+    )
+    flush_seconds: int = Field(
+        10,
+        ge=1,
+        le=600,
+        description="How often the points gathered since the last request are sent, in one request.",
+    )
+
+
 class TrackingSpec(ApiModel):
     """Experiment trackers (docs/tracking.md); none by default."""
 
@@ -35,6 +67,13 @@ class TrackingSpec(ApiModel):
         description=(
             f"Write TensorBoard event files to <checkpoint.dir>/{TENSORBOARD_SUBDIR}; a resumed training "
             "continues the same run, each step once."
+        ),
+    )
+    mlflow: MlflowSpec | None = Field(
+        None,
+        description=(
+            "Log to an MLflow tracking server: one run per training, which a resumed training continues, "
+            "each step once (docs/tracking.md)."
         ),
     )
     queue_points: int = Field(
@@ -49,4 +88,4 @@ class TrackingSpec(ApiModel):
 
     @property
     def enabled(self) -> bool:
-        return self.tensorboard is not None
+        return self.tensorboard is not None or self.mlflow is not None

@@ -66,7 +66,8 @@ def render(training: FSDPTraining, *, set_owner: bool = False) -> list[dict[str,
     annotations = checkpoint_annotations(training)
     # A script of your own (spec.command) has no trainer config to mount.
     objects = [] if spec.runs_own_script else [config_map(spec, name, namespace, annotations)]
-    template = pod_template(spec, name, annotations)
+    # The uid is the API server's: known where the operator renders what it applies.
+    template = pod_template(spec, name, annotations, training.metadata.uid if set_owner else None)
     objects.append(backends.named(spec.backend).render_job(spec, name, namespace, annotations, template))
     if spec.metrics.enabled:
         objects.append(pod_monitor(spec, name, namespace))

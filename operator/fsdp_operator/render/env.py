@@ -18,6 +18,8 @@ from fsdp_api.contract import (
     ENV_POD_IP,
     ENV_SEPARATE_RDZV_STORE,
     ENV_SHUTDOWN_TIMEOUT,
+    ENV_TRAINING_IMAGE,
+    ENV_TRAINING_UID,
 )
 from fsdp_api.tuning_env import tuning_defaults
 
@@ -36,7 +38,7 @@ def shutdown_timeout(spec: FSDPTrainingSpec) -> int:
     return max(0, spec.pod.termination_grace_period_seconds - SHUTDOWN_MARGIN_SECONDS)
 
 
-def container_env(spec: FSDPTrainingSpec, name: str) -> Env:
+def container_env(spec: FSDPTrainingSpec, name: str, uid: str | None = None) -> Env:
     """Operator-set variables first, then ``spec.env``, which may reference ours with ``$(VAR)``.
 
     The API refuses a spec.env entry named like a variable derived from the
@@ -69,6 +71,8 @@ def container_env(spec: FSDPTrainingSpec, name: str) -> Env:
     ]
     if not spec.runs_own_script:
         env.insert(2, {"name": ENV_CONFIG, "value": contract.CONFIG_PATH})
+    if uid:  # the operator's render: the trackers' tags (contract.ENV_TRAINING_UID says why only there)
+        env += [{"name": ENV_TRAINING_UID, "value": uid}, {"name": ENV_TRAINING_IMAGE, "value": spec.image}]
     if spec.metrics.enabled:
         env.append({"name": ENV_METRICS_PORT, "value": str(spec.metrics.port)})
     env += _literal(tuning_defaults(spec))

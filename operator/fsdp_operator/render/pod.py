@@ -210,14 +210,14 @@ def template_annotations(spec: FSDPTrainingSpec, annotations: dict[str, str]) ->
     return {**out, **annotations}
 
 
-def pod_template(spec: FSDPTrainingSpec, name: str, annotations: dict[str, str]) -> Obj:
+def pod_template(spec: FSDPTrainingSpec, name: str, annotations: dict[str, str], uid: str | None = None) -> Obj:
     vols, mounts = volumes(spec, name)
     container: Obj = {
         "name": names.container_name(spec.backend),
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
         **pod_command(spec, name),
-        "env": container_env(spec, name),
+        "env": container_env(spec, name, uid),
         "ports": ports(spec),
         "resources": resources(spec),
         "volumeMounts": mounts,

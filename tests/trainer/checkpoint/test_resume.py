@@ -9,6 +9,7 @@ complete checkpoint on its own.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -27,19 +28,23 @@ from fsdp_trainer.tracking import series_tag
 from tests.trainer.checkpoint.resume_runs import effective_steps, split_attempts
 from tests.trainer.harness import base_config, launch, offline_env
 from tests.trainer.tracking.board import read_scalars
+from tests.trainer.tracking.mlflow_server import MlflowServer
 
 pytestmark = pytest.mark.slow
 
 
-def test_killed_run_resumes_with_identical_losses_and_data(tmp_path: Path, inputs: dict[str, Path]) -> None:
+def test_killed_run_resumes_with_identical_losses_and_data(
+    tmp_path: Path, inputs: dict[str, Path], mlflow_server: MlflowServer
+) -> None:
     def config(name: str) -> dict[str, Any]:
+        mlflow = {"uri": mlflow_server.uri, "experiment": f"resume-{name}", "flushSeconds": 1}
         return base_config(
             tmp_path / name,
             inputs["ragged"],
             inputs["tokenizer"],
             training={"gradAccumSteps": 2},
             checkpoint={"intervalSteps": 5, "keepLast": 2},
-            tracking={"tensorboard": {"flushSeconds": 1}},
+            tracking={"tensorboard": {"flushSeconds": 1}, "mlflow": mlflow},
         )
 
     straight = launch(tmp_path / "straight", config("straight")).check()
@@ -78,6 +83,24 @@ def test_killed_run_resumes_with_identical_losses_and_data(tmp_path: Path, input
         assert loss == pytest.approx(record["loss"], rel=1e-6), step
     assert [s for s, _ in read_scalars(board, series_tag(CHECKPOINT_SAVE_DURATION))] == [5, 10, 15, 20]
     assert len(list(board.glob("events.out.tfevents.*"))) == 2  # one file per attempt
+
+    # spec.tracking.mlflow: one run across the kill, each step once, with the losses of the steps that count
+    # (a step both attempts logged keeps the first value: the same computation, to 1e-6).
+    from mlflow.tracking import MlflowClient
+
+    tracker = MlflowClient(tracking_uri=mlflow_server.uri)
+    [run] = tracker.search_runs([tracker.get_experiment_by_name("resume-killed").experiment_id])
+    history = sorted((m.step, m.value) for m in tracker.get_metric_history(run.info.run_id, series_tag(LOSS)))
+    assert [s for s, _ in history] == list(range(1, 21))
+    for (step, loss), record in zip(history, effective_steps(killed, 0), strict=True):
+        assert loss == pytest.approx(record["loss"], rel=1e-6), step
+    assert run.info.status == "FINISHED" and run.data.params["training.maxSteps"] == "20"
+    saves = tracker.get_metric_history(run.info.run_id, series_tag(CHECKPOINT_SAVE_DURATION))
+    assert sorted(m.step for m in saves) == [5, 10, 15, 20]
+    # The resumed process skipped what the run held: the checkpoint at 10 sent everything before it, and
+    # steps 11-13 reached the server only if a flush (every second) fell between them and the kill.
+    [continued] = re.findall(r"mlflow run \S+, continued after step (\d+)", killed.output)
+    assert 10 <= int(continued) <= 13
 
 
 @pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])

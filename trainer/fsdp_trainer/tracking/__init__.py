@@ -6,7 +6,7 @@ processor hands every point to ``Tracking.log``, which never blocks.
 """
 
 from .background import Tracker, Tracking
-from .registry import TRACKERS, open_tracking
+from .registry import TRACKERS, open_tracking, tracker_problems
 from .series import series_tag
 
-__all__ = ["TRACKERS", "Tracker", "Tracking", "open_tracking", "series_tag"]
+__all__ = ["TRACKERS", "Tracker", "Tracking", "open_tracking", "series_tag", "tracker_problems"]

@@ -27,6 +27,14 @@ SYNC_SECONDS = 5.0
 Point = tuple[int, dict[str, float]]
 
 
+class PointsLost(Exception):
+    """A tracker that sends points in batches lost ``points`` of them at once (a failed request)."""
+
+    def __init__(self, points: int, cause: str) -> None:
+        super().__init__(cause)
+        self.points = points
+
+
 class Tracker(Protocol):
     name: str
 
@@ -102,6 +110,8 @@ class Tracking:
         for tracker in self.trackers:
             try:
                 tracker.close()
+            except PointsLost as e:
+                self._drop(tracker.name, f"{tracker.name} failed to send its last {e.points} points: {e}", e.points)
             except Exception as e:
                 self._say(f"tracking: closing {tracker.name} failed: {type(e).__name__}: {e}")
         if self.dropped:
@@ -117,6 +127,9 @@ class Tracking:
             for tracker in self.trackers:
                 try:
                     tracker.write(step, values)
+                except PointsLost as e:
+                    why = f"{tracker.name} failed to send {e.points} points up to step {step}: {e}"
+                    self._drop(tracker.name, why, e.points)
                 except Exception as e:
                     self._drop(tracker.name, f"{tracker.name} failed to write step {step}: {type(e).__name__}: {e}")
 
@@ -124,6 +137,8 @@ class Tracking:
         for tracker in self.trackers:
             try:
                 tracker.flush()
+            except PointsLost as e:
+                self._drop(tracker.name, f"{tracker.name} failed to send {e.points} points: {e}", e.points)
             except Exception as e:
                 self._say_once(
                     f"flush-{tracker.name}", f"tracking: {tracker.name} failed to flush: {type(e).__name__}: {e}"
@@ -136,13 +151,13 @@ class Tracking:
         if first:
             self._say(text)
 
-    def _drop(self, key: str, why: str) -> None:
-        """Count one dropped point; say why the first time for each cause."""
+    def _drop(self, key: str, why: str, points: int = 1) -> None:
+        """Count dropped points; say why the first time for each cause."""
         with self._lock:
-            self.dropped += 1
+            self.dropped += points
             first = key not in self._said
             self._said.add(key)
-        self._on_drop(1)
+        self._on_drop(points)
         if first:  # not _say_once: the count and the first-time test share the lock
             self._say(
                 f"tracking: {why}; dropping such points, the training does not wait "

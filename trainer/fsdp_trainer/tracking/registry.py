@@ -2,17 +2,37 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from fsdp_api.trainer_config import TrainerConfig
 
 from .background import Tracker, Tracking
+from .mlflow import MlflowTracker, preflight
 from .tensorboard import TensorBoardTracker
 
 # spec.tracking's field name → how to open that tracker from the config.
 TRACKERS: dict[str, Callable[[TrainerConfig], Tracker]] = {
     "tensorboard": TensorBoardTracker.from_config,
+    "mlflow": MlflowTracker.from_config,
 }
+
+# spec.tracking's field name → the pod's check of that tracker: (errors, warnings).
+# A tracker that writes files only (TensorBoard) has nothing to ask before the launch.
+PREFLIGHTS: dict[str, Callable[[TrainerConfig, Mapping[str, str]], tuple[list[str], list[str]]]] = {
+    "mlflow": lambda cfg, env: preflight(cfg.tracking.mlflow, env),  # type: ignore[arg-type]
+}
+
+
+def tracker_problems(cfg: TrainerConfig, env: Mapping[str, str]) -> tuple[list[str], list[str]]:
+    """What the trackers the config asks for say before torchrun starts: (errors, warnings)."""
+    errors: list[str] = []
+    warnings: list[str] = []
+    for name, ask in PREFLIGHTS.items():
+        if getattr(cfg.tracking, name) is not None:
+            e, w = ask(cfg, env)
+            errors += e
+            warnings += w
+    return errors, warnings
 
 
 def open_tracking(cfg: TrainerConfig, *, on_drop: Callable[[int], None], say: Callable[[str], None]) -> Tracking | None:

@@ -1,0 +1,65 @@
+"""MLflow's own tracking server on loopback, as the tests' tracker (the `mlflow` package's `mlflow server`)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from fsdp_api.launch import free_port
+
+START_SECONDS = 120.0  # a fresh SQLite store is migrated first: about 15 s on the 2-core machine
+
+
+class MlflowServer:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.port = free_port()
+        self.uri = f"http://127.0.0.1:{self.port}"
+        self.log = root / "server.log"
+        self._process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> MlflowServer:
+        self.root.mkdir(parents=True, exist_ok=True)
+        command = [
+            str(Path(sys.executable).with_name("mlflow")),
+            "server",
+            f"--backend-store-uri=sqlite:///{self.root / 'store.db'}",
+            f"--artifacts-destination={self.root / 'artifacts'}",
+            "--host=127.0.0.1",
+            f"--port={self.port}",
+            "--workers=1",
+        ]
+        # Its background job runners (GenAI evaluation) are not what a training uses: two processes, not ten.
+        env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+        with self.log.open("ab") as out:
+            self._process = subprocess.Popen(command, stdout=out, stderr=out, env=env, start_new_session=True)
+        deadline = time.monotonic() + START_SECONDS
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                raise RuntimeError(f"mlflow server exited with {self._process.returncode}:\n{self.tail()}")
+            try:
+                with urllib.request.urlopen(f"{self.uri}/health", timeout=2) as answer:
+                    if answer.status == 200:
+                        return self
+            except OSError:
+                time.sleep(0.25)
+        self.stop()
+        raise RuntimeError(f"mlflow server did not answer within {START_SECONDS:g} s:\n{self.tail()}")
+
+    def stop(self) -> None:
+        if self._process is not None and self._process.poll() is None:
+            os.killpg(self._process.pid, signal.SIGTERM)
+            try:
+                self._process.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self._process.pid, signal.SIGKILL)
+                self._process.wait()
+        self._process = None
+
+    def tail(self, lines: int = 30) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:]) if self.log.exists() else ""

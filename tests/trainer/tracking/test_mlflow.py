@@ -1,0 +1,268 @@
+"""spec.tracking.mlflow against MLflow's own tracking server: one run per training, each step once, never waited for."""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import json
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fsdp_api import contract
+from fsdp_api.contract import ENV_TRAINING_IMAGE, ENV_TRAINING_UID, MLFLOW_RUN_FILE
+from fsdp_api.launch import free_port
+from fsdp_api.trainer_config import TrainerConfig
+from fsdp_trainer.tracking import Tracking
+from fsdp_trainer.tracking.mlflow import MlflowTracker, flat_params, preflight
+
+from tests.trainer.tracking.mlflow_server import MlflowServer
+
+
+def config(tmp_path: Path, uri: str, experiment: str, **mlflow: Any) -> TrainerConfig:
+    return TrainerConfig.model_validate(
+        {
+            "job": {"name": "llama-ft", "namespace": "team-a"},
+            "model": {"preset": "tiny"},
+            "training": {"maxSteps": 10, "learningRate": 3e-4},
+            "checkpoint": {"dir": str(tmp_path / "checkpoints")},
+            "tracking": {"mlflow": {"uri": uri, "experiment": experiment, **mlflow}},
+        }
+    )
+
+
+def client(server: MlflowServer) -> Any:
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=server.uri)
+
+
+def losses(server: MlflowServer, run_id: str) -> list[tuple[int, float]]:
+    history = client(server).get_metric_history(run_id, "train/loss")
+    return sorted((m.step, m.value) for m in history)
+
+
+def runs_of(server: MlflowServer, experiment: str) -> list[Any]:
+    found = client(server).get_experiment_by_name(experiment)
+    return client(server).search_runs([found.experiment_id]) if found else []
+
+
+def test_params_are_the_flattened_config_cut_to_mlflows_limit() -> None:
+    params = flat_params({"training": {"lr": 3e-4, "betas": [0.9, 0.95]}, "peft": {}, "data": {"text": "x" * 7000}})
+    assert params == {"training.lr": "0.0003", "training.betas": "[0.9, 0.95]", "peft": "{}", "data.text": "x" * 6000}
+
+
+def test_one_run_carries_the_config_and_identity_and_a_resumed_process_continues_it_each_step_once(
+    tmp_path: Path, mlflow_server: MlflowServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(ENV_TRAINING_UID, "0b6f1c9e-7d7e-4e59-9f3a-2f0c1d2e3f40")
+    monkeypatch.setenv(ENV_TRAINING_IMAGE, "ghcr.io/fsdp-k8s/trainer:0.1.0")
+    cfg = config(tmp_path, mlflow_server.uri, "resume")
+    first = MlflowTracker.from_config(cfg)
+    for step in range(1, 8):  # checkpoint at 5; steps 6 and 7 are trained again after the kill
+        first.write(step, {"train/loss": 10.0 - step, "train/learning_rate": 3e-4})
+    first.flush()  # a SIGKILL: no close, so the run is never ended by this process
+
+    resumed = MlflowTracker.from_config(cfg)
+    for step in range(6, 11):
+        resumed.write(step, {"train/loss": 20.0 - step, "train/learning_rate": 3e-4})
+    resumed.close()
+
+    [run] = runs_of(mlflow_server, "resume")
+    assert run.info.run_id == first.run_id == resumed.run_id
+    assert resumed.logged_through == 7
+    # Steps 6 and 7 keep the first process's values (MLflow cannot replace a point); 8-10 are the resumed one's.
+    assert losses(mlflow_server, run.info.run_id) == [(s, 10.0 - s) for s in range(1, 8)] + [
+        (s, 20.0 - s) for s in range(8, 11)
+    ]
+    assert run.info.status == "FINISHED" and run.info.run_name == "llama-ft"
+    assert {k: v for k, v in run.data.tags.items() if k.startswith("fsdp.")} == {
+        "fsdp.training": "llama-ft",
+        "fsdp.namespace": "team-a",
+        "fsdp.model": "tiny",
+        "fsdp.image": "ghcr.io/fsdp-k8s/trainer:0.1.0",
+        "fsdp.uid": "0b6f1c9e-7d7e-4e59-9f3a-2f0c1d2e3f40",
+    }
+    assert run.data.params["training.maxSteps"] == "10" and run.data.params["training.learningRate"] == "0.0003"
+    assert run.data.params["tracking.mlflow.experiment"] == "resume"
+    kept = json.loads((tmp_path / "checkpoints" / MLFLOW_RUN_FILE).read_text())
+    assert kept == {"run_id": run.info.run_id, "uri": mlflow_server.uri, "experiment": "resume"}
+
+
+def test_a_process_stopped_before_the_last_step_leaves_the_run_killed_until_it_resumes(
+    tmp_path: Path, mlflow_server: MlflowServer
+) -> None:
+    cfg = config(tmp_path, mlflow_server.uri, "sigterm", runName="attempts")
+    first = MlflowTracker.from_config(cfg)
+    first.write(1, {"train/loss": 2.0})
+    first.close()  # a SIGTERM at step 1 of 10
+    [run] = runs_of(mlflow_server, "sigterm")
+    assert run.info.status == "KILLED" and run.info.run_name == "attempts"
+    resumed = MlflowTracker.from_config(cfg)
+    resumed.write(2, {"train/loss": 1.0})
+    assert client(mlflow_server).get_run(run.info.run_id).info.status == "RUNNING"
+    resumed.close()
+
+
+def test_resume_never_starts_a_new_run_and_a_run_deleted_on_the_server_is_replaced(
+    tmp_path: Path, mlflow_server: MlflowServer
+) -> None:
+    never = config(tmp_path, mlflow_server.uri, "afresh").model_copy(deep=True)
+    never.checkpoint.resume = "never"
+    ids = []
+    for _ in range(2):
+        tracker = MlflowTracker.from_config(never)
+        tracker.write(1, {"train/loss": 2.0})
+        tracker.close()
+        ids.append(tracker.run_id)
+    assert len(set(ids)) == 2 and {r.info.run_id for r in runs_of(mlflow_server, "afresh")} == set(ids)
+
+    auto = config(tmp_path, mlflow_server.uri, "afresh")
+    client(mlflow_server).delete_run(ids[-1])
+    replaced = MlflowTracker.from_config(auto)
+    replaced.write(1, {"train/loss": 2.0})
+    replaced.close()
+    assert replaced.run_id not in ids and losses(mlflow_server, replaced.run_id) == [(1, 2.0)]
+
+
+class Forwarder:
+    """A TCP relay in front of the server that can be cut: the server 'stops' for the client."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.uri = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.sockets: list[socket.socket] = []
+        self.cut_off = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self.cut_off.is_set():
+            try:
+                near, _ = self.listener.accept()
+            except OSError:
+                return
+            far = socket.create_connection(("127.0.0.1", self.target_port))
+            self.sockets += [near, far]
+            for a, b in ((near, far), (far, near)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                s.close()
+
+    def cut(self) -> None:
+        self.cut_off.set()
+        # A blocked accept() keeps a closed socket listening on Linux: shutdown wakes it first.
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)
+        self.listener.close()
+        for s in self.sockets:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            s.close()
+
+
+def test_a_server_that_stops_mid_run_costs_points_not_steps(
+    tmp_path: Path, mlflow_server: MlflowServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # the default 2 retries only make this slower
+    relay = Forwarder(mlflow_server.port)
+    tracker = MlflowTracker.from_config(config(tmp_path, relay.uri, "outage", flushSeconds=600))
+    counted: list[int] = []
+    said: list[str] = []
+    tracking = Tracking([tracker], 100, on_drop=counted.append, say=said.append)
+    for step in range(1, 6):
+        tracking.log(step, {contract.LOSS: 1.0})
+    assert tracking.sync(timeout=60)  # steps 1-5 are on the server
+    relay.cut()
+    for step in range(6, 11):
+        tracking.log(step, {contract.LOSS: 1.0})
+    tracking.close(timeout=60)
+    assert losses(mlflow_server, tracker.run_id) == [(s, 1.0) for s in range(1, 6)]
+    # Steps 6-10 were sent in one request at close, which failed: five points, counted once each.
+    assert tracking.dropped == sum(counted) == 5
+    assert said[0].startswith("tracking: mlflow failed to send its last 5 points: ")
+    assert said[-1] == "tracking: 5 points were dropped in all (fsdp_tracker_points_dropped_total)"
+
+
+# --- the pod's check --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def http_answer() -> Iterator[Any]:
+    """A plain HTTP server on loopback answering every GET with one status and body."""
+    state: dict[str, Any] = {"status": 404, "body": b"<html>not found</html>", "seen": []}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            state["seen"].append(self.headers.get("Authorization"))
+            self.send_response(state["status"])
+            self.end_headers()
+            self.wfile.write(state["body"])
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    state["uri"] = f"http://127.0.0.1:{server.server_address[1]}"
+    yield state
+    server.shutdown()
+
+
+def spec_for(uri: str) -> Any:
+    return config(Path("/tmp"), uri, "check").tracking.mlflow
+
+
+def test_the_check_passes_a_real_server_whether_or_not_it_has_the_experiment(mlflow_server: MlflowServer) -> None:
+    assert preflight(spec_for(mlflow_server.uri), {}) == ([], [])
+    client(mlflow_server).create_experiment("check")
+    assert preflight(spec_for(mlflow_server.uri + "/"), {}) == ([], [])
+
+
+def test_the_check_warns_of_a_server_that_does_not_answer_and_refuses_a_host_that_does_not_resolve() -> None:
+    port = free_port()
+    errors, warnings = preflight(spec_for(f"http://127.0.0.1:{port}"), {})
+    assert errors == [] and len(warnings) == 1
+    assert warnings[0].startswith(f"tracking.mlflow.uri http://127.0.0.1:{port} does not answer now (")
+    assert "points are dropped" in warnings[0]
+    errors, warnings = preflight(spec_for("http://mlflow.no-such-namespace.invalid:5000"), {})
+    assert warnings == [] and len(errors) == 1
+    assert errors[0].startswith(
+        "tracking.mlflow.uri http://mlflow.no-such-namespace.invalid:5000: the host does not resolve ("
+    )
+
+
+def test_the_check_refuses_an_address_that_is_not_mlflow_and_credentials_the_server_refuses(
+    http_answer: dict[str, Any],
+) -> None:
+    uri = http_answer["uri"]
+    errors, _ = preflight(spec_for(uri), {})
+    assert errors == [
+        f"tracking.mlflow.uri {uri} does not answer as an MLflow tracking server (HTTP 404 from "
+        f"{uri}/api/2.0/mlflow/experiments/get-by-name?experiment_name=check)"
+    ]
+    http_answer["status"], http_answer["body"] = 401, b""
+    errors, _ = preflight(spec_for(uri), {})
+    assert errors == [
+        f"tracking.mlflow.uri {uri} refused a request without credentials (set MLFLOW_TRACKING_TOKEN, or "
+        "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD, from a Secret in spec.env) (HTTP 401)"
+    ]
+    errors, _ = preflight(spec_for(uri), {"MLFLOW_TRACKING_TOKEN": "t0ken"})
+    assert errors == [f"tracking.mlflow.uri {uri} refused MLFLOW_TRACKING_TOKEN (HTTP 401)"]
+    assert http_answer["seen"][-1] == "Bearer t0ken"
+    # MLflow's client sends basic credentials when both kinds are set, and so does the check.
+    both = {"MLFLOW_TRACKING_TOKEN": "t", "MLFLOW_TRACKING_USERNAME": "u", "MLFLOW_TRACKING_PASSWORD": "p"}
+    preflight(spec_for(uri), both)
+    assert http_answer["seen"][-1] == "Basic dTpw"
