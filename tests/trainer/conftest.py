@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -9,6 +10,10 @@ import pytest
 
 from tests.trainer.harness import ParityRuns, build_word_tokenizer, write_aligned_jsonl, write_ragged_jsonl
 from tests.trainer.tracking.mlflow_server import MlflowServer
+
+# MLflow's client, in the tests and in the trainers they launch, reports usage to
+# mlflow-telemetry.io unless told not to: the tests reach nothing but loopback.
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 
 @pytest.fixture(autouse=True)

@@ -35,7 +35,8 @@ class MlflowServer:
             "--workers=1",
         ]
         # Its background job runners (GenAI evaluation) are not what a training uses: two processes, not ten.
-        env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+        # No usage reports to mlflow-telemetry.io: tests reach nothing but loopback.
+        env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}
         with self.log.open("ab") as out:
             self._process = subprocess.Popen(command, stdout=out, stderr=out, env=env, start_new_session=True)
         deadline = time.monotonic() + START_SECONDS

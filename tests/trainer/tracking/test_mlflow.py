@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import http.server
 import json
+import os
 import socket
 import threading
 from collections.abc import Iterator
@@ -266,3 +267,17 @@ def test_the_check_refuses_an_address_that_is_not_mlflow_and_credentials_the_ser
     both = {"MLFLOW_TRACKING_TOKEN": "t", "MLFLOW_TRACKING_USERNAME": "u", "MLFLOW_TRACKING_PASSWORD": "p"}
     preflight(spec_for(uri), both)
     assert http_answer["seen"][-1] == "Basic dTpw"
+
+
+def test_the_client_reports_no_usage_and_gives_up_sooner_unless_the_pod_says_otherwise(
+    tmp_path: Path, mlflow_server: MlflowServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("MLFLOW_DISABLE_TELEMETRY", "MLFLOW_HTTP_REQUEST_MAX_RETRIES"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")  # the pod's own choice
+    tracker = MlflowTracker.from_config(config(tmp_path, mlflow_server.uri, "defaults"))
+    tracker.write(1, {"train/loss": 1.0})
+    tracker.close()
+    assert os.environ["MLFLOW_DISABLE_TELEMETRY"] == "true"
+    assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "2"
+    assert os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] == "30"

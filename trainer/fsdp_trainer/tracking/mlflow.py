@@ -30,11 +30,18 @@ from .series import series_tag
 MAX_METRICS_PER_REQUEST = 1000
 MAX_PARAMS_PER_REQUEST = 100
 MAX_PARAM_LENGTH = 6000
-# The client retries a failed request 7 times with a doubling backoff and waits
-# 120 s for an answer (mlflow/environment_variables.py): minutes per batch while
-# a server is down. Fewer and shorter, unless the pod's env says otherwise: the
-# points wait in the queue meanwhile, and close() has 30 s.
-CLIENT_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+# Unless the pod's env says otherwise:
+# - the client retries a failed request 7 times with a doubling backoff and waits
+#   120 s for an answer (mlflow/environment_variables.py): minutes per batch while
+#   a server is down. Fewer and shorter: the points wait in the queue meanwhile,
+#   and close() has 30 s;
+# - the client reports usage to mlflow-telemetry.io (mlflow/telemetry/): a training
+#   pod talks to the tracking server it was given and nowhere else.
+CLIENT_DEFAULTS = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+}
 # The series whose last step tells how far an earlier process logged: every step has it.
 PROGRESS_SERIES = series_tag(LOSS)
 TAG_PREFIX = "fsdp."
