@@ -259,6 +259,10 @@ LABEL_WORLD_SIZE = "world_size"
 LABEL_LOGITS = "logits"  # the loss computation that ran: chunked or full (training.logits, or its fallback)
 RANK_LABELS = (LABEL_JOB_NAME, LABEL_NODE_RANK, LABEL_LOCAL_RANK)
 INFO_LABELS = (*RANK_LABELS, LABEL_MODEL, LABEL_SHARDING_STRATEGY, LABEL_PRECISION, LABEL_WORLD_SIZE, LABEL_LOGITS)
+# The experiment tracker's name (a spec.tracking field) and the address of the run rank 0 logs to.
+LABEL_TRACKER = "tracker"
+LABEL_RUN_URL = "url"
+TRACKER_RUN_LABELS = (*RANK_LABELS, LABEL_TRACKER, LABEL_RUN_URL)
 GPU_LABELS = (*RANK_LABELS, LABEL_GPU)
 
 
@@ -359,6 +363,11 @@ TRACKER_POINTS_DROPPED = Metric(
     "fsdp_tracker_points_dropped",
     "counter",
     "Points not logged to an experiment tracker (spec.tracking): its writer fell behind or failed.",
+)
+TRACKER_RUN = Metric(
+    "fsdp_tracker_run_info",
+    "gauge",
+    "The experiment tracker run rank 0 logs to (labels tracker and url), once it is open; always 1.",
 )
 GPU_UTILIZATION = Metric("fsdp_gpu_utilization_ratio", "gauge", "GPU busy ratio (NVML), 0..1.", gpu_only=True)
 GPU_MEMORY_USED = Metric("fsdp_gpu_memory_used_bytes", "gauge", "GPU memory in use (NVML).", gpu_only=True)

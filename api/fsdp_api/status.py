@@ -6,13 +6,18 @@ the operator stores and ``kubectl explain fsdptraining.status`` documents it.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
 from .base import ApiModel
 
 Phase = Literal["Pending", "Queued", "Created", "Running", "Restarting", "Suspended", "Succeeded", "Failed"]
+
+
+# The address of one tracker's run, as the trainer reports it; a longer one is not copied into the status.
+MAX_RUN_PAGE_LENGTH = 2048
+RunPage = Annotated[str, Field(max_length=MAX_RUN_PAGE_LENGTH, description="The run's page in that tracker.")]
 
 
 class Condition(ApiModel):
@@ -97,6 +102,13 @@ class FSDPTrainingStatus(ApiModel):
     )
     remaining: str | None = Field(
         None, max_length=16, description="estimatedRemainingSeconds for people, e.g. 3h05m (kubectl get's column)."
+    )
+    tracker_runs: dict[str, RunPage] | None = Field(
+        None,
+        description=(
+            "Where each experiment tracker (spec.tracking) shows this training's run, by tracker "
+            "(mlflow: the run's page), once rank 0 has opened it."
+        ),
     )
     stall_restarts: int | None = Field(
         None, ge=0, description="Times the operator restarted the job's pods because it stalled (spec.stall.onStall)."

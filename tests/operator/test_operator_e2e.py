@@ -684,7 +684,10 @@ fsdp_checkpoint_last_step{{job_name="prog",node_rank="0",local_rank="0"}} 10
 fsdp_train_step_duration_seconds_bucket{{job_name="prog",node_rank="0",local_rank="0",le="+Inf"}} 20
 fsdp_train_step_duration_seconds_sum{{job_name="prog",node_rank="0",local_rank="0"}} 40.0
 fsdp_train_step_duration_seconds_count{{job_name="prog",node_rank="0",local_rank="0"}} 20
+# TYPE fsdp_tracker_run_info gauge
+fsdp_tracker_run_info{{job_name="prog",node_rank="0",local_rank="0",tracker="mlflow",url="{run}"}} 1
 """
+RUN_PAGE = "http://mlflow.mlflow.svc:5000/#/experiments/3/runs/9f2c41d0a6b84c3e8e1f0b7a5d2c6e11"
 
 
 class _FakeTrainer(http.server.BaseHTTPRequestHandler):
@@ -692,7 +695,7 @@ class _FakeTrainer(http.server.BaseHTTPRequestHandler):
     loss = 2.75
 
     def do_GET(self) -> None:
-        body = TRAINER_METRICS.format(step=type(self).step, loss=type(self).loss).encode()
+        body = TRAINER_METRICS.format(step=type(self).step, loss=type(self).loss, run=RUN_PAGE).encode()
         self.send_response(200 if self.path == "/metrics" else 404)
         self.send_header("Content-Type", "text/plain; version=0.0.4")
         self.send_header("Content-Length", str(len(body)))
@@ -736,6 +739,7 @@ def test_step_loss_and_throughput_come_from_the_rank0_pod(env: Env) -> None:
         assert s["phase"] == "Running"
         # maxSteps 50: 40 % done; 30 steps left at the trainer's mean 2 s (its histogram: 40 s / 20 steps).
         assert (s["progressPercentage"], s["estimatedRemainingSeconds"], s["remaining"]) == (40, 60, "1m00s"), s
+        assert s["trackerRuns"] == {"mlflow": RUN_PAGE}
 
         _FakeTrainer.step = 21
         env.wait_status(ns, name, "the next step", step=21, progressPercentage=42)

@@ -230,9 +230,14 @@ def test_scraped_progress_is_carried_over() -> None:
         "loss": 2.5,
         "tokensPerSecond": 9000.0,
         "checkpoint": {"lastStep": 100},
+        "trackerRuns": {"mlflow": "http://mlflow:5000/#/experiments/1/runs/abc"},
     }
     s = compute_status(facts(), job(cond("Running")), previous, now=NOW)
     assert (s.step, s.loss, s.tokens_per_second, s.checkpoint.last_step) == (120, 2.5, 9000.0, 100)
+    assert s.tracker_runs == {"mlflow": "http://mlflow:5000/#/experiments/1/runs/abc"}
+    # A finished training still links to its run.
+    done = compute_status(facts(), job(cond("Succeeded")), previous, now=NOW)
+    assert done.tracker_runs == previous["trackerRuns"]
 
 
 def test_conditions_have_a_stable_order() -> None:
@@ -634,6 +639,18 @@ def test_trainer_metrics_are_read_from_rank_zero() -> None:
         "tokensPerSecond": 123456.8,
         "checkpoint": {"lastStep": 40},
     }
+
+
+def test_the_tracker_runs_pages_come_from_their_info_series() -> None:
+    page = "http://mlflow:5000/#/experiments/1/runs/abc"
+    p = parse_trainer_metrics(
+        "# TYPE fsdp_tracker_run_info gauge\n"
+        f'fsdp_tracker_run_info{{local_rank="0",tracker="mlflow",url="{page}"}} 1\n'
+        f'fsdp_tracker_run_info{{local_rank="0",tracker="other",url="http://x/{"y" * 2100}"}} 1\n'
+        'fsdp_train_step{local_rank="0"} 3\n'
+    )
+    # An address longer than 2,048 characters stays out of the status.
+    assert p.status_fields() == {"step": 3, "trackerRuns": {"mlflow": page}}
 
 
 def test_non_finite_and_missing_metrics_are_left_out() -> None:

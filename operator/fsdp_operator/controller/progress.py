@@ -22,12 +22,16 @@ from fsdp_api.contract import (
     JOB_COMPLETION_INDEX_LABEL,
     LABEL_LOCAL_RANK,
     LABEL_NODE_RANK,
+    LABEL_RUN_URL,
+    LABEL_TRACKER,
     LOSS,
     REPLICA_INDEX_LABEL,
     REPLICA_TYPE_LABEL,
     STEP,
     STEP_DURATION,
+    TRACKER_RUN,
 )
+from fsdp_api.status import MAX_RUN_PAGE_LENGTH
 from prometheus_client.parser import text_string_to_metric_families
 
 from .kube import NETWORK_ERRORS
@@ -50,6 +54,7 @@ class TrainerProgress:
     tokens_per_second: float | None = None
     checkpoint_last_step: int | None = None
     seconds_per_step: float | None = None  # the trainer's mean step time (not a status field)
+    tracker_runs: tuple[tuple[str, str], ...] = ()  # (tracker, the run's address)
 
     def status_fields(self) -> dict[str, Any]:
         """The status fields this progress sets (only the ones the trainer reported)."""
@@ -62,6 +67,8 @@ class TrainerProgress:
             out["tokensPerSecond"] = round(self.tokens_per_second, 1)
         if self.checkpoint_last_step is not None:
             out["checkpoint"] = {"lastStep": self.checkpoint_last_step}
+        if self.tracker_runs:
+            out["trackerRuns"] = dict(self.tracker_runs)
         return out
 
 
@@ -84,8 +91,14 @@ def parse_trainer_metrics(text: str) -> TrainerProgress:
     schema stores numbers.
     """
     best: dict[str, tuple[tuple[int, int], float]] = {}
+    runs: dict[str, str] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
+            if sample.name == TRACKER_RUN.name and sample.value == 1:
+                tracker, url = sample.labels.get(LABEL_TRACKER), sample.labels.get(LABEL_RUN_URL)
+                if tracker and url and len(url) <= MAX_RUN_PAGE_LENGTH:
+                    runs[tracker] = url  # rank 0 alone exports it
+                continue
             if sample.name not in _WANTED or not math.isfinite(sample.value):
                 continue
             key = _rank_key(sample.labels)
@@ -103,6 +116,7 @@ def parse_trainer_metrics(text: str) -> TrainerProgress:
         loss=value(LOSS_SERIES),
         tokens_per_second=tokens if (tokens or 0) >= 0 else None,
         checkpoint_last_step=int(ckpt) if ckpt is not None and ckpt >= 0 else None,
+        tracker_runs=tuple(sorted(runs.items())),
     )
 
 

@@ -201,6 +201,7 @@ def compute_status(
         loss=prev.get("loss"),
         tokens_per_second=prev.get("tokensPerSecond"),
         **completion,
+        tracker_runs=prev.get("trackerRuns"),  # the scraper's, like step and loss: a run's page stays its page
         stall_restarts=stall_restarts if stall_restarts is not None else prev.get("stallRestarts"),
         checkpoint=CheckpointStatus(
             dir=training.checkpoint_dir,

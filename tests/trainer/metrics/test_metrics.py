@@ -42,6 +42,7 @@ RANK_LABELS = {"job_name", "node_rank", "local_rank"}
 EXPECTED = {m for m in TRAINER_METRICS if not m.startswith(("fsdp_checkpoint_", "fsdp_train_eval_"))} - {
     "fsdp_train_mfu_ratio",
     "fsdp_train_mfu_float8_ratio",
+    "fsdp_tracker_run_info",  # with spec.tracking only
 }
 CHECKPOINT = {
     "fsdp_checkpoint_save_duration_seconds_count",

@@ -7,6 +7,9 @@ import http.server
 import json
 import os
 import socket
+import subprocess
+import sys
+import textwrap
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +18,7 @@ from typing import Any
 import pytest
 from fsdp_api import contract
 from fsdp_api.contract import ENV_TRAINING_IMAGE, ENV_TRAINING_UID, MLFLOW_RUN_FILE
-from fsdp_api.launch import free_port
+from fsdp_api.launch import free_port, local_env
 from fsdp_api.trainer_config import TrainerConfig
 from fsdp_trainer.tracking import Tracking
 from fsdp_trainer.tracking.mlflow import MlflowTracker, flat_params, preflight
@@ -281,3 +284,55 @@ def test_the_client_reports_no_usage_and_gives_up_sooner_unless_the_pod_says_oth
     assert os.environ["MLFLOW_DISABLE_TELEMETRY"] == "true"
     assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "2"
     assert os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] == "30"
+
+
+# One trainer process's metrics, a separate interpreter since multiprocess mode is global: rank 0
+# exports the run's page as soon as the writer thread has opened the run.
+RUN_URL_WORKER = textwrap.dedent(
+    """
+    import io, sys, time, urllib.request
+    from types import SimpleNamespace
+    import torch
+    from fsdp_api.trainer_config import TrainerConfig
+    from fsdp_trainer.metrics import MetricsProcessor, StepStats
+    from fsdp_trainer.metrics.flops import FlopsShape
+
+    port, uri, ckpt, out = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+    cfg = TrainerConfig.model_validate({"job": {"name": "linked"}, "model": {"preset": "tiny"},
+                                        "training": {"maxSteps": 10}, "metrics": {"port": port},
+                                        "checkpoint": {"dir": ckpt},
+                                        "tracking": {"mlflow": {"uri": uri, "experiment": "linked"}}})
+    world = SimpleNamespace(rank=0, world_size=1, local_rank=0, local_world_size=1, node_rank=0,
+                            num_nodes=1, device=torch.device("cpu"))
+    proc = MetricsProcessor(cfg, world, 1000, seq_len=16, flops=FlopsShape(1000, 2, 64), stream=io.StringIO())
+    proc.start()
+    step = 0
+    deadline = time.monotonic() + 60
+    while not proc.tracking.run_urls() and time.monotonic() < deadline:
+        step += 1
+        proc.on_step(StepStats(step=step, loss=1.0, learning_rate=0.1, grad_norm=1.0, tokens=64,
+                               step_seconds=0.2, data_seconds=0.0))
+        time.sleep(0.2)
+    proc.on_step(StepStats(step=step + 1, loss=1.0, learning_rate=0.1, grad_norm=1.0, tokens=64,
+                           step_seconds=0.2, data_seconds=0.0))
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics") as r, open(out, "w") as f:
+        f.write(r.read().decode())
+    proc.close()
+    """
+)
+
+
+def test_rank_0_exports_the_runs_page_for_the_status(tmp_path: Path, mlflow_server: MlflowServer) -> None:
+    from fsdp_operator.controller.progress import parse_trainer_metrics
+
+    worker = tmp_path / "worker.py"
+    worker.write_text(RUN_URL_WORKER)
+    env = local_env(1, metrics_dir=tmp_path / "metrics-files")
+    scrape = tmp_path / "scrape.txt"
+    args = [str(free_port()), mlflow_server.uri, str(tmp_path / "checkpoints"), str(scrape)]
+    done = subprocess.run([sys.executable, str(worker), *args], env=env, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr
+    [run] = runs_of(mlflow_server, "linked")
+    url = f"{mlflow_server.uri}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}"
+    # What the operator reads from the endpoint, and writes to status.trackerRuns.
+    assert parse_trainer_metrics(scrape.read_text()).status_fields()["trackerRuns"] == {"mlflow": url}

@@ -92,6 +92,7 @@ class MetricsProcessor:
         self.server: MetricsServer | None = None
         self.gpu: GpuSampler | None = None
         self.tracking: Tracking | None = None
+        self._runs_exported: dict[str, str] = {}
         self._window: deque[StepStats] = deque(maxlen=self.WINDOW_STEPS)
         self._interval: list[StepStats] = []
         self._steps_seen = 0
@@ -350,6 +351,12 @@ class MetricsProcessor:
                 contract.MEMORY_RESERVED: reserved,
             },
         )
+        if self.metrics is not None:  # the runs' addresses, for the status, once each is open
+            for tracker, url in self.tracking.run_urls().items():
+                if self._runs_exported.get(tracker) != url:
+                    labels = {contract.LABEL_TRACKER: tracker, contract.LABEL_RUN_URL: url}
+                    self.metrics.tracker_run.labels(**self.labels, **labels).set(1)
+                    self._runs_exported[tracker] = url
 
     def _count_dropped(self, points: int) -> None:
         if self.metrics is not None:

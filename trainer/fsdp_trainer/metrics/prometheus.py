@@ -186,8 +186,12 @@ def open_pod_endpoint(local_rank: int, port: int, addr: str) -> tuple[MetricsSer
     return server, f"metrics: serving http://{shown}:{server.port}/metrics"
 
 
+# Series with labels beyond the rank's.
+_LABELS = {contract.TRAINER_INFO.name: contract.INFO_LABELS, contract.TRACKER_RUN.name: contract.TRACKER_RUN_LABELS}
+
+
 def _create(metric: Metric) -> Gauge | Counter | Histogram:
-    labels = contract.INFO_LABELS if metric is contract.TRAINER_INFO else RANK_LABELS
+    labels = _LABELS.get(metric.name, RANK_LABELS)
     if metric.gpu_only:
         labels = GPU_LABELS
     if metric.type == "counter":
@@ -240,6 +244,7 @@ class TrainerMetrics:
         self.restart_count = _create(c.RESTART_COUNT)
         self.compiled = _create(c.COMPILED)
         self.tracker_points_dropped = _create(c.TRACKER_POINTS_DROPPED)
+        self.tracker_run = _create(c.TRACKER_RUN)
         self.gpu_utilization = _create(c.GPU_UTILIZATION)
         self.gpu_memory_used = _create(c.GPU_MEMORY_USED)
         self.gpu_memory_total = _create(c.GPU_MEMORY_TOTAL)

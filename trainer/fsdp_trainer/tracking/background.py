@@ -36,6 +36,8 @@ class PointsLost(Exception):
 
 
 class Tracker(Protocol):
+    """One tracker. One that logs to a run somewhere may also have ``url``: set once the run is open."""
+
     name: str
 
     def write(self, step: int, values: Mapping[str, float]) -> None: ...
@@ -76,6 +78,10 @@ class Tracking:
             self._queue.put_nowait((step, point))
         except queue.Full:
             self._drop("queue", f"the trackers' writer is {self.capacity} points behind")
+
+    def run_urls(self) -> dict[str, str]:
+        """tracker name → the address of its run, for the trackers that have opened one."""
+        return {t.name: url for t in self.trackers if (url := getattr(t, "url", None))}
 
     def sync(self, timeout: float = SYNC_SECONDS) -> bool:
         """Wait, at most ``timeout`` s, until the points logged so far are written out; whether they are.

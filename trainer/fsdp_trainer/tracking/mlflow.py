@@ -71,6 +71,7 @@ class MlflowTracker:
         self.run_file = run_file
         self.fresh = fresh  # checkpoint.resume: never: each process starts the training, and a run, afresh
         self.run_id: str | None = None
+        self.url: str | None = None  # the run's page, once it is open (the status shows it)
         self.logged_through = 0  # the run's last step, logged by an earlier process
         self._client: Any = None
         self._pending: list[Any] = []  # mlflow Metric entities not sent yet
@@ -136,13 +137,10 @@ class MlflowTracker:
             self.logged_through = max((m.step for m in history), default=0)
             self._client.update_run(run_id, status="RUNNING")
         self.run_id, self._sent_at = run_id, time.monotonic()
+        experiment = self._client.get_run(run_id).info.experiment_id
+        self.url = f"{self.spec.uri.rstrip('/')}/#/experiments/{experiment}/runs/{run_id}"
         continued = f", continued after step {self.logged_through}" if self.logged_through else ""
-        log.info("tracking: mlflow run %s%s", self.run_url(), continued)
-
-    def run_url(self) -> str:
-        run = self._client.get_run(self.run_id) if self._client and self.run_id else None
-        experiment = run.info.experiment_id if run else "?"
-        return f"{self.spec.uri.rstrip('/')}/#/experiments/{experiment}/runs/{self.run_id}"
+        log.info("tracking: mlflow run %s%s", self.url, continued)
 
     def _kept_run(self) -> str | None:
         """The run an earlier process of this training made, if it is still there to continue."""
