@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from fsdp_localcluster.apiserver import TestCluster
+
+from tests.trainer.tracking.mlflow_server import MlflowServer
+
+# MLflow's client, in the tests and in the trainers they launch, reports usage to
+# mlflow-telemetry.io unless told not to: the tests reach nothing but loopback.
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -67,3 +74,11 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[TestCluster]:
     if request.session.testsfailed:
         print(f"\n{c.logs()}", file=sys.stderr)  # the apiserver's view of what went wrong
     c.stop()
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
+    """One real MLflow tracking server per test worker, started at first use; tests tell runs apart by experiment."""
+    server = MlflowServer(tmp_path_factory.mktemp("mlflow")).start()
+    yield server
+    server.stop()

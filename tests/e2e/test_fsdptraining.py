@@ -34,6 +34,7 @@ from tests.e2e.training import (
     wait_phase,
 )
 from tests.trainer.tracking.board import read_scalars
+from tests.trainer.tracking.mlflow_server import MlflowServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -45,13 +46,19 @@ def ns(operator: WholeCluster, request: pytest.FixtureRequest) -> str:
     return name
 
 
-def test_happy_path_succeeds_with_checkpoints_status_and_prometheus(operator: WholeCluster, ns: str) -> None:
+def test_happy_path_succeeds_with_checkpoints_status_and_prometheus(
+    operator: WholeCluster, ns: str, mlflow_server: MlflowServer
+) -> None:
     whole, name, max_steps = operator, "happy", 30
     create_claim(whole, ns)
     t0 = time.monotonic()
     require_images()  # the trainer pods run from the image built from the Dockerfile
     training = fsdptraining(name, ns, max_steps=max_steps, interval=10, image=LOCAL_TRAINER_IMAGE)
-    training["spec"]["tracking"] = {"tensorboard": {"flushSeconds": 1}}
+    training["spec"]["tracking"] = {
+        "tensorboard": {"flushSeconds": 1},
+        # The pods reach the server on the host's loopback, as they would a Service on EKS.
+        "mlflow": {"uri": mlflow_server.uri, "experiment": ns, "flushSeconds": 1},
+    }
     whole.cluster.apply(training)
     pod_monitor = wait_for(lambda: whole.get("podmonitor", name, ns), 60, "the operator's PodMonitor")
 
@@ -106,6 +113,21 @@ def test_happy_path_succeeds_with_checkpoints_status_and_prometheus(operator: Wh
     assert [s for s, _ in logged] == list(range(1, max_steps + 1)), logged
     assert all(math.isfinite(v) for _, v in logged), logged
     assert {(p.stat().st_uid, p.stat().st_gid) for p in board.iterdir()} == {(1000, 1000)}
+
+    # spec.tracking.mlflow, from the trainer image's client: one run, every step once, tagged with the
+    # FSDPTraining the operator rendered it from; its page is in the status.
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=mlflow_server.uri)
+    experiment = client.get_experiment_by_name(ns)
+    [run] = client.search_runs([experiment.experiment_id])
+    history = client.get_metric_history(run.info.run_id, series_tag(LOSS))
+    assert sorted(m.step for m in history) == list(range(1, max_steps + 1))
+    uid = whole.get("fsdptraining", name, ns)["metadata"]["uid"]
+    assert (run.data.tags["fsdp.uid"], run.data.tags["fsdp.image"]) == (uid, LOCAL_TRAINER_IMAGE)
+    assert run.info.status == "FINISHED" and run.info.run_name == name
+    page = f"{mlflow_server.uri}/#/experiments/{experiment.experiment_id}/runs/{run.info.run_id}"
+    assert final["trackerRuns"] == {"mlflow": page}, dump(final)
 
 
 def _qwen2_on_the_claim(operator: WholeCluster, ns: str, name: str, **spec: object) -> tuple[Path, str, str]:

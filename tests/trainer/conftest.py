@@ -2,18 +2,11 @@
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.trainer.harness import ParityRuns, build_word_tokenizer, write_aligned_jsonl, write_ragged_jsonl
-from tests.trainer.tracking.mlflow_server import MlflowServer
-
-# MLflow's client, in the tests and in the trainers they launch, reports usage to
-# mlflow-telemetry.io unless told not to: the tests reach nothing but loopback.
-os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 
 @pytest.fixture(autouse=True)
@@ -49,11 +42,3 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def parity_runs(tmp_path_factory: pytest.TempPathFactory, inputs: dict[str, Path]) -> ParityRuns:
     return ParityRuns(tmp_path_factory.mktemp("parity"), inputs)
-
-
-@pytest.fixture(scope="session")
-def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
-    """One real MLflow tracking server per test worker; tests tell their runs apart by experiment."""
-    server = MlflowServer(tmp_path_factory.mktemp("mlflow")).start()
-    yield server
-    server.stop()
