@@ -22,6 +22,7 @@ from fsdp_api.launch import free_port, local_env
 from fsdp_api.trainer_config import TrainerConfig
 from fsdp_trainer.tracking import Tracking
 from fsdp_trainer.tracking.mlflow import MlflowTracker, flat_params, preflight
+from mlflow.protos.databricks_pb2 import TEMPORARILY_UNAVAILABLE
 
 from tests.trainer.tracking.mlflow_server import MlflowServer
 
@@ -336,3 +337,32 @@ def test_rank_0_exports_the_runs_page_for_the_status(tmp_path: Path, mlflow_serv
     url = f"{mlflow_server.uri}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}"
     # What the operator reads from the endpoint, and writes to status.trackerRuns.
     assert parse_trainer_metrics(scrape.read_text()).status_fields()["trackerRuns"] == {"mlflow": url}
+
+
+def test_a_server_error_while_finding_the_kept_run_does_not_start_a_second_run(
+    tmp_path: Path, mlflow_server: MlflowServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    cfg = config(tmp_path, mlflow_server.uri, "flaky")
+    first = MlflowTracker.from_config(cfg)
+    first.write(1, {"train/loss": 2.0})
+    first.flush()
+
+    real_get_run = MlflowClient.get_run
+    failures = iter([MlflowException("503 Service Unavailable", error_code=TEMPORARILY_UNAVAILABLE)])
+
+    def flaky_get_run(self: Any, run_id: str) -> Any:
+        if (error := next(failures, None)) is not None:
+            raise error
+        return real_get_run(self, run_id)
+
+    monkeypatch.setattr(MlflowClient, "get_run", flaky_get_run)
+    resumed = MlflowTracker.from_config(cfg)
+    with pytest.raises(MlflowException):  # this point is dropped and counted by the writer thread
+        resumed.write(2, {"train/loss": 1.5})
+    resumed.write(3, {"train/loss": 1.0})  # the next point opens it again
+    resumed.close()
+    assert resumed.run_id == first.run_id and len(runs_of(mlflow_server, "flaky")) == 1
+    assert losses(mlflow_server, first.run_id) == [(1, 2.0), (3, 1.0)]

@@ -154,8 +154,10 @@ class MlflowTracker:
 
         try:
             run = self._client.get_run(kept["run_id"])
-        except MlflowException:
-            return None  # deleted on the server for good
+        except MlflowException as e:
+            if e.error_code == "RESOURCE_DOES_NOT_EXIST":
+                return None  # deleted on the server for good
+            raise  # the server had a bad moment: opening again later must not start a second run
         return None if run.info.lifecycle_stage == "deleted" else run.info.run_id
 
     def _new_run(self) -> str:
