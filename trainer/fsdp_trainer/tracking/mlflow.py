@@ -129,20 +129,18 @@ class MlflowTracker:
         from mlflow.tracking import MlflowClient
 
         self._client = self._client or MlflowClient(tracking_uri=self.spec.uri)
-        run_id = None if self.fresh else self._kept_run()
-        if run_id is None:
-            run_id = self._new_run()
-        else:
+        kept = None if self.fresh else self._kept_run()
+        run_id, experiment = kept or self._new_run()
+        if kept:
             history = self._client.get_metric_history(run_id, PROGRESS_SERIES)
             self.logged_through = max((m.step for m in history), default=0)
             self._client.update_run(run_id, status="RUNNING")
         self.run_id, self._sent_at = run_id, time.monotonic()
-        experiment = self._client.get_run(run_id).info.experiment_id
         self.url = f"{self.spec.uri.rstrip('/')}/#/experiments/{experiment}/runs/{run_id}"
         continued = f", continued after step {self.logged_through}" if self.logged_through else ""
         log.info("tracking: mlflow run %s%s", self.url, continued)
 
-    def _kept_run(self) -> str | None:
+    def _kept_run(self) -> tuple[str, str] | None:
         """The run an earlier process of this training made, if it is still there to continue."""
         try:
             kept = json.loads(self.run_file.read_text())
@@ -158,9 +156,10 @@ class MlflowTracker:
             if e.error_code == "RESOURCE_DOES_NOT_EXIST":
                 return None  # deleted on the server for good
             raise  # the server had a bad moment: opening again later must not start a second run
-        return None if run.info.lifecycle_stage == "deleted" else run.info.run_id
+        return None if run.info.lifecycle_stage == "deleted" else (run.info.run_id, run.info.experiment_id)
 
-    def _new_run(self) -> str:
+    def _new_run(self) -> tuple[str, str]:
+        """A new run, kept for later processes, with the config as params: (run id, experiment id)."""
         experiment = self._client.get_experiment_by_name(self.spec.experiment)
         if experiment is None or experiment.lifecycle_stage == "deleted":
             experiment_id = self._client.create_experiment(self.spec.experiment)
@@ -174,7 +173,7 @@ class MlflowTracker:
         params = [Param(k, v) for k, v in flat_params(self.cfg.model_dump(by_alias=True, mode="json")).items()]
         for start in range(0, len(params), MAX_PARAMS_PER_REQUEST):
             self._client.log_batch(run_id, params=params[start : start + MAX_PARAMS_PER_REQUEST])
-        return run_id
+        return run_id, experiment_id
 
     def _keep(self, run_id: str) -> None:
         """Write the run's id next to the checkpoints at once: a crash before the first save still resumes it."""
