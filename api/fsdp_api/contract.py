@@ -328,6 +328,20 @@ MEMORY_PEAK = Metric(
 MEMORY_RESERVED = Metric(
     "fsdp_train_memory_reserved_bytes", "gauge", "Reserved memory: CUDA max reserved on GPU, current RSS on CPU."
 )
+# training.objective dpo and simpo: means over the last step's pairs (docs/preference.md).
+REWARD_CHOSEN = Metric(
+    "fsdp_train_reward_chosen",
+    "gauge",
+    "Mean reward of the chosen answers, last step (dpo: beta x log-ratio to the reference; simpo: beta x mean "
+    "log-prob).",
+)
+REWARD_REJECTED = Metric("fsdp_train_reward_rejected", "gauge", "Mean reward of the rejected answers, last step.")
+REWARD_MARGIN = Metric("fsdp_train_reward_margin", "gauge", "Mean reward of chosen minus rejected, last step.")
+PREFERENCE_ACCURACY = Metric(
+    "fsdp_train_preference_accuracy_ratio",
+    "gauge",
+    "Share of the last step's pairs whose chosen answer got the higher reward (0..1).",
+)
 EVAL_LOSS = Metric("fsdp_train_eval_loss", "gauge", "Loss of the last validation run.")
 EVAL_PERPLEXITY = Metric("fsdp_train_eval_perplexity", "gauge", "Perplexity (exp of loss) of the last validation.")
 CHECKPOINT_SAVE_DURATION = Metric(

@@ -22,7 +22,10 @@ use it. The numbers model what the trainer does (``fsdp_trainer.parallel``,
 - communication: the unsharded parameters FSDP all-gathers (the root
   module's embedding and head stay gathered for the whole step, one or more
   decoder layers at a time besides, every layer with shard_grad_op);
-- overhead: the CUDA context, NCCL and the caching allocator's slack.
+- overhead: the CUDA context, NCCL and the caching allocator's slack;
+- with ``training.objective: dpo`` and no LoRA, the frozen reference model's
+  fp32 weights, sharded like the policy's (its no-grad forward runs first and
+  frees what it gathered); with LoRA the reference is the base itself.
 
 The peak is the larger of two moments: the start of backward (activations,
 logits and gathered parameters all alive) and the optimizer step (whole
@@ -147,6 +150,7 @@ class Workload:
     device: Device
     adapter_params: int = 0  # LoRA's trainable parameters; 0: every weight trains
     logits: str = "full"  # training.logits: chunked or full
+    reference_params: int = 0  # objective dpo without LoRA: the frozen reference copy's parameters
 
     @property
     def compute_bytes(self) -> int:
@@ -177,6 +181,8 @@ def workload(spec: FSDPTrainingSpec, dims: ModelDims) -> Workload:
         device="cuda" if spec.resources.gpus_per_node > 0 else "cpu",
         adapter_params=lora_params(dims, spec.peft) if spec.peft is not None else 0,
         logits=spec.training.logits,
+        # dpo with LoRA uses the base with the adapters off as its reference: no copy.
+        reference_params=dims.num_params() if spec.training.objective == "dpo" and spec.peft is None else 0,
     )
 
 
@@ -377,8 +383,11 @@ def estimate(w: Workload) -> Estimate:
     # the one being accumulated (whole), or the head's, computed first.
     head = w.dims.vocab_size * w.dims.hidden_size * FP32 if not w.adapter_params else 0  # LoRA: a frozen head
     grads_in_backward = grads if w.uses_fsdp and w.grad_accum > 1 else head
-    offloaded = params + grads + optim if w.cpu_offload else 0
-    on_device = (params, grads, optim) if not w.cpu_offload else (0, 0, 0)
+    # The frozen reference: fp32 weights sharded like the policy's; its no-grad forward runs before the
+    # policy's and frees its gathers and logits, so only the weights stay alive.
+    reference = sharded(w.reference_params, w) * FP32
+    offloaded = params + grads + optim + reference if w.cpu_offload else 0
+    on_device = (params + reference, grads, optim) if not w.cpu_offload else (0, 0, 0)
     d_params, d_grads, d_optim = on_device
     if w.cpu_offload:
         temp, grads_in_backward = 0, layer_params(w.dims) * w.compute_bytes
@@ -388,7 +397,11 @@ def estimate(w: Workload) -> Estimate:
     overhead = math.ceil(peak * FRAGMENTATION) + CUDA_CONTEXT_BYTES if w.device == "cuda" else 0
     where = "host" if w.cpu_offload else f"1/{w.shard_size} of each" if w.shard_size > 1 else "whole"
     components = (
-        Component("parameters", d_params, f"fp32 master weights, {where}"),
+        Component(
+            "parameters",
+            d_params,
+            f"fp32 master weights, {where}" + ("; + the frozen dpo reference, sharded alike" if reference else ""),
+        ),
         Component(
             "gradients",
             d_grads,

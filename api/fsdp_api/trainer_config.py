@@ -16,6 +16,7 @@ from . import kubeyaml
 from .base import ApiModel
 from .rules import Rule
 from .spec import (
+    PREFERENCE_RULES,
     SEQ_LEN_RULE,
     CheckpointSpec,
     DataSpec,
@@ -69,7 +70,7 @@ class TrainerConfig(ApiModel):
     tracking: TrackingSpec = _section("tracking")
 
     # The spec's own rule: a CLI override is checked like kubectl apply.
-    rules: ClassVar[tuple[Rule, ...]] = (SEQ_LEN_RULE,)
+    rules: ClassVar[tuple[Rule, ...]] = (SEQ_LEN_RULE, *PREFERENCE_RULES)
 
     @classmethod
     def from_spec(cls, spec: FSDPTrainingSpec, name: str, namespace: str) -> TrainerConfig:

@@ -127,6 +127,24 @@ def test_the_chunked_loss_gives_back_the_logits_memory() -> None:
     assert "chunks of 512 tokens" in chunked.estimate.components[4].note
 
 
+def test_dpo_counts_a_frozen_reference_copy_unless_lora_makes_the_base_the_reference() -> None:
+    preference = {"dataset": "trl-lib/ultrafeedback_binarized", "format": "preference"}
+    lm, dpo = spec(), spec(training={"objective": "dpo"}, data=preference)
+    # The reference's fp32 weights, sharded like the policy's: one more sixteenth of the model.
+    assert component(dpo, "parameters") - component(lm, "parameters") == 8_030_261_248 * 4 // 16
+    assert "frozen dpo reference" in plan_memory(dpo).estimate.components[0].note
+    assert plan_memory(dpo).total_bytes > plan_memory(lm).total_bytes
+    for name in ("gradients", "optimizer state", "activations", "logits"):
+        assert component(dpo, name) == component(lm, name), name
+    # SimPO has no reference; LoRA's reference is its own base with the adapters off.
+    simpo = spec(training={"objective": "simpo"}, data=preference)
+    assert component(simpo, "parameters") == component(lm, "parameters")
+    peft = {"rank": 16}
+    assert component(spec(training={"objective": "dpo"}, data=preference, peft=peft), "parameters") == component(
+        spec(peft=peft), "parameters"
+    )
+
+
 def test_the_smallest_gpu_among_the_instance_types_is_the_bound() -> None:
     plan = plan_memory(spec(resources={"instanceTypes": ["p5e.48xlarge", "p4d.24xlarge"]}))
     assert plan.gpu is not None and plan.gpu.name == "p4d.24xlarge"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -105,6 +106,36 @@ def test_a_bad_config_stops_in_the_check_with_its_lines_and_never_launches(confi
     assert lines[0] == "fsdp-train: invalid trainer configuration:"
     assert lines[1].startswith("  data.path: no .json, .jsonl, .parquet, .txt files in ")
     assert not marker.exists()
+
+
+def test_a_preference_file_with_an_empty_answer_stops_in_the_check_naming_the_row(
+    config_path: Path, tmp_path: Path
+) -> None:
+    pairs = tmp_path / "pairs.jsonl"
+    rows = [{"prompt": "w1 w2", "chosen": "w3", "rejected": "w4"}] * 3 + [
+        {"prompt": "w1", "chosen": "w3", "rejected": ""}
+    ]
+    pairs.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = yaml.safe_load(config_path.read_text())
+    _write(
+        config_path,
+        data={**config["data"], "path": str(pairs), "format": "preference"},
+        training={**config["training"], "objective": "dpo"},
+    )
+    with pytest.raises(ConfigError) as info:
+        check(str(config_path), "1", 2)
+    assert info.value.lines == [
+        f"data.path: {pairs}: {pairs} line 4: field 'rejected' is empty: a pair needs two answers to compare"
+    ]
+    # The objective and the format go together in the trainer's own config too (fsdp-train run on its own).
+    _write(
+        config_path, data={**config["data"], "path": str(pairs), "format": "preference"}, training=config["training"]
+    )
+    with pytest.raises(ConfigError) as info:
+        check(str(config_path), "1", 2)
+    assert info.value.lines == [
+        "data.format: preference rows hold pairs to compare: set training.objective dpo or simpo"
+    ]
 
 
 def test_a_good_config_is_replaced_by_the_launch_command(config_path: Path, tmp_path: Path) -> None:

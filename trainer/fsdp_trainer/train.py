@@ -20,13 +20,14 @@ fetched together).
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import logging
 import math
 import signal
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -49,6 +50,7 @@ from .data.tokenizer import check_vocabulary, load_tokenizer
 from .errors import ConfigError
 from .faults import maybe_fault
 from .loss import ChunkedHead, FullLogits, OutputLoss, output_loss
+from .loss.preference import PreferenceLoss, PreferenceStats, count_pairs, lora_reference, model_reference
 from .metrics import MetricsProcessor
 from .metrics.flops import shape_of
 from .metrics.stats import StepStats
@@ -71,7 +73,7 @@ from .optim import build_optimizer, build_scheduler, clip_gradients, restore_sch
 from .parallel.compile import MODE_INDUCTOR, CompileReport, compile_report
 from .parallel.distributed import WorldInfo, destroy_distributed, init_distributed, world_from_env
 from .parallel.float8 import float8_plan
-from .parallel.parallelize import compute_context, is_fsdp, parallelize, set_gradient_sync
+from .parallel.parallelize import compute_context, parallelize, reshard, set_gradient_sync
 from .parallel.plan import ParallelPlan, build_mesh
 from .trace import Trace
 from .watchdog import StepWatchdog
@@ -100,6 +102,7 @@ class Prepared:
     pretrained: LoadPlan | None
     adapted: list[str]  # LoRA's target modules (spec.peft); empty: every weight trains
     compile: CompileReport  # training.compile's decision for this device; filled in by the first step
+    mesh: object = None  # the device mesh, once built (the dpo reference is sharded on the same one)
 
 
 def prepare(cfg: TrainerConfig, world: WorldInfo | None = None) -> Prepared:
@@ -159,19 +162,47 @@ def build_model(p: Prepared, *, resuming: bool = False) -> nn.Module:
     """
     cfg, world, plan = p.cfg, p.world, p.plan
     model = p.model
-    mesh = build_mesh(world, plan) if plan.uses_fsdp else None
-    parallelize(model, cfg, plan, mesh, world.device, p.compile)
-    materialize(model, "cpu" if plan.fsdp.cpu_offload else world.device)
-    if p.pretrained is not None and (not resuming or p.adapted):
-        reset_buffers(model)
-        load_pretrained(model, p.pretrained, world.device)
-    else:
-        init_weights(model, cfg.training.seed, world.device)
+    parallelize(model, cfg, plan, _mesh(p), world.device, p.compile)
+    _initialise(model, p, pretrained=p.pretrained is not None and (not resuming or bool(p.adapted)))
     if p.adapted:
         init_adapters(model, cfg.training.seed, world.device)
     check_tied(model)
     model.train()
     return model
+
+
+def _mesh(p: Prepared) -> object:
+    if p.mesh is None and p.plan.uses_fsdp:
+        p.mesh = build_mesh(p.world, p.plan)
+    return p.mesh
+
+
+def _initialise(model: nn.Module, p: Prepared, *, pretrained: bool) -> None:
+    materialize(model, "cpu" if p.plan.fsdp.cpu_offload else p.world.device)
+    if pretrained:
+        assert p.pretrained is not None
+        reset_buffers(model)
+        load_pretrained(model, p.pretrained, p.world.device)
+    else:
+        init_weights(model, p.cfg.training.seed, p.world.device)
+
+
+def build_reference(p: Prepared, meta: nn.Module) -> nn.Module:
+    """dpo without LoRA: the frozen reference, sharded like the policy (collective).
+
+    It is the policy as it started: the pretrained weights, or the seeded
+    init (the same on every world size), rebuilt at every start and never
+    checkpointed. No gradients, no optimizer state, no activation
+    checkpointing or compile (nothing is kept for a backward).
+    """
+    cfg = p.cfg.model_copy(update={"training": p.cfg.training.model_copy(update={"activation_checkpointing": "none"})})
+    for param in meta.parameters():
+        param.requires_grad_(False)
+    parallelize(meta, cfg, p.plan, _mesh(p), p.world.device, None)
+    _initialise(meta, p, pretrained=p.pretrained is not None)
+    check_tied(meta)
+    meta.eval()
+    return meta
 
 
 def state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[int, int]:
@@ -211,11 +242,15 @@ class Trainer:
         # and checkpoints whose metadata cannot be read are passed over (Checkpointer.resume).
         found = resume_candidates(cfg.checkpoint, world, cfg.job)
         self.resume_candidates, self.unreadable = check_candidates(found, p.model, world, cfg.peft)
+        # dpo without LoRA: the reference is built from the untouched meta model (shapes only, a cheap copy).
+        needs_copy = cfg.training.objective == "dpo" and not p.adapted
+        reference_meta = copy.deepcopy(p.model) if needs_copy else None
         self.model = build_model(p, resuming=bool(found))
         self.compile = p.compile
         self.num_params = count_parameters(self.model)
         self.num_trainable = count_trainable(self.model)
         self.loss = self._output_loss()
+        self.preference = self._preference_loss(p, reference_meta) if cfg.training.trains_preferences else None
         # Packed rows of the supervised formats attend only within their row.
         self.packed = (
             PackedAttention(self.model, self.seq_len) if data_format(cfg.data.format).packs_documents else None
@@ -284,6 +319,19 @@ class Trainer:
         if isinstance(loss, ChunkedHead):
             log.info("logits: chunked, %d tokens per chunk (%s)", loss.chunk_tokens, loss.transform)
         return loss
+
+    def _preference_loss(self, p: Prepared, reference_meta: nn.Module | None) -> PreferenceLoss:
+        training = self.cfg.training
+        reference = None
+        if training.objective == "dpo":
+            if reference_meta is None:
+                reference = lora_reference(self.model)
+                log.info("dpo: the reference is the base model with the LoRA adapters off (no second copy)")
+            else:
+                frozen = build_reference(p, reference_meta)
+                reference = model_reference(frozen, lambda: reshard(frozen))
+                log.info("dpo: the reference is a frozen copy of the model as loaded, sharded like it")
+        return PreferenceLoss(training.objective, training.effective_preference(), reference)
 
     def _report_compile(self) -> None:
         """After the first step, when inductor has compiled (or failed on) the layers: the mode that ran."""
@@ -400,6 +448,7 @@ class Trainer:
         t0 = time.perf_counter()
         accum = self.cfg.training.grad_accum_steps
         loss_sum = torch.zeros((), device=self.device, dtype=torch.float32)
+        pair_sums = torch.zeros(4 if self.preference else 0, device=self.device, dtype=torch.float32)
         batches = [self.data.next_batch() for _ in range(accum)]
         samples = [s for b in batches for s in b.sample_ids]
         batches = [b.to(self.device) for b in batches]
@@ -408,10 +457,12 @@ class Trainer:
         for micro, batch in enumerate(batches):
             set_gradient_sync(self.model, micro == accum - 1)
             with compute_context(self.model, self.cfg.training.precision, self.device):
-                loss = self.loss.loss_sum(self.model, batch.labels, input_ids=batch.inputs, **self._attention(batch))
+                loss, pairs = self._micro_loss(batch)
             loss = loss / divisor
             loss.backward()
             loss_sum += loss.detach()
+            if pairs is not None:
+                pair_sums += pairs
         grad_norm = clip_gradients(self.model, self.cfg.training.grad_clip_norm)
         self.optimizer.step()
         lr = self.scheduler.get_last_lr()[0]
@@ -421,10 +472,13 @@ class Trainer:
         # means, then divide) and the stop votes, so every rank stops at the
         # same step whichever of them got the signal first.
         stop_vote = torch.full((), float(self.stop_signal is not None), device=self.device)
-        reduced = torch.stack([loss_sum, stop_vote])
+        reduced = torch.cat([torch.stack([loss_sum, stop_vote]), pair_sums])
         dist.all_reduce(reduced)
         fetched = [reduced, grad_norm.float().reshape(1)] + ([] if trained is None else [trained.float().reshape(1)])
-        loss_total, stop_votes, norm_value, *trained_value = torch.cat(fetched).tolist()
+        values = torch.cat(fetched).tolist()
+        loss_total, stop_votes = values[:2]
+        pair_values = values[2 : 2 + len(pair_sums)]
+        norm_value, *trained_value = values[2 + len(pair_sums) :]
         # The all-reduce summed every rank's mean (a rank's model-parallel peers repeat its value).
         loss_value = loss_total / self.world.world_size
         tokens = self.tokens_per_rank_step * self.dp_size
@@ -439,6 +493,10 @@ class Trainer:
             step_seconds=time.perf_counter() - t0,
             data_seconds=data_seconds,
             trained_tokens=round(trained_value[0]) if trained_value else tokens,
+            # Every rank's pair sums: model-parallel peers would repeat theirs (divided out like the loss).
+            preference=PreferenceStats.from_sums([v * self.dp_size / self.world.world_size for v in pair_values])
+            if pair_values
+            else None,
         )
         return stats, samples, stop_votes > 0
 
@@ -462,12 +520,28 @@ class Trainer:
         """
         if self.packed is None:
             return self.tokens_per_rank_step, None
-        local = float(sum(b.num_trained for b in batches))
+        local = float(sum(self._count(b) for b in batches))
         count = torch.tensor(local, dtype=torch.float64, device=self.device)
         # Summed over the default group, so divided by its size: D while every rank is a
         # data-parallel rank. Model-parallel ranks will need this sum over the data-parallel group.
         dist.all_reduce(count)
         return (count.clamp(min=1) / self.world.world_size).float(), count
+
+    def _count(self, batch: Batch) -> int:
+        """What the loss of a batch is a sum over: its pairs (preference objectives) or its trained tokens."""
+        if self.preference is not None:
+            assert batch.position_ids is not None
+            return count_pairs(batch.labels, batch.position_ids)
+        return batch.num_trained
+
+    def _micro_loss(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The summed loss of a micro-batch; with a preference objective also its pairs' stats sums."""
+        if self.preference is not None:
+            assert batch.position_ids is not None
+            return self.preference.loss_sum(
+                self.model, batch.labels, batch.position_ids, input_ids=batch.inputs, **self._attention(batch)
+            )
+        return self.loss.loss_sum(self.model, batch.labels, input_ids=batch.inputs, **self._attention(batch)), None
 
     def _attention(self, batch: Batch) -> dict[str, object]:
         return {} if self.packed is None else self.packed.kwargs(batch.position_ids)
@@ -476,7 +550,10 @@ class Trainer:
         """Trace fields of the supervised formats: trained tokens, and what happened to this rank's rows."""
         if self.packed is None:
             return {}
-        return {"trained_tokens": stats.trained_tokens, "rows": row_counts(self.data.state_dict())}
+        record: dict[str, object] = {"trained_tokens": stats.trained_tokens, "rows": row_counts(self.data.state_dict())}
+        if stats.preference is not None:
+            record["preference"] = asdict(stats.preference)
+        return record
 
     def _log_rows(self) -> None:
         counts = row_counts(self.data.state_dict())
@@ -522,23 +599,20 @@ class Trainer:
         for batch in batches:
             batch = batch.to(self.device)
             with compute_context(self.model, self.cfg.training.precision, self.device):
-                loss = self.loss.loss_sum(self.model, batch.labels, input_ids=batch.inputs, **self._attention(batch))
+                loss, _ = self._micro_loss(batch)
             totals[0] += loss.double()
-            totals[1] += batch.num_trained
+            totals[1] += self._count(batch)
         self.model.train()
         self._reshard()
         dist.all_reduce(totals)
         loss = (totals[0] / totals[1]).item()
         self.metrics.on_eval(step, loss)
-        self.trace.write("eval", step=step, loss=loss, perplexity=math.exp(min(loss, 700.0)), batches=len(batches))
+        perplexity = {} if self.preference else {"perplexity": math.exp(min(loss, 700.0))}
+        self.trace.write("eval", step=step, loss=loss, batches=len(batches), **perplexity)
         return loss
 
     def _reshard(self) -> None:
-        """Free parameters a no-grad forward left gathered (the root, shard_grad_op layers)."""
-        if is_fsdp(self.model):
-            for module in self.model.modules():
-                if is_fsdp(module):
-                    module.reshard()
+        reshard(self.model)
 
     @torch.no_grad()
     def _write_probe(self) -> None:

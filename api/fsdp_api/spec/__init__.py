@@ -23,7 +23,7 @@ from .backend_rules import (
     Backend,
 )
 from .checkpoint import CheckpointSpec
-from .cross_field import COMMAND_RULES, DEFAULT_SEQ_LEN, SEQ_LEN_RULE, effective_seq_len
+from .cross_field import COMMAND_RULES, DEFAULT_SEQ_LEN, PREFERENCE_RULES, SEQ_LEN_RULE, effective_seq_len
 from .data import DataSpec
 from .env import SECRET_ENV_PATTERN, EnvVar, EnvVarSource, FieldSelector, KeySelector
 from .fsdp import FSDPSpec
@@ -54,6 +54,7 @@ from .placement import (
     WeightedPodAffinityTerm,
 )
 from .pod import DEFAULT_GRACE_SECONDS, DO_NOT_DISRUPT, KARPENTER_SELECTOR_KEYS, RESERVED_KEY_PREFIXES, PodSettings
+from .preference import PreferenceSpec
 from .resources import GPU_INSTANCE_PATTERN, ElasticSpec, ResourcesSpec
 from .scheduling import RunPolicySpec, SchedulingSpec
 from .stall import StallSpec
@@ -108,6 +109,7 @@ __all__ = [
     "NAME_LENGTH_MESSAGE",
     "NAME_PATTERN_MESSAGE",
     "NO_NESTING_MOUNTS",
+    "PREFERENCE_RULES",
     "QUALIFIED_NAME_PATTERN",
     "QUANTITY_PATTERN",
     "RESERVED_KEY_PREFIXES",
@@ -157,6 +159,7 @@ __all__ = [
     "PodAffinity",
     "PodAffinityTerm",
     "PodSettings",
+    "PreferenceSpec",
     "PreferredSchedulingTerm",
     "Quantity",
     "ResourcesSpec",

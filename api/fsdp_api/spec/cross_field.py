@@ -22,7 +22,7 @@ from .fsdp import FSDPSpec
 from .model import ModelSpec, preset_cel
 from .stall import StallSpec
 from .tracking import TrackingSpec
-from .training import TrainingSpec
+from .training import PREFERENCE_OBJECTIVES, TrainingSpec
 from .values import IMAGE_PINNED_PATTERN
 from .volumes import NO_NESTING_MOUNTS, mounts_clash
 
@@ -69,6 +69,32 @@ SEQ_LEN_RULE = Rule(
         or s.model is None
         or s.model.dims() is None
         or s.training.seq_len <= s.model.dims().max_seq_len
+    ),
+)
+
+
+# --- preference tuning ----------------------------------------------------------------
+
+# The objective and the data format go together; checked on the spec and on the trainer's config alike.
+PREFERENCE_RULES: tuple[Rule, ...] = (
+    Rule(
+        cel=(
+            "!has(self.training) || !has(self.training.objective) || !(self.training.objective in "
+            + str(list(PREFERENCE_OBJECTIVES))
+            + ") || (has(self.data) && has(self.data.format) && self.data.format == 'preference')"
+        ),
+        message="dpo and simpo train on pairs: set data.format: preference",
+        field_path=".training.objective",
+        check=lambda s: s.training is None or not s.training.trains_preferences or s.data.format == "preference",
+    ),
+    Rule(
+        cel=(
+            "!has(self.data) || !has(self.data.format) || self.data.format != 'preference' || (has(self.training)"
+            " && has(self.training.objective) && self.training.objective in " + str(list(PREFERENCE_OBJECTIVES)) + ")"
+        ),
+        message="preference rows hold pairs to compare: set training.objective dpo or simpo",
+        field_path=".data.format",
+        check=lambda s: s.data.format != "preference" or (s.training is not None and s.training.trains_preferences),
     ),
 )
 
@@ -228,6 +254,7 @@ SPEC_RULES: tuple[Rule, ...] = (
         check=lambda s: s.elastic is None or s.elastic.min_nodes <= s.resources.nodes <= s.elastic.max_nodes,
     ),
     SEQ_LEN_RULE,
+    *PREFERENCE_RULES,
     *COMMAND_RULES,
     *BACKEND_RULES,
     Rule(

@@ -27,27 +27,44 @@ class DataSpec(ApiModel):
         ),
     )
     text_field: str = Field("text", min_length=1, description="Name of the column holding the text.")
-    format: Literal["text", "chat", "prompt-completion"] = Field(
+    format: Literal["text", "chat", "prompt-completion", "preference"] = Field(
         "text",
         description=(
             "text: documents concatenated into full windows, every token trained (pre-training); "
             "chat: rows of messages rendered with the tokenizer's chat template, loss on assistant turns only; "
-            "prompt-completion: rows of prompt and completion, loss on the completion only. "
-            "chat and prompt-completion pack whole rows into sequences that never attend across rows."
+            "prompt-completion: rows of prompt and completion, loss on the completion only; "
+            "preference: rows of prompt, chosen and rejected (TRL's fields; the prompt plain text or a list of "
+            "chat messages) for training.objective dpo and simpo. "
+            "The row formats pack whole rows (a preference pair stays together) into sequences that never attend "
+            "across rows."
         ),
     )
     messages_field: str = Field(
         "messages", min_length=1, description="format chat: column holding the list of {role, content} messages."
     )
-    prompt_field: str = Field("prompt", min_length=1, description="format prompt-completion: column of the prompt.")
+    prompt_field: str = Field(
+        "prompt", min_length=1, description="format prompt-completion and preference: column of the prompt."
+    )
     completion_field: str = Field(
         "completion", min_length=1, description="format prompt-completion: column of the completion."
+    )
+    chosen_field: str = Field(
+        "chosen",
+        min_length=1,
+        description="format preference: column of the preferred answer (text, or a list of chat messages).",
+    )
+    rejected_field: str = Field(
+        "rejected",
+        min_length=1,
+        description="format preference: column of the dispreferred answer (text, or a list of chat messages).",
     )
     overlong: Literal["truncate", "drop"] = Field(
         "truncate",
         description=(
             "chat and prompt-completion: a row longer than seqLen + 1 tokens is cut to its first seqLen + 1 "
-            "tokens (truncate) or skipped (drop); either way it is counted and logged."
+            "tokens (truncate) or skipped (drop); preference: a pair whose two sequences together fill more "
+            "than seqLen positions has each cut to its first seqLen/2 + 1 tokens, or is skipped; either way it "
+            "is counted and logged."
         ),
     )
     streaming: bool = Field(False, description="Stream the dataset instead of downloading it whole first.")
@@ -77,7 +94,9 @@ class DataSpec(ApiModel):
         ),
         Rule(
             cel="!has(self.format) || self.format == 'text' || has(self.dataset) || has(self.path)",
-            message="format chat and prompt-completion need dataset or path: the embedded corpus is plain text",
+            message=(
+                "format chat, prompt-completion and preference need dataset or path: the embedded corpus is plain text"
+            ),
             field_path=".format",
             check=lambda d: d.format == "text" or bool(d.dataset or d.path),
         ),

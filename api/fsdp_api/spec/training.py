@@ -9,6 +9,11 @@ from pydantic import Field
 from ..base import ApiModel
 from ..precision import DEFAULT_FLOAT8_RECIPE, Float8Recipe, Precision
 from ..rules import Rule
+from .preference import PreferenceSpec
+
+# The objectives that train on preference pairs (data.format: preference).
+PREFERENCE_OBJECTIVES = ("dpo", "simpo")
+_PREFERENCE_CEL = "has(self.objective) && self.objective in " + str(list(PREFERENCE_OBJECTIVES))
 
 
 class TrainingSpec(ApiModel):
@@ -66,6 +71,18 @@ class TrainingSpec(ApiModel):
             "model trains on full logits, with a warning, where its logits are not its head's output."
         ),
     )
+    objective: Literal["lm", "dpo", "simpo"] = Field(
+        "lm",
+        description=(
+            "lm: next-token cross-entropy (pre-training and supervised fine-tuning, per data.format). "
+            "dpo: direct preference optimisation against a frozen reference (the model as loaded; with peft, the "
+            "base with the adapters off), sigmoid loss. simpo: SimPO, reference-free, on length-normalised "
+            "log-probabilities. dpo and simpo train on data.format: preference."
+        ),
+    )
+    preference: PreferenceSpec | None = Field(
+        None, description="objective dpo or simpo: beta (and gamma for simpo). Unset: TRL's defaults."
+    )
     seed: int = Field(42, ge=0, le=2**31 - 1, description="Random seed for weight init and data order.")
     log_interval_steps: int = Field(10, ge=1, description="Steps between log lines on rank 0.")
     eval_interval_steps: int = Field(0, ge=0, description="Steps between validation runs; 0 disables validation.")
@@ -79,12 +96,34 @@ class TrainingSpec(ApiModel):
             check=lambda t: t.float8_recipe is None or t.precision == "float8",
         ),
         Rule(
+            cel="!has(self.preference) || " + _PREFERENCE_CEL,
+            message="preference applies to objective dpo or simpo only",
+            field_path=".preference",
+            check=lambda t: t.preference is None or t.objective in PREFERENCE_OBJECTIVES,
+        ),
+        Rule(
+            cel="!has(self.logits) || self.logits != 'chunked' || !(" + _PREFERENCE_CEL + ")",
+            message=(
+                "logits chunked computes one summed token loss; objective dpo and simpo need each answer's "
+                "log-probability: use logits full"
+            ),
+            field_path=".logits",
+            check=lambda t: t.logits != "chunked" or t.objective not in PREFERENCE_OBJECTIVES,
+        ),
+        Rule(
             cel="!has(self.warmupSteps) || self.warmupSteps < self.maxSteps",
             message="warmupSteps must be smaller than maxSteps",
             field_path=".warmupSteps",
             check=lambda t: t.warmup_steps is None or t.warmup_steps < t.max_steps,
         ),
     )
+
+    @property
+    def trains_preferences(self) -> bool:
+        return self.objective in PREFERENCE_OBJECTIVES
+
+    def effective_preference(self) -> PreferenceSpec:
+        return self.preference or PreferenceSpec()
 
     def effective_float8_recipe(self) -> Float8Recipe:
         return self.float8_recipe or DEFAULT_FLOAT8_RECIPE

@@ -39,7 +39,7 @@ def test_the_registry_holds_exactly_the_formats_the_api_accepts() -> None:
 
 
 def test_an_unknown_format_names_the_known_ones() -> None:
-    with pytest.raises(ValueError, match=r"data\.format csv is not one of chat, prompt-completion, text"):
+    with pytest.raises(ValueError, match=r"data\.format csv is not one of chat, preference, prompt-completion, text"):
         data_format("csv")
 
 
@@ -53,10 +53,12 @@ def test_each_format_names_its_columns_and_the_settings_that_name_them() -> None
     assert data_format("text").settings == ("data.textField",)
     assert data_format("chat").settings == ("data.messagesField",)
     assert data_format("prompt-completion").settings == ("data.promptField", "data.completionField")
+    assert data_format("preference").fields(spec) == ("q", "chosen", "rejected")
+    assert data_format("preference").settings == ("data.promptField", "data.chosenField", "data.rejectedField")
 
 
 def test_only_the_row_formats_pack_documents_and_the_text_format_has_no_row_encoder() -> None:
-    assert {name for name, f in FORMATS.items() if f.packs_documents} == {"chat", "prompt-completion"}
+    assert {name for name, f in FORMATS.items() if f.packs_documents} == {"chat", "prompt-completion", "preference"}
     with pytest.raises(ValueError, match=r"data\.format text has no row encoder"):
         data_format("text").encoder(DataSpec(), object())  # type: ignore[arg-type]
 

@@ -43,6 +43,11 @@ EXPECTED = {m for m in TRAINER_METRICS if not m.startswith(("fsdp_checkpoint_", 
     "fsdp_train_mfu_ratio",
     "fsdp_train_mfu_float8_ratio",
     "fsdp_tracker_run_info",  # with spec.tracking only
+    # training.objective dpo and simpo only (tests/trainer/preference)
+    "fsdp_train_reward_chosen",
+    "fsdp_train_reward_rejected",
+    "fsdp_train_reward_margin",
+    "fsdp_train_preference_accuracy_ratio",
 }
 CHECKPOINT = {
     "fsdp_checkpoint_save_duration_seconds_count",

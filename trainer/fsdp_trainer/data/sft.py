@@ -37,8 +37,7 @@ class _Pending:
 
     @property
     def positions(self) -> int:
-        """(input, label) pairs it fills: the last token is only a label."""
-        return len(self.doc.tokens) - 1
+        return self.doc.positions
 
 
 @dataclass
@@ -67,20 +66,25 @@ class DocumentPacker:
 
     def add(self, key: str, doc: Document) -> None:
         self.counts.rows += 1
-        limit = self.seq_len + 1
-        if len(doc.tokens) > limit:
+        if doc.positions > self.seq_len:
             if self.overlong == "drop":
                 self.counts.dropped += 1
                 self._report("dropped", self.counts.dropped, key, len(doc.tokens))
                 return
             self.counts.truncated += 1
             self._report("truncated", self.counts.truncated, key, len(doc.tokens))
-            doc = Document(doc.tokens[:limit], doc.trained[:limit])
-        if not any(doc.trained[1:]):
-            # Nothing to learn from it; packing it would only spend compute.
+            doc = self._truncated(doc)
+        if not all(any(part.trained[1:]) for part in doc.parts()):
+            # Nothing to learn from it (for a pair: from one of its answers); packing it would only spend compute.
             self.counts.untrained += 1
             return
         self.pending.append(_Pending(key, doc))
+
+    def _truncated(self, doc: Document) -> Document:
+        """Each sequence cut to its first share of the ``seq_len`` positions (one sequence: seqLen + 1 tokens)."""
+        parts = doc.parts()
+        limit = self.seq_len // len(parts) + 1
+        return Document.joined([Document(p.tokens[:limit], p.trained[:limit]) for p in parts])
 
     def _report(self, action: str, count: int, key: str, length: int) -> None:
         # Every power of two: never silent, never a line per row.
@@ -117,11 +121,11 @@ class DocumentPacker:
         inputs: list[int] = []
         labels: list[int] = []
         positions: list[int] = []
-        for p in taken:
-            tokens, trained = p.doc.tokens, p.doc.trained
+        for part in (part for p in taken for part in p.doc.parts()):
+            tokens, trained = part.tokens, part.trained
             inputs += tokens[:-1]
             labels += [t if keep else IGNORE_INDEX for t, keep in zip(tokens[1:], trained[1:], strict=True)]
-            positions += range(p.positions)
+            positions += range(part.positions)
         pad = self.seq_len - len(inputs)
         inputs += [self.pad_id] * pad
         labels += [IGNORE_INDEX] * pad
@@ -135,6 +139,7 @@ class DocumentPacker:
                     "key": p.key,
                     "tokens": torch.tensor(p.doc.tokens, dtype=torch.int32),
                     "trained": torch.tensor(p.doc.trained, dtype=torch.bool),
+                    "splits": torch.tensor(p.doc.splits, dtype=torch.int64),
                 }
                 for p in self.pending
             ],
@@ -143,9 +148,16 @@ class DocumentPacker:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.pending = [
-            _Pending(s["key"], Document(s["tokens"].tolist(), s["trained"].tolist())) for s in state["pending"]
+            _Pending(s["key"], Document(s["tokens"].tolist(), s["trained"].tolist(), _splits(s)))
+            for s in state["pending"]
         ]
         self.counts = RowCounts(**{k: int(v) for k, v in state["counts"].items()})
+
+
+def _splits(saved: dict[str, Any]) -> tuple[int, ...]:
+    # Checkpoints written before preference pairs existed have no splits: one sequence per document.
+    splits = saved.get("splits")
+    return () if splits is None else tuple(int(x) for x in splits.tolist())
 
 
 def stack_sequences(sequences: list[tuple[list[int], list[int], list[int], str]]) -> Batch:

@@ -35,6 +35,8 @@ class IntervalSummary:
     eta_seconds: float
     trained_share: float | None = None  # trained / processed tokens; None: all trained
     mfu_float8: float | None = None  # precision float8: against the float8 peak (mfu: the bf16 peak)
+    # training.objective dpo and simpo: the last step's preference accuracy and reward margin
+    preference: tuple[float, float] | None = None
 
 
 def mfu_text(mfu: float, mfu_float8: float | None) -> str:
@@ -49,6 +51,7 @@ def step_line(s: IntervalSummary) -> str:
     parts = [
         f"step {s.step}/{s.max_steps}",
         f"loss {s.loss:.4f}",
+        *([] if s.preference is None else [f"acc {s.preference[0]:.0%}", f"margin {s.preference[1]:.3f}"]),
         f"lr {s.learning_rate:.2e}",
         f"gnorm {s.grad_norm:.2f}",
         f"{s.global_tokens_per_second:,.0f} tok/s ({s.tokens_per_second_per_device:,.0f}/dev)",

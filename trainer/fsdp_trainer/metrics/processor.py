@@ -182,13 +182,15 @@ class MetricsProcessor:
             self._interval.clear()
 
     def on_eval(self, step: int, loss: float) -> None:
-        ppl = math.exp(loss) if loss < 700 else math.inf
+        # A preference loss is not a token cross-entropy: it has no perplexity.
+        ppl = None if self.cfg.training.trains_preferences else math.exp(loss) if loss < 700 else math.inf
         if self.metrics is not None:
             self.metrics.eval_loss.labels(**self.labels).set(loss)
-            self.metrics.eval_perplexity.labels(**self.labels).set(ppl)
+            if ppl is not None:
+                self.metrics.eval_perplexity.labels(**self.labels).set(ppl)
         if self.tracking is not None:
             self.tracking.log(step, {contract.EVAL_LOSS: loss, contract.EVAL_PERPLEXITY: ppl})
-        self._print(f"eval step {step} | loss {loss:.4f} | perplexity {ppl:.2f}")
+        self._print(f"eval step {step} | loss {loss:.4f}" + ("" if ppl is None else f" | perplexity {ppl:.2f}"))
 
     # The checkpointer logs saves and resumes itself; these only feed metrics.
     def on_checkpoint_saved(self, step: int, seconds: float, size_bytes: int | None = None) -> None:
@@ -305,6 +307,7 @@ class MetricsProcessor:
             data_share=interval.data_share,
             eta_seconds=recent.eta(last.step, self.max_steps),
             trained_share=_trained_share(self._interval),
+            preference=None if last.preference is None else (last.preference.accuracy, last.preference.margin),
         )
 
     def _export_step(self, stats: StepStats, rates: _Rates, memory: tuple[int, int]) -> None:
@@ -329,6 +332,12 @@ class MetricsProcessor:
         peak, reserved = memory
         m.memory_peak.labels(**lb).set(peak)
         m.memory_reserved.labels(**lb).set(reserved)
+        if stats.preference is not None:
+            pref = stats.preference
+            m.reward_chosen.labels(**lb).set(pref.reward_chosen)
+            m.reward_rejected.labels(**lb).set(pref.reward_rejected)
+            m.reward_margin.labels(**lb).set(pref.margin)
+            m.preference_accuracy.labels(**lb).set(pref.accuracy)
         m.last_step_timestamp.labels(**lb).set(time.time())
         self._export_gpu()
 
@@ -349,6 +358,7 @@ class MetricsProcessor:
                 contract.STEP_DURATION: stats.step_seconds,
                 contract.MEMORY_PEAK: peak,
                 contract.MEMORY_RESERVED: reserved,
+                **_preference_points(stats),
             },
         )
         if self.metrics is not None:  # the runs' addresses, for the status, once each is open
@@ -384,6 +394,18 @@ class MetricsProcessor:
             self._bar.print_above(text)
         else:
             print(text, file=self.stream, flush=True)
+
+
+def _preference_points(stats: StepStats) -> dict[str, float]:
+    pref = stats.preference
+    if pref is None:
+        return {}
+    return {
+        contract.REWARD_CHOSEN: pref.reward_chosen,
+        contract.REWARD_REJECTED: pref.reward_rejected,
+        contract.REWARD_MARGIN: pref.margin,
+        contract.PREFERENCE_ACCURACY: pref.accuracy,
+    }
 
 
 def _trained_share(steps: list[StepStats]) -> float | None:

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..loss.preference import PreferenceStats
 
 
 @dataclass
@@ -24,6 +28,8 @@ class StepStats:
     # Tokens whose prediction is in the loss (job-level); None: all of ``tokens``
     # (data.format text). Prompts and padding of the supervised formats are not.
     trained_tokens: int | None = None
+    # training.objective dpo and simpo: the step's rewards and preference accuracy.
+    preference: PreferenceStats | None = None
 
     @property
     def trained(self) -> int:

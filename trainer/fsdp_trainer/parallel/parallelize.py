@@ -122,6 +122,14 @@ def is_fsdp(model: nn.Module) -> bool:
     return isinstance(model, FSDPModule)
 
 
+def reshard(model: nn.Module) -> None:
+    """Free parameters a no-grad forward left gathered (the root, shard_grad_op layers)."""
+    if is_fsdp(model):
+        for module in model.modules():
+            if is_fsdp(module):
+                module.reshard()
+
+
 def set_gradient_sync(model: nn.Module, enabled: bool) -> None:
     """Skip (False) or do (True) the gradient reduce-scatter/all-reduce of the next backward.
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from .base import FORMATS, DataFormat, Encoder, RowFormat, data_format, register
 from .chat import ChatEncoder, ChatFormat
+from .preference import PreferenceEncoder, PreferenceFormat
 from .prompt_completion import PromptCompletionEncoder, PromptCompletionFormat
 from .text import TextFormat
 
@@ -24,6 +25,8 @@ __all__ = [
     "ChatFormat",
     "DataFormat",
     "Encoder",
+    "PreferenceEncoder",
+    "PreferenceFormat",
     "PromptCompletionEncoder",
     "PromptCompletionFormat",
     "RowFormat",
