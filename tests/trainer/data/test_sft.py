@@ -368,5 +368,6 @@ def test_chat_needs_rows_not_plain_text(tmp_path: Path, chat_root: Path) -> None
     embedded = _chat_config(tmp_path, chat_root)
     del embedded["data"]["path"]
     assert _errors(tmp_path, embedded) == [
-        "data.format: format chat, prompt-completion and preference need dataset or path: the embedded corpus is plain text"
+        "data.format: format chat, prompt-completion and preference need dataset or path: "
+        "the embedded corpus is plain text"
     ]
