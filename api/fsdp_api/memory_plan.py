@@ -182,7 +182,7 @@ def workload(spec: FSDPTrainingSpec, dims: ModelDims) -> Workload:
         adapter_params=lora_params(dims, spec.peft) if spec.peft is not None else 0,
         logits=spec.training.logits,
         # dpo with LoRA uses the base with the adapters off as its reference: no copy.
-        reference_params=dims.num_params() if spec.training.objective == "dpo" and spec.peft is None else 0,
+        reference_params=dims.num_params() if spec.training.needs_reference and spec.peft is None else 0,
     )
 
 

@@ -50,7 +50,14 @@ from .data.tokenizer import check_vocabulary, load_tokenizer
 from .errors import ConfigError
 from .faults import maybe_fault
 from .loss import ChunkedHead, FullLogits, OutputLoss, output_loss
-from .loss.preference import PreferenceLoss, PreferenceStats, count_pairs, lora_reference, model_reference
+from .loss.preference import (
+    OBJECTIVES,
+    PreferenceLoss,
+    PreferenceStats,
+    count_pairs,
+    lora_reference,
+    model_reference,
+)
 from .metrics import MetricsProcessor
 from .metrics.flops import shape_of
 from .metrics.stats import StepStats
@@ -243,7 +250,8 @@ class Trainer:
         found = resume_candidates(cfg.checkpoint, world, cfg.job)
         self.resume_candidates, self.unreadable = check_candidates(found, p.model, world, cfg.peft)
         # dpo without LoRA: the reference is built from the untouched meta model (shapes only, a cheap copy).
-        needs_copy = cfg.training.objective == "dpo" and not p.adapted
+        objective = OBJECTIVES.get(cfg.training.objective)
+        needs_copy = objective is not None and objective.needs_reference and not p.adapted
         reference_meta = copy.deepcopy(p.model) if needs_copy else None
         self.model = build_model(p, resuming=bool(found))
         self.compile = p.compile
@@ -323,7 +331,7 @@ class Trainer:
     def _preference_loss(self, p: Prepared, reference_meta: nn.Module | None) -> PreferenceLoss:
         training = self.cfg.training
         reference = None
-        if training.objective == "dpo":
+        if OBJECTIVES[training.objective].needs_reference:
             if reference_meta is None:
                 reference = lora_reference(self.model)
                 log.info("dpo: the reference is the base model with the LoRA adapters off (no second copy)")

@@ -13,6 +13,8 @@ from .preference import PreferenceSpec
 
 # The objectives that train on preference pairs (data.format: preference).
 PREFERENCE_OBJECTIVES = ("dpo", "simpo")
+# Those of them that compare the policy with a frozen reference model (the memory plan counts it).
+REFERENCE_OBJECTIVES = ("dpo",)
 _PREFERENCE_CEL = "has(self.objective) && self.objective in " + str(list(PREFERENCE_OBJECTIVES))
 
 
@@ -121,6 +123,10 @@ class TrainingSpec(ApiModel):
     @property
     def trains_preferences(self) -> bool:
         return self.objective in PREFERENCE_OBJECTIVES
+
+    @property
+    def needs_reference(self) -> bool:
+        return self.objective in REFERENCE_OBJECTIVES
 
     def effective_preference(self) -> PreferenceSpec:
         return self.preference or PreferenceSpec()

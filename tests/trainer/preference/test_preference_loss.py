@@ -8,8 +8,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 from fsdp_api.spec import PreferenceSpec
+from fsdp_api.spec.training import PREFERENCE_OBJECTIVES, REFERENCE_OBJECTIVES
 from fsdp_trainer.data.packing import IGNORE_INDEX
-from fsdp_trainer.loss.preference import PairIndex, PreferenceLoss, PreferenceStats, count_pairs, token_logps
+from fsdp_trainer.loss.preference import (
+    OBJECTIVES,
+    PairIndex,
+    PreferenceLoss,
+    PreferenceStats,
+    count_pairs,
+    token_logps,
+)
 from torch import nn
 
 VOCAB = 11
@@ -102,6 +110,12 @@ def test_simpo_uses_mean_log_probs_and_the_margin_gamma_without_a_reference() ->
         want += math.log1p(math.exp(-z))
     assert total.item() == pytest.approx(want, abs=1e-5)
     assert stats[0].item() == 3
+
+
+def test_the_objectives_registered_are_the_ones_the_api_accepts() -> None:
+    assert set(OBJECTIVES) == set(PREFERENCE_OBJECTIVES)
+    # The memory plan counts a reference copy for exactly the objectives that use one.
+    assert {name for name, o in OBJECTIVES.items() if o.needs_reference} == set(REFERENCE_OBJECTIVES)
 
 
 def test_step_stats_are_means_over_the_pairs() -> None:

@@ -98,13 +98,46 @@ def count_pairs(labels: torch.Tensor, position_ids: torch.Tensor) -> int:
     return int(((counts[:, 0] > 0) & (counts[:, 1] > 0)).sum())
 
 
+class Dpo:
+    """Sigmoid DPO: reward = beta x (log p_policy - log p_reference); margin = reward_chosen - reward_rejected."""
+
+    needs_reference = True
+
+    def rewards(
+        self, spec: PreferenceSpec, policy: torch.Tensor, reference: torch.Tensor | None, tokens: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        assert reference is not None
+        rewards = spec.beta * (policy - reference)
+        return rewards, rewards[:, 0] - rewards[:, 1]
+
+
+class Simpo:
+    """SimPO: reward = beta x mean log p over the answer's tokens; margin = the difference minus gamma."""
+
+    needs_reference = False
+
+    def rewards(
+        self, spec: PreferenceSpec, policy: torch.Tensor, reference: torch.Tensor | None, tokens: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        rewards = spec.beta * policy / tokens.clamp(min=1)
+        return rewards, rewards[:, 0] - rewards[:, 1] - spec.gamma
+
+
+# training.objective -> its rewards; the loss of a pair is -log sigmoid(margin) for every one of them.
+OBJECTIVES = {"dpo": Dpo(), "simpo": Simpo()}
+
+
 @dataclass
 class PreferenceLoss:
-    """One objective's loss of a micro-batch of pairs; ``reference`` gives the frozen model's log-probs (dpo)."""
+    """One objective's loss of a micro-batch of pairs; ``reference`` gives the frozen model's logits (dpo)."""
 
     objective: str
     spec: PreferenceSpec
     reference: Callable[..., torch.Tensor] | None = None  # model inputs -> the reference's logits
+
+    @property
+    def needs_reference(self) -> bool:
+        return OBJECTIVES[self.objective].needs_reference
 
     def loss_sum(
         self, model: nn.Module, labels: torch.Tensor, positions: torch.Tensor, **inputs: Any
@@ -115,25 +148,21 @@ class PreferenceLoss:
         ``inputs`` are the model's keyword arguments (input ids and the packed
         attention's).
         """
+        objective = OBJECTIVES[self.objective]
         index = PairIndex.of(labels, positions)
         reference = None
-        if self.objective == "dpo":
-            assert self.reference is not None
+        if objective.needs_reference:
+            assert self.reference is not None, f"objective {self.objective} needs a reference model"
             # First, so its logits are gone before the policy's activations exist: the peak stays the policy's.
             with torch.no_grad():
                 reference = index.sums(token_logps(self.reference(**inputs), labels))
         logits = model(**inputs).logits
         policy = index.sums(token_logps(logits, labels))
         del logits
-        counts = index.counts()
-        is_pair = (counts[:, 0] > 0) & (counts[:, 1] > 0)
-        if reference is not None:
-            rewards = self.spec.beta * (policy - reference)
-            logits_margin = rewards[:, 0] - rewards[:, 1]
-        else:
-            rewards = self.spec.beta * policy / counts.clamp(min=1)
-            logits_margin = rewards[:, 0] - rewards[:, 1] - self.spec.gamma
-        losses = -F.logsigmoid(logits_margin)[is_pair]
+        tokens = index.counts()
+        is_pair = (tokens[:, 0] > 0) & (tokens[:, 1] > 0)
+        rewards, margin = objective.rewards(self.spec, policy, reference, tokens)
+        losses = -F.logsigmoid(margin)[is_pair]
         detached = rewards.detach()[is_pair]
         stats = torch.stack(
             [
