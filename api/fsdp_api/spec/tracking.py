@@ -7,10 +7,17 @@ thread, so a slow or absent tracker never slows a step.
 
 from __future__ import annotations
 
+import re
+from typing import ClassVar
+
 from pydantic import Field
 
 from ..base import ApiModel
 from ..contract import TENSORBOARD_SUBDIR
+from ..rules import Rule
+
+# A server address: the scheme, a host (and port), any path; no whitespace anywhere.
+MLFLOW_URI_PATTERN = r"^https?://[^\s/?#]+\S*$"
 
 
 class TensorBoardSpec(ApiModel):
@@ -33,7 +40,6 @@ class MlflowSpec(ApiModel):
     uri: str = Field(
         min_length=8,
         max_length=2048,
-        pattern=r"^https?://[^\s/?#]+[^\s]*$",
         description=(
             "The tracking server's address, http:// or https:// (e.g. http://mlflow.mlflow.svc:5000). "
             "Credentials come from a Secret through spec.env: MLFLOW_TRACKING_TOKEN, or "
@@ -56,6 +62,19 @@ class MlflowSpec(ApiModel):
         ge=1,
         le=600,
         description="How often the points gathered since the last request are sent, in one request.",
+    )
+
+    rules: ClassVar[tuple[Rule, ...]] = (
+        Rule(
+            # CEL string literals take backslashes escaped.
+            cel="self.uri.matches('" + MLFLOW_URI_PATTERN.replace("\\", "\\\\") + "')",
+            message=(
+                "uri must be the tracking server's http:// or https:// address with a host and no spaces, "
+                "e.g. http://mlflow.mlflow.svc:5000"
+            ),
+            field_path=".uri",
+            check=lambda m: re.search(MLFLOW_URI_PATTERN, m.uri) is not None,
+        ),
     )
 
 
