@@ -11,6 +11,7 @@ from fsdp_api.spec import DataSpec
 from fsdp_trainer.data import files
 from fsdp_trainer.data.document import Document
 from fsdp_trainer.data.formats import data_format, row_encoder
+from fsdp_trainer.data.loader import TrainData
 from fsdp_trainer.data.packing import IGNORE_INDEX
 from fsdp_trainer.data.sft import DocumentPacker
 from transformers import AutoTokenizer
@@ -92,6 +93,33 @@ def test_answers_that_are_whole_conversations_share_their_beginning_as_the_promp
         encode([("r0", mixed)])
 
 
+def test_conversations_without_a_prompt_column_carry_their_prompt(chat_tokenizer: Any, tmp_path: Path) -> None:
+    """TRL's implicit prompt: only chosen and rejected, each the whole conversation."""
+    user = {"role": "user", "content": "w1"}
+    implicit = {
+        "chosen": [user, {"role": "assistant", "content": "w3 w4"}],
+        "rejected": [user, {"role": "assistant", "content": "w5"}],
+    }
+    explicit = {"prompt": [user], "chosen": "w3 w4", "rejected": [{"role": "assistant", "content": "w5"}]}
+    encode = row_encoder(_spec(), chat_tokenizer)
+    assert encode([("r0", implicit)]) == encode([("r0", explicit)])
+    # The file check and the loader take the missing column as the layout it is.
+    path = tmp_path / "implicit.jsonl"
+    spec = DataSpec(path=str(path), format="preference")
+    assert data_format("preference").check_files(spec, _jsonl(path, [implicit] * 3)) == []
+    data = TrainData(spec, chat_tokenizer, seq_len=32, micro_batch_size=1, rank=0, world_size=1, seed=0)
+    batch = data.next_batch()
+    [doc] = encode([("r0", implicit)])
+    inputs = [t for part in doc.parts() for t in part.tokens[:-1]]
+    assert batch.inputs[0].tolist()[: len(inputs)] == inputs
+    # Text answers cannot carry a prompt: one line naming what is missing.
+    texts = {"chosen": "w3", "rejected": "w5"}
+    assert data_format("preference").check_files(spec, _jsonl(path, [texts])) == [
+        f"data.path: {path}: row 1: no field 'prompt' (data.promptField), and the answers are not conversations "
+        "whose shared beginning could be the prompt"
+    ]
+
+
 def test_a_chat_prompt_without_a_template_is_one_line_naming_the_row(tokenizer: Any) -> None:
     row = {"prompt": [{"role": "user", "content": "w1"}], "chosen": "w2", "rejected": "w3"}
     with pytest.raises(ValueError, match=r"^row e0/d7: the prompt is a list of chat messages and the tokenizer has no"):
@@ -163,7 +191,8 @@ def test_the_config_check_names_the_first_row_with_a_missing_or_empty_answer(tmp
         "got None"
     ]
     assert fmt.check_files(spec, _jsonl(path, [{"question": "p", "chosen": "a", "rejected": "b"}])) == [
-        f"data.path: {path}: no row has a field 'prompt' (fields: chosen, question, rejected); set data.promptField"
+        f"data.path: {path}: row 1: no field 'prompt' (data.promptField), and the answers are not conversations "
+        "whose shared beginning could be the prompt"
     ]
     chat = {"prompt": [{"role": "user", "content": "hi"}], "chosen": [{"role": "assistant"}], "rejected": "no"}
     assert fmt.check_files(spec, _jsonl(path, [good, chat])) == [

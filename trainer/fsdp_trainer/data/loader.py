@@ -49,7 +49,7 @@ class TrainData:
         fmt = data_format(spec.format)
         fields = fmt.fields(spec)
         if fmt.packs_documents:
-            check_columns(ds, fields, fmt.settings)
+            check_columns(ds, fields, fmt.settings, fmt.optional_fields(spec))
         if is_iterable(ds):
             self.docs: MapDocuments | StreamDocuments = StreamDocuments(ds, fields, rank, world_size, holdout)
         else:

@@ -84,26 +84,30 @@ def holdout_key(value: Any) -> str:
 
 
 def pick(row: dict[str, Any], fields: tuple[str, ...]) -> Any:
-    """One row's document: its one column's value, or a dict of its columns."""
+    """One row's document: its one column's value, or a dict of its columns (None for one it lacks)."""
     if len(fields) == 1:
         return row[fields[0]]
-    return {f: row[f] for f in fields}
+    return {f: row.get(f) for f in fields}
 
 
 def _pick_columns(columns: dict[str, list[Any]], fields: tuple[str, ...]) -> list[Any]:
     if len(fields) == 1:
         return columns[fields[0]]
-    return [dict(zip(fields, values, strict=True)) for values in zip(*(columns[f] for f in fields), strict=True)]
+    rows = len(next(iter(columns.values()), []))
+    # A column the dataset lacks (a format's optional one, see check_columns) reads as None.
+    values = [columns.get(f, [None] * rows) for f in fields]
+    return [dict(zip(fields, row, strict=True)) for row in zip(*values, strict=True)]
 
 
-def check_columns(ds: Any, fields: tuple[str, ...], settings: tuple[str, ...]) -> None:
+def check_columns(ds: Any, fields: tuple[str, ...], settings: tuple[str, ...], optional: tuple[str, ...] = ()) -> None:
     """A missing column fails at once, naming the columns there are, not as a KeyError mid-step.
 
     Streamed datasets may not know their columns before the first row; then the first row tells.
+    ``optional`` columns may be absent: the format reads None there.
     """
     names = getattr(ds, "column_names", None)
     for name, setting in zip(fields, settings, strict=True):
-        if names is not None and name not in names:
+        if names is not None and name not in names and name not in optional:
             raise ValueError(f"{setting}: the dataset has no column {name!r} (columns: {', '.join(names)})")
 
 

@@ -46,6 +46,10 @@ class DataFormat:
         """The columns a document is read from."""
         raise NotImplementedError
 
+    def optional_fields(self, spec: DataSpec) -> tuple[str, ...]:
+        """Those of ``fields`` a dataset may lack (the format reads None there)."""
+        return ()
+
     def check_files(self, spec: DataSpec, found: files.DataFiles) -> list[str]:
         """The config checks' errors for the local files ``spec.path`` resolved to."""
         raise NotImplementedError
@@ -141,7 +145,9 @@ class RowFormat(DataFormat):
         The first row that has them all must also hold the right shapes: a
         wrong column name that happens to exist fails here, not at the first step.
         """
-        fields = self.fields(spec)
+        optional = self.optional_fields(spec)
+        named = [(f, setting) for f, setting in zip(self.fields(spec), self.settings, strict=True) if f not in optional]
+        fields = tuple(f for f, _ in named)
         empty = files.check_not_empty(found)
         if empty:
             return empty
@@ -155,7 +161,7 @@ class RowFormat(DataFormat):
             seen |= row.keys()
             if all(row.get(f) not in (None, "", []) for f in fields):
                 return self.shape_problem(spec, row, count)
-        for name, setting in zip(fields, self.settings, strict=True):
+        for name, setting in named:
             if count and name not in seen:
                 return f"no row has a field {name!r} (fields: {', '.join(sorted(seen))}); set {setting}"
         return f"none of the {count} rows has every field data.format {self.name} reads ({', '.join(fields)}) filled"

@@ -4,9 +4,11 @@ A row is TRL's preference layout: ``prompt`` plain text or a list of chat
 messages, ``chosen`` and ``rejected`` the two answers (text, or a list of
 messages: an answer given as text to a chat prompt is one assistant
 message); or UltraFeedback's, whose answers are whole conversations that
-begin with the same messages (``read_pair``). It becomes one document holding two sequences, prompt + chosen and
-prompt + rejected, packed together so a pair never straddles two
-micro-batches; only the answers are trained.
+begin with the same messages; or TRL's implicit prompt, the same
+conversations with no prompt column at all (``read_pair``). It becomes one
+document holding two sequences, prompt + chosen and prompt + rejected,
+packed together so a pair never straddles two micro-batches; only the
+answers are trained.
 
 Plain text: ``[bos] prompt`` and ``answer [eos]`` are tokenized as separate
 pieces, so the boundary is exact and the model learns to stop (TRL appends
@@ -75,6 +77,11 @@ def read_pair(row: Any, fields: tuple[str, str, str]) -> tuple[Pair | None, str 
         return None, f"is not a mapping of fields: {snippet(row)}"
     names = dict(zip(("prompt", "chosen", "rejected"), fields, strict=True))
     values = {key: row.get(name) for key, name in names.items()}
+    if values["prompt"] is None:
+        problem = _implicit_prompt_problem(values["chosen"], values["rejected"])
+        if problem:
+            return None, f"no field {names['prompt']!r} (data.promptField), and {problem}"
+        values["prompt"] = ""  # the shared beginning below becomes the prompt
     for key in ("prompt", "chosen", "rejected"):
         value = values[key]
         if _is_chat(value):
@@ -107,6 +114,15 @@ def read_pair(row: Any, fields: tuple[str, str, str]) -> tuple[Pair | None, str 
     return pair, None
 
 
+def _implicit_prompt_problem(chosen: Any, rejected: Any) -> str | None:
+    """Why two answers cannot carry their own prompt (TRL's implicit prompt), or None."""
+    if not (_is_chat(chosen) and _is_chat(rejected)):
+        return "the answers are not conversations whose shared beginning could be the prompt"
+    if messages_problem(chosen) or messages_problem(rejected) or not _shared_prefix(chosen, rejected):
+        return "the two conversations do not begin with the same messages, which would be the prompt"
+    return None
+
+
 def pair_problem(row: Any, fields: tuple[str, str, str]) -> str | None:
     """Why the encoder would refuse this row (prompt, chosen, rejected named by ``fields``), or None."""
     return read_pair(row, fields)[1]
@@ -121,6 +137,10 @@ class PreferenceFormat(RowFormat):
 
     def fields(self, spec: DataSpec) -> tuple[str, ...]:
         return (spec.prompt_field, spec.chosen_field, spec.rejected_field)
+
+    def optional_fields(self, spec: DataSpec) -> tuple[str, ...]:
+        # TRL's implicit prompt: conversations that begin alike carry their prompt themselves.
+        return (spec.prompt_field,)
 
     def row_problem(self, spec: DataSpec, row: dict[str, Any]) -> str | None:
         return pair_problem(row, (spec.prompt_field, spec.chosen_field, spec.rejected_field))
