@@ -235,33 +235,3 @@ def trl_dpo_run(
     if len(trainer.recorded) != len(steps):
         raise RuntimeError(f"TRL ran {len(trainer.recorded)} steps, expected {len(steps)}")
     return trainer.recorded
-
-
-def trl_dpo_losses(
-    model_dir: Path,
-    tokenizer_dir: Path,
-    pairs: list[dict[str, list[int]]],
-    steps: list[list[int]],
-    *,
-    beta: float,
-    learning_rate: float,
-    workdir: Path,
-    peft: dict[str, Any] | None = None,
-    loss_type: str = "sigmoid",
-) -> list[float]:
-    """TRL's DPO loss at each of the ``len(steps)`` steps, as computed (not the rounded logged value).
-
-    See ``trl_dpo_run`` for the arguments; this keeps only the loss.
-    """
-    run = trl_dpo_run(
-        model_dir,
-        tokenizer_dir,
-        pairs,
-        steps,
-        beta=beta,
-        learning_rate=learning_rate,
-        workdir=workdir,
-        peft=peft,
-        loss_type=loss_type,
-    )
-    return [step.loss for step in run]

@@ -152,15 +152,21 @@ class ChatEncoder:
 
     def _by_prefixes(self, rows: list[tuple[str, Any]], conversations: list[list[dict[str, Any]]]) -> list[Document]:
         per_row = [self._pieces(key, messages) for (key, _), messages in zip(rows, conversations, strict=True)]
-        texts = [text for pieces in per_row for text, _ in pieces]
-        ids = iter(self.tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else [])
-        docs = []
-        for pieces in per_row:
-            tokens: list[int] = []
-            trained: list[bool] = []
-            for _, flag in pieces:
-                piece = next(ids)
-                tokens += piece
-                trained += [flag] * len(piece)
-            docs.append(Document(tokens, trained))
-        return docs
+        return tokenize_pieces(self.tokenizer, per_row)
+
+
+def tokenize_pieces(tokenizer: PreTrainedTokenizerBase, documents: list[list[tuple[str, bool]]]) -> list[Document]:
+    """Documents given as (text, trained) pieces: every piece tokenized alone (in one batched call), so each
+    boundary between prompt and answer is exact whatever the tokenizer merges across it."""
+    texts = [text for pieces in documents for text, _ in pieces]
+    ids = iter(tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else [])
+    docs = []
+    for pieces in documents:
+        tokens: list[int] = []
+        trained: list[bool] = []
+        for _, flag in pieces:
+            piece = next(ids)
+            tokens += piece
+            trained += [flag] * len(piece)
+        docs.append(Document(tokens, trained))
+    return docs

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..document import Document
 from .base import Encoder, RowFormat, register, snippet
-from .chat import messages_problem
+from .chat import messages_problem, tokenize_pieces
 
 if TYPE_CHECKING:
     from fsdp_api.spec import DataSpec
@@ -171,17 +171,10 @@ class PreferenceEncoder:
             for answer in (pair.chosen, pair.rejected):
                 pieces = self._chat(key, pair.prompt, answer) if pair.chat else [(pair.prompt, False), (answer, True)]
                 sequences.append((pieces, pair.chat))
-        texts = [text for pieces, _ in sequences for text, _ in pieces]
-        ids = iter(self.tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else [])
-        parts = []
-        for pieces, chat in sequences:
-            tokens: list[int] = []
-            trained: list[bool] = []
-            for _, flag in pieces:
-                piece = next(ids)
-                tokens += piece
-                trained += [flag] * len(piece)
-            parts.append(Document(tokens, trained) if chat else self._special(tokens, trained))
+        docs = tokenize_pieces(self.tokenizer, [pieces for pieces, _ in sequences])
+        parts = [
+            d if chat else self._special(d.tokens, d.trained) for d, (_, chat) in zip(docs, sequences, strict=True)
+        ]
         return [Document.joined(parts[i : i + 2]) for i in range(0, len(parts), 2)]
 
     def _special(self, tokens: list[int], trained: list[bool]) -> Document:
