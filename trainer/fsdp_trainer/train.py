@@ -50,14 +50,7 @@ from .data.tokenizer import check_vocabulary, load_tokenizer
 from .errors import ConfigError
 from .faults import maybe_fault
 from .loss import ChunkedHead, FullLogits, OutputLoss, output_loss
-from .loss.preference import (
-    OBJECTIVES,
-    PreferenceLoss,
-    PreferenceStats,
-    count_pairs,
-    lora_reference,
-    model_reference,
-)
+from .loss.preference import STATS, PreferenceLoss, PreferenceStats, count_pairs, lora_reference, model_reference
 from .metrics import MetricsProcessor
 from .metrics.flops import shape_of
 from .metrics.stats import StepStats
@@ -250,8 +243,7 @@ class Trainer:
         found = resume_candidates(cfg.checkpoint, world, cfg.job)
         self.resume_candidates, self.unreadable = check_candidates(found, p.model, world, cfg.peft)
         # dpo without LoRA: the reference is built from the untouched meta model (shapes only, a cheap copy).
-        objective = OBJECTIVES.get(cfg.training.objective)
-        needs_copy = objective is not None and objective.needs_reference and not p.adapted
+        needs_copy = cfg.training.needs_reference and not p.adapted
         reference_meta = copy.deepcopy(p.model) if needs_copy else None
         self.model = build_model(p, resuming=bool(found))
         self.compile = p.compile
@@ -331,7 +323,7 @@ class Trainer:
     def _preference_loss(self, p: Prepared, reference_meta: nn.Module | None) -> PreferenceLoss:
         training = self.cfg.training
         reference = None
-        if OBJECTIVES[training.objective].needs_reference:
+        if training.needs_reference:
             if reference_meta is None:
                 reference = lora_reference(self.model)
                 log.info("dpo: the reference is the base model with the LoRA adapters off (no second copy)")
@@ -456,12 +448,14 @@ class Trainer:
         t0 = time.perf_counter()
         accum = self.cfg.training.grad_accum_steps
         loss_sum = torch.zeros((), device=self.device, dtype=torch.float32)
-        pair_sums = torch.zeros(4 if self.preference else 0, device=self.device, dtype=torch.float32)
+        pair_sums = torch.zeros(len(STATS) if self.preference else 0, device=self.device, dtype=torch.float32)
         batches = [self.data.next_batch() for _ in range(accum)]
         samples = [s for b in batches for s in b.sample_ids]
+        # Counted on the host batches: no device sync per micro-batch.
+        local_count = float(sum(self._count(b) for b in batches)) if self.packed is not None else 0.0
         batches = [b.to(self.device) for b in batches]
         data_seconds = time.perf_counter() - t0
-        divisor, trained = self._loss_divisor(batches)
+        divisor, trained = self._loss_divisor(local_count)
         for micro, batch in enumerate(batches):
             set_gradient_sync(self.model, micro == accum - 1)
             with compute_context(self.model, self.cfg.training.precision, self.device):
@@ -518,17 +512,17 @@ class Trainer:
             )
         return f"loss is {loss_value} at step {step}; stopping (lower training.learningRate?)"
 
-    def _loss_divisor(self, batches: list[Batch]) -> tuple[float | torch.Tensor, torch.Tensor | None]:
+    def _loss_divisor(self, local: float) -> tuple[float | torch.Tensor, torch.Tensor | None]:
         """What each micro-batch's token-loss sum is divided by; and the global trained tokens (None: all).
 
         With G trained tokens over D data-parallel ranks the divisor is G / D:
         FSDP's average of their gradients is then the gradient of the mean
         over all G. Plain text trains every token on every rank alike, so
         G / D is this rank's token count, known without communication.
+        ``local``: this rank's trained tokens (pairs, for a preference objective) in the step.
         """
         if self.packed is None:
             return self.tokens_per_rank_step, None
-        local = float(sum(self._count(b) for b in batches))
         count = torch.tensor(local, dtype=torch.float64, device=self.device)
         # Summed over the default group, so divided by its size: D while every rank is a
         # data-parallel rank. Model-parallel ranks will need this sum over the data-parallel group.

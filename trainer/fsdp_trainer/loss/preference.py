@@ -135,10 +135,6 @@ class PreferenceLoss:
     spec: PreferenceSpec
     reference: Callable[..., torch.Tensor] | None = None  # model inputs -> the reference's logits
 
-    @property
-    def needs_reference(self) -> bool:
-        return OBJECTIVES[self.objective].needs_reference
-
     def loss_sum(
         self, model: nn.Module, labels: torch.Tensor, positions: torch.Tensor, **inputs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
