@@ -197,6 +197,10 @@ TENSORBOARD_SUBDIR = "tensorboard"
 # The MLflow run a training logs to, kept under checkpoint.dir so every process of
 # the training continues it (spec.tracking.mlflow).
 MLFLOW_RUN_FILE = "mlflow-run.json"
+# spec.tracking.wandb: the run's id, kept the same way, and the folder W&B writes its
+# run files to (offline, the whole run until `wandb sync`).
+WANDB_RUN_FILE = "wandb-run.json"
+WANDB_SUBDIR = "wandb"
 
 # Environment variables: set by the renderer (pods) or the local launcher,
 # read by the trainer.
@@ -230,6 +234,8 @@ ENV_POD_IP = "FSDP_POD_IP"
 # uid, and the overlay's `images:` knob rewrites the image after the render.
 ENV_TRAINING_UID = "FSDP_TRAINING_UID"
 ENV_TRAINING_IMAGE = "FSDP_TRAINING_IMAGE"
+# W&B's own variable for its API key (wandb/env.py), from spec.tracking.wandb.apiKeySecret.
+ENV_WANDB_API_KEY = "WANDB_API_KEY"
 # What spec.env may not set: each variable the operator derives, and the
 # field it derives it from (a user value would silently replace it).
 OPERATOR_ENV: dict[str, str] = {

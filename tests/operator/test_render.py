@@ -132,6 +132,13 @@ def test_the_operators_render_tells_the_trackers_the_uid_and_image_and_an_offlin
     assert not {ENV_TRAINING_UID, ENV_TRAINING_IMAGE} & set(env_of(job(render(t))))
 
 
+def test_the_wandb_key_comes_from_its_secret_optional_so_the_pods_check_reports_a_missing_one() -> None:
+    key = {"name": "wandb", "key": "api-key"}
+    env = env_of(job_of(tracking={"wandb": {"project": "llama", "apiKeySecret": key}}))
+    assert env["WANDB_API_KEY"] == {"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": {**key, "optional": True}}}
+    assert "WANDB_API_KEY" not in env_of(job_of(tracking={"wandb": {"project": "llama", "mode": "offline"}}))
+
+
 def test_set_owner_needs_a_uid() -> None:
     t = FSDPTraining.model_validate(deep_merge(BASE, {"metadata": {"uid": None}}))
     with pytest.raises(ValueError, match=r"metadata\.uid"):

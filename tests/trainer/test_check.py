@@ -20,7 +20,8 @@ from fsdp_trainer.check import check, launch_shape, node_counts, processes_per_n
 from fsdp_trainer.errors import ConfigError
 
 from tests.trainer.harness import base_config, offline_env
-from tests.trainer.tracking.mlflow_server import MlflowServer, dns_answers
+from tests.trainer.tracking.mlflow_server import MlflowServer
+from tests.trainer.tracking.stand_in import dns_answers
 
 
 @pytest.fixture
@@ -234,3 +235,20 @@ def test_an_mlflow_server_is_asked_once_before_the_launch(
         check(str(config_path), "1", 2)
     [line] = info.value.lines
     assert line.startswith("tracking.mlflow.uri http://mlflow.typo.invalid:5000: the host does not resolve (")
+
+
+def test_an_online_wandb_run_without_its_key_is_one_line_before_the_launch(
+    config_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The renderer makes the key's Secret optional, so a missing Secret reaches this check as an empty key."""
+    online = {"project": "llama", "apiKeySecret": {"name": "wandb", "key": "api-key"}}
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    _write(config_path, tracking={"wandb": online})
+    with pytest.raises(ConfigError) as info:
+        check(str(config_path), "1", 2)
+    assert info.value.lines == [
+        "tracking.wandb.apiKeySecret: no W&B API key from the Secret 'wandb', key 'api-key' "
+        "(the Secret or its key is missing or empty)"
+    ]
+    _write(config_path, tracking={"wandb": {"project": "llama", "mode": "offline"}})
+    assert check(str(config_path), "1", 2).startswith("configuration ok: ")

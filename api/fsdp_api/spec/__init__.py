@@ -58,7 +58,7 @@ from .preference import PreferenceSpec
 from .resources import GPU_INSTANCE_PATTERN, ElasticSpec, ResourcesSpec
 from .scheduling import RunPolicySpec, SchedulingSpec
 from .stall import StallSpec
-from .tracking import MlflowSpec, TensorBoardSpec, TrackingSpec
+from .tracking import MlflowSpec, TensorBoardSpec, TrackingSpec, WandbSpec
 from .training import TrainingSpec
 from .updates import IMMUTABLE_FIELDS, check_update, immutable_rule
 from .values import (
@@ -174,6 +174,7 @@ __all__ = [
     "TrainingSpec",
     "Volume",
     "VolumeMount",
+    "WandbSpec",
     "WeightedPodAffinityTerm",
     "check_update",
     "effective_seq_len",

@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from ..contract import POD_MOUNTS, RDZV_PORT
+from ..contract import ENV_WANDB_API_KEY, POD_MOUNTS, RDZV_PORT
 from ..instance_types import FLOAT8_INSTANCE_TYPES
 from ..rules import Rule
 from .backend_rules import BACKEND_RULES
@@ -252,6 +252,19 @@ SPEC_RULES: tuple[Rule, ...] = (
         message="resources.nodes must lie between elastic.minNodes and elastic.maxNodes",
         field_path=".resources.nodes",
         check=lambda s: s.elastic is None or s.elastic.min_nodes <= s.resources.nodes <= s.elastic.max_nodes,
+    ),
+    Rule(
+        cel=(
+            "!has(self.tracking) || !has(self.tracking.wandb) || !has(self.tracking.wandb.apiKeySecret)"
+            f" || !has(self.env) || !self.env.exists(e, e.name == '{ENV_WANDB_API_KEY}')"
+        ),
+        message=f"env sets {ENV_WANDB_API_KEY}, which tracking.wandb.apiKeySecret already gives: keep one of them",
+        field_path=".env",
+        check=lambda s: (
+            s.tracking.wandb is None
+            or s.tracking.wandb.api_key_secret is None
+            or all(e.name != ENV_WANDB_API_KEY for e in s.env)
+        ),
     ),
     SEQ_LEN_RULE,
     *PREFERENCE_RULES,

@@ -8,16 +8,32 @@ thread, so a slow or absent tracker never slows a step.
 from __future__ import annotations
 
 import re
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
 from ..base import ApiModel
-from ..contract import TENSORBOARD_SUBDIR
+from ..contract import ENV_WANDB_API_KEY, TENSORBOARD_SUBDIR, WANDB_SUBDIR
 from ..rules import Rule
+from .env import KeySelector
 
 # A server address: the scheme, a host (and port), any path; no whitespace anywhere.
-MLFLOW_URI_PATTERN = r"^https?://[^\s/?#]+\S*$"
+SERVER_ADDRESS_PATTERN = r"^https?://[^\s/?#]+\S*$"
+# A W&B project or entity name: W&B refuses / \\ # ? % : in them (wandb/sdk/wandb_settings.py).
+WANDB_NAME_PATTERN = r"^[^/\\#?%:]+$"
+
+
+def server_address_rule(field: str, message: str, *, optional: bool = False) -> Rule:
+    """A tracking server's address in ``field``: http(s), a host, no spaces."""
+    attr = re.sub(r"([A-Z])", lambda m: "_" + m.group(1).lower(), field)
+    unset = f"!has(self.{field}) || " if optional else ""
+    return Rule(
+        # CEL string literals take backslashes escaped.
+        cel=f"{unset}self.{field}.matches('" + SERVER_ADDRESS_PATTERN.replace("\\", "\\\\") + "')",
+        message=message,
+        field_path=f".{field}",
+        check=lambda m: getattr(m, attr) is None or re.search(SERVER_ADDRESS_PATTERN, getattr(m, attr)) is not None,
+    )
 
 
 class TensorBoardSpec(ApiModel):
@@ -65,15 +81,62 @@ class MlflowSpec(ApiModel):
     )
 
     rules: ClassVar[tuple[Rule, ...]] = (
+        server_address_rule(
+            "uri",
+            "uri must be the tracking server's http:// or https:// address with a host and no spaces, "
+            "e.g. http://mlflow.mlflow.svc:5000",
+        ),
+    )
+
+
+class WandbSpec(ApiModel):
+    """A Weights & Biases run per training: online to a W&B server, or offline files under the checkpoint directory."""
+
+    project: str = Field(
+        min_length=1, max_length=128, pattern=WANDB_NAME_PATTERN, description="The W&B project the run belongs to."
+    )
+    entity: str | None = Field(
+        None,
+        min_length=1,
+        max_length=128,
+        pattern=WANDB_NAME_PATTERN,
+        description="The W&B team or user that owns the project (default: the API key's own).",
+    )
+    run_name: str | None = Field(
+        None, min_length=1, max_length=128, description="The run's display name (default: the FSDPTraining's name)."
+    )
+    mode: Literal["online", "offline"] = Field(
+        "online",
+        description=(
+            "online: log to the W&B server. offline: write the run to "
+            f"<checkpoint.dir>/{WANDB_SUBDIR} only, to upload later with `wandb sync` (no key, no network)."
+        ),
+    )
+    api_key_secret: KeySelector | None = Field(
+        None,
+        description=(
+            f"The Secret key holding the W&B API key, given to the trainer as {ENV_WANDB_API_KEY}; "
+            "required online. A missing Secret or key is one line from the pod's check, before training starts."
+        ),
+    )
+    base_url: str | None = Field(
+        None,
+        min_length=8,
+        max_length=2048,
+        description="A self-hosted W&B server's address, http:// or https:// (default: W&B's cloud).",
+    )
+
+    rules: ClassVar[tuple[Rule, ...]] = (
         Rule(
-            # CEL string literals take backslashes escaped.
-            cel="self.uri.matches('" + MLFLOW_URI_PATTERN.replace("\\", "\\\\") + "')",
-            message=(
-                "uri must be the tracking server's http:// or https:// address with a host and no spaces, "
-                "e.g. http://mlflow.mlflow.svc:5000"
-            ),
-            field_path=".uri",
-            check=lambda m: re.search(MLFLOW_URI_PATTERN, m.uri) is not None,
+            cel="self.mode == 'offline' || has(self.apiKeySecret)",
+            message="online W&B needs apiKeySecret (the Secret key holding the API key), or mode: offline",
+            field_path=".apiKeySecret",
+            check=lambda m: m.mode == "offline" or m.api_key_secret is not None,
+        ),
+        server_address_rule(
+            "baseUrl",
+            "baseUrl must be the W&B server's http:// or https:// address with a host and no spaces",
+            optional=True,
         ),
     )
 
@@ -95,6 +158,13 @@ class TrackingSpec(ApiModel):
             "each step once (docs/tracking.md)."
         ),
     )
+    wandb: WandbSpec | None = Field(
+        None,
+        description=(
+            "Log to Weights & Biases: one run per training, which a resumed training continues, each step once "
+            "(docs/tracking.md)."
+        ),
+    )
     queue_points: int = Field(
         10_000,
         ge=100,
@@ -107,4 +177,8 @@ class TrackingSpec(ApiModel):
 
     @property
     def enabled(self) -> bool:
-        return self.tensorboard is not None or self.mlflow is not None
+        return any(getattr(self, name) is not None for name in TRACKER_FIELDS)
+
+
+# spec.tracking's trackers, one field each (the trainer's registry has one module per name).
+TRACKER_FIELDS = ("tensorboard", "mlflow", "wandb")

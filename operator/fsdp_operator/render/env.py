@@ -20,6 +20,7 @@ from fsdp_api.contract import (
     ENV_SHUTDOWN_TIMEOUT,
     ENV_TRAINING_IMAGE,
     ENV_TRAINING_UID,
+    ENV_WANDB_API_KEY,
 )
 from fsdp_api.tuning_env import tuning_defaults
 
@@ -75,7 +76,18 @@ def container_env(spec: FSDPTrainingSpec, name: str, uid: str | None = None) -> 
         env += [{"name": ENV_TRAINING_UID, "value": uid}, {"name": ENV_TRAINING_IMAGE, "value": spec.image}]
     if spec.metrics.enabled:
         env.append({"name": ENV_METRICS_PORT, "value": str(spec.metrics.port)})
+    env += _tracker_credentials(spec)
     env += _literal(tuning_defaults(spec))
     user = [e.model_dump(by_alias=True, exclude_none=True, mode="json") for e in spec.env]
     overridden = {e["name"] for e in user}
     return [e for e in env if e["name"] not in overridden] + user
+
+
+def _tracker_credentials(spec: FSDPTrainingSpec) -> Env:
+    """W&B's API key from its Secret, optional: a missing one is the pod check's one line, not a pod stuck
+    in CreateContainerConfigError (fsdp_trainer/tracking/wandb.py, ``preflight``)."""
+    wandb = spec.tracking.wandb
+    if wandb is None or wandb.api_key_secret is None:
+        return []
+    ref = {"name": wandb.api_key_secret.name, "key": wandb.api_key_secret.key, "optional": True}
+    return [{"name": ENV_WANDB_API_KEY, "valueFrom": {"secretKeyRef": ref}}]

@@ -8,6 +8,7 @@ complete checkpoint on its own.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -19,11 +20,20 @@ from typing import Any
 
 import pytest
 import yaml
-from fsdp_api.contract import CHECKPOINT_SAVE_DURATION, ENV_TRAINER_FAULT, LOSS, TENSORBOARD_SUBDIR
+from fsdp_api.contract import (
+    CHECKPOINT_SAVE_DURATION,
+    ENV_TRAINER_FAULT,
+    LOSS,
+    TENSORBOARD_SUBDIR,
+    WANDB_RUN_FILE,
+    WANDB_SUBDIR,
+)
 from fsdp_api.launch import torchrun_standalone, trainer_program
 from fsdp_trainer.checkpoint import MARKER, complete_checkpoints
 from fsdp_trainer.trace import read_trace
 from fsdp_trainer.tracking import series_tag
+from fsdp_trainer.tracking.wandb_log import history as wandb_history
+from fsdp_trainer.tracking.wandb_log import run_files
 
 from tests.trainer.checkpoint.resume_runs import effective_steps, split_attempts
 from tests.trainer.harness import base_config, launch, offline_env
@@ -44,7 +54,11 @@ def test_killed_run_resumes_with_identical_losses_and_data(
             inputs["tokenizer"],
             training={"gradAccumSteps": 2},
             checkpoint={"intervalSteps": 5, "keepLast": 2},
-            tracking={"tensorboard": {"flushSeconds": 1}, "mlflow": mlflow},
+            tracking={
+                "tensorboard": {"flushSeconds": 1},
+                "mlflow": mlflow,
+                "wandb": {"project": f"resume-{name}", "mode": "offline"},
+            },
         )
 
     straight = launch(tmp_path / "straight", config("straight")).check()
@@ -100,6 +114,19 @@ def test_killed_run_resumes_with_identical_losses_and_data(
     # The resumed process skipped what the run held: the checkpoint at 10 sent everything before it, and
     # steps 11-13 reached the server only if a flush (every second) fell between them and the kill.
     [continued] = re.findall(r"mlflow run \S+, continued after step (\d+)", killed.output)
+    assert 10 <= int(continued) <= 13
+
+    # spec.tracking.wandb (offline): one run across the kill, one folder per attempt, each step once, with
+    # the losses of the steps that count; the resumed process skipped the steps the first one wrote.
+    wandb_dir = tmp_path / "killed" / "checkpoints" / WANDB_SUBDIR
+    run_id = json.loads((tmp_path / "killed" / "checkpoints" / WANDB_RUN_FILE).read_text())["run_id"]
+    files = run_files(wandb_dir, run_id)
+    assert len(files) == 2
+    rows = [row for path in files for row in wandb_history(path) if series_tag(LOSS) in row]
+    assert [r["_step"] for r in rows] == list(range(1, 21))
+    for row, record in zip(rows, effective_steps(killed, 0), strict=True):
+        assert row[series_tag(LOSS)] == pytest.approx(record["loss"], rel=1e-6), row["_step"]
+    [continued] = re.findall(r"wandb run \S+ \(offline run \w+; .*\), continued after step (\d+)", killed.output)
     assert 10 <= int(continued) <= 13
 
 

@@ -8,15 +8,12 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any
 
-import pytest
 from fsdp_api.launch import free_port
 
 START_SECONDS = 120.0  # a fresh SQLite store is migrated first: about 15 s on the 2-core machine
@@ -71,15 +68,3 @@ class MlflowServer:
 
     def tail(self, lines: int = 30) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:]) if self.log.exists() else ""
-
-
-def dns_answers(monkeypatch: pytest.MonkeyPatch, code: int, text: str) -> None:
-    """Names under .invalid get ``code`` from the resolver, whatever resolver the machine has."""
-    real = socket.getaddrinfo
-
-    def getaddrinfo(host: str, *args: Any, **kwargs: Any) -> Any:
-        if str(host).endswith(".invalid"):
-            raise socket.gaierror(code, text)
-        return real(host, *args, **kwargs)
-
-    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import http.server
 import json
 import os
 import socket
@@ -24,7 +23,8 @@ from fsdp_trainer.tracking import Tracking
 from fsdp_trainer.tracking.mlflow import MlflowTracker, flat_params, preflight
 from mlflow.protos.databricks_pb2 import TEMPORARILY_UNAVAILABLE
 
-from tests.trainer.tracking.mlflow_server import MlflowServer, dns_answers
+from tests.trainer.tracking.mlflow_server import MlflowServer
+from tests.trainer.tracking.stand_in import answering_server, dns_answers
 
 
 def config(tmp_path: Path, uri: str, experiment: str, **mlflow: Any) -> TrainerConfig:
@@ -205,25 +205,11 @@ def test_a_server_that_stops_mid_run_costs_points_not_steps(
 
 
 @pytest.fixture
-def http_answer() -> Iterator[Any]:
-    """A plain HTTP server on loopback answering every GET with one status and body."""
-    state: dict[str, Any] = {"status": 404, "body": b"<html>not found</html>", "seen": []}
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            state["seen"].append(self.headers.get("Authorization"))
-            self.send_response(state["status"])
-            self.end_headers()
-            self.wfile.write(state["body"])
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    state["uri"] = f"http://127.0.0.1:{server.server_address[1]}"
-    yield state
-    server.shutdown()
+def http_answer() -> Iterator[dict[str, Any]]:
+    """A plain HTTP server on loopback: not MLflow."""
+    with answering_server(404, b"<html>not found</html>") as state:
+        state["uri"] = state["url"]
+        yield state
 
 
 def spec_for(uri: str) -> Any:
@@ -273,11 +259,11 @@ def test_the_check_refuses_an_address_that_is_not_mlflow_and_credentials_the_ser
     ]
     errors, _ = preflight(spec_for(uri), {"MLFLOW_TRACKING_TOKEN": "t0ken"})
     assert errors == [f"tracking.mlflow.uri {uri} refused MLFLOW_TRACKING_TOKEN (HTTP 401)"]
-    assert http_answer["seen"][-1] == "Bearer t0ken"
+    assert http_answer["seen"][-1][1] == "Bearer t0ken"
     # MLflow's client sends basic credentials when both kinds are set, and so does the check.
     both = {"MLFLOW_TRACKING_TOKEN": "t", "MLFLOW_TRACKING_USERNAME": "u", "MLFLOW_TRACKING_PASSWORD": "p"}
     preflight(spec_for(uri), both)
-    assert http_answer["seen"][-1] == "Basic dTpw"
+    assert http_answer["seen"][-1][1] == "Basic dTpw"
 
 
 def test_the_client_reports_no_usage_and_gives_up_sooner_unless_the_pod_says_otherwise(

@@ -24,6 +24,7 @@ from fsdp_api.spec import MlflowSpec
 from fsdp_api.trainer_config import TrainerConfig
 
 from .background import PointsLost
+from .http_check import NoAnswer, ask
 from .series import series_tag
 
 # MLflow's own limits on one log-batch request (mlflow/utils/validation.py).
@@ -201,45 +202,25 @@ def first_line(e: BaseException) -> str:
 
 # --- the pod's check, before torchrun ---------------------------------------------------------
 
-PREFLIGHT_TIMEOUT = 5.0
-
 
 def preflight(spec: MlflowSpec, env: Mapping[str, str]) -> tuple[list[str], list[str]]:
     """(errors, warnings) about the server, asked once as the client would ask it.
 
     A name that does not resolve, credentials refused, or an answer that is not
     MLflow's are errors: they stay wrong however long the training waits. A
-    server that does not answer now is a warning: it may be back before the
-    first point, and until then points are dropped, not waited for.
+    server that does not answer now is a warning (http_check.py).
     """
-    import socket
-    import ssl
-    import urllib.error
     import urllib.parse
-    import urllib.request
 
     query = urllib.parse.urlencode({"experiment_name": spec.experiment})
     url = f"{spec.uri.rstrip('/')}/api/2.0/mlflow/experiments/get-by-name?{query}"
-    request = urllib.request.Request(url, headers=_auth_headers(env))
-    context = ssl.create_default_context()
-    if env.get("MLFLOW_TRACKING_INSECURE_TLS", "").lower() == "true":
-        context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
     where = f"tracking.mlflow.uri {spec.uri}"
+    insecure = env.get("MLFLOW_TRACKING_INSECURE_TLS", "").lower() == "true"
     try:
-        with urllib.request.urlopen(request, timeout=PREFLIGHT_TIMEOUT, context=context) as answer:
-            body, status = answer.read(), answer.status
-    except urllib.error.HTTPError as e:
-        body, status = e.read(), e.code
-    except urllib.error.URLError as e:
-        # "No such name" stays wrong; "try again" (EAI_AGAIN) is DNS having a bad moment.
-        if isinstance(e.reason, socket.gaierror) and e.reason.errno != socket.EAI_AGAIN:
-            return [f"{where}: the host does not resolve ({e.reason.strerror or e.reason})"], []
-        return [], [
-            f"{where} does not answer now ({e.reason}): training starts, and its points are dropped "
-            "(fsdp_tracker_points_dropped_total) until the server answers"
-        ]
-    except (TimeoutError, OSError) as e:
-        return [], [f"{where} does not answer now ({e}): training starts, and its points are dropped until it does"]
+        answer = ask(url, where, headers=_auth_headers(env), insecure=insecure)
+    except NoAnswer as e:
+        return e.problems()
+    body, status = answer.body, answer.status
     if status in (401, 403):
         sent = _auth_headers(env).get("Authorization", "").split(" ")[0]
         how = {

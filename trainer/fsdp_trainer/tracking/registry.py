@@ -7,19 +7,24 @@ from collections.abc import Callable, Mapping
 from fsdp_api.trainer_config import TrainerConfig
 
 from .background import Tracker, Tracking
-from .mlflow import MlflowTracker, preflight
+from .mlflow import MlflowTracker
+from .mlflow import preflight as mlflow_preflight
 from .tensorboard import TensorBoardTracker
+from .wandb import WandbTracker
+from .wandb import preflight as wandb_preflight
 
 # spec.tracking's field name → how to open that tracker from the config.
 TRACKERS: dict[str, Callable[[TrainerConfig], Tracker]] = {
     "tensorboard": TensorBoardTracker.from_config,
     "mlflow": MlflowTracker.from_config,
+    "wandb": WandbTracker.from_config,
 }
 
 # spec.tracking's field name → the pod's check of that tracker: (errors, warnings).
 # A tracker that writes files only (TensorBoard) has nothing to ask before the launch.
 PREFLIGHTS: dict[str, Callable[[TrainerConfig, Mapping[str, str]], tuple[list[str], list[str]]]] = {
-    "mlflow": lambda cfg, env: preflight(cfg.tracking.mlflow, env),  # type: ignore[arg-type]
+    "mlflow": lambda cfg, env: mlflow_preflight(cfg.tracking.mlflow, env),  # type: ignore[arg-type]
+    "wandb": lambda cfg, env: wandb_preflight(cfg.tracking.wandb, env),  # type: ignore[arg-type]
 }
 
 
