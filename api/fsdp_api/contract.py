@@ -234,6 +234,13 @@ ENV_POD_IP = "FSDP_POD_IP"
 # uid, and the overlay's `images:` knob rewrites the image after the render.
 ENV_TRAINING_UID = "FSDP_TRAINING_UID"
 ENV_TRAINING_IMAGE = "FSDP_TRAINING_IMAGE"
+# Kubeflow Trainer v2.3's TrainJobStatus plugin (alpha gate TrainJobStatus) gives a
+# TrainJob's trainer containers its status server's URL and the paths of its CA and of
+# a projected token (pkg/runtime/framework/plugins/trainjobstatus); rank 0 posts the
+# progress there, which the server writes to TrainJob.status.trainerStatus.
+ENV_KUBEFLOW_STATUS_URL = "KUBEFLOW_TRAINER_SERVER_URL"
+ENV_KUBEFLOW_STATUS_CA = "KUBEFLOW_TRAINER_SERVER_CA_CERT"
+ENV_KUBEFLOW_STATUS_TOKEN = "KUBEFLOW_TRAINER_SERVER_TOKEN"
 # W&B's own variable for its API key (wandb/env.py), from spec.tracking.wandb.apiKeySecret.
 ENV_WANDB_API_KEY = "WANDB_API_KEY"
 # What spec.env may not set: each variable the operator derives, and the

@@ -39,7 +39,6 @@ from .processes import stop_process
 # Third-party CRDs (sub-directories of $FSDP_SHARED_DIR/crds) installed in every cluster.
 DEFAULT_CRD_DIRS = ("kubeflow-training-operator-v1", "kubeflow-trainer-v2", "karpenter", "prometheus-operator")
 SERVICE_CLUSTER_IP_RANGE = "10.96.0.0/16"
-SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 
 
 class ClusterStartError(RuntimeError):
@@ -191,7 +190,10 @@ class TestCluster:
                 # Enforce RBAC like a real cluster, so tests see the operator's true permissions.
                 "--authorization-mode=RBAC",
                 # Service-account token issuing/validation, needed by the TokenRequest API.
-                f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
+                # The issuer is the API server's own address, so that its OIDC discovery
+                # (/.well-known/openid-configuration) answers at the issuer's URL: what a
+                # verifier of projected tokens needs (Kubeflow Trainer's status server).
+                f"--service-account-issuer={self.server}",
                 f"--service-account-key-file={p / 'sa.pub'}",
                 f"--service-account-signing-key-file={p / 'sa.key'}",
                 f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",

@@ -40,6 +40,7 @@ Usage::
 
 from __future__ import annotations
 
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -50,10 +51,20 @@ from fsdp_api.launch import free_port
 from .binaries import ensure_tools, jobset_source, trainer_source
 from .control_plane import Component, ControlPlane
 from .pki import b64
+from .wait import wait_for
 from .webhooks import delete_webhooks, register_webhooks
 
 JOBSET = "jobset"
 TRAINER = "trainer-controller-manager"
+# The TrainJob status server (Trainer v2.3, alpha): its feature gate, the Service its URL
+# names (namespace, config's certManagement.webhookServiceName default) and the Secret the
+# plugin reads the CA from (pkg/apis/config/v1alpha1/defaults.go), the fixed serving-cert
+# folder (pkg/util/cert/cert.go) and the in-cluster token path (pkg/statusserver/auth.go).
+STATUS_GATE = "TrainJobStatus"
+STATUS_SERVICE = ("kubeflow-system", "kubeflow-trainer-controller-manager")
+WEBHOOK_SECRET = "kubeflow-trainer-webhook-cert"
+STATUS_CERT_DIR = Path("/tmp/k8s-webhook-server/serving-certs")
+HOST_SA_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
 
 MUTATING = "MutatingWebhookConfiguration"
 VALIDATING = "ValidatingWebhookConfiguration"
@@ -151,12 +162,16 @@ class JobSet:
 class TrainerV2:
     """Kubeflow Trainer v2's controller manager, with the JobSet controller it runs TrainJobs on."""
 
-    def __init__(self, control_plane: ControlPlane) -> None:
+    def __init__(self, control_plane: ControlPlane, *, status_server: bool = False) -> None:
+        """``status_server``: the alpha TrainJobStatus gate on, its status server on loopback (see
+        ``_prepare_status_server``); pods reach it at ``status_service`` (the node agent's
+        ``serve_from_host``)."""
         self.cp = control_plane
         self.cluster = control_plane.cluster
         self.dir = control_plane.dir / TRAINER
         self.jobset = JobSet(control_plane)
         self.startup_seconds: dict[str, float] = {}
+        self.status_port = free_port() if status_server else None
 
     def start(self, timeout: float = 120.0) -> TrainerV2:
         ensure_tools([JOBSET, TRAINER])  # one script run builds whichever is missing
@@ -199,7 +214,11 @@ class TrainerV2:
         self.cp.serving_certs(tmp / "k8s-webhook-server" / "serving-certs")
         webhook, health = free_port(), free_port()
         config = self.dir / "config.yaml"
-        config.write_text(yaml.safe_dump(self._config(webhook, health), sort_keys=False))
+        settings = self._config(webhook, health)
+        if self.status_port is not None:
+            settings |= {"featureGates": {STATUS_GATE: True}, "statusServer": {"port": self.status_port}}
+            self._prepare_status_server(pki)
+        config.write_text(yaml.safe_dump(settings, sort_keys=False))
         hooks = source / "manifests" / "base" / "webhook"
         register_webhooks(
             self.cluster,
@@ -215,7 +234,46 @@ class TrainerV2:
         self.cp.components[TRAINER] = Component(
             TRAINER, args, f"http://127.0.0.1:{health}/readyz", env={"TMPDIR": str(tmp)}
         )
-        self.cp.start_component(TRAINER, timeout)
+        try:
+            self.cp.start_component(TRAINER, timeout)
+            if self.status_port is not None:
+                wait_for(lambda: _listening(self.status_port), timeout, "the TrainJob status server listening")
+        finally:
+            HOST_SA_TOKEN.unlink(missing_ok=True)  # read once, at the status server's start
+
+    def _prepare_status_server(self, pki: Path) -> None:
+        """What Trainer's status server and its TrainJobStatus plugin expect of an in-cluster install.
+
+        - Its serving cert at the fixed ``/tmp/k8s-webhook-server/serving-certs``
+          (pkg/util/cert: ``certDir``, not under $TMPDIR): ours is valid for
+          127.0.0.1, which the pods dial once the node agent resolves the Service.
+        - The CA in the webhook Secret of its namespace, which the plugin copies
+          into each TrainJob's ``<name>-tls-config`` ConfigMap for the pods.
+        - A service-account token at the in-cluster path, from which it reads the
+          cluster's token issuer at start (pkg/statusserver/auth.go); removed as
+          soon as the server listens, since in-cluster clients on this host would
+          take it for theirs.
+        """
+        STATUS_CERT_DIR.mkdir(parents=True, exist_ok=True)
+        for name in ("tls.crt", "tls.key"):
+            (STATUS_CERT_DIR / name).write_bytes((pki / f"webhook-{name}").read_bytes())
+        namespace, name = STATUS_SERVICE
+        self.cluster.create_namespace(namespace)
+        secret = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": WEBHOOK_SECRET, "namespace": namespace},
+            "data": {"ca.crt": b64(pki / "webhook-ca.crt")},
+        }
+        self.cluster.apply(secret)
+        if HOST_SA_TOKEN.exists():
+            raise RuntimeError(f"{HOST_SA_TOKEN} exists: this host runs in a pod, whose token the harness keeps")
+        self.cluster.apply(
+            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, "namespace": namespace}}
+        )
+        token = self.cluster.kubectl("create", "token", name, f"--namespace={namespace}").stdout.strip()
+        HOST_SA_TOKEN.parent.mkdir(parents=True, exist_ok=True)
+        HOST_SA_TOKEN.write_text(token)
 
     @staticmethod
     def _config(webhook: int, health: int) -> dict[str, Any]:
@@ -232,3 +290,11 @@ class TrainerV2:
             "health": {"healthProbeBindAddress": f"127.0.0.1:{health}"},
             "certManagement": {"enable": False},
         }
+
+
+def _listening(port: int | None) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port or 0), timeout=1):
+            return True
+    except OSError:
+        return False

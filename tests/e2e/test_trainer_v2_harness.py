@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from fsdp_localcluster.trainer_v2 import TrainerV2
+from fsdp_localcluster.trainer_v2 import STATUS_SERVICE, TrainerV2
 from fsdp_localcluster.wait import wait_for
 from fsdp_localcluster.whole_cluster import WholeCluster
 
@@ -68,7 +68,9 @@ sys.exit(int(os.environ.get("EXIT_CODE_OF_RANK_" + str(rank), "0")))
 def trainer(whole: WholeCluster) -> Iterator[TrainerV2]:
     """JobSet and Trainer v2 next to the session's control plane, with our ClusterTrainingRuntime."""
     t = time.monotonic()
-    tr = TrainerV2(whole.control_plane).start()
+    # With the TrainJobStatus gate on: test_progress_reaches_the_trainjob_status_through_the_status_server.
+    tr = TrainerV2(whole.control_plane, status_server=True).start()
+    whole.node_agent.network.serve_from_host(*STATUS_SERVICE)
     record("trainer_v2_start_s", time.monotonic() - t)
     try:
         whole.cluster.apply(cluster_training_runtime())
@@ -96,6 +98,9 @@ def cluster_training_runtime() -> dict[str, Any]:
                                     "backoffLimit": 0,
                                     "template": {
                                         "spec": {
+                                            # What the ServiceAccount admission plugin sets on a real
+                                            # cluster (off here): the status plugin's projected token needs it.
+                                            "serviceAccountName": "default",
                                             "restartPolicy": "Never",
                                             "containers": [{"name": "node", "image": IMAGE}],
                                         }
@@ -110,7 +115,9 @@ def cluster_training_runtime() -> dict[str, Any]:
     }
 
 
-def trainjob(name: str, namespace: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+def trainjob(
+    name: str, namespace: str, env: dict[str, str] | None = None, script: str = RENDEZVOUS, nodes: int = 2
+) -> dict[str, Any]:
     return {
         "apiVersion": TRAINER_API,
         "kind": "TrainJob",
@@ -119,8 +126,8 @@ def trainjob(name: str, namespace: str, env: dict[str, str] | None = None) -> di
             "runtimeRef": {"name": RUNTIME},
             "trainer": {
                 "image": IMAGE,
-                "command": ["python", "-c", RENDEZVOUS],
-                "numNodes": 2,
+                "command": ["python", "-c", script],
+                "numNodes": nodes,
                 "numProcPerNode": 1,
                 "resourcesPerNode": {"requests": {"cpu": "100m", "memory": "64Mi"}},
                 "env": [{"name": k, "value": v} for k, v in (env or {}).items()],
@@ -194,3 +201,54 @@ def test_trainjob_fails_when_a_node_fails(whole: WholeCluster, trainer: TrainerV
     assert (condition(tj, "Complete") or {}).get("status") != "True"
     jobset_failed = condition(whole.get("jobset", name, ns), "Failed")
     assert jobset_failed is not None and jobset_failed["status"] == "True"
+
+
+# Rank 0's reporter, as the trainer opens it from the variables Trainer's TrainJobStatus plugin set:
+# four steps of ten, then the same post to another TrainJob's address, which its token may not update.
+STATUS_REPORT = """\
+import os
+from pathlib import Path
+from fsdp_trainer.tracking.background import PointsLost
+from fsdp_trainer.tracking.trainjob_status import TrainJobStatusReporter
+from fsdp_api.trainer_config import TrainerConfig
+cfg = TrainerConfig.model_validate({"model": {"preset": "tiny"}, "training": {"maxSteps": 10}})
+reporter = TrainJobStatusReporter.from_env(cfg, os.environ)
+print("status url", reporter.endpoint, flush=True)
+for step in range(1, 5):
+    reporter.write(step, {"train/loss": 5.0 - step, "train/step_duration_seconds": 2.0})
+reporter.flush()
+print("posted", flush=True)
+other = TrainJobStatusReporter(
+    reporter.endpoint.replace("/trainjobs/progress/", "/trainjobs/someone-else/"),
+    reporter.ca_file, reporter.token_file, 10,
+)
+try:
+    other.write(1, {"train/loss": 1.0})  # the first point is posted at once
+except PointsLost as e:
+    print("refused:", e, flush=True)
+"""
+
+
+def test_progress_reaches_the_trainjob_status_through_the_status_server(
+    whole: WholeCluster, trainer: TrainerV2
+) -> None:
+    """Trainer v2.3's alpha TrainJobStatus: the plugin's env, token and CA in the pod, our reporter's post,
+    the status server's token check, TrainJob.status.trainerStatus."""
+    ns, name = "tj-status", "progress"
+    whole.cluster.create_namespace(ns)
+    whole.cluster.apply(trainjob(name, ns, script=STATUS_REPORT, nodes=1))
+    tj = wait_terminal(whole, trainer, name, ns)
+    logs = pod_logs(whole, name, ns)
+    log = logs[f"{name}-node-0-0"]
+    assert (condition(tj, "Complete") or {}).get("status") == "True", f"{tj.get('status')}\n{logs}"
+    assert "posted" in log, log
+    status = tj["status"]["trainerStatus"]
+    assert status["progressPercentage"] == 40
+    assert status["estimatedRemainingSeconds"] == 12  # 6 steps left at 2 s
+    assert {m["name"]: m["value"] for m in status["metrics"]} == {
+        "train/loss": "1",
+        "train/step_duration_seconds": "2",
+    }
+    assert status["lastUpdatedTime"]
+    # The token's audience names this TrainJob: the server refuses it for another.
+    assert "refused: the TrainJob status server answered HTTP 403: Forbidden" in log, log

@@ -40,6 +40,14 @@ class PodNetwork:
         self.services: dict[str, set[str]] = {}
         # (namespace, name) records that cluster DNS does not serve (yet): see ``withhold``.
         self.withheld: set[tuple[str, str]] = set()
+        # Services backed by a process the harness runs on the host, not by a pod: see ``serve_from_host``.
+        self.host_services: dict[tuple[str, str], str] = {}
+
+    def serve_from_host(self, namespace: str, name: str, ip: str = "127.0.0.1") -> None:
+        """Resolve Service ``name`` to ``ip``: a controller the harness runs on loopback (its webhook or status
+        server), whose Service has no pod behind it here."""
+        with self._lock:
+            self.host_services[(namespace, name)] = ip
 
     def withhold(self, namespace: str, name: str, withheld: bool = True) -> None:
         """Serve no record for ``name`` (a pod's ``<hostname>.<subdomain>``) until called with False.
@@ -108,6 +116,8 @@ class PodNetwork:
                 if hostname and subdomain == name and f"{ns}/{hostname}.{name}" not in table:
                     self._add(table, ns, f"{hostname}.{name}", self.ip_for(ns, p["metadata"]["name"]))
         with self._lock:
+            for (ns, name), ip in self.host_services.items():
+                self._add(table, ns, name, ip)
             self.table = table
             self.services = known
         lines = [f"{ip} {name}" for name, ip in sorted(table.items()) if "/" not in name]

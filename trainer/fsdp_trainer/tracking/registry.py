@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 
 from fsdp_api.trainer_config import TrainerConfig
@@ -10,6 +11,7 @@ from .background import Tracker, Tracking
 from .mlflow import MlflowTracker
 from .mlflow import preflight as mlflow_preflight
 from .tensorboard import TensorBoardTracker
+from .trainjob_status import TrainJobStatusReporter
 from .wandb import WandbTracker
 from .wandb import preflight as wandb_preflight
 
@@ -18,6 +20,12 @@ TRACKERS: dict[str, Callable[[TrainerConfig], Tracker]] = {
     "tensorboard": TensorBoardTracker.from_config,
     "mlflow": MlflowTracker.from_config,
     "wandb": WandbTracker.from_config,
+}
+
+# Trackers the cluster turns on through the pod's environment, not the spec: each opens, or
+# returns None when its variables are absent.
+AMBIENT: dict[str, Callable[[TrainerConfig, Mapping[str, str]], Tracker | None]] = {
+    TrainJobStatusReporter.name: TrainJobStatusReporter.from_env,
 }
 
 # spec.tracking's field name → the pod's check of that tracker: (errors, warnings).
@@ -40,9 +48,17 @@ def tracker_problems(cfg: TrainerConfig, env: Mapping[str, str]) -> tuple[list[s
     return errors, warnings
 
 
-def open_tracking(cfg: TrainerConfig, *, on_drop: Callable[[int], None], say: Callable[[str], None]) -> Tracking | None:
-    """The trackers the config asks for behind one writer thread; None when it asks for none."""
+def open_tracking(
+    cfg: TrainerConfig,
+    *,
+    on_drop: Callable[[int], None],
+    say: Callable[[str], None],
+    env: Mapping[str, str] | None = None,
+) -> Tracking | None:
+    """The trackers the config (and the environment) ask for behind one writer thread; None for none."""
     trackers = [open_one(cfg) for name, open_one in TRACKERS.items() if getattr(cfg.tracking, name) is not None]
+    environ = os.environ if env is None else env
+    trackers += [t for open_one in AMBIENT.values() if (t := open_one(cfg, environ)) is not None]
     if not trackers:
         return None
     return Tracking(trackers, cfg.tracking.queue_points, on_drop=on_drop, say=say)
