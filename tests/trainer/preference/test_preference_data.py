@@ -112,12 +112,41 @@ def test_conversations_without_a_prompt_column_carry_their_prompt(chat_tokenizer
     [doc] = encode([("r0", implicit)])
     inputs = [t for part in doc.parts() for t in part.tokens[:-1]]
     assert batch.inputs[0].tolist()[: len(inputs)] == inputs
-    # Text answers cannot carry a prompt: one line naming what is missing.
-    texts = {"chosen": "w3", "rejected": "w5"}
+    # Texts that do not begin alike carry no prompt: one line naming what is missing.
+    texts = {"chosen": "yes", "rejected": "no"}
     assert data_format("preference").check_files(spec, _jsonl(path, [texts])) == [
-        f"data.path: {path}: row 1: no field 'prompt' (data.promptField), and the answers are not conversations "
-        "whose shared beginning could be the prompt"
+        f"data.path: {path}: row 1: no field 'prompt' (data.promptField), and the two texts do not begin alike, "
+        "so they carry no prompt"
     ]
+
+
+@pytest.mark.parametrize(
+    "chosen, rejected",
+    [
+        ("\n\nHuman: w1 w2\n\nAssistant: w3 w4", "\n\nHuman: w1 w2\n\nAssistant: w5"),  # HH-RLHF's layout
+        ("w1 w2 w3", "w1 w2 w3 w4"),  # one answer ends where the other goes on
+        ("w1 w2 w6", "w1 w2 w5"),  # the split falls inside a word: the space stays with the answers
+    ],
+)
+def test_texts_without_a_prompt_column_split_as_trl_extracts_the_prompt(
+    tokenizer: Any, chosen: str, rejected: str
+) -> None:
+    from fsdp_trainer.data.formats.preference import split_text_prompt
+    from trl import extract_prompt
+
+    trl = extract_prompt({"chosen": chosen, "rejected": rejected})
+    if chosen == rejected[: len(chosen)]:
+        # TRL cuts before the shorter text's last character there (its loop ends without a difference);
+        # the shorter text is all prompt here, and the row is refused for its empty answer instead.
+        assert split_text_prompt(chosen, rejected) == (chosen, "", rejected[len(chosen) :])
+        encode = row_encoder(_spec(), tokenizer)
+        with pytest.raises(Exception, match="field 'chosen' is empty"):
+            encode([("r0", {"chosen": chosen, "rejected": rejected})])
+        return
+    assert split_text_prompt(chosen, rejected) == (trl["prompt"], trl["chosen"], trl["rejected"])
+    encode = row_encoder(_spec(), tokenizer)
+    explicit = {"prompt": trl["prompt"], "chosen": trl["chosen"], "rejected": trl["rejected"]}
+    assert encode([("r0", {"chosen": chosen, "rejected": rejected})]) == encode([("r0", explicit)])
 
 
 def test_a_chat_prompt_without_a_template_is_one_line_naming_the_row(tokenizer: Any) -> None:
@@ -191,8 +220,8 @@ def test_the_config_check_names_the_first_row_with_a_missing_or_empty_answer(tmp
         "got None"
     ]
     assert fmt.check_files(spec, _jsonl(path, [{"question": "p", "chosen": "a", "rejected": "b"}])) == [
-        f"data.path: {path}: row 1: no field 'prompt' (data.promptField), and the answers are not conversations "
-        "whose shared beginning could be the prompt"
+        f"data.path: {path}: row 1: no field 'prompt' (data.promptField), and the two texts do not begin alike, "
+        "so they carry no prompt"
     ]
     chat = {"prompt": [{"role": "user", "content": "hi"}], "chosen": [{"role": "assistant"}], "rejected": "no"}
     assert fmt.check_files(spec, _jsonl(path, [good, chat])) == [

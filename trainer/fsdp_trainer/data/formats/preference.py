@@ -4,8 +4,9 @@ A row is TRL's preference layout: ``prompt`` plain text or a list of chat
 messages, ``chosen`` and ``rejected`` the two answers (text, or a list of
 messages: an answer given as text to a chat prompt is one assistant
 message); or UltraFeedback's, whose answers are whole conversations that
-begin with the same messages; or TRL's implicit prompt, the same
-conversations with no prompt column at all (``read_pair``). It becomes one
+begin with the same messages; or TRL's implicit prompt, no prompt column
+at all: the same conversations, or two texts whose common beginning is the
+prompt (HH-RLHF's layout; ``read_pair``). It becomes one
 document holding two sequences, prompt + chosen and prompt + rejected,
 packed together so a pair never straddles two micro-batches; only the
 answers are trained.
@@ -81,7 +82,12 @@ def read_pair(row: Any, fields: tuple[str, str, str]) -> tuple[Pair | None, str 
         problem = _implicit_prompt_problem(values["chosen"], values["rejected"])
         if problem:
             return None, f"no field {names['prompt']!r} (data.promptField), and {problem}"
-        values["prompt"] = ""  # the shared beginning below becomes the prompt
+        if isinstance(values["chosen"], str):
+            values["prompt"], values["chosen"], values["rejected"] = split_text_prompt(
+                values["chosen"], values["rejected"]
+            )
+        else:
+            values["prompt"] = ""  # the shared beginning below becomes the prompt
     for key in ("prompt", "chosen", "rejected"):
         value = values[key]
         if _is_chat(value):
@@ -114,10 +120,28 @@ def read_pair(row: Any, fields: tuple[str, str, str]) -> tuple[Pair | None, str 
     return pair, None
 
 
+def split_text_prompt(chosen: str, rejected: str) -> tuple[str, str, str]:
+    """Two texts that begin alike as (prompt, chosen, rejected), split as TRL's ``extract_prompt`` splits them.
+
+    The prompt is their longest common beginning, less a space it ends in (which
+    stays with the answers): HH-RLHF's rows, ``\\n\\nHuman: ... \\n\\nAssistant: ...``.
+    """
+    shared = 0
+    while shared < min(len(chosen), len(rejected)) and chosen[shared] == rejected[shared]:
+        shared += 1
+    if 0 < shared < len(chosen) and chosen[shared - 1] == " ":
+        shared -= 1
+    return chosen[:shared], chosen[shared:], rejected[shared:]
+
+
 def _implicit_prompt_problem(chosen: Any, rejected: Any) -> str | None:
     """Why two answers cannot carry their own prompt (TRL's implicit prompt), or None."""
+    if isinstance(chosen, str) and isinstance(rejected, str):
+        if not split_text_prompt(chosen, rejected)[0].strip():
+            return "the two texts do not begin alike, so they carry no prompt"
+        return None
     if not (_is_chat(chosen) and _is_chat(rejected)):
-        return "the answers are not conversations whose shared beginning could be the prompt"
+        return "the answers are neither texts nor conversations whose shared beginning could be the prompt"
     if messages_problem(chosen) or messages_problem(rejected) or not _shared_prefix(chosen, rejected):
         return "the two conversations do not begin with the same messages, which would be the prompt"
     return None
@@ -139,7 +163,7 @@ class PreferenceFormat(RowFormat):
         return (spec.prompt_field, spec.chosen_field, spec.rejected_field)
 
     def optional_fields(self, spec: DataSpec) -> tuple[str, ...]:
-        # TRL's implicit prompt: conversations that begin alike carry their prompt themselves.
+        # TRL's implicit prompt: conversations or texts that begin alike carry their prompt themselves.
         return (spec.prompt_field,)
 
     def row_problem(self, spec: DataSpec, row: dict[str, Any]) -> str | None:
