@@ -175,6 +175,27 @@ def training(name: str, namespace: str, **spec: Any) -> dict[str, Any]:
     }
 
 
+def worker_pod(namespace: str, job: str, node: str | None = None) -> dict[str, Any]:
+    """Worker 0 of PyTorchJob ``job``, as the training operator creates it (bound to ``node`` if given)."""
+    spec: dict[str, Any] = {"containers": [{"name": "pytorch", "image": "ghcr.io/fsdp-k8s/trainer:0.1.0"}]}
+    if node:
+        spec["nodeName"] = node
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": f"{job}-worker-0",
+            "namespace": namespace,
+            "labels": {
+                "training.kubeflow.org/job-name": job,
+                "training.kubeflow.org/replica-type": "worker",
+                "training.kubeflow.org/replica-index": "0",
+            },
+        },
+        "spec": spec,
+    }
+
+
 @pytest.fixture(scope="module")
 def env(cluster: TestCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     workdir = tmp_path_factory.mktemp("operator-e2e")
@@ -715,20 +736,7 @@ def test_step_loss_and_throughput_come_from_the_rank0_pod(env: Env) -> None:
         env.apply_training(ns, name, metrics={"enabled": True, "port": port})
         env.wait_job(ns, name)
         # What the training operator and the kubelet would create: worker 0, running, on loopback.
-        pod = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {
-                "name": f"{name}-worker-0",
-                "namespace": ns,
-                "labels": {
-                    "training.kubeflow.org/job-name": name,
-                    "training.kubeflow.org/replica-type": "worker",
-                    "training.kubeflow.org/replica-index": "0",
-                },
-            },
-            "spec": {"containers": [{"name": "pytorch", "image": "ghcr.io/fsdp-k8s/trainer:0.1.0"}]},
-        }
+        pod = worker_pod(ns, name)
         env.cluster.apply(pod)
         env.patch_pod_status(
             ns, pod["metadata"]["name"], {"phase": "Running", "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}]}
@@ -774,22 +782,7 @@ def test_unschedulable_pods_are_explained_in_the_status(env: Env) -> None:
     env.wait_status(ns, name, "phase Created", phase="Created")
     # What the training operator creates and the scheduler then marks, as they would.
     pod_name = f"{name}-worker-0"
-    env.cluster.apply(
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {
-                "name": pod_name,
-                "namespace": ns,
-                "labels": {
-                    "training.kubeflow.org/job-name": name,
-                    "training.kubeflow.org/replica-type": "worker",
-                    "training.kubeflow.org/replica-index": "0",
-                },
-            },
-            "spec": {"containers": [{"name": "pytorch", "image": "ghcr.io/fsdp-k8s/trainer:0.1.0"}]},
-        }
-    )
+    env.cluster.apply(worker_pod(ns, name))
     unschedulable = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": NO_FIT}
     env.patch_pod_status(ns, pod_name, {"phase": "Pending", "conditions": [unschedulable]})
 
@@ -806,6 +799,59 @@ def test_unschedulable_pods_are_explained_in_the_status(env: Env) -> None:
     )
     cond = next(c for c in s["conditions"] if c["type"] == "Schedulable")
     assert (cond["status"], cond["reason"]) == ("True", "Scheduled")
+
+
+# --- nodes that report a problem -----------------------------------------------------------------
+
+
+def test_a_node_whose_own_conditions_report_a_problem_is_named_in_the_status(env: Env) -> None:
+    """The EKS node monitoring agent's AcceleratedHardwareReady=False on the node of a running pod."""
+    ns, name = "e2e-nodes", "badnode"
+    node = "ip-10-0-7-21.ec2.internal"
+    env.apply_training(ns, name, resources={"nodes": 1, "gpusPerNode": 0, "nodePool": "default"})
+    env.wait_job(ns, name)
+
+    def node_conditions(*conditions: dict[str, str]) -> None:
+        env.cluster.kubectl(
+            "patch", "node", node, "--subresource=status", "--type=merge", "-p",
+            json.dumps({"status": {"conditions": [{"type": "Ready", "status": "True"}, *conditions]}}),
+        )  # fmt: skip
+
+    env.cluster.apply({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}})
+    try:
+        xid = "GPU 0000:53:00.0 has fallen off the bus"
+        node_conditions(
+            {"type": "AcceleratedHardwareReady", "status": "False", "reason": "NvidiaXID79Error", "message": xid},
+            {"type": "NetworkingReady", "status": "True", "reason": "NetworkingIsReady"},
+        )
+        pod_name = f"{name}-worker-0"
+        env.cluster.apply(worker_pod(ns, name, node=node))
+        env.patch_pod_status(ns, pod_name, {"phase": "Running"})
+        env.patch_job_status(ns, name, {"conditions": [{"type": "Running", "status": "True", "reason": "Running"}]})
+
+        suspect = f"node {node} (pods {pod_name}): AcceleratedHardwareReady=False (NvidiaXID79Error: {xid})"
+        s = env.wait_status(ns, name, "the suspect node in the status", phase="Running", message=suspect)
+        cond = next(c for c in s["conditions"] if c["type"] == "NodesHealthy")
+        assert (cond["status"], cond["reason"], cond["message"]) == ("False", "SuspectNode", suspect)
+        env.wait_events(ns, name, "SuspectNode")
+
+        # The node is repaired (or its problem clears): the condition says so and the message goes.
+        node_conditions({"type": "AcceleratedHardwareReady", "status": "True", "reason": "AcceleratedHardwareIsReady"})
+
+        def healthy() -> dict[str, Any] | None:
+            s = env.status(ns, name)
+            cond = next((c for c in s.get("conditions") or [] if c["type"] == "NodesHealthy"), {})
+            return s if cond.get("status") == "True" else None
+
+        s = wait_for(healthy, JOB_TIMEOUT, what="NodesHealthy True again", interval=POLL)
+        cond = next(c for c in s["conditions"] if c["type"] == "NodesHealthy")
+        assert (cond["reason"], cond["message"]) == (
+            "NoSuspectNode",
+            "no node condition reports a problem on the 1 node(s) of the training's pods",
+        )
+        assert s["message"] != suspect
+    finally:
+        env.cluster.kubectl("delete", "node", node, "--ignore-not-found", "--wait=false")
 
 
 # --- restarts ------------------------------------------------------------------------------------

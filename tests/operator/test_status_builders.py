@@ -36,4 +36,15 @@ def test_the_first_row_that_holds_gives_the_message() -> None:
 def test_a_condition_in_the_wrong_state_or_phase_leaves_the_phase_message() -> None:
     assert status_message("Running", "running", [cond("Stalled", "False", "progressing")]) == "running"
     assert status_message("Succeeded", "done", [cond("Schedulable", "False", "no node fits")]) == "done"
-    assert {row[0] for row in MESSAGE_PRECEDENCE} == {"Stalled", "ConfigValid", "PodsStarted", "Schedulable"}
+    assert {row[0] for row in MESSAGE_PRECEDENCE} == {
+        "Stalled",
+        "NodesHealthy",
+        "ConfigValid",
+        "PodsStarted",
+        "Schedulable",
+    }
+    # A suspect node speaks for a running training, after a stall; a healthy one never.
+    suspect = cond("NodesHealthy", "False", "node n1: AcceleratedHardwareReady=False")
+    assert status_message("Running", "running", [suspect]) == "node n1: AcceleratedHardwareReady=False"
+    assert status_message("Running", "running", [cond("Stalled", "True", "no step"), suspect]) == "no step"
+    assert status_message("Running", "running", [cond("NodesHealthy", "True", "fine")]) == "running"

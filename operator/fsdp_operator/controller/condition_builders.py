@@ -22,6 +22,8 @@ from .conditions import (
     KUBEFLOW_CONDITIONS,
     METRICS_UNREACHABLE,
     NO_PROGRESS,
+    NO_SUSPECT_NODE,
+    NODES_HEALTHY,
     PODS_STARTED,
     PROGRESSING,
     RECONCILED,
@@ -29,6 +31,7 @@ from .conditions import (
     SCHEDULED,
     STALLED,
     STARTING,
+    SUSPECT_NODE,
     TRAINER_REJECTED_CONFIG,
     condition,
 )
@@ -273,6 +276,20 @@ def _job_conditions(job: JobView, generation: int | None, previous: Mapping[str,
     return out
 
 
+def _nodes_healthy(inp: Inputs) -> list[Condition]:
+    """NodesHealthy: what the nodes under the pods say of themselves; kept between looks, gone without pods."""
+    if inp.phase in PODLESS or inp.phase in ("Succeeded", "Failed"):
+        return []
+    health = inp.nodes
+    if health is None:
+        kept = inp.prev_conds.get(NODES_HEALTHY)
+        return _one(Condition.model_validate(kept) if kept is not None else None)
+    status, reason = ("True", NO_SUSPECT_NODE) if health.healthy else ("False", SUSPECT_NODE)
+    return [
+        condition(NODES_HEALTHY, status, reason, health.message(), inp.training.generation, inp.prev_conds, inp.now)
+    ]
+
+
 def _mirrored(inp: Inputs) -> list[Condition]:
     """The job's own conditions (Kubeflow's), as its backend reports them."""
     return _job_conditions(inp.job, inp.generation, inp.prev_conds, inp.now) if inp.job is not None else []
@@ -281,4 +298,12 @@ def _mirrored(inp: Inputs) -> list[Condition]:
 # Conditions the phase depends on, in the order they are listed in the status.
 EARLY_CONDITIONS: tuple[Builder, ...] = (_reconciled, _checkpoints_persistent, _queue)
 # Conditions that depend on the phase, listed after the early ones in this order.
-CONDITIONS: tuple[Builder, ...] = (_schedulable, _started, _config_valid, _fits_memory, _stalled, _mirrored)
+CONDITIONS: tuple[Builder, ...] = (
+    _schedulable,
+    _started,
+    _config_valid,
+    _fits_memory,
+    _stalled,
+    _nodes_healthy,
+    _mirrored,
+)

@@ -44,6 +44,10 @@ STARTING = "Starting"
 METRICS_UNREACHABLE = "MetricsUnreachable"  # status Unknown: past the limit, but the endpoint does not answer
 # Whether the spec's memory plan fits the GPUs it asks for (fsdp_api.memory_plan).
 FITS_MEMORY = "FitsMemory"
+# The nodes under the pods, by their own conditions (node_health.py): reason of False.
+NODES_HEALTHY = "NodesHealthy"
+SUSPECT_NODE = "SuspectNode"
+NO_SUSPECT_NODE = "NoSuspectNode"
 # Reconciled=False reasons: a spec the renderer rejects, or an API error applying the objects.
 INVALID_SPEC = "InvalidSpec"
 APPLY_FAILED = "ApplyFailed"

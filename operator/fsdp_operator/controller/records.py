@@ -8,10 +8,12 @@ from typing import Any
 from fsdp_api import API_VERSION, KIND
 
 from . import bodies
+from .node_health import NodeHealth
 from .stall import StallVerdict
 from .state import Runtime
 from .status import (
     CONFIG_VALID,
+    NODES_HEALTHY,
     PODS_STARTED,
     SCHEDULABLE,
     STALLED,
@@ -45,6 +47,23 @@ async def record_pods(rt: Runtime, training: Mapping[str, Any], report: PodsRepo
         before = pod_conditions(rt.previous_status(training))
         await sync_locked(rt, training, job, outcome=None, source="pods", pods=report, in_handler=False)
         return before != pod_conditions(rt.previous_status(training))
+
+
+async def record_nodes(rt: Runtime, training: Mapping[str, Any], health: NodeHealth) -> bool:
+    """Write what the nodes under the pods say of themselves; True if NodesHealthy changed."""
+    uid = bodies.uid_of(training)
+
+    def nodes_healthy(status: Mapping[str, Any]) -> list[Any]:
+        conditions = status.get("conditions") or []
+        return [(c.get("status"), c.get("message")) for c in conditions if c.get("type") == NODES_HEALTHY]
+
+    async with rt.lock(uid):
+        job = rt.jobs.get(uid)
+        if job is None or uid in rt.applying:
+            return False
+        before = nodes_healthy(rt.previous_status(training))
+        await sync_locked(rt, training, job, outcome=None, source="nodes", nodes=health, in_handler=False)
+        return before != nodes_healthy(rt.previous_status(training))
 
 
 async def record_stall(

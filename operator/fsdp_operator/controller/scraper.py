@@ -10,7 +10,10 @@ the operator being up). Per tick:
   a step yet: one pod LIST per training, so that a job the scheduler cannot
   place says why (the Schedulable condition) and a configuration the
   trainer's check rejects is shown (the ConfigValid condition), a status
-  patch only when one of those changed.
+  patch only when one of those changed;
+- every ``NODE_CHECK_TICKS`` ticks, trainings with pods: one pod LIST per
+  namespace and backend, one node LIST, so that a node whose own conditions
+  report a problem is named (the NodesHealthy condition, node_health.py).
 
 When a job finishes, ``final_scrape`` reads its trainer's metrics once more.
 """
@@ -32,9 +35,10 @@ from .. import backends
 from .bodies import MetricsView, live_pods, uid_of
 from .completion import completion_fields
 from .kube import NETWORK_ERRORS, ApiError
+from .node_health import node_health
 from .peering import we_are_active
 from .progress import TrainerProgress, Unreadable, rank0_pod, scrape
-from .records import record_pods, record_progress
+from .records import record_nodes, record_pods, record_progress
 from .stall.check import check_stall
 from .state import Runtime
 from .status import FAILED_CREATE_POD, SCHEDULABLE, TrainingFacts, pods_report
@@ -43,6 +47,11 @@ log = logging.getLogger(__name__)
 
 # Scrapes in flight at once: bounded so a thousand running jobs cannot open a thousand sockets.
 MAX_CONCURRENT_SCRAPES = 16
+# The node check runs every this many ticks (every 3 minutes at the default 30 s): node
+# conditions change slowly, and a node LIST of a large cluster is not free.
+NODE_CHECK_TICKS = 6
+# Phases whose pods are on nodes (or about to be).
+WITH_PODS = ("Running", "Restarting")
 
 
 @dataclass(frozen=True)
@@ -245,14 +254,52 @@ def _completion(rt: Runtime, body: Mapping[str, Any], progress: TrainerProgress)
     return completion_fields(progress.step, max_steps, rate or progress.seconds_per_step)
 
 
+async def check_nodes_once(rt: Runtime, peering: PeeringView | None) -> int:
+    """One look at the nodes under every training with pods; returns how many NodesHealthy conditions changed.
+
+    Needs ``list`` on nodes (cluster-scoped): an install that may not read them
+    (namespaced mode, docs/operator.md) goes without the check.
+    """
+    trainings = [b for b in list(rt.trainings.values()) if rt.previous_status(b).get("phase") in WITH_PODS]
+    if not trainings:
+        return 0
+    try:
+        nodes = {n["metadata"]["name"]: n for n in await rt.client.list("v1", "Node", None)}
+    except ApiError as e:
+        if e.status in (401, 403):
+            log.debug("the node check is off: this install may not list nodes (%s)", e)
+            return 0
+        raise
+    groups: dict[tuple[str, JobBackend], list[Mapping[str, Any]]] = defaultdict(list)
+    for body in trainings:
+        groups[body["metadata"]["namespace"], backends.of_training(body).ref].append(body)
+    changed = 0
+    for (namespace, backend), bodies in groups.items():
+        if not await _allowed(rt, peering, namespace):
+            continue
+        pods = live_pods(await rt.client.list("v1", "Pod", namespace, backend.job_label))
+        for body in bodies:
+            job_name = rt.previous_status(body).get("jobName") or body["metadata"]["name"]
+            mine = [p for p in pods if (p["metadata"].get("labels") or {}).get(backend.job_label) == job_name]
+            health = node_health(mine, nodes)
+            if health is not None and await record_nodes(rt, body, health):
+                changed += 1
+    return changed
+
+
 async def run_scraper(rt: Runtime, interval: float, peering: PeeringView | None) -> None:
-    """Forever: scrape, check placement, sleep. Errors never end the loop; the next tick retries."""
+    """Forever: scrape, check placement (and, every few ticks, the nodes), sleep. Errors never end the loop."""
+    tick = 0
     async with aiohttp.ClientSession() as session:
         while True:
-            for name, one_pass in (
+            passes = [
                 ("progress scrape", lambda: scrape_once(rt, session, peering)),
                 ("pods check", lambda: check_pods_once(rt, peering)),
-            ):
+            ]
+            if tick % NODE_CHECK_TICKS == 0:
+                passes.append(("node check", lambda: check_nodes_once(rt, peering)))
+            tick += 1
+            for name, one_pass in passes:
                 try:
                     await one_pass()
                 except asyncio.CancelledError:

@@ -31,6 +31,7 @@ from .conditions import (
     INVALID_SPEC,
     JOB_RECREATE_FAILED,
     MAX_MESSAGE,
+    NODES_HEALTHY,
     PODS_STARTED,
     RECONCILED,
     SCHEDULABLE,
@@ -38,6 +39,7 @@ from .conditions import (
     bounded,
     previous_conditions,
 )
+from .node_health import NodeHealth
 from .pod_report import PodsReport, Scheduling, Start, config_rejection, pod_scheduling, pod_start, pods_report
 from .queueing import ADMITTED, QueueState
 from .stall import StallVerdict
@@ -85,6 +87,7 @@ def observed_generation(job: Json | JobView | None, previous: Json | None) -> in
 # speaks for). The first that holds gives the message; else the phase's own message.
 MESSAGE_PRECEDENCE: tuple[tuple[str, str | None, tuple[Phase, ...]], ...] = (
     (STALLED, "True", ACTIVE),
+    (NODES_HEALTHY, "False", ACTIVE),
     # Why the job crash-loops, and then why it failed: more useful than the backoff limit.
     (CONFIG_VALID, None, (*WAITING, "Failed")),
     (PODS_STARTED, "False", WAITING),
@@ -135,6 +138,7 @@ def compute_status(
     stall_restarts: int | None = None,
     memory: MemoryPlan | None = None,
     queue: QueueState | None = None,
+    nodes: NodeHealth | None = None,
     now: str | None = None,
 ) -> FSDPTrainingStatus:
     """The whole declared status, from the training, its PyTorchJob (None if absent) and the previous status.
@@ -151,6 +155,8 @@ def compute_status(
     the spec's memory plan, made when it is applied; None keeps the previous
     FitsMemory condition and status.memory. ``queue`` is what Kueue's Workload
     says of a queued training; None keeps its previous Admitted and Evicted.
+    ``nodes`` is what the nodes under the pods say of themselves; None keeps
+    the previous NodesHealthy condition.
     Metric-derived fields (step, loss, tokens/s, last checkpoint step) are
     carried over: only the scraper sets them, except that a Succeeded job
     has by construction trained and checkpointed its last step (below).
@@ -171,6 +177,7 @@ def compute_status(
         stall=stall,
         memory=memory,
         queue=queue,
+        nodes=nodes,
     )
     early = [c for build in EARLY_CONDITIONS for c in build(inp)]
     phase, message = _phase(inp, early)
@@ -234,6 +241,7 @@ __all__ = [
     "INVALID_SPEC",
     "JOB_RECREATE_FAILED",
     "MAX_MESSAGE",
+    "NODES_HEALTHY",
     "PODS_STARTED",
     "SCHEDULABLE",
     "STALLED",

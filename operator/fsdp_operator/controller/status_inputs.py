@@ -11,6 +11,7 @@ from fsdp_api.spec import CheckpointSpec, ResourcesSpec
 from fsdp_api.status import Phase
 
 from ..backends import JobView
+from .node_health import NodeHealth
 from .pod_report import Scheduling, Start
 from .queueing import QueueState
 from .stall import StallVerdict
@@ -98,5 +99,6 @@ class Inputs:
     stall: StallVerdict | None = None
     memory: MemoryPlan | None = None
     queue: QueueState | None = None
+    nodes: NodeHealth | None = None
     # Known once the early conditions are built (the phase depends on them).
     phase: Phase = "Pending"

@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from . import bodies
 from .events import create_events, post_events
+from .node_health import NodeHealth
 from .queueing import queue_state
 from .stall import StallVerdict
 from .state import Runtime
@@ -52,6 +53,7 @@ async def sync_locked(
     pods: PodsReport | None = None,
     stall: StallVerdict | None = None,
     stall_restarts: int | None = None,
+    nodes: NodeHealth | None = None,
     in_handler: bool = True,
 ) -> tuple[str | None, str]:
     """Compute the status from ``body`` and ``job``; patch it if it changed; record transitions.
@@ -79,6 +81,7 @@ async def sync_locked(
         stall_restarts=stall_restarts,
         memory=plan,
         queue=queue,
+        nodes=nodes,
     )
     patch = status_patch(previous, new)
     to_post = list(events or []) + transition_events(previous, new)

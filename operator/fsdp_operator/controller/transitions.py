@@ -12,6 +12,7 @@ from .conditions import (
     CHECKPOINTS_PERSISTENT,
     CONFIG_VALID,
     FITS_MEMORY,
+    NODES_HEALTHY,
     PODS_STARTED,
     RECONCILED,
     SCHEDULABLE,
@@ -83,6 +84,7 @@ def transition_events(previous: Json | None, status: FSDPTrainingStatus) -> list
         SCHEDULABLE: None,
         RECONCILED: "message",
         FITS_MEMORY: "message",
+        NODES_HEALTHY: "message",
     }
     for cond_type, key in renotify.items():
         if cond := _newly_false(cond_type, new_conds, old_conds, key):

@@ -1,0 +1,86 @@
+"""Suspect nodes: what a node's own conditions say of the hardware and system under a training.
+
+The EKS node monitoring agent (aws/eks-node-monitoring-agent) sets one
+condition per category on every node it watches: ``KernelReady``,
+``NetworkingReady``, ``StorageReady``, ``AcceleratedHardwareReady`` (GPU XIDs,
+DCGM diagnostics, Neuron) and ``ContainerRuntimeReady``, ``False`` when it found
+a problem, with the reason and message saying which. A training whose pods run
+on such a node is told in its status (``NodesHealthy=False``, naming the node,
+its pods and each condition's reason and message) and by a Warning Event. The
+verdict alerts; it does not move the training (docs/operator.md, "Bad nodes").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+Json = Mapping[str, Any]
+
+# The node monitoring agent's conditions (README of aws/eks-node-monitoring-agent); False is a problem.
+SUSPECT_CONDITIONS = (
+    "AcceleratedHardwareReady",
+    "NetworkingReady",
+    "KernelReady",
+    "StorageReady",
+    "ContainerRuntimeReady",
+)
+# How many suspect nodes one message names before it counts the rest.
+NAMED_NODES = 3
+
+
+@dataclass(frozen=True)
+class SuspectNode:
+    node: str
+    pods: tuple[str, ...]
+    evidence: tuple[str, ...]  # "AcceleratedHardwareReady=False (NvidiaXID79Error: ...)"
+
+    def line(self) -> str:
+        return f"node {self.node} (pods {', '.join(self.pods)}): {'; '.join(self.evidence)}"
+
+
+@dataclass(frozen=True)
+class NodeHealth:
+    """One look at the nodes under a training's pods."""
+
+    nodes: int  # the nodes looked at
+    suspects: tuple[SuspectNode, ...]
+
+    @property
+    def healthy(self) -> bool:
+        return not self.suspects
+
+    def message(self) -> str:
+        if self.healthy:
+            return f"no node condition reports a problem on the {self.nodes} node(s) of the training's pods"
+        lines = [s.line() for s in self.suspects[:NAMED_NODES]]
+        more = len(self.suspects) - NAMED_NODES
+        return "; ".join(lines) + (f"; and {more} more node(s)" if more > 0 else "")
+
+
+def evidence(node: Json) -> tuple[str, ...]:
+    """The node's problem conditions, as ``Type=False (reason: message)``."""
+    out = []
+    for c in (node.get("status") or {}).get("conditions") or []:
+        if c.get("type") in SUSPECT_CONDITIONS and c.get("status") == "False":
+            why = ": ".join(x for x in (c.get("reason"), c.get("message")) if x)
+            out.append(f"{c['type']}=False" + (f" ({why})" if why else ""))
+    return tuple(out)
+
+
+def node_health(pods: Iterable[Json], nodes: Mapping[str, Json]) -> NodeHealth | None:
+    """The verdict for these (live) pods, given the nodes by name; None when no pod has a node yet."""
+    on: dict[str, list[str]] = {}
+    for pod in pods:
+        name = (pod.get("spec") or {}).get("nodeName")
+        if name:
+            on.setdefault(name, []).append(str(pod["metadata"]["name"]))
+    if not on:
+        return None
+    suspects = [
+        SuspectNode(name, tuple(sorted(on[name])), found)
+        for name in sorted(on)
+        if name in nodes and (found := evidence(nodes[name]))
+    ]
+    return NodeHealth(len(on), tuple(suspects))
