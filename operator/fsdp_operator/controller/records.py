@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from fsdp_api import API_VERSION, KIND
@@ -27,8 +27,14 @@ from .sync import sync_locked
 Json = dict[str, Any]
 
 
-async def record_pods(rt: Runtime, training: Mapping[str, Any], report: PodsReport) -> bool:
-    """Write what the pods say (placement, start, a rejected config); True if one of those conditions changed.
+async def _record(
+    rt: Runtime,
+    training: Mapping[str, Any],
+    watched: Callable[[Mapping[str, Any]], Any],
+    source: str,
+    **inputs: Any,
+) -> bool:
+    """Recompute the status with one more input from the pod loop; True if what ``watched`` reads changed.
 
     Recomputes the whole status from the last job seen, so the conditions
     and status.message stay consistent with the phase. Skipped while an
@@ -36,34 +42,34 @@ async def record_pods(rt: Runtime, training: Mapping[str, Any], report: PodsRepo
     will write the status soon, and the next tick retries).
     """
     uid = bodies.uid_of(training)
-
-    def pod_conditions(status: Mapping[str, Any]) -> list[Any]:
-        return [c for c in status.get("conditions") or [] if c.get("type") in (SCHEDULABLE, PODS_STARTED, CONFIG_VALID)]
-
     async with rt.lock(uid):
         job = rt.jobs.get(uid)
         if job is None or uid in rt.applying:
             return False
-        before = pod_conditions(rt.previous_status(training))
-        await sync_locked(rt, training, job, outcome=None, source="pods", pods=report, in_handler=False)
-        return before != pod_conditions(rt.previous_status(training))
+        before = watched(rt.previous_status(training))
+        await sync_locked(rt, training, job, outcome=None, source=source, in_handler=False, **inputs)
+        return before != watched(rt.previous_status(training))
+
+
+def _conditions(types: tuple[str, ...], *fields: str) -> Callable[[Mapping[str, Any]], list[Any]]:
+    """The conditions of ``types`` in a status: whole, or only ``fields`` of each."""
+
+    def read(status: Mapping[str, Any]) -> list[Any]:
+        found = [c for c in status.get("conditions") or [] if c.get("type") in types]
+        return [tuple(c.get(f) for f in fields) for c in found] if fields else found
+
+    return read
+
+
+async def record_pods(rt: Runtime, training: Mapping[str, Any], report: PodsReport) -> bool:
+    """Write what the pods say (placement, start, a rejected config); True if one of those conditions changed."""
+    watched = _conditions((SCHEDULABLE, PODS_STARTED, CONFIG_VALID))
+    return await _record(rt, training, watched, "pods", pods=report)
 
 
 async def record_nodes(rt: Runtime, training: Mapping[str, Any], health: NodeHealth) -> bool:
     """Write what the nodes under the pods say of themselves; True if NodesHealthy changed."""
-    uid = bodies.uid_of(training)
-
-    def nodes_healthy(status: Mapping[str, Any]) -> list[Any]:
-        conditions = status.get("conditions") or []
-        return [(c.get("status"), c.get("message")) for c in conditions if c.get("type") == NODES_HEALTHY]
-
-    async with rt.lock(uid):
-        job = rt.jobs.get(uid)
-        if job is None or uid in rt.applying:
-            return False
-        before = nodes_healthy(rt.previous_status(training))
-        await sync_locked(rt, training, job, outcome=None, source="nodes", nodes=health, in_handler=False)
-        return before != nodes_healthy(rt.previous_status(training))
+    return await _record(rt, training, _conditions((NODES_HEALTHY,), "status", "message"), "nodes", nodes=health)
 
 
 async def record_stall(
@@ -75,28 +81,8 @@ async def record_stall(
     events: list[EventSpec] | None = None,
 ) -> bool:
     """Write the stall check's verdict (and a new restart count); True if the Stalled condition changed."""
-    uid = bodies.uid_of(training)
-
-    def stalled(status: Mapping[str, Any]) -> list[Any]:
-        return [(c.get("status"), c.get("reason")) for c in status.get("conditions") or [] if c.get("type") == STALLED]
-
-    async with rt.lock(uid):
-        job = rt.jobs.get(uid)
-        if job is None or uid in rt.applying:
-            return False
-        before = stalled(rt.previous_status(training))
-        await sync_locked(
-            rt,
-            training,
-            job,
-            outcome=None,
-            source="stall",
-            stall=stall,
-            stall_restarts=restarts,
-            events=events,
-            in_handler=False,
-        )
-        return before != stalled(rt.previous_status(training))
+    watched = _conditions((STALLED,), "status", "reason")
+    return await _record(rt, training, watched, "stall", stall=stall, stall_restarts=restarts, events=events)
 
 
 async def record_progress(
