@@ -19,13 +19,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from fsdp_api.contract import ENV_TRAINING_IMAGE, ENV_TRAINING_UID, LOSS, MLFLOW_RUN_FILE
+from fsdp_api.contract import LOSS, MLFLOW_RUN_FILE
 from fsdp_api.spec import MlflowSpec
 from fsdp_api.trainer_config import TrainerConfig
 
 from .background import PointsLost
 from .http_check import NoAnswer, ask
-from .series import series_tag
+from .series import series_tag, training_identity
 
 # MLflow's own limits on one log-batch request (mlflow/utils/validation.py).
 MAX_METRICS_PER_REQUEST = 1000
@@ -185,15 +185,7 @@ class MlflowTracker:
         tmp.replace(self.run_file)
 
     def tags(self) -> dict[str, str]:
-        job, model = self.cfg.job, self.cfg.model
-        tags = {
-            f"{TAG_PREFIX}training": job.name,
-            f"{TAG_PREFIX}namespace": job.namespace,
-            f"{TAG_PREFIX}model": model.pretrained or model.architecture or model.preset or "",
-            f"{TAG_PREFIX}image": os.environ.get(ENV_TRAINING_IMAGE, ""),
-            f"{TAG_PREFIX}uid": os.environ.get(ENV_TRAINING_UID, ""),
-        }
-        return {k: v for k, v in tags.items() if v}
+        return {f"{TAG_PREFIX}{k}": v for k, v in training_identity(self.cfg).items()}
 
 
 def first_line(e: BaseException) -> str:

@@ -26,11 +26,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from fsdp_api.contract import ENV_TRAINING_IMAGE, ENV_TRAINING_UID, ENV_WANDB_API_KEY, WANDB_RUN_FILE, WANDB_SUBDIR
+from fsdp_api.contract import ENV_WANDB_API_KEY, WANDB_RUN_FILE, WANDB_SUBDIR
 from fsdp_api.spec import WandbSpec
 from fsdp_api.trainer_config import TrainerConfig
 
 from .http_check import NoAnswer, ask
+from .series import training_identity
 from .wandb_log import LogReader, last_step, steps
 
 # Unless the pod's env says otherwise (spec.env):
@@ -139,7 +140,7 @@ class WandbTracker:
             resume="allow",
             mode=self.spec.mode,
             dir=str(self.folder),
-            config={**self.cfg.model_dump(by_alias=True, mode="json"), IDENTITY_KEY: self.identity()},
+            config={**self.cfg.model_dump(by_alias=True, mode="json"), IDENTITY_KEY: training_identity(self.cfg)},
             settings=settings,
         )
         if kept:
@@ -175,17 +176,6 @@ class WandbTracker:
         tmp = self.run_file.with_name(f".{self.run_file.name}.tmp")
         tmp.write_text(json.dumps(kept) + "\n")
         tmp.replace(self.run_file)
-
-    def identity(self) -> dict[str, str]:
-        job, model = self.cfg.job, self.cfg.model
-        identity = {
-            "training": job.name,
-            "namespace": job.namespace,
-            "model": model.pretrained or model.architecture or model.preset or "",
-            "image": os.environ.get(ENV_TRAINING_IMAGE, ""),
-            "uid": os.environ.get(ENV_TRAINING_UID, ""),
-        }
-        return {k: v for k, v in identity.items() if v}
 
 
 def new_run_id() -> str:
