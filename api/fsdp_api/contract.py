@@ -124,6 +124,20 @@ WORKLOAD_PLURAL = "workloads"
 KUEUE_HOLD_ANNOTATION = f"{GROUP}/held-for-kueue"
 # The Admitted reason of such a training (controller/queueing.py).
 NOT_MANAGED_BY_KUEUE = "NotManagedByKueue"
+# On a pod template: Kueue's topology-aware scheduling places all the PodSet's pods in one
+# domain of this node label (required) or as close to one as it can (preferred)
+# (apis/kueue/v1beta2/topology_types.go, v0.17.0).
+KUEUE_REQUIRED_TOPOLOGY_ANNOTATION = f"{KUEUE_GROUP}/podset-required-topology"
+KUEUE_PREFERRED_TOPOLOGY_ANNOTATION = f"{KUEUE_GROUP}/podset-preferred-topology"
+# Short names of spec.scheduling.topology.level. EKS labels each node with its place in
+# the AWS network, layer 1 the broadest; layer 4 exists only on instance types with four
+# layers (docs.aws.amazon.com/eks/latest/userguide/ml-workload-topology.html).
+EKS_NETWORK_LAYER_LABEL = "topology.k8s.aws/network-node-layer-{}"
+TOPOLOGY_LEVELS: dict[str, str] = {
+    **{f"network-layer-{n}": EKS_NETWORK_LAYER_LABEL.format(n) for n in (1, 2, 3, 4)},
+    "zone": "topology.kubernetes.io/zone",
+    "hostname": "kubernetes.io/hostname",
+}
 
 # --- Prometheus operator ---------------------------------------------------------
 

@@ -51,6 +51,17 @@ class CheckpointStatus(ApiModel):
     last_step: int | None = Field(None, ge=0, description="Step of the newest complete checkpoint seen in metrics.")
 
 
+class TopologyStatus(ApiModel):
+    """Where Kueue's topology-aware scheduling put the pods (spec.scheduling.topology)."""
+
+    level: str = Field(max_length=317, description="The node label of the domains.")
+    domains: list[Annotated[str, Field(max_length=63, description="One domain: a value of the label.")]] = Field(
+        default_factory=list,
+        max_length=64,
+        description="The values of that label on the assigned nodes: one domain unless the pods had to spread.",
+    )
+
+
 class MemoryStatus(ApiModel):
     """The spec's memory plan (``fsdp-operator plan``): estimated bytes per GPU against the GPU's memory."""
 
@@ -115,6 +126,10 @@ class FSDPTrainingStatus(ApiModel):
     )
     checkpoint: CheckpointStatus = Field(
         default_factory=CheckpointStatus, description="Checkpoint location and durability."
+    )
+    topology: TopologyStatus | None = Field(
+        None,
+        description="The topology domains Kueue admitted the pods into, while admitted (spec.scheduling.topology).",
     )
     memory: MemoryStatus | None = Field(
         None,

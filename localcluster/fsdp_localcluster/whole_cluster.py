@@ -46,14 +46,25 @@ IMAGE_COMMANDS = {
 MACHINE_LOCK = Path(os.environ.get("FSDP_WHOLE_CLUSTER_LOCK", "/tmp/fsdp-k8s-whole-cluster.lock"))
 
 
+# The GPU nodes' EKS network layers, broadest first (default_nodes).
+NETWORK_LAYERS = {"gpu-0": ("nn-top", "nn-mid", "nn-a"), "gpu-1": ("nn-top", "nn-mid", "nn-b")}
+
+
 def default_nodes() -> list[NodeSpec]:
-    """A system node (untainted, NodePool "default") and two p5.48xlarge GPU nodes (NodePool "gpu")."""
+    """A system node (untainted, NodePool "default") and two p5.48xlarge GPU nodes (NodePool "gpu").
+
+    The GPU nodes share the network's upper two layers and each has a bottom (layer 3) domain of
+    its own, as EKS labels them: room for a two-node training in one layer-2 domain, none in one
+    layer-3 domain.
+    """
     return [
         karpenter_node(
             "system-0", node_pool="default", instance_type="m7i.2xlarge", gpus=0, efa=0, cpu="8", memory="32Gi"
         ),
-        karpenter_node("gpu-0", node_pool="gpu", instance_type="p5.48xlarge", zone="us-west-2a"),
-        karpenter_node("gpu-1", node_pool="gpu", instance_type="p5.48xlarge", zone="us-west-2a"),
+        *(
+            karpenter_node(name, node_pool="gpu", instance_type="p5.48xlarge", zone="us-west-2a", network_layers=layers)
+            for name, layers in NETWORK_LAYERS.items()
+        ),
     ]
 
 

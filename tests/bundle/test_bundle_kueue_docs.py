@@ -45,6 +45,7 @@ def kueue_cluster() -> Iterator[TestCluster]:
 def test_the_pages_queue_objects_are_accepted_by_kueues_schema(kueue_cluster: TestCluster) -> None:
     queue_objects = [d for block in yaml_blocks() for d in block if d["apiVersion"].startswith("kueue.x-k8s.io/")]
     assert {d["kind"] for d in queue_objects} == {
+        "Topology",
         "ResourceFlavor",
         "ClusterQueue",
         "LocalQueue",
@@ -55,8 +56,12 @@ def test_the_pages_queue_objects_are_accepted_by_kueues_schema(kueue_cluster: Te
     assert res.returncode == 0, res.stdout + res.stderr
 
 
+def trainings() -> list[dict]:
+    return [d for block in yaml_blocks() for d in block if d["kind"] == "FSDPTraining"]
+
+
 def test_the_pages_training_is_accepted_and_renders_a_queued_job(kueue_cluster: TestCluster) -> None:
-    (doc,) = [d for block in yaml_blocks() for d in block if d["kind"] == "FSDPTraining"]
+    doc, _ = trainings()
     res = kueue_cluster.kubectl(
         "apply", "--server-side", "--dry-run=server", "-f", "-", input=yaml.safe_dump(doc), check=False
     )
@@ -71,3 +76,22 @@ def test_the_pages_training_is_accepted_and_renders_a_queued_job(kueue_cluster: 
     (cq,) = [d for block in yaml_blocks() for d in block if d["kind"] == "ClusterQueue"]
     covered = {r for g in cq["spec"]["resourceGroups"] for r in g["coveredResources"]}
     assert requested <= covered, requested - covered
+
+
+def test_the_pages_topology_training_asks_for_a_level_of_the_pages_topology(kueue_cluster: TestCluster) -> None:
+    _, doc = trainings()
+    res = kueue_cluster.kubectl(
+        "apply", "--server-side", "--dry-run=server", "-f", "-", input=yaml.safe_dump(doc), check=False
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    job = next(o for o in render(FSDPTraining.model_validate(doc)) if o["kind"] == "PyTorchJob")
+    annotations = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["metadata"]["annotations"]
+    level = annotations["kueue.x-k8s.io/podset-required-topology"]
+    (topology,) = [d for block in yaml_blocks() for d in block if d["kind"] == "Topology"]
+    assert level in [lv["nodeLabel"] for lv in topology["spec"]["levels"]]
+    # Without instance types Kueue could count two pods onto one node: the API server refuses it.
+    del doc["spec"]["resources"]["instanceTypes"]
+    res = kueue_cluster.kubectl(
+        "apply", "--server-side", "--dry-run=server", "-f", "-", input=yaml.safe_dump(doc), check=False
+    )
+    assert res.returncode != 0 and "scheduling.topology needs resources.instanceTypes" in res.stderr, res.stderr

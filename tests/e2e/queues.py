@@ -5,14 +5,43 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from fsdp_api.contract import EKS_NETWORK_LAYER_LABEL
+
 GPU_QUOTA = 2
 INSUFFICIENT = re.compile(r"insufficient (unused )?quota for nvidia.com/gpu")
 
 
-def queue_objects(ns: str) -> list[dict[str, Any]]:
-    kueue = "kueue.x-k8s.io/v1beta2"
+KUEUE = "kueue.x-k8s.io/v1beta2"
+# The Topology of the local cluster's GPU nodes: EKS's network layers, then the node.
+EKS_TOPOLOGY = "eks-network"
+TOPOLOGY_LEVELS = [EKS_NETWORK_LAYER_LABEL.format(n) for n in (1, 2, 3)] + ["kubernetes.io/hostname"]
+
+
+def topology_objects() -> list[dict[str, Any]]:
+    """A Topology of EKS's network layers and a ResourceFlavor "gpu-tas" of the GPU NodePool on it."""
     return [
-        {"apiVersion": kueue, "kind": "ResourceFlavor", "metadata": {"name": "gpu"}, "spec": {}},
+        {
+            "apiVersion": KUEUE,
+            "kind": "Topology",
+            "metadata": {"name": EKS_TOPOLOGY},
+            "spec": {"levels": [{"nodeLabel": label} for label in TOPOLOGY_LEVELS]},
+        },
+        {
+            "apiVersion": KUEUE,
+            "kind": "ResourceFlavor",
+            "metadata": {"name": "gpu-tas"},
+            # A topology flavor needs node labels: the nodes whose capacity it counts.
+            "spec": {"nodeLabels": {"karpenter.sh/nodepool": "gpu"}, "topologyName": EKS_TOPOLOGY},
+        },
+    ]
+
+
+def queue_objects(ns: str, flavor: str = "gpu") -> list[dict[str, Any]]:
+    """``flavor`` "gpu-tas" (topology_objects) makes it a queue for topology-aware trainings."""
+    kueue = KUEUE
+    plain = [{"apiVersion": kueue, "kind": "ResourceFlavor", "metadata": {"name": "gpu"}, "spec": {}}]
+    return [
+        *(topology_objects() if flavor == "gpu-tas" else plain),
         {
             "apiVersion": kueue,
             "kind": "ClusterQueue",
@@ -27,7 +56,7 @@ def queue_objects(ns: str) -> list[dict[str, Any]]:
                         "coveredResources": ["cpu", "memory", "nvidia.com/gpu"],
                         "flavors": [
                             {
-                                "name": "gpu",
+                                "name": flavor,
                                 "resources": [
                                     {"name": "cpu", "nominalQuota": "10k"},
                                     {"name": "memory", "nominalQuota": "100Ti"},

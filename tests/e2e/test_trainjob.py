@@ -17,7 +17,7 @@ from fsdp_localcluster.trainer_v2 import TrainerV2
 from fsdp_localcluster.wait import wait_for
 from fsdp_localcluster.whole_cluster import WholeCluster
 
-from tests.e2e.queues import INSUFFICIENT, queue_objects
+from tests.e2e.queues import EKS_TOPOLOGY, INSUFFICIENT, queue_objects
 from tests.e2e.timings import record
 from tests.e2e.training import (
     RESUMED,
@@ -322,6 +322,52 @@ def test_a_queued_pytorchjob_that_kueue_does_not_manage_is_held_with_the_fix_in_
     )
     assert wait_phase(whole, "unmanaged", ns, TERMINAL, 300) == "Succeeded"
     assert sorted(step_losses(whole, "unmanaged", ns)) == list(range(1, 11))
+
+
+def test_kueue_places_a_training_inside_one_network_domain_and_holds_one_that_fits_in_none(
+    kueue: Kueue, operator: WholeCluster, ns: str
+) -> None:
+    """spec.scheduling.topology with Kueue's topology-aware scheduling on both backends. The GPU nodes
+    share a layer-2 domain of EKS's network and have a layer-3 domain each (whole_cluster.NETWORK_LAYERS):
+    a two-node TrainJob that must fit in one layer-3 domain waits with Kueue's reason; a two-node
+    PyTorchJob training in one layer-2 domain is admitted there, and its status names the domain."""
+    whole = operator
+    for obj in queue_objects(ns, flavor="gpu-tas"):
+        whole.cluster.apply(obj)
+    create_claim(whole, ns, "ckpt")
+
+    def placed(name: str, level: str, **kw: Any) -> dict[str, Any]:
+        body = fsdptraining(name, ns, max_steps=10, interval=10, instance_types=["p5.48xlarge"], **kw)
+        body["spec"]["scheduling"] = {"queue": "team", "topology": {"level": level}}
+        return body
+
+    narrow = placed("narrow", "network-layer-3", claim=None)
+    narrow["spec"]["backend"] = "trainjob"
+    whole.cluster.apply(narrow)
+
+    def waits_for_topology() -> dict[str, Any]:
+        s = status(whole, "narrow", ns)
+        assert s.get("phase") == "Queued" and "topology" in s.get("message", ""), dump(s)
+        return s
+
+    st = wait_for(waits_for_topology, 120, "the layer-3 training to wait with Kueue's topology reason")
+    assert EKS_TOPOLOGY in st["message"] and "topology" not in st, dump(st)
+    assert not node_pods(whole, "narrow", ns)
+
+    t0 = time.monotonic()
+    whole.cluster.apply(placed("wide", "network-layer-2"))
+    st = wait_for(lambda: (s := status(whole, "wide", ns)).get("topology") and s, 120, "the layer-2 training's domain")
+    assert st["topology"] == {"level": "topology.k8s.aws/network-node-layer-2", "domains": ["nn-mid"]}, dump(st)
+    wait_for(lambda: last_step(whole, "wide", ns) >= 1, 240, "the layer-2 training's first step")
+    record("topology_apply_to_first_step_s", time.monotonic() - t0)
+    # Kueue let the pods through its scheduling gate onto one node each, in its domain.
+    pods = pods_of(whole, "wide", ns)
+    assert sorted(p["spec"]["nodeName"] for p in pods) == ["gpu-0", "gpu-1"], dump(pods)
+    assert all(not p["spec"].get("schedulingGates") for p in pods)
+    assert wait_phase(whole, "wide", ns, TERMINAL, 300) == "Succeeded"
+    # Nothing changed for the one that fits nowhere.
+    assert status(whole, "narrow", ns)["phase"] == "Queued"
+    whole.cluster.kubectl("delete", "fsdptraining", "narrow", "-n", ns, "--wait=false")
 
 
 def test_node_0_hosts_the_rendezvous_while_cluster_dns_has_no_record_of_it(

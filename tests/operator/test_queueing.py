@@ -10,10 +10,19 @@ from __future__ import annotations
 from typing import Any
 
 from fsdp_api.contract import KUEUE_HOLD_ANNOTATION, NOT_MANAGED_BY_KUEUE
-from fsdp_operator.controller.queueing import let_through, owning_job, queue_state, trim_workload
+from fsdp_operator.controller.queueing import (
+    NODE_LEVELS,
+    Placement,
+    let_through,
+    nodes_to_resolve,
+    owning_job,
+    placement,
+    queue_state,
+    trim_workload,
+)
 from fsdp_operator.controller.status import compute_status, transition_events
 
-from tests.operator.render_fixtures import job_of
+from tests.operator.render_fixtures import job_of, objects
 from tests.operator.status_fixtures import NOW, conditions_of, facts, job
 
 QUEUED = {"scheduling": {"queue": "team-a", "priorityClass": "low"}}
@@ -171,3 +180,103 @@ def test_a_training_without_a_queue_has_no_kueue_conditions() -> None:
     st = compute_status(facts(), job(suspend=True), None, queue=None, now=NOW)
     assert st.phase == "Suspended"
     assert "Admitted" not in conditions_of(st) and "Evicted" not in conditions_of(st)
+
+
+# --- topology-aware scheduling (spec.scheduling.topology) -------------------------------------
+
+LAYER = "topology.k8s.aws/network-node-layer-{}"
+TOPOLOGY = {
+    "scheduling": {"queue": "team-a", "topology": {"level": "network-layer-2"}},
+    "resources": {"nodes": 2, "gpusPerNode": 8, "instanceTypes": ["p5.48xlarge"]},
+}
+
+
+def test_a_topology_request_rides_on_the_pod_template_of_either_backend() -> None:
+    pytorchjob = objects(**TOPOLOGY)["PyTorchJob"]
+    pod_meta = pytorchjob["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["metadata"]
+    assert pod_meta["annotations"]["kueue.x-k8s.io/podset-required-topology"] == LAYER.format(2)
+    trainjob = objects(backend="trainjob", **TOPOLOGY)["TrainJob"]
+    (patch,) = trainjob["spec"]["runtimePatches"]
+    (replicated,) = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+    annotations = replicated["template"]["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["kueue.x-k8s.io/podset-required-topology"] == LAYER.format(2)
+    preferred = {**TOPOLOGY, "scheduling": {"queue": "team-a", "topology": {"level": "rack", "mode": "preferred"}}}
+    pod_meta = objects(**preferred)["PyTorchJob"]["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["metadata"]
+    assert pod_meta["annotations"]["kueue.x-k8s.io/podset-preferred-topology"] == "rack"
+    assert "kueue.x-k8s.io/podset-required-topology" not in pod_meta["annotations"]
+
+
+def admitted_with(
+    slices: list[dict[str, Any]], request: dict[str, str], levels: list[str] | None = None
+) -> dict[str, Any]:
+    """An admitted Workload with a TopologyAssignment as Kueue v0.17.0 writes it (v1beta2 slices)."""
+    wl = workload(*ADMITTED["status"]["conditions"])
+    wl["spec"]["podSets"] = [{"name": "worker", "count": 2, "topologyRequest": request}]
+    levels = levels or [LAYER.format(1), LAYER.format(2), LAYER.format(3), "kubernetes.io/hostname"]
+    wl["status"]["admission"] = {
+        "clusterQueue": "cq",
+        "podSetAssignments": [{"name": "worker", "topologyAssignment": {"levels": levels, "slices": slices}}],
+    }
+    return wl
+
+
+ONE_DOMAIN = [
+    {
+        "domainCount": 2,
+        "valuesPerLevel": [
+            {"universal": "nn-top"},
+            {"universal": "nn-mid"},
+            {"individual": {"prefix": "nn-", "roots": ["a", "b"]}},
+            {"individual": {"prefix": "gpu-", "roots": ["0", "1"]}},
+        ],
+        "podCounts": {"universal": 1},
+    }
+]
+
+
+def test_the_status_names_the_domain_kueue_assigned_at_the_requested_level() -> None:
+    wl = admitted_with(
+        ONE_DOMAIN, {"required": LAYER.format(2), "podIndexLabel": "training.kubeflow.org/replica-index"}
+    )
+    assert placement(trim_workload(wl)) == Placement(LAYER.format(2), ("nn-mid",))
+    st = compute_status(facts(**TOPOLOGY), job(), None, queue=queue_state(trim_workload(wl), "team-a"), now=NOW)
+    assert st.topology is not None
+    assert (st.topology.level, st.topology.domains) == (LAYER.format(2), ["nn-mid"])
+    # A level below shows each pod's domain; one Kueue spread over several is listed as such.
+    assert placement(admitted_with(ONE_DOMAIN, {"required": LAYER.format(3)})).domains == ("nn-a", "nn-b")
+
+
+def test_a_preferred_request_that_fit_nowhere_is_shown_at_the_top_level() -> None:
+    spread = [
+        {
+            **ONE_DOMAIN[0],
+            "valuesPerLevel": [{"individual": {"roots": ["nn-x", "nn-y"]}}, *ONE_DOMAIN[0]["valuesPerLevel"][1:]],
+        }
+    ]
+    placed = placement(admitted_with(spread, {"preferred": "rack"}))
+    assert placed == Placement(LAYER.format(1), ("nn-x", "nn-y"))
+
+
+def test_no_placement_before_admission_or_after_an_eviction() -> None:
+    assert placement(PENDING) is None
+    st = compute_status(facts(**TOPOLOGY), job(suspend=True), None, queue=queue_state(PREEMPTED, "team-a"), now=NOW)
+    assert st.topology is None
+    assert queue_state(PENDING, "team-a").placement is None
+
+
+def test_an_assignment_of_nodes_only_is_shown_by_the_nodes_domain_once_their_labels_are_read() -> None:
+    """Kueue v0.17.0 keeps only the hostname level when the Topology ends with it (seen in the e2e)."""
+    nodes_only = [
+        {
+            "domainCount": 2,
+            "valuesPerLevel": [{"individual": {"prefix": "gpu-", "roots": ["0", "1"]}}],
+            "podCounts": {"universal": 1},
+        }
+    ]
+    wl = trim_workload(admitted_with(nodes_only, {"required": LAYER.format(2)}, ["kubernetes.io/hostname"]))
+    assert nodes_to_resolve(wl) == (LAYER.format(2), ["gpu-0", "gpu-1"])
+    # Before the nodes are read (or where the operator may not list nodes): the nodes themselves.
+    assert placement(wl) == Placement("kubernetes.io/hostname", ("gpu-0", "gpu-1"))
+    wl[NODE_LEVELS] = {"gpu-0": "nn-mid", "gpu-1": "nn-mid"}
+    assert placement(wl) == Placement(LAYER.format(2), ("nn-mid",))
+    assert nodes_to_resolve(admitted_with(ONE_DOMAIN, {"required": LAYER.format(2)})) is None

@@ -56,7 +56,7 @@ from .placement import (
 from .pod import DEFAULT_GRACE_SECONDS, DO_NOT_DISRUPT, KARPENTER_SELECTOR_KEYS, RESERVED_KEY_PREFIXES, PodSettings
 from .preference import PreferenceSpec
 from .resources import GPU_INSTANCE_PATTERN, ElasticSpec, ResourcesSpec
-from .scheduling import RunPolicySpec, SchedulingSpec
+from .scheduling import RunPolicySpec, SchedulingSpec, TopologySpec
 from .stall import StallSpec
 from .tracking import MlflowSpec, TensorBoardSpec, TrackingSpec, WandbSpec
 from .training import TrainingSpec
@@ -170,6 +170,7 @@ __all__ = [
     "StallSpec",
     "TensorBoardSpec",
     "Toleration",
+    "TopologySpec",
     "TrackingSpec",
     "TrainingSpec",
     "Volume",

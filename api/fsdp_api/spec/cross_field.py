@@ -306,6 +306,17 @@ SPEC_RULES: tuple[Rule, ...] = (
         check=lambda s: s.training is None or s.training.precision != "float8" or _float8_types(s.resources),
     ),
     Rule(
+        cel=(
+            "!has(self.scheduling) || !has(self.scheduling.topology) || (has(self.resources)"
+            " && has(self.resources.instanceTypes) && self.resources.instanceTypes.size() > 0)"
+        ),
+        message="scheduling.topology needs resources.instanceTypes: Kueue fits pods into a domain by their "
+        "requests alone, and only the requests derived from the instance type keep it from counting two "
+        "pods onto one node, which the pods' one-per-node rule then refuses",
+        field_path=".scheduling.topology",
+        check=lambda s: s.scheduling.topology is None or bool(s.resources.instance_types),
+    ),
+    Rule(
         cel="!has(self.resources) || self.resources.efaPerNode == 0 || self.resources.gpusPerNode > 0",
         message="EFA needs GPU nodes: set resources.gpusPerNode",
         field_path=".resources.efaPerNode",

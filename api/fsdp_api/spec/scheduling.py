@@ -2,13 +2,42 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
 from ..base import ApiModel
+from ..contract import TOPOLOGY_LEVELS
 from ..rules import Rule
-from .values import LABEL_VALUE_PATTERN
+from .values import LABEL_VALUE_PATTERN, QUALIFIED_NAME_PATTERN
+
+_SHORT_LEVELS = ", ".join(f"{short} ({label})" for short, label in TOPOLOGY_LEVELS.items())
+
+
+class TopologySpec(ApiModel):
+    """Where Kueue puts the pods: inside one domain of a node label (docs/kueue.md#topology)."""
+
+    level: str = Field(
+        min_length=1,
+        # Kueue keeps the level in the Workload's topologyRequest, at most 63 characters.
+        max_length=63,
+        pattern=QUALIFIED_NAME_PATTERN,
+        description=(
+            "The node label whose value names a domain (a Topology level of the queue's ResourceFlavor), "
+            f"or a short name: {_SHORT_LEVELS}."
+        ),
+    )
+    mode: Literal["required", "preferred"] = Field(
+        "required",
+        description=(
+            "required: the job waits until one domain has room for every pod; preferred: as few domains as "
+            "Kueue can find, going up the Topology's levels, spread if nothing else fits."
+        ),
+    )
+
+    def node_label(self) -> str:
+        """The node label key the level names."""
+        return TOPOLOGY_LEVELS.get(self.level, self.level)
 
 
 class SchedulingSpec(ApiModel):
@@ -36,6 +65,14 @@ class SchedulingSpec(ApiModel):
             "and decides who preempts whom. The pods' own PriorityClass is pod.priorityClassName."
         ),
     )
+    topology: TopologySpec | None = Field(
+        None,
+        description=(
+            "Kueue's topology-aware scheduling: the pods in one domain (an EKS network layer, a zone, a "
+            "rack), ranks in order so that neighbours share the closest one. Needs queue, a ResourceFlavor "
+            "with a Topology, and resources.instanceTypes; unset: Kueue places by quota only."
+        ),
+    )
 
     rules: ClassVar[tuple[Rule, ...]] = (
         Rule(
@@ -43,6 +80,12 @@ class SchedulingSpec(ApiModel):
             message="priorityClass is Kueue's: set queue too",
             field_path=".priorityClass",
             check=lambda s: s.priority_class is None or s.queue is not None,
+        ),
+        Rule(
+            cel="!has(self.topology) || has(self.queue)",
+            message="topology is placed by Kueue: set queue too",
+            field_path=".topology",
+            check=lambda s: s.topology is None or s.queue is not None,
         ),
     )
 

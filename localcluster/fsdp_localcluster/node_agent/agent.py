@@ -68,6 +68,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from fsdp_api.contract import EKS_NETWORK_LAYER_LABEL
+
 from . import bind_shim
 from .client import ApiError, KubeAPI, Obj, now, now_micro
 from .containers import ServiceProxy, write_runtime
@@ -119,10 +121,12 @@ def karpenter_node(
     pods: int = 100,
     gpu_name: str = "h100",
     taints: Sequence[Obj] | None = None,
+    network_layers: Sequence[str] = (),
 ) -> NodeSpec:
     """A node as Karpenter registers it for ``node_pool`` (defaults: a p5.48xlarge GPU node).
 
     GPU nodes carry the ``nvidia.com/gpu`` NoSchedule taint unless ``taints`` says otherwise.
+    ``network_layers``: the node's place in the AWS network, broadest first, as EKS labels it.
     """
     family, _, size = instance_type.partition(".")
     labels = {
@@ -140,6 +144,7 @@ def karpenter_node(
         "karpenter.k8s.aws/instance-size": size,
         "karpenter.k8s.aws/instance-cpu": cpu,
     }
+    labels |= {EKS_NETWORK_LAYER_LABEL.format(n): domain for n, domain in enumerate(network_layers, start=1)}
     capacity = {"cpu": cpu, "memory": memory, "pods": str(pods), "ephemeral-storage": "1000Gi"}
     if gpus:
         labels |= {

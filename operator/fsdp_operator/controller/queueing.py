@@ -59,11 +59,102 @@ def owning_job(workload: Mapping[str, Any]) -> Mapping[str, Any] | None:
 def trim_workload(workload: Mapping[str, Any]) -> Json:
     """The parts of a Workload the status and the suspend intent need."""
     meta = workload.get("metadata") or {}
-    return {
+    spec = workload.get("spec") or {}
+    status = workload.get("status") or {}
+    out: Json = {
         "metadata": {k: copy.deepcopy(meta[k]) for k in ("name", "namespace", "uid", "resourceVersion") if k in meta},
-        "spec": {k: v for k, v in (workload.get("spec") or {}).items() if k in ("active", "queueName")},
-        "status": {"conditions": copy.deepcopy(((workload.get("status") or {}).get("conditions")) or [])},
+        "spec": {k: v for k, v in spec.items() if k in ("active", "queueName")},
+        "status": {"conditions": copy.deepcopy(status.get("conditions") or [])},
     }
+    requests = [ps.get("topologyRequest") for ps in spec.get("podSets") or []]
+    if any(requests):
+        out["spec"]["podSets"] = [{"topologyRequest": copy.deepcopy(r or {})} for r in requests]
+    assignments = (status.get("admission") or {}).get("podSetAssignments") or []
+    if any(a.get("topologyAssignment") for a in assignments):
+        out["status"]["admission"] = {
+            "podSetAssignments": [
+                {"topologyAssignment": copy.deepcopy(a.get("topologyAssignment"))} for a in assignments
+            ]
+        }
+    return out
+
+
+@dataclass(frozen=True)
+class Placement:
+    """The topology domains Kueue assigned the pods, at the level the training asked for."""
+
+    level: str
+    domains: tuple[str, ...]
+
+
+def _slice_values(piece: Mapping[str, Any], index: int) -> list[str]:
+    """One level's values of a TopologyAssignmentSlice: one value for all its domains, or one each."""
+    count = int(piece.get("domainCount") or 0)
+    level = (piece.get("valuesPerLevel") or [])[index]
+    if level.get("universal") is not None:
+        return [str(level["universal"])] * count
+    each = level.get("individual") or {}
+    prefix, suffix = each.get("prefix") or "", each.get("suffix") or ""
+    return [f"{prefix}{root}{suffix}" for root in each.get("roots") or []]
+
+
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+# Our own key in a trimmed Workload: the requested level's value on each assigned node, for a
+# TopologyAssignment that names the nodes only (resolve_node_levels).
+NODE_LEVELS = "nodeLevels"
+
+
+def _topology_requests(workload: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
+    """(requested level, TopologyAssignment) of each PodSet that asked for a level and was assigned."""
+    requests = [ps.get("topologyRequest") or {} for ps in (workload.get("spec") or {}).get("podSets") or []]
+    assignments = ((workload.get("status") or {}).get("admission") or {}).get("podSetAssignments") or []
+    out = []
+    for request, assignment in zip(requests, assignments, strict=False):
+        wanted = request.get("required") or request.get("preferred")
+        if wanted and assignment.get("topologyAssignment"):
+            out.append((str(wanted), assignment["topologyAssignment"]))
+    return out
+
+
+def _level_values(topo: Mapping[str, Any], level: str) -> list[str]:
+    index = list(topo.get("levels") or []).index(level)
+    return [v for piece in topo.get("slices") or [] for v in _slice_values(piece, index)]
+
+
+def nodes_to_resolve(workload: Mapping[str, Any]) -> tuple[str, list[str]] | None:
+    """The requested level and the assigned nodes, when the assignment names nodes only.
+
+    With kubernetes.io/hostname as the Topology's lowest level, Kueue v0.17.0
+    keeps only that level in the assignment: the domain at the requested level
+    is then a label of those nodes.
+    """
+    for wanted, topo in _topology_requests(workload):
+        levels = list(topo.get("levels") or [])
+        if wanted not in levels and HOSTNAME_LABEL in levels:
+            return wanted, list(dict.fromkeys(_level_values(topo, HOSTNAME_LABEL)))
+    return None
+
+
+def placement(workload: Mapping[str, Any] | None) -> Placement | None:
+    """Where an admitted Workload's pods go, by topology domain (Kueue v0.17.0's TopologyAssignment).
+
+    The level shown is the one the PodSet requested (required, else preferred),
+    read from the assignment or, where that names nodes only, from the nodes'
+    labels (NODE_LEVELS); otherwise the assignment's top level.
+    """
+    if workload is None:
+        return None
+    for wanted, topo in _topology_requests(workload):
+        levels = list(topo.get("levels") or [])
+        if wanted in levels:
+            return Placement(wanted, tuple(dict.fromkeys(_level_values(topo, wanted))))
+        known = workload.get(NODE_LEVELS) or {}
+        nodes = nodes_to_resolve(workload)
+        if nodes is not None and all(known.get(n) for n in nodes[1]):
+            return Placement(wanted, tuple(dict.fromkeys(known[n] for n in nodes[1])))
+        if levels:
+            return Placement(levels[0], tuple(dict.fromkeys(_level_values(topo, levels[0]))))
+    return None
 
 
 def is_active(workload: Mapping[str, Any]) -> bool:
@@ -79,6 +170,7 @@ class QueueState:
     reason: str
     message: str
     evicted: Json | None = None  # the Workload's Evicted condition, when it has one
+    placement: Placement | None = None  # topology domains, while admitted with a topology request
 
 
 def is_suspended(job: Mapping[str, Any]) -> bool:
@@ -137,7 +229,8 @@ def queue_state(workload: Mapping[str, Any] | None, queue: str, job: Mapping[str
     evicted = conds.get(EVICTED)
     admitted = conds.get(ADMITTED)
     if admitted is not None and admitted.get("status") == "True":
-        return QueueState(True, str(admitted.get("reason") or ADMITTED), str(admitted.get("message") or ""), evicted)
+        reason, message = str(admitted.get("reason") or ADMITTED), str(admitted.get("message") or "")
+        return QueueState(True, reason, message, evicted, placement(workload))
     if evicted is not None and evicted.get("status") == "True":
         reason = str(evicted.get("reason") or EVICTED)
         return QueueState(False, reason, f"{reason}: {evicted.get('message') or ''}".rstrip(": "), evicted)

@@ -19,7 +19,7 @@ from typing import Any
 
 from fsdp_api.durations import format_duration
 from fsdp_api.memory_plan import MemoryPlan
-from fsdp_api.status import CheckpointStatus, Condition, FSDPTrainingStatus, Phase
+from fsdp_api.status import CheckpointStatus, Condition, FSDPTrainingStatus, Phase, TopologyStatus
 
 from ..backends import FAILED_CREATE_POD, JobView, job_view
 from .condition_builders import CONDITIONS, EARLY_CONDITIONS, fits_memory, stall_state
@@ -216,7 +216,14 @@ def compute_status(
             last_step=last_checkpoint,
         ),
         memory=fits_memory(memory, prev, inp.prev_conds, training.generation, inp.now)[1],
+        topology=_topology(queue),
     )
+
+
+def _topology(queue: QueueState | None) -> TopologyStatus | None:
+    """Kueue's assigned domains, while admitted: an eviction clears the assignment, a readmission sets a new one."""
+    placed = queue.placement if queue is not None else None
+    return TopologyStatus(level=placed.level, domains=list(placed.domains[:64])) if placed else None
 
 
 def _carried_completion(prev: Mapping[str, Any], phase: str, step: int | None, max_steps: int | None) -> dict[str, Any]:

@@ -7,7 +7,8 @@ from typing import Any
 
 from .. import backends
 from .applies import keep_suspend_intent
-from .queueing import owning_job, trim_workload
+from .kube import ApiError
+from .queueing import NODE_LEVELS, nodes_to_resolve, owning_job, trim_workload
 from .state import Runtime, owner_body, owner_of, trim_job
 from .sync import sync_locked
 
@@ -41,6 +42,32 @@ async def _training_of_workload(rt: Runtime, workload: Mapping[str, Any]) -> Jso
     return training
 
 
+async def resolve_node_levels(rt: Runtime, workload: Json, previous: Mapping[str, Any] | None) -> None:
+    """Where an assignment names nodes only, add each node's domain at the requested level (NODE_LEVELS).
+
+    One node LIST per new assignment. An install that may not list nodes
+    (namespaced mode) shows the nodes themselves instead.
+    """
+    wanted = nodes_to_resolve(workload)
+    if wanted is None:
+        return
+    level, names = wanted
+    known = dict((previous or {}).get(NODE_LEVELS) or {})
+    if not all(known.get(n) for n in names):
+        try:
+            nodes = await rt.client.list("v1", "Node", None)
+        except ApiError as e:
+            if e.status in (401, 403):
+                return
+            raise
+        known = {
+            n["metadata"]["name"]: ((n["metadata"].get("labels") or {}).get(level) or "")
+            for n in nodes
+            if n["metadata"]["name"] in names
+        }
+    workload[NODE_LEVELS] = {n: known[n] for n in names if known.get(n)}
+
+
 async def handle_workload_event(rt: Runtime, event_type: str | None, workload: Mapping[str, Any]) -> None:
     """A Kueue Workload of one of our jobs changed: keep the suspend intent, mirror it into the status."""
     training = await _training_of_workload(rt, workload)
@@ -50,7 +77,9 @@ async def handle_workload_event(rt: Runtime, event_type: str | None, workload: M
     if event_type == "DELETED":
         rt.workloads.pop(uid, None)
     else:
-        rt.workloads[uid] = trim_workload(workload)
+        trimmed = trim_workload(workload)
+        await resolve_node_levels(rt, trimmed, rt.workloads.get(uid))
+        rt.workloads[uid] = trimmed
         await keep_suspend_intent(rt, training)
     async with rt.lock(uid):
         job = rt.jobs.get(uid)

@@ -207,6 +207,13 @@ def template_annotations(spec: FSDPTrainingSpec, annotations: dict[str, str]) ->
         # A consolidation or drift that moves one rank restarts every
         # rank from the last checkpoint: Karpenter must leave the node be.
         out[DO_NOT_DISRUPT] = "true"
+    topology = spec.scheduling.topology
+    if topology is not None:
+        # Kueue reads its PodSet's topology request from the pod template; it orders the pods by
+        # their replica (PyTorchJob) or completion (JobSet) index, so neighbouring ranks share a domain.
+        required = topology.mode == "required"
+        key = contract.KUEUE_REQUIRED_TOPOLOGY_ANNOTATION if required else contract.KUEUE_PREFERRED_TOPOLOGY_ANNOTATION
+        out[key] = topology.node_label()
     return {**out, **annotations}
 
 
