@@ -35,6 +35,7 @@ OVERLAYS = (
     "overlays/monitoring",
     "overlays/operator-with-monitoring",
     "overlays/trainjob",
+    "overlays/trainer-v2-only",
 )
 
 Obj = dict[str, Any]
