@@ -60,13 +60,18 @@ def trainings() -> list[dict]:
     return [d for block in yaml_blocks() for d in block if d["kind"] == "FSDPTraining"]
 
 
-def test_the_pages_training_is_accepted_and_renders_a_queued_job(kueue_cluster: TestCluster) -> None:
-    doc, _ = trainings()
-    res = kueue_cluster.kubectl(
+def accepted_job(cluster: TestCluster, doc: dict) -> dict:
+    """The training's PyTorchJob, once the API server (our CRD) has accepted the training."""
+    res = cluster.kubectl(
         "apply", "--server-side", "--dry-run=server", "-f", "-", input=yaml.safe_dump(doc), check=False
     )
     assert res.returncode == 0, res.stdout + res.stderr
-    job = next(o for o in render(FSDPTraining.model_validate(doc)) if o["kind"] == "PyTorchJob")
+    return next(o for o in render(FSDPTraining.model_validate(doc)) if o["kind"] == "PyTorchJob")
+
+
+def test_the_pages_training_is_accepted_and_renders_a_queued_job(kueue_cluster: TestCluster) -> None:
+    doc, _ = trainings()
+    job = accepted_job(kueue_cluster, doc)
     assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
     assert job["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] == "research"
     assert "suspend" not in job["spec"]["runPolicy"]
@@ -80,11 +85,7 @@ def test_the_pages_training_is_accepted_and_renders_a_queued_job(kueue_cluster: 
 
 def test_the_pages_topology_training_asks_for_a_level_of_the_pages_topology(kueue_cluster: TestCluster) -> None:
     _, doc = trainings()
-    res = kueue_cluster.kubectl(
-        "apply", "--server-side", "--dry-run=server", "-f", "-", input=yaml.safe_dump(doc), check=False
-    )
-    assert res.returncode == 0, res.stdout + res.stderr
-    job = next(o for o in render(FSDPTraining.model_validate(doc)) if o["kind"] == "PyTorchJob")
+    job = accepted_job(kueue_cluster, doc)
     annotations = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["metadata"]["annotations"]
     level = annotations["kueue.x-k8s.io/podset-required-topology"]
     (topology,) = [d for block in yaml_blocks() for d in block if d["kind"] == "Topology"]
