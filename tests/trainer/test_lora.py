@@ -164,9 +164,12 @@ def test_both_exports_reproduce_the_trained_logits(lora: LoraRuns, tmp_path: Pat
     with torch.no_grad():
         untrained = base(input_ids=probe["input_ids"]).logits
         peft_model = PeftModel.from_pretrained(base, adapter).eval()
-        for exported in (model, peft_model):
+        # The merged weights W + s*B@A round differently from the adapter path x@W + s*(x@A)@B: on an
+        # AVX-512 CPU the merged logits (up to 6.6) were 1.6e-5 off, fp32 noise; the adapters moved
+        # them by more than 1e-2 (below), so 1e-4 still tells a wrong merge apart.
+        for exported, tol in ((model, 1e-4), (peft_model, 1e-5)):
             logits = exported(input_ids=probe["input_ids"]).logits
-            torch.testing.assert_close(logits, probe["logits"], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(logits, probe["logits"], atol=tol, rtol=tol)
     assert (untrained - probe["logits"]).abs().max() > 1e-2  # the adapters did change the model
 
 
