@@ -133,10 +133,12 @@ KUEUE_PREFERRED_TOPOLOGY_ANNOTATION = f"{KUEUE_GROUP}/podset-preferred-topology"
 # the AWS network, layer 1 the broadest; layer 4 exists only on instance types with four
 # layers (docs.aws.amazon.com/eks/latest/userguide/ml-workload-topology.html).
 EKS_NETWORK_LAYER_LABEL = "topology.k8s.aws/network-node-layer-{}"
+# The node label whose every value is one node.
+HOSTNAME_LABEL = "kubernetes.io/hostname"
 TOPOLOGY_LEVELS: dict[str, str] = {
     **{f"network-layer-{n}": EKS_NETWORK_LAYER_LABEL.format(n) for n in (1, 2, 3, 4)},
     "zone": "topology.kubernetes.io/zone",
-    "hostname": "kubernetes.io/hostname",
+    "hostname": HOSTNAME_LABEL,
 }
 
 # --- Prometheus operator ---------------------------------------------------------

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from fsdp_api.contract import EKS_NETWORK_LAYER_LABEL
+from fsdp_api.contract import EKS_NETWORK_LAYER_LABEL, HOSTNAME_LABEL
 
 GPU_QUOTA = 2
 INSUFFICIENT = re.compile(r"insufficient (unused )?quota for nvidia.com/gpu")
@@ -14,7 +14,7 @@ INSUFFICIENT = re.compile(r"insufficient (unused )?quota for nvidia.com/gpu")
 KUEUE = "kueue.x-k8s.io/v1beta2"
 # The Topology of the local cluster's GPU nodes: EKS's network layers, then the node.
 EKS_TOPOLOGY = "eks-network"
-TOPOLOGY_LEVELS = [EKS_NETWORK_LAYER_LABEL.format(n) for n in (1, 2, 3)] + ["kubernetes.io/hostname"]
+TOPOLOGY_LEVELS = [EKS_NETWORK_LAYER_LABEL.format(n) for n in (1, 2, 3)] + [HOSTNAME_LABEL]
 
 
 def topology_objects() -> list[dict[str, Any]]:
@@ -38,12 +38,11 @@ def topology_objects() -> list[dict[str, Any]]:
 
 def queue_objects(ns: str, flavor: str = "gpu") -> list[dict[str, Any]]:
     """``flavor`` "gpu-tas" (topology_objects) makes it a queue for topology-aware trainings."""
-    kueue = KUEUE
-    plain = [{"apiVersion": kueue, "kind": "ResourceFlavor", "metadata": {"name": "gpu"}, "spec": {}}]
+    plain = [{"apiVersion": KUEUE, "kind": "ResourceFlavor", "metadata": {"name": "gpu"}, "spec": {}}]
     return [
         *(topology_objects() if flavor == "gpu-tas" else plain),
         {
-            "apiVersion": kueue,
+            "apiVersion": KUEUE,
             "kind": "ClusterQueue",
             "metadata": {"name": ns},
             "spec": {
@@ -69,11 +68,11 @@ def queue_objects(ns: str, flavor: str = "gpu") -> list[dict[str, Any]]:
             },
         },
         {
-            "apiVersion": kueue,
+            "apiVersion": KUEUE,
             "kind": "LocalQueue",
             "metadata": {"name": "team", "namespace": ns},
             "spec": {"clusterQueue": ns},
         },
-        {"apiVersion": kueue, "kind": "WorkloadPriorityClass", "metadata": {"name": "low"}, "value": 10},
-        {"apiVersion": kueue, "kind": "WorkloadPriorityClass", "metadata": {"name": "high"}, "value": 1000},
+        {"apiVersion": KUEUE, "kind": "WorkloadPriorityClass", "metadata": {"name": "low"}, "value": 10},
+        {"apiVersion": KUEUE, "kind": "WorkloadPriorityClass", "metadata": {"name": "high"}, "value": 1000},
     ]

@@ -69,7 +69,7 @@ class SchedulingSpec(ApiModel):
         None,
         description=(
             "Kueue's topology-aware scheduling: the pods in one domain (an EKS network layer, a zone, a "
-            "rack), ranks in order so that neighbours share the closest one. Needs queue, a ResourceFlavor "
+            "rack), placed in pod-index order. Needs queue, a ResourceFlavor "
             "with a Topology, and resources.instanceTypes; unset: Kueue places by quota only."
         ),
     )

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fsdp_api.contract import (
+    HOSTNAME_LABEL,
     KUEUE_HOLD_ANNOTATION,
     KUEUE_QUEUE_LABEL,
     NOT_MANAGED_BY_KUEUE,
@@ -98,7 +99,6 @@ def _slice_values(piece: Mapping[str, Any], index: int) -> list[str]:
     return [f"{prefix}{root}{suffix}" for root in each.get("roots") or []]
 
 
-HOSTNAME_LABEL = "kubernetes.io/hostname"
 # Our own key in a trimmed Workload: the requested level's value on each assigned node, for a
 # TopologyAssignment that names the nodes only (resolve_node_levels).
 NODE_LEVELS = "nodeLevels"
@@ -121,17 +121,24 @@ def _level_values(topo: Mapping[str, Any], level: str) -> list[str]:
     return [v for piece in topo.get("slices") or [] for v in _slice_values(piece, index)]
 
 
-def nodes_to_resolve(workload: Mapping[str, Any]) -> tuple[str, list[str]] | None:
-    """The requested level and the assigned nodes, when the assignment names nodes only.
+def _nodes_only(wanted: str, topo: Mapping[str, Any]) -> list[str]:
+    """The assigned nodes, when the assignment names nodes but not the requested level; else [].
 
     With kubernetes.io/hostname as the Topology's lowest level, Kueue v0.17.0
     keeps only that level in the assignment: the domain at the requested level
     is then a label of those nodes.
     """
+    levels = list(topo.get("levels") or [])
+    if wanted in levels or HOSTNAME_LABEL not in levels:
+        return []
+    return list(dict.fromkeys(_level_values(topo, HOSTNAME_LABEL)))
+
+
+def nodes_to_resolve(workload: Mapping[str, Any]) -> tuple[str, list[str]] | None:
+    """The requested level and the assigned nodes whose labels name its domain (_nodes_only)."""
     for wanted, topo in _topology_requests(workload):
-        levels = list(topo.get("levels") or [])
-        if wanted not in levels and HOSTNAME_LABEL in levels:
-            return wanted, list(dict.fromkeys(_level_values(topo, HOSTNAME_LABEL)))
+        if nodes := _nodes_only(wanted, topo):
+            return wanted, nodes
     return None
 
 
@@ -149,9 +156,9 @@ def placement(workload: Mapping[str, Any] | None) -> Placement | None:
         if wanted in levels:
             return Placement(wanted, tuple(dict.fromkeys(_level_values(topo, wanted))))
         known = workload.get(NODE_LEVELS) or {}
-        nodes = nodes_to_resolve(workload)
-        if nodes is not None and all(known.get(n) for n in nodes[1]):
-            return Placement(wanted, tuple(dict.fromkeys(known[n] for n in nodes[1])))
+        nodes = _nodes_only(wanted, topo)
+        if nodes and all(known.get(n) for n in nodes):
+            return Placement(wanted, tuple(dict.fromkeys(known[n] for n in nodes)))
         if levels:
             return Placement(levels[0], tuple(dict.fromkeys(_level_values(topo, levels[0]))))
     return None

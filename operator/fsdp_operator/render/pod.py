@@ -126,7 +126,7 @@ def affinity(spec: FSDPTrainingSpec, name: str) -> Obj:
     out: Obj = {
         # One pod per node, as spec.resources.nodes promises, even when a pod
         # asks for fewer GPUs than a node has.
-        "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [same_job("kubernetes.io/hostname")]}
+        "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [same_job(contract.HOSTNAME_LABEL)]}
     }
     if res.efa_per_node > 0 and res.nodes > 1:
         # EFA's OS-bypass traffic does not leave its subnet (one per zone), so
@@ -209,8 +209,8 @@ def template_annotations(spec: FSDPTrainingSpec, annotations: dict[str, str]) ->
         out[DO_NOT_DISRUPT] = "true"
     topology = spec.scheduling.topology
     if topology is not None:
-        # Kueue reads its PodSet's topology request from the pod template; it orders the pods by
-        # their replica (PyTorchJob) or completion (JobSet) index, so neighbouring ranks share a domain.
+        # Kueue reads its PodSet's topology request from the pod template and places the pods in
+        # the order of their replica (PyTorchJob) or completion (JobSet) index.
         required = topology.mode == "required"
         key = contract.KUEUE_REQUIRED_TOPOLOGY_ANNOTATION if required else contract.KUEUE_PREFERRED_TOPOLOGY_ANNOTATION
         out[key] = topology.node_label()
