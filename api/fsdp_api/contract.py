@@ -351,6 +351,16 @@ STEP_DURATION = Metric(
     "fsdp_train_step_duration_seconds", "histogram", "Wall time of one optimizer step, data loading included."
 )
 DATA_WAIT = Metric("fsdp_train_data_wait_seconds", "counter", "Time this rank waited for input batches.")
+# The straggler signal: at each step's start every rank waits for the last one to arrive.
+RANK_WAIT = Metric(
+    "fsdp_train_rank_wait_seconds", "counter", "Time this rank waited at step starts for the last rank to arrive."
+)
+RANK_LATENESS = Metric(
+    "fsdp_train_rank_lateness_seconds",
+    "counter",
+    "How much later than the first rank this rank arrived at step starts, summed over steps (the time its peers "
+    "waited for it).",
+)
 MEMORY_PEAK = Metric(
     "fsdp_train_memory_peak_bytes", "gauge", "Peak memory: CUDA max allocated on GPU, process peak RSS on CPU."
 )

@@ -6,6 +6,9 @@ The tests use it to kill, hang or slow a rank on purpose. It lives here, not
 in the trainer, so that ``validate`` and the API server refuse a malformed
 value (it would otherwise fail in every rank at every step) and can say what
 a well-formed one will do to the run.
+
+Every action fires at one step, except ``slow<s>``, which sleeps after every
+step from that step on: a persistently slow rank (the straggler tests).
 """
 
 from __future__ import annotations
@@ -17,9 +20,13 @@ POINTS = {
     "after_step": "after step {step}'s update, before anything is saved",
     "during_save": "while saving step {step}'s checkpoint (shards written, not yet marked complete)",
 }
-# Actions: kill (SIGKILL, as a node loss or OOM kill), hang (never return), sleep<s> (a slow but live rank).
-PATTERN = r"^(after_step|during_save):[0-9]{1,9}(:[0-9]{1,6}(:(kill|hang|sleep[0-9]{1,6}([.][0-9]+)?))?)?$"
-GRAMMAR = "<point>:<step>[:<rank>[:<action>]] with point after_step or during_save, action kill, hang or sleep<seconds>"
+# Actions: kill (SIGKILL, as a node loss or OOM kill), hang (never return), sleep<s> (a slow but live rank),
+# slow<s> (sleep at this point of every step from then on: a straggler).
+PATTERN = r"^(after_step|during_save):[0-9]{1,9}(:[0-9]{1,6}(:(kill|hang|(sleep|slow)[0-9]{1,6}([.][0-9]+)?))?)?$"
+GRAMMAR = (
+    "<point>:<step>[:<rank>[:<action>]] with point after_step or during_save, "
+    "action kill, hang, sleep<seconds> or slow<seconds>"
+)
 
 
 @dataclass(frozen=True)
@@ -29,9 +36,24 @@ class Fault:
     rank: int = 0
     action: str = "kill"
 
+    @property
+    def persistent(self) -> bool:
+        """slow<s>: it acts at every step from ``step`` on, not once."""
+        return self.action.startswith("slow")
+
+    def seconds(self) -> float:
+        """How long sleep<s> and slow<s> sleep (0 for the other actions)."""
+        return float(re.sub(r"^(sleep|slow)", "", self.action)) if self.action.startswith(("sleep", "slow")) else 0.0
+
     def describe(self) -> str:
-        verb = {"kill": "is killed (SIGKILL)", "hang": "hangs"}.get(self.action, f"sleeps {self.action[5:]} s")
-        return f"rank {self.rank} {verb} {POINTS[self.point].format(step=self.step)}, in the first attempt only"
+        where = POINTS[self.point].format(step=self.step)
+        if self.persistent:
+            return (
+                f"rank {self.rank} sleeps {self.seconds():g} s {where}, and at the same point of every later step, "
+                "in the first attempt only"
+            )
+        verb = {"kill": "is killed (SIGKILL)", "hang": "hangs"}.get(self.action, f"sleeps {self.seconds():g} s")
+        return f"rank {self.rank} {verb} {where}, in the first attempt only"
 
 
 def parse_fault(value: str) -> Fault:

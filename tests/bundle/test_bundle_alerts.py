@@ -22,6 +22,7 @@ EXPECTED_ALERTS = {
     "FSDPTrainingCheckpointUnloadable",
     "FSDPTrainingRestarting",
     "FSDPTrainingInputBound",
+    "FSDPTrainingStraggler",
     "FSDPTrainingGPUIdle",
     "FSDPGPUXidError",
 }

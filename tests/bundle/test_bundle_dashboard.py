@@ -30,6 +30,11 @@ REQUIRED_PANELS = {
     "TFLOP/s per GPU": {"fsdp_train_tflops"},
     "Step time": {"fsdp_train_step_duration_seconds_bucket"},
     "Data-loading share": {"fsdp_train_data_wait_seconds_total", "fsdp_train_step_duration_seconds_sum"},
+    "Stragglers: peers' wait per rank": {
+        "fsdp_train_rank_lateness_seconds_total",
+        "fsdp_train_step_duration_seconds_count",
+        "fsdp_train_step_duration_seconds_sum",
+    },
     "Peak memory per rank": {"fsdp_train_memory_peak_bytes"},
     "Checkpoint age": {"fsdp_checkpoint_last_save_timestamp_seconds"},
     "Checkpoint save duration": {"fsdp_checkpoint_save_duration_seconds_sum"},

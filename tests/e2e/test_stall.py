@@ -147,3 +147,36 @@ def test_a_slow_checkpoint_save_is_never_flagged(operator: WholeCluster, ns: str
     assert time.monotonic() - t0 > 25  # the slow save did happen
     assert not {"Stalled", "StallRestart"} & set(reasons(training_events(whole, name, ns)))
     assert "stallRestarts" not in status(whole, name, ns)
+
+
+@pytest.mark.usefixtures("gone_after")
+def test_a_rank_its_peers_keep_waiting_for_names_its_node(operator: WholeCluster, ns: str) -> None:
+    """A rank slowed on purpose (0.5 s after every step) is named, with its pod and node, as a straggler."""
+    whole, name, slow_from = operator, "straggler", 3
+    body = fsdptraining(name, ns, max_steps=400, interval=1000, claim=None)
+    body["spec"]["env"] = [{"name": ENV_TRAINER_FAULT, "value": f"after_step:{slow_from}:1:slow0.5"}]
+    whole.cluster.apply(body)
+    wait_for(lambda: last_step(whole, name, ns) >= slow_from, 300, f"step {slow_from}")
+    t_slow = time.monotonic()
+
+    def suspect() -> dict[str, Any] | None:
+        found = {c["type"]: c for c in status(whole, name, ns).get("conditions", [])}.get("NodesHealthy")
+        return found if found is not None and found["status"] == "False" else None
+
+    try:
+        cond = wait_for(suspect, 150, "NodesHealthy=False")
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{json.dumps(status(whole, name, ns), indent=1)}") from e
+    record("straggler_named_s", time.monotonic() - t_slow)
+    message = cond["message"]
+    assert cond["reason"] == "SuspectNode", cond
+    # Rank 1 is the one process of whichever pod torchrun gave node rank 1; the message names that pod and its node.
+    pods = json.loads(whole.kubectl("get", "pods", "-n", ns, "-o", "json").stdout)["items"]
+    node_of = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in pods}
+    slow_pod = message.split("(pod ", 1)[1].split(")", 1)[0]
+    assert message.startswith(f"node {node_of[slow_pod]} (pods {slow_pod}): straggler: node rank 1, local rank 0 ")
+    assert "kept its peers waiting" in message and "2 checks in a row" in message, message
+    # Only the slow rank: the other node is not named.
+    assert message.count("straggler:") == 1, message
+    event = [e for e in training_events(whole, name, ns) if e["reason"] == "SuspectNode"]
+    assert event and event[0]["type"] == "Warning" and event[0]["message"] == message

@@ -184,6 +184,7 @@ def test_efa_per_node_beyond_every_instance_type_is_refused(types: list[str], ef
         ("after_step:5:1:hang", ("after_step", 5, 1, "hang")),
         ("during_save:10:0:sleep2.5", ("during_save", 10, 0, "sleep2.5")),
         ("during_save:4:3", ("during_save", 4, 3, "kill")),
+        ("after_step:3:1:slow0.5", ("after_step", 3, 1, "slow0.5")),
     ],
 )
 def test_the_fault_hooks_grammar_reads_every_form_the_tests_use(value: str, fault: tuple) -> None:
@@ -191,6 +192,17 @@ def test_the_fault_hooks_grammar_reads_every_form_the_tests_use(value: str, faul
 
     parsed = parse_fault(value)
     assert (parsed.point, parsed.step, parsed.rank, parsed.action) == fault
+
+
+def test_a_slow_fault_acts_at_every_step_from_its_own_and_says_so() -> None:
+    from fsdp_api.faults import parse_fault
+
+    slow, once = parse_fault("after_step:3:1:slow0.5"), parse_fault("after_step:3:1:sleep2")
+    assert (slow.persistent, slow.seconds(), once.persistent, once.seconds()) == (True, 0.5, False, 2.0)
+    assert slow.describe() == (
+        "rank 1 sleeps 0.5 s after step 3's update, before anything is saved, and at the same point of every "
+        "later step, in the first attempt only"
+    )
 
 
 @pytest.mark.parametrize(

@@ -6,9 +6,11 @@ at one point of one step. Actions:
 - ``kill`` (the default): SIGKILL, as a node loss or OOM kill would: no
   cleanup, no exception handlers;
 - ``hang``: never return (a deadlocked collective or a dead filesystem);
-- ``sleep<seconds>``, e.g. ``sleep20``: a slow but live rank (a slow save).
+- ``sleep<seconds>``, e.g. ``sleep20``: a slow but live rank (a slow save);
+- ``slow<seconds>``: the same sleep at that point of every later step too, a
+  persistent straggler.
 
-A fault fires once: only in the first torchrun attempt
+A fault fires once (a ``slow`` one starts once): only in the first torchrun attempt
 (``TORCHELASTIC_RESTART_COUNT`` 0), and, when the caller names a directory
 that outlives the process (the checkpoint directory), only if no earlier
 process left its marker there, so re-created pods resume instead of failing
@@ -29,6 +31,8 @@ from fsdp_api.faults import Fault, parse_fault
 from .errors import ConfigError
 
 MARKER_DIR = ".faults-fired"
+# The slow faults this process started: they go on at every later step.
+_started: set[Fault] = set()
 
 
 def _act(action: str) -> None:
@@ -38,7 +42,7 @@ def _act(action: str) -> None:
         while True:
             time.sleep(3600)
     else:
-        time.sleep(float(action.removeprefix("sleep")))
+        time.sleep(float(action.removeprefix("sleep").removeprefix("slow")))
 
 
 def armed_fault() -> Fault | None:
@@ -59,7 +63,11 @@ def maybe_fault(point: str, step: int, rank: int, once_dir: str | Path | None = 
     fault = armed_fault()
     if fault is None or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
         return
-    if (fault.point, fault.step, fault.rank) != (point, step, rank):
+    if (fault.point, fault.rank) != (point, rank) or step < fault.step:
+        return
+    if step > fault.step:
+        if fault in _started:
+            _act(fault.action)
         return
     if once_dir is not None:
         marker = Path(once_dir) / MARKER_DIR / os.environ[ENV_TRAINER_FAULT].replace(":", "_")
@@ -67,4 +75,6 @@ def maybe_fault(point: str, step: int, rank: int, once_dir: str | Path | None = 
             return
         marker.parent.mkdir(parents=True, exist_ok=True)
         marker.touch()
+    if fault.persistent:
+        _started.add(fault)
     _act(fault.action)

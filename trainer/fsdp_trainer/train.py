@@ -408,6 +408,8 @@ class Trainer:
                 lr=stats.learning_rate,
                 grad_norm=stats.grad_norm,
                 samples=samples,
+                wait=round(stats.wait_seconds, 4),
+                lateness=round(stats.lateness_seconds, 4),
                 **self._data_record(stats),
             )
             if self.step == self.first_step:
@@ -455,6 +457,7 @@ class Trainer:
         local_count = float(sum(self._count(b) for b in batches)) if self.packed is not None else 0.0
         batches = [b.to(self.device) for b in batches]
         data_seconds = time.perf_counter() - t0
+        waited = self._wait_for_peers()
         divisor, trained = self._loss_divisor(local_count)
         for micro, batch in enumerate(batches):
             set_gradient_sync(self.model, micro == accum - 1)
@@ -473,14 +476,18 @@ class Trainer:
         # One all-reduce carries the loss (gloo has no AVG: sum the per-rank
         # means, then divide) and the stop votes, so every rank stops at the
         # same step whichever of them got the signal first.
+        # It also carries each rank's wait at the step's start, in that rank's slot.
         stop_vote = torch.full((), float(self.stop_signal is not None), device=self.device)
-        reduced = torch.cat([torch.stack([loss_sum, stop_vote]), pair_sums])
+        waits = torch.zeros(self.world.world_size, device=self.device, dtype=torch.float32)
+        waits[self.world.rank] = waited
+        reduced = torch.cat([torch.stack([loss_sum, stop_vote]), pair_sums, waits])
         dist.all_reduce(reduced)
         fetched = [reduced, grad_norm.float().reshape(1)] + ([] if trained is None else [trained.float().reshape(1)])
         values = torch.cat(fetched).tolist()
         loss_total, stop_votes = values[:2]
         pair_values = values[2 : 2 + len(pair_sums)]
-        norm_value, *trained_value = values[2 + len(pair_sums) :]
+        all_waits = values[2 + len(pair_sums) : 2 + len(pair_sums) + len(waits)]
+        norm_value, *trained_value = values[2 + len(pair_sums) + len(waits) :]
         # The all-reduce summed every rank's mean (a rank's model-parallel peers repeat its value).
         loss_value = loss_total / self.world.world_size
         tokens = self.tokens_per_rank_step * self.dp_size
@@ -494,6 +501,10 @@ class Trainer:
             tokens=tokens,
             step_seconds=time.perf_counter() - t0,
             data_seconds=data_seconds,
+            # The first rank to arrive waited for the last: how much later than it this one came.
+            # Not at a run's first step: ranks that loaded or compiled at different speeds are not stragglers.
+            wait_seconds=0.0 if step == self.first_step else waited,
+            lateness_seconds=0.0 if step == self.first_step else max(0.0, max(all_waits) - waited),
             trained_tokens=round(trained_value[0]) if trained_value else tokens,
             # Every rank's pair sums: model-parallel peers would repeat theirs (divided out like the loss).
             preference=PreferenceStats.from_sums([v * self.dp_size / self.world.world_size for v in pair_values])
@@ -501,6 +512,24 @@ class Trainer:
             else None,
         )
         return stats, samples, stop_votes > 0
+
+    def _wait_for_peers(self) -> float:
+        """Seconds this rank waited at the step's start for the last rank to arrive (the straggler signal).
+
+        A tiny all-reduce that every rank enters once its batch is ready: the
+        rank that arrives last waits least, and the difference to the first is
+        how long its peers waited for it (docs/operator.md, "Stragglers").
+        ``item()`` makes the host wait for it, so the time is the peers' and
+        not a queue on the device; the device is idle here anyway, having
+        finished the previous step before its loss was read.
+        """
+        if self.world.world_size == 1:
+            return 0.0
+        started = time.perf_counter()
+        arrived = torch.ones((), device=self.device)
+        dist.all_reduce(arrived)
+        arrived.item()
+        return time.perf_counter() - started
 
     def _non_finite_loss(self, loss_value: float, step: int) -> str:
         """Why training stops on a NaN/inf loss; the first step of a run was computed before any update."""

@@ -6,8 +6,10 @@ condition per category on every node it watches: ``KernelReady``,
 DCGM diagnostics, Neuron) and ``ContainerRuntimeReady``, ``False`` when it found
 a problem, with the reason and message saying which. A training whose pods run
 on such a node is told in its status (``NodesHealthy=False``, naming the node,
-its pods and each condition's reason and message) and by a Warning Event. The
-verdict alerts; it does not move the training (docs/operator.md, "Bad nodes").
+its pods and each condition's reason and message) and by a Warning Event. A
+rank that keeps its peers waiting (stragglers.py) makes its node a suspect
+the same way. The verdict alerts; it does not move the training
+(docs/operator.md, "Bad nodes").
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ class NodeHealth:
 
     nodes: int  # the nodes looked at
     suspects: tuple[SuspectNode, ...]
+    conditions: bool = True  # the nodes' conditions were read
+    lateness: bool = False  # the ranks' lateness was read (stragglers.py)
 
     @property
     def healthy(self) -> bool:
@@ -53,7 +57,11 @@ class NodeHealth:
 
     def message(self) -> str:
         if self.healthy:
-            return f"no node condition reports a problem on the {self.nodes} node(s) of the training's pods"
+            found = [
+                *(["no node condition reports a problem"] if self.conditions else []),
+                *(["no rank keeps its peers waiting"] if self.lateness else []),
+            ]
+            return f"{' and '.join(found)} on the {self.nodes} node(s) of the training's pods"
         lines = [s.line() for s in self.suspects[:NAMED_NODES]]
         more = len(self.suspects) - NAMED_NODES
         return "; ".join(lines) + (f"; and {more} more node(s)" if more > 0 else "")
@@ -69,8 +77,18 @@ def evidence(node: Json) -> tuple[str, ...]:
     return tuple(out)
 
 
-def node_health(pods: Iterable[Json], nodes: Mapping[str, Json]) -> NodeHealth | None:
-    """The verdict for these (live) pods, given the nodes by name; None when no pod has a node yet."""
+def node_health(
+    pods: Iterable[Json],
+    nodes: Mapping[str, Json] | None,
+    stragglers: Mapping[str, list[str]] | None = None,
+) -> NodeHealth | None:
+    """The verdict for these (live) pods; None when no pod has a node yet, or nothing was read.
+
+    ``nodes``: the nodes by name (None: they may not be read); ``stragglers``:
+    per node, its straggling ranks (None: the ranks' lateness was not read).
+    """
+    if nodes is None and stragglers is None:
+        return None
     on: dict[str, list[str]] = {}
     for pod in pods:
         name = (pod.get("spec") or {}).get("nodeName")
@@ -78,9 +96,10 @@ def node_health(pods: Iterable[Json], nodes: Mapping[str, Json]) -> NodeHealth |
             on.setdefault(name, []).append(str(pod["metadata"]["name"]))
     if not on:
         return None
-    suspects = [
-        SuspectNode(name, tuple(sorted(on[name])), found)
-        for name in sorted(on)
-        if name in nodes and (found := evidence(nodes[name]))
-    ]
-    return NodeHealth(len(on), tuple(suspects))
+
+    def found(name: str) -> tuple[str, ...]:
+        own = evidence(nodes[name]) if nodes and name in nodes else ()
+        return own + tuple((stragglers or {}).get(name, ()))
+
+    suspects = [SuspectNode(name, tuple(sorted(on[name])), why) for name in sorted(on) if (why := found(name))]
+    return NodeHealth(len(on), tuple(suspects), conditions=nodes is not None, lateness=stragglers is not None)

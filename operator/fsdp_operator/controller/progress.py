@@ -157,8 +157,23 @@ class Unreadable:
 
 async def scrape(session: aiohttp.ClientSession, pod_ip: str, port: int) -> TrainerProgress | Unreadable:
     """GET the pod's metrics; Unreadable when they cannot be read right now."""
+    text = await fetch_metrics(session, pod_ip, port)
+    if isinstance(text, Unreadable):
+        return text
+    try:
+        return parse_trainer_metrics(text)
+    except ValueError as e:
+        return Unreadable(f"{metrics_url(pod_ip, port)}: not Prometheus metrics ({e})")
+
+
+def metrics_url(pod_ip: str, port: int) -> str:
     host = f"[{pod_ip}]" if ":" in pod_ip else pod_ip
-    url = f"http://{host}:{port}/metrics"
+    return f"http://{host}:{port}/metrics"
+
+
+async def fetch_metrics(session: aiohttp.ClientSession, pod_ip: str, port: int) -> str | Unreadable:
+    """The text of the pod's metrics endpoint; Unreadable when it cannot be read right now."""
+    url = metrics_url(pod_ip, port)
     try:
         # No redirects: the operator only ever talks to the pod it chose.
         async with session.get(
@@ -171,7 +186,4 @@ async def scrape(session: aiohttp.ClientSession, pod_ip: str, port: int) -> Trai
         return Unreadable(f"{url} did not answer within {SCRAPE_TIMEOUT_SECONDS:g} s")
     except NETWORK_ERRORS as e:
         return Unreadable(f"{url}: {type(e).__name__}")
-    try:
-        return parse_trainer_metrics(raw.decode("utf-8", errors="replace"))
-    except ValueError as e:
-        return Unreadable(f"{url}: not Prometheus metrics ({e})")
+    return raw.decode("utf-8", errors="replace")

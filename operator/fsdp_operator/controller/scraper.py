@@ -12,8 +12,10 @@ the operator being up). Per tick:
   trainer's check rejects is shown (the ConfigValid condition), a status
   patch only when one of those changed;
 - every ``NODE_CHECK_TICKS`` ticks, trainings with pods: one pod LIST per
-  namespace and backend, one node LIST, so that a node whose own conditions
-  report a problem is named (the NodesHealthy condition, node_health.py).
+  namespace and backend, one node LIST, and for running trainings one
+  metrics GET per pod, so that a node whose own conditions report a problem,
+  or whose rank keeps its peers waiting, is named (the NodesHealthy
+  condition, node_health.py and stragglers.py).
 
 When a job finishes, ``final_scrape`` reads its trainer's metrics once more.
 """
@@ -37,11 +39,12 @@ from .completion import completion_fields
 from .kube import NETWORK_ERRORS, ApiError
 from .node_health import node_health
 from .peering import we_are_active
-from .progress import TrainerProgress, Unreadable, rank0_pod, scrape
+from .progress import TrainerProgress, Unreadable, fetch_metrics, rank0_pod, scrape
 from .records import record_nodes, record_pods, record_progress
 from .stall.check import check_stall
 from .state import Runtime
 from .status import FAILED_CREATE_POD, SCHEDULABLE, TrainingFacts, pods_report
+from .stragglers import RankCounters, RankKey, StragglerWatch, rank_counters
 
 log = logging.getLogger(__name__)
 
@@ -254,37 +257,95 @@ def _completion(rt: Runtime, body: Mapping[str, Any], progress: TrainerProgress)
     return completion_fields(progress.step, max_steps, rate or progress.seconds_per_step)
 
 
-async def check_nodes_once(rt: Runtime, peering: PeeringView | None) -> int:
+async def check_nodes_once(rt: Runtime, session: aiohttp.ClientSession, peering: PeeringView | None) -> int:
     """One look at the nodes under every training with pods; returns how many NodesHealthy conditions changed.
 
-    Needs ``list`` on nodes (cluster-scoped): an install that may not read them
-    (namespaced mode, docs/operator.md) goes without the check.
+    The node conditions need ``list`` on nodes (cluster-scoped): an install
+    that may not read them (namespaced mode, docs/operator.md) goes without
+    them, and still reads the ranks' lateness from the pods of running trainings.
     """
     trainings = [b for b in list(rt.trainings.values()) if rt.previous_status(b).get("phase") in WITH_PODS]
+    watched = {uid_of(b) for b in trainings if _reads_lateness(rt, b)}
+    for uid in [u for u in rt.stragglers if u not in watched]:
+        del rt.stragglers[uid]  # a straggler is judged within one run of the pods
     if not trainings:
         return 0
-    try:
-        nodes = {n["metadata"]["name"]: n for n in await rt.client.list("v1", "Node", None)}
-    except ApiError as e:
-        if e.status in (401, 403):
-            log.debug("the node check is off: this install may not list nodes (%s)", e)
-            return 0
-        raise
+    nodes = await _nodes(rt)
     groups: dict[tuple[str, JobBackend], list[Mapping[str, Any]]] = defaultdict(list)
     for body in trainings:
         groups[body["metadata"]["namespace"], backends.of_training(body).ref].append(body)
+    gate = asyncio.Semaphore(MAX_CONCURRENT_SCRAPES)
     changed = 0
+
+    async def one(body: Mapping[str, Any], pods: list[Mapping[str, Any]], backend: JobBackend) -> None:
+        nonlocal changed
+        job_name = rt.previous_status(body).get("jobName") or body["metadata"]["name"]
+        mine = [p for p in pods if (p["metadata"].get("labels") or {}).get(backend.job_label) == job_name]
+        late = await _stragglers(rt, session, gate, body, mine) if uid_of(body) in watched else None
+        health = node_health(mine, nodes, late)
+        if health is not None and await record_nodes(rt, body, health):
+            changed += 1
+
     for (namespace, backend), bodies in groups.items():
         if not await _allowed(rt, peering, namespace):
             continue
         pods = live_pods(await rt.client.list("v1", "Pod", namespace, backend.job_label))
-        for body in bodies:
-            job_name = rt.previous_status(body).get("jobName") or body["metadata"]["name"]
-            mine = [p for p in pods if (p["metadata"].get("labels") or {}).get(backend.job_label) == job_name]
-            health = node_health(mine, nodes)
-            if health is not None and await record_nodes(rt, body, health):
-                changed += 1
+        results = await asyncio.gather(*(one(b, pods, backend) for b in bodies), return_exceptions=True)
+        for r in results:
+            if isinstance(r, Exception):
+                log.debug("node check failed: %r", r)
     return changed
+
+
+async def _nodes(rt: Runtime) -> dict[str, Mapping[str, Any]] | None:
+    """The nodes by name; None when this install may not list them."""
+    try:
+        return {n["metadata"]["name"]: n for n in await rt.client.list("v1", "Node", None)}
+    except ApiError as e:
+        if e.status in (401, 403):
+            log.debug("node conditions are not read: this install may not list nodes (%s)", e)
+            return None
+        raise
+
+
+def _reads_lateness(rt: Runtime, body: Mapping[str, Any]) -> bool:
+    return rt.previous_status(body).get("phase") == "Running" and MetricsView.of(body).enabled
+
+
+async def _stragglers(
+    rt: Runtime,
+    session: aiohttp.ClientSession,
+    gate: asyncio.Semaphore,
+    body: Mapping[str, Any],
+    pods: list[Mapping[str, Any]],
+) -> dict[str, list[str]] | None:
+    """Every running pod's rank counters read once more: the straggling ranks by node (stragglers.py).
+
+    None until a window closed: a training whose pods never answered, or
+    answered once, has not been judged, and its message must not say it was.
+    """
+    port = MetricsView.of(body).port
+    running = [
+        p for p in pods if (p.get("status") or {}).get("phase") == "Running" and (p.get("status") or {}).get("podIP")
+    ]
+
+    async def read(pod: Mapping[str, Any]) -> dict[RankKey, RankCounters]:
+        async with gate:
+            text = await fetch_metrics(session, pod["status"]["podIP"], port)
+        rt.metrics.scrapes.labels("error" if isinstance(text, Unreadable) else "success").inc()
+        if isinstance(text, Unreadable):
+            return {}
+        try:
+            return rank_counters(text, pod["metadata"]["name"], (pod.get("spec") or {}).get("nodeName") or "")
+        except ValueError:
+            return {}
+
+    reads: dict[RankKey, RankCounters] = {}
+    for found in await asyncio.gather(*(read(p) for p in running)):
+        reads.update(found)
+    watch = rt.stragglers.setdefault(uid_of(body), StragglerWatch())
+    watch.update(reads)
+    return watch.evidence() if watch.judged else None
 
 
 async def run_scraper(rt: Runtime, interval: float, peering: PeeringView | None) -> None:
@@ -297,7 +358,7 @@ async def run_scraper(rt: Runtime, interval: float, peering: PeeringView | None)
                 ("pods check", lambda: check_pods_once(rt, peering)),
             ]
             if tick % NODE_CHECK_TICKS == 0:
-                passes.append(("node check", lambda: check_nodes_once(rt, peering)))
+                passes.append(("node check", lambda: check_nodes_once(rt, session, peering)))
             tick += 1
             for name, one_pass in passes:
                 try:

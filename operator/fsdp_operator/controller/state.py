@@ -22,6 +22,7 @@ from .stall import StepClock
 from .status import (
     declared_subset,
 )
+from .stragglers import StragglerWatch
 
 Json = dict[str, Any]
 Key = tuple[str, str]  # (namespace, name)
@@ -44,6 +45,8 @@ class Runtime:
     workloads: dict[str, Json] = field(default_factory=dict)
     # training uid -> its stall check's clock (controller/stall/), while it runs.
     step_clocks: dict[str, StepClock] = field(default_factory=dict)
+    # training uid -> its ranks' lateness at the last node check (controller/stragglers.py), while it runs.
+    stragglers: dict[str, StragglerWatch] = field(default_factory=dict)
     # training uids with an apply in flight.
     applying: set[str] = field(default_factory=set)
     # Work started from handlers that must outlive them (re-creating a deleted job).
@@ -76,6 +79,7 @@ class Runtime:
         self.jobs.pop(uid, None)
         self.workloads.pop(uid, None)
         self.step_clocks.pop(uid, None)
+        self.stragglers.pop(uid, None)
         self._locks.pop(uid, None)
         self.metrics.forget([uid])
 

@@ -309,7 +309,7 @@ BASELINE_WORKER = textwrap.dedent(
 
     before = scrape()
     proc.on_step(StepStats(step=1, loss=1.0, learning_rate=0.1, grad_norm=1.0, tokens=64,
-                           step_seconds=0.2, data_seconds=0.05))
+                           step_seconds=0.2, data_seconds=0.05, wait_seconds=0.03, lateness_seconds=0.01))
     proc.on_checkpoint_saved(1, 1.5)
     proc.set_compiled(True)
     after = scrape()
@@ -338,6 +338,8 @@ def test_counters_and_histograms_export_zero_before_their_first_increment(tmp_pa
     zero_then = {
         "fsdp_train_tokens_total": 64.0,
         "fsdp_train_data_wait_seconds_total": 0.05,
+        "fsdp_train_rank_wait_seconds_total": 0.03,
+        "fsdp_train_rank_lateness_seconds_total": 0.01,
         "fsdp_train_step_duration_seconds_count": 1.0,
         "fsdp_train_step_duration_seconds_sum": 0.2,
         "fsdp_checkpoint_save_duration_seconds_count": 1.0,

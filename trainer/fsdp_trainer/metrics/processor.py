@@ -148,6 +148,8 @@ class MetricsProcessor:
             m.tokens,
             m.trained_tokens,
             m.data_wait,
+            m.rank_wait,
+            m.rank_lateness,
             m.step_duration,
             m.checkpoint_save,
             m.tracker_points_dropped,
@@ -329,6 +331,8 @@ class MetricsProcessor:
             m.mfu_float8.labels(**lb).set(rates.mfu_float8)
         m.step_duration.labels(**lb).observe(stats.step_seconds)
         m.data_wait.labels(**lb).inc(max(0.0, stats.data_seconds))
+        m.rank_wait.labels(**lb).inc(max(0.0, stats.wait_seconds))
+        m.rank_lateness.labels(**lb).inc(max(0.0, stats.lateness_seconds))
         peak, reserved = memory
         m.memory_peak.labels(**lb).set(peak)
         m.memory_reserved.labels(**lb).set(reserved)

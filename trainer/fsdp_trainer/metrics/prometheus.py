@@ -228,6 +228,8 @@ class TrainerMetrics:
         self.peak_tflops = _create(c.PEAK_TFLOPS)
         self.step_duration = _create(c.STEP_DURATION)
         self.data_wait = _create(c.DATA_WAIT)
+        self.rank_wait = _create(c.RANK_WAIT)
+        self.rank_lateness = _create(c.RANK_LATENESS)
         self.memory_peak = _create(c.MEMORY_PEAK)
         self.memory_reserved = _create(c.MEMORY_RESERVED)
         self.reward_chosen = _create(c.REWARD_CHOSEN)

@@ -15,7 +15,8 @@ class StepStats:
 
     ``loss`` is already averaged over all ranks and ``tokens`` counts the whole
     job (every rank, every micro-batch of the step), so every rank reports the
-    same job-level numbers and only ``data_seconds`` is this rank's own.
+    same job-level numbers; ``data_seconds``, ``wait_seconds`` and
+    ``lateness_seconds`` are this rank's own.
     """
 
     step: int
@@ -25,6 +26,10 @@ class StepStats:
     tokens: int
     step_seconds: float
     data_seconds: float
+    # This rank's wait at the step's start for the last rank, and how much later than the
+    # first rank it arrived there itself (the straggler signal, docs/operator.md).
+    wait_seconds: float = 0.0
+    lateness_seconds: float = 0.0
     # Tokens whose prediction is in the loss (job-level); None: all of ``tokens``
     # (data.format text). Prompts and padding of the supervised formats are not.
     trained_tokens: int | None = None
