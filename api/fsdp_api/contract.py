@@ -141,6 +141,17 @@ TOPOLOGY_LEVELS: dict[str, str] = {
     "hostname": HOSTNAME_LABEL,
 }
 
+# --- suspect nodes (spec.health) ---------------------------------------------------
+# The taint that keeps trainings off a node the operator excluded (onSuspectNode: exclude),
+# with NoSchedule: running pods of others stay. Training pods never tolerate it (pod.tolerations
+# with operator Exists and no key would, docs/operator.md).
+EXCLUDED_NODE_TAINT = f"{GROUP}/excluded"
+# The same key as a label ("true") on the node: the operator finds the excluded nodes with one small LIST.
+EXCLUDED_NODE_LABEL = EXCLUDED_NODE_TAINT
+# On the node: when the operator lifts the taint (RFC 3339), and which training excluded it and why.
+EXCLUDED_UNTIL_ANNOTATION = f"{GROUP}/excluded-until"
+EXCLUDED_BY_ANNOTATION = f"{GROUP}/excluded-by"
+
 # --- Prometheus operator ---------------------------------------------------------
 
 MONITORING_API_VERSION = "monitoring.coreos.com/v1"

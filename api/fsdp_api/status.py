@@ -51,6 +51,15 @@ class CheckpointStatus(ApiModel):
     last_step: int | None = Field(None, ge=0, description="Step of the newest complete checkpoint seen in metrics.")
 
 
+class ExcludedNode(ApiModel):
+    """A node this training excluded (spec.health.onSuspectNode exclude)."""
+
+    node: str = Field(max_length=253, description="The node's name.")
+    reason: str = Field(max_length=1024, description="The evidence that made it a suspect.")
+    time: str = Field(description="When it was excluded (RFC 3339).")
+    until: str = Field(description="When the operator lifts its taint (RFC 3339).")
+
+
 class TopologyStatus(ApiModel):
     """Where Kueue's topology-aware scheduling put the pods (spec.scheduling.topology)."""
 
@@ -123,6 +132,14 @@ class FSDPTrainingStatus(ApiModel):
     )
     stall_restarts: int | None = Field(
         None, ge=0, description="Times the operator restarted the job's pods because it stalled (spec.stall.onStall)."
+    )
+    excluded_nodes: list[ExcludedNode] | None = Field(
+        None,
+        max_length=64,
+        description=(
+            "The nodes this training excluded as suspects, oldest first (spec.health.onSuspectNode exclude); "
+            "their number is capped by spec.health.maxExcludedNodes."
+        ),
     )
     checkpoint: CheckpointStatus = Field(
         default_factory=CheckpointStatus, description="Checkpoint location and durability."

@@ -72,3 +72,39 @@ def test_the_chart_binds_the_same_role_with_read_nodes() -> None:
     # The operator's own ClusterRole stays bound per namespace.
     kinds = [o["kind"] for o in helm_template({"readNodes": "true"}, namespace="fsdp-system")]
     assert kinds.count("ClusterRoleBinding") == 1 and "RoleBinding" in kinds
+
+
+EXCLUDER = KUSTOMIZE / "components" / "node-exclusion" / "cluster_role_binding.yaml"
+
+
+def test_node_exclusion_adds_patch_nodes_and_nothing_else(rbac_cluster: TestCluster) -> None:
+    """components/node-exclusion (spec.health.onSuspectNode exclude): taint nodes, no other write."""
+    objs = [o for o in kustomize("default") if o["kind"] in RBAC_KINDS]
+    rbac_cluster.kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump_all(objs))
+    rbac_cluster.kubectl("apply", "--server-side", "-f", str(EXCLUDER))
+    try:
+        wait_for(lambda: can_i(rbac_cluster, "patch", "nodes") == "yes", 30, "the node-excluder binding")
+        for args in (
+            ("update", "nodes"),
+            ("delete", "nodes"),
+            ("patch", "nodes", "--subresource=status"),
+            ("create", "pods/eviction", "-n", "kube-system"),
+        ):
+            assert can_i(rbac_cluster, *args) == "no", args
+    finally:
+        rbac_cluster.kubectl("delete", "-f", str(EXCLUDER))
+        wait_for(lambda: can_i(rbac_cluster, "patch", "nodes") == "no", 30, "the binding gone")
+    # The chart's excludeNodes renders the same role and binding, and binds the node reader with it.
+    component = yaml.safe_load(EXCLUDER.read_text())
+    overlay_role = next(o for o in kustomize("default") if o["metadata"]["name"] == "fsdp-operator-node-excluder")
+    chart = {
+        (o["kind"], o["metadata"]["name"]): o
+        for o in helm_template({"excludeNodes": "true"}, namespace="fsdp-system")
+        if o["kind"].startswith("Cluster")
+    }
+    assert chart["ClusterRole", "fsdp-operator-node-excluder"]["rules"] == overlay_role["rules"]
+    binding = chart["ClusterRoleBinding", "fsdp-operator-node-excluder"]
+    assert (binding["roleRef"], binding["subjects"]) == (component["roleRef"], component["subjects"])
+    assert ("ClusterRoleBinding", "fsdp-operator-node-reader") in chart
+    plain = {(o["kind"], o["metadata"]["name"]) for o in helm_template(namespace="fsdp-system")}
+    assert ("ClusterRoleBinding", "fsdp-operator-node-excluder") not in plain

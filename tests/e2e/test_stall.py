@@ -8,13 +8,21 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from fsdp_api.contract import ENV_TRAINER_FAULT
+from fsdp_api.contract import (
+    ENV_TRAINER_FAULT,
+    EXCLUDED_BY_ANNOTATION,
+    EXCLUDED_NODE_LABEL,
+    EXCLUDED_NODE_TAINT,
+    EXCLUDED_UNTIL_ANNOTATION,
+)
+from fsdp_localcluster.binaries import REPO_ROOT
 from fsdp_localcluster.wait import wait_for
 from fsdp_localcluster.whole_cluster import WholeCluster
 
 from tests.e2e.timings import record
 from tests.e2e.training import (
     RESUMED,
+    STOPPED,
     TERMINAL,
     assert_resumed_exactly,
     checkpoint_steps,
@@ -149,34 +157,71 @@ def test_a_slow_checkpoint_save_is_never_flagged(operator: WholeCluster, ns: str
     assert "stallRestarts" not in status(whole, name, ns)
 
 
-@pytest.mark.usefixtures("gone_after")
-def test_a_rank_its_peers_keep_waiting_for_names_its_node(operator: WholeCluster, ns: str) -> None:
-    """A rank slowed on purpose (0.5 s after every step) is named, with its pod and node, as a straggler."""
-    whole, name, slow_from = operator, "straggler", 3
-    body = fsdptraining(name, ns, max_steps=400, interval=1000, claim=None)
+EXCLUDER_BINDING = REPO_ROOT / "kustomize" / "components" / "node-exclusion" / "cluster_role_binding.yaml"
+
+
+@pytest.fixture
+def may_exclude(operator: WholeCluster) -> Iterator[None]:
+    """components/node-exclusion on the cluster-wide install; afterwards no node keeps our taint."""
+    operator.kubectl("apply", "-f", str(EXCLUDER_BINDING))
+    yield
+    operator.kubectl("delete", "-f", str(EXCLUDER_BINDING), "--ignore-not-found", check=False)
+    for node in ("gpu-0", "gpu-1"):
+        operator.kubectl("taint", "node", node, f"{EXCLUDED_NODE_TAINT}-", check=False)
+        operator.kubectl("label", "node", node, f"{EXCLUDED_NODE_LABEL}-", check=False)
+        marks = (f"{EXCLUDED_UNTIL_ANNOTATION}-", f"{EXCLUDED_BY_ANNOTATION}-")
+        operator.kubectl("annotate", "node", node, *marks, check=False)
+
+
+@pytest.mark.usefixtures("gone_after", "may_exclude")
+def test_a_straggler_node_is_excluded_and_the_training_resumes_elsewhere(operator: WholeCluster, ns: str) -> None:
+    """A straggler end to end: every rank's lateness read by the operator, its node named and (onSuspectNode exclude)
+    tainted, the pod re-created on the other GPU node, resumed from its checkpoint, Succeeded."""
+    whole, name, max_steps, interval, slow_from = operator, "exclude", 80, 10, 3
+    create_claim(whole, ns)
+    body = fsdptraining(name, ns, max_steps=max_steps, interval=interval, nodes=1)
+    # One pod, two ranks: its second rank is the straggler, so its node is the suspect.
+    body["spec"]["resources"]["gpusPerNode"] = 2
+    body["spec"]["health"] = {"onSuspectNode": "exclude", "excludeSeconds": 600}
     body["spec"]["env"] = [{"name": ENV_TRAINER_FAULT, "value": f"after_step:{slow_from}:1:slow0.5"}]
     whole.cluster.apply(body)
     wait_for(lambda: last_step(whole, name, ns) >= slow_from, 300, f"step {slow_from}")
     t_slow = time.monotonic()
+    (first,) = [p for p in whole.list("pods", ns) if not p["metadata"].get("deletionTimestamp")]
+    bad = first["spec"]["nodeName"]
 
-    def suspect() -> dict[str, Any] | None:
-        found = {c["type"]: c for c in status(whole, name, ns).get("conditions", [])}.get("NodesHealthy")
-        return found if found is not None and found["status"] == "False" else None
+    def excluded() -> dict[str, Any] | None:
+        found = [e for e in training_events(whole, name, ns) if e["reason"] == "NodeExcluded"]
+        return found[0] if found else None
 
     try:
-        cond = wait_for(suspect, 150, "NodesHealthy=False")
+        event = wait_for(excluded, 150, "a NodeExcluded Event")
     except AssertionError as e:
         raise AssertionError(f"{e}\n{json.dumps(status(whole, name, ns), indent=1)}") from e
-    record("straggler_named_s", time.monotonic() - t_slow)
-    message = cond["message"]
-    assert cond["reason"] == "SuspectNode", cond
-    # Rank 1 is the one process of whichever pod torchrun gave node rank 1; the message names that pod and its node.
-    pods = json.loads(whole.kubectl("get", "pods", "-n", ns, "-o", "json").stdout)["items"]
-    node_of = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in pods}
-    slow_pod = message.split("(pod ", 1)[1].split(")", 1)[0]
-    assert message.startswith(f"node {node_of[slow_pod]} (pods {slow_pod}): straggler: node rank 1, local rank 0 ")
-    assert "kept its peers waiting" in message and "2 checks in a row" in message, message
-    # Only the slow rank: the other node is not named.
-    assert message.count("straggler:") == 1, message
-    event = [e for e in training_events(whole, name, ns) if e["reason"] == "SuspectNode"]
-    assert event and event[0]["type"] == "Warning" and event[0]["message"] == message
+    record("straggler_excluded_s", time.monotonic() - t_slow)
+    # The slow rank, with its pod and node; not its healthy peer on the same node.
+    pod = first["metadata"]["name"]
+    assert event["message"].startswith(f"excluded node {bad} (straggler: node rank 0, local rank 1 (pod {pod}) "), event
+    assert event["message"].count("straggler:") == 1 and "kept its peers waiting" in event["message"], event
+    assert "deleted 1 pods to resume from" in event["message"] and "(excluded 1 of at most 2)" in event["message"]
+    node = whole.get("node", bad) or {}
+    assert {"key": EXCLUDED_NODE_TAINT, "value": "suspect", "effect": "NoSchedule"} in node["spec"]["taints"]
+
+    def elsewhere() -> dict[str, Any] | None:
+        pods = [p for p in whole.list("pods", ns) if not p["metadata"].get("deletionTimestamp")]
+        running = [p for p in pods if (p.get("status") or {}).get("phase") == "Running"]
+        return running[0] if running and running[0]["metadata"]["uid"] != first["metadata"]["uid"] else None
+
+    moved = wait_for(elsewhere, 120, "the pod running again")
+    record("straggler_fault_to_running_elsewhere_s", time.monotonic() - t_slow)
+    assert moved["spec"]["nodeName"] != bad, moved["spec"]["nodeName"]
+    assert wait_phase(whole, name, ns, TERMINAL, 300) == "Succeeded"
+    final = status(whole, name, ns)
+    assert [e["node"] for e in final["excludedNodes"]] == [bad]
+    assert "straggler: node rank 0, local rank 1" in final["excludedNodes"][0]["reason"]
+    # Resumed where the excluded pod stopped: SIGTERM on its deletion saved that step (or, had the
+    # save not fit the grace period, the last interval's). The slow fault does not fire again.
+    logs = trainer_logs(whole, name, ns)
+    resumed, stopped = [int(m) for m in RESUMED.findall(logs)], [int(m) for m in STOPPED.findall(logs)]
+    assert len(resumed) == 1 and resumed[0] > slow_from, resumed
+    assert resumed[0] in stopped or resumed[0] % interval == 0, (resumed, stopped)

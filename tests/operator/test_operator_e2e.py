@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +42,12 @@ from fsdp_localcluster.operator_install import (
     install_operator,
     kustomize,
 )
+from fsdp_localcluster.prometheus import PrometheusServer
 from fsdp_localcluster.wait import wait_for
+from fsdp_operator.controller.xids import PROMETHEUS_URL_ENV, XID_WINDOW_ENV
 from fsdp_operator.render import render
+
+from tests.support.dcgm import StandInExporter
 
 pytestmark = pytest.mark.cluster
 
@@ -83,6 +88,8 @@ class Env:
     operator: OperatorProcess
     kubeconfig: Path
     workdir: Path
+    # The stand-in dcgm-exporter the env's Prometheus scrapes, and which the operator asks for new XIDs.
+    dcgm: StandInExporter
     # Operator log ranges (offsets) to skip when looking for permission errors.
     restart_windows: list[tuple[int, int]] = field(default_factory=list)
 
@@ -201,14 +208,23 @@ def env(cluster: TestCluster, tmp_path_factory: pytest.TempPathFactory) -> Itera
     workdir = tmp_path_factory.mktemp("operator-e2e")
     install = install_operator(cluster, OPERATOR_NS, deploy=False, clusterwide=True)
     assert install.kubeconfig is not None
+    # A real Prometheus scraping a stand-in dcgm-exporter: the operator asks it for new XIDs, over
+    # a 20 s window (a test cannot wait the default 10 minutes).
+    dcgm = StandInExporter({})
+    prom = PrometheusServer([dcgm.target], job="dcgm-exporter").start()
+    xids = {PROMETHEUS_URL_ENV: prom.url, XID_WINDOW_ENV: "20"}
     # pod_name: a stable peer identity across restarts, as in a pod.
-    op = install.process(workdir / "operator.log", priority=100, scrape_interval=0.5, pod_name="fsdp-operator-e2e-0")
+    op = install.process(
+        workdir / "operator.log", priority=100, scrape_interval=0.5, pod_name="fsdp-operator-e2e-0", env=xids
+    )
     op.start()
-    e = Env(cluster, install, op, install.kubeconfig, workdir)
+    e = Env(cluster, install, op, install.kubeconfig, workdir, dcgm)
     try:
         yield e
     finally:
         op.stop()
+        prom.stop()
+        dcgm.close()
         print(f"\n----- operator log (tail) -----\n{op.log_tail(60)}")
 
 
@@ -847,11 +863,122 @@ def test_a_node_whose_own_conditions_report_a_problem_is_named_in_the_status(env
         cond = next(c for c in s["conditions"] if c["type"] == "NodesHealthy")
         assert (cond["reason"], cond["message"]) == (
             "NoSuspectNode",
-            "no node condition reports a problem on the 1 node(s) of the training's pods",
+            "no node condition reports a problem and no GPU reported a new XID on the 1 node(s) of the training's pods",
         )
         assert s["message"] != suspect
     finally:
         env.cluster.kubectl("delete", "node", node, "--ignore-not-found", "--wait=false")
+
+
+def test_a_new_gpu_xid_from_dcgm_exporter_names_the_node_and_an_old_one_does_not(env: Env) -> None:
+    """The operator asks a real Prometheus, which scrapes a stand-in dcgm-exporter, for XIDs that changed."""
+    ns, name = "e2e-xid", "xid"
+    node = "ip-10-0-7-23.ec2.internal"
+    env.dcgm.codes[node, 3] = 43  # left by an earlier, killed CUDA process: old news
+    env.cluster.apply({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}})
+    try:
+        env.apply_training(ns, name, resources={"nodes": 1, "gpusPerNode": 0, "nodePool": "default"})
+        env.wait_job(ns, name)
+        env.cluster.apply(worker_pod(ns, name, node=node))
+        env.patch_pod_status(ns, f"{name}-worker-0", {"phase": "Running"})
+        env.patch_job_status(ns, name, {"conditions": [{"type": "Running", "status": "True", "reason": "Running"}]})
+
+        def nodes_healthy() -> dict[str, Any] | None:
+            found = [c for c in env.status(ns, name).get("conditions") or [] if c["type"] == "NodesHealthy"]
+            return found[0] if found else None
+
+        healthy = wait_for(nodes_healthy, JOB_TIMEOUT, what="NodesHealthy", interval=POLL)
+        assert (healthy["status"], healthy["message"]) == (
+            "True",
+            "no node condition reports a problem and no GPU reported a new XID on the 1 node(s) of the training's pods",
+        )
+        env.dcgm.codes[node, 3] = 79
+        suspect = f"node {node} (pods {name}-worker-0): new GPU XID 79 on GPU 3 (dcgm-exporter, last 20 s)"
+        s = env.wait_status(ns, name, "the new XID in the status", phase="Running", message=suspect)
+        cond = next(c for c in s["conditions"] if c["type"] == "NodesHealthy")
+        assert (cond["status"], cond["reason"]) == ("False", "SuspectNode")
+        env.wait_events(ns, name, "SuspectNode")
+    finally:
+        env.dcgm.codes.pop((node, 3), None)
+        env.cluster.kubectl("delete", "node", node, "--ignore-not-found", "--wait=false")
+
+
+def test_a_suspect_node_is_excluded_its_pods_restarted_and_the_taint_lifted_when_due(env: Env) -> None:
+    """onSuspectNode exclude: the node tainted (its other taints kept), the pods deleted, the status and an Event."""
+    ns, name = "e2e-exclude", "exclude"
+    node = "ip-10-0-7-22.ec2.internal"
+    binding = yaml.safe_load((REPO_ROOT / "kustomize/components/node-exclusion/cluster_role_binding.yaml").read_text())
+    binding["metadata"]["name"] = "e2e-node-excluder"
+    binding["subjects"][0]["namespace"] = OPERATOR_NS
+    env.cluster.apply(binding)
+    gpu_taint = {"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}
+    env.cluster.apply({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}, "spec": {"taints": [gpu_taint]}})
+    try:
+        xid = {
+            "type": "AcceleratedHardwareReady",
+            "status": "False",
+            "reason": "NvidiaXID79Error",
+            "message": "off the bus",
+        }
+        env.cluster.kubectl(
+            "patch", "node", node, "--subresource=status", "--type=merge", "-p",
+            json.dumps({"status": {"conditions": [{"type": "Ready", "status": "True"}, xid]}}),
+        )  # fmt: skip
+        env.apply_training(
+            ns,
+            name,
+            resources={"nodes": 1, "gpusPerNode": 0, "nodePool": "default"},
+            checkpoint={"claimName": "ckpt"},
+            health={"onSuspectNode": "exclude", "excludeSeconds": 3600},
+        )
+        env.wait_job(ns, name)
+        env.cluster.apply(worker_pod(ns, name, node=node))
+        env.patch_pod_status(ns, f"{name}-worker-0", {"phase": "Running"})
+        env.patch_job_status(ns, name, {"conditions": [{"type": "Running", "status": "True", "reason": "Running"}]})
+        before = time.time()
+        env.wait_events(ns, name, "NodeExcluded")
+
+        # The pod was deleted (no kubelet here to finish it, nor a controller to re-create it), the node tainted.
+        def deleted() -> bool:
+            return all(p["metadata"].get("deletionTimestamp") for p in env.items("pods", ns))
+
+        assert wait_for(deleted, JOB_TIMEOUT, what="the pod deleted", interval=POLL)
+        tainted = env.get("node", None, node)
+        assert tainted is not None
+        # The node lifecycle controller's own taints (not-ready: no kubelet here) are kept too.
+        ours = {"key": "training.fsdp.dev/excluded", "value": "suspect", "effect": "NoSchedule"}
+        assert gpu_taint in tainted["spec"]["taints"] and ours in tainted["spec"]["taints"]
+        assert tainted["metadata"]["labels"]["training.fsdp.dev/excluded"] == "true"
+        notes = tainted["metadata"]["annotations"]
+        reason = "AcceleratedHardwareReady=False (NvidiaXID79Error: off the bus)"
+        assert notes["training.fsdp.dev/excluded-by"] == f"{ns}/{name}: {reason}"
+        until = datetime.fromisoformat(notes["training.fsdp.dev/excluded-until"].replace("Z", "+00:00")).timestamp()
+        assert before + 3600 - 60 < until < time.time() + 3600 + 1
+        status = env.status(ns, name)
+        assert [(e["node"], e["reason"], e["until"]) for e in status["excludedNodes"]] == [
+            (node, reason, notes["training.fsdp.dev/excluded-until"])
+        ]
+        health = next(c for c in status["conditions"] if c["type"] == "NodesHealthy")
+        assert health["message"] == (
+            f"node {node} (pods {name}-worker-0): {reason}; excluded {node} and restarted the pods elsewhere"
+        )
+
+        # Its time is up: the next node check lifts the taint and our marks; the other taints stay.
+        env.cluster.kubectl(
+            "annotate", "node", node, "--overwrite", "training.fsdp.dev/excluded-until=2020-01-01T00:00:00Z"
+        )
+
+        def lifted() -> dict[str, Any] | None:
+            got = env.get("node", None, node) or {}
+            taints = (got.get("spec") or {}).get("taints") or []
+            return got if gpu_taint in taints and not any(t["key"] == ours["key"] for t in taints) else None
+
+        after = wait_for(lifted, JOB_TIMEOUT, what="the exclusion lifted", interval=POLL)
+        assert "training.fsdp.dev/excluded" not in after["metadata"].get("labels", {})
+        assert not any(k.startswith("training.fsdp.dev/") for k in after["metadata"].get("annotations", {}))
+    finally:
+        env.cluster.kubectl("delete", "node", node, "--ignore-not-found", "--wait=false")
+        env.cluster.kubectl("delete", "clusterrolebinding", "e2e-node-excluder", "--ignore-not-found")
 
 
 # --- restarts ------------------------------------------------------------------------------------

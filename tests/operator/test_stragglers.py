@@ -1,7 +1,7 @@
 """Stragglers: the rank its peers keep waiting for, from two reads of every pod's counters.
 
 End to end (a real trainer slowed on one rank, on the local cluster):
-tests/e2e/test_stall.py::test_a_rank_its_peers_keep_waiting_for_names_its_node.
+tests/e2e/test_stall.py::test_a_straggler_node_is_excluded_and_the_training_resumes_elsewhere.
 """
 
 from __future__ import annotations

@@ -36,6 +36,7 @@ from .fsdp_training import (
     ObjectMeta,
     ScriptWord,
 )
+from .health import HealthSpec
 from .metrics import MetricsSpec, NetworkPolicySpec
 from .model import ModelOverrides, ModelSpec
 from .peft import MODULE_NAME_PATTERN, ModuleName, PeftSpec
@@ -137,6 +138,7 @@ __all__ = [
     "FSDPTraining",
     "FSDPTrainingSpec",
     "FieldSelector",
+    "HealthSpec",
     "KeySelector",
     "LabelSelector",
     "LabelSelectorRequirement",

@@ -317,6 +317,16 @@ SPEC_RULES: tuple[Rule, ...] = (
         check=lambda s: s.scheduling.topology is None or bool(s.resources.instance_types),
     ),
     Rule(
+        cel=(
+            "!has(self.health) || self.health.onSuspectNode != 'exclude'"
+            " || (has(self.checkpoint) && has(self.checkpoint.claimName))"
+        ),
+        message="health.onSuspectNode exclude needs checkpoint.claimName: excluding a node restarts the pods "
+        "from the last checkpoint, which an emptyDir loses with them",
+        field_path=".health.onSuspectNode",
+        check=lambda s: s.health.on_suspect_node != "exclude" or s.checkpoint.claim_name is not None,
+    ),
+    Rule(
         cel="!has(self.resources) || self.resources.efaPerNode == 0 || self.resources.gpusPerNode > 0",
         message="EFA needs GPU nodes: set resources.gpusPerNode",
         field_path=".resources.efaPerNode",

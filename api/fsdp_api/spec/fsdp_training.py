@@ -17,6 +17,7 @@ from .cross_field import SPEC_RULES, effective_seq_len
 from .data import DataSpec
 from .env import EnvVar
 from .fsdp import FSDPSpec
+from .health import HealthSpec
 from .metrics import MetricsSpec, NetworkPolicySpec
 from .model import ModelSpec
 from .peft import PeftSpec
@@ -84,6 +85,10 @@ class FSDPTrainingSpec(ApiModel):
     metrics: MetricsSpec = Field(default_factory=MetricsSpec, description="Prometheus metrics of the trainer.")
     stall: StallSpec = Field(
         default_factory=StallSpec, description="Stall watchdog: when no new step counts as stalled, and the action."
+    )
+    health: HealthSpec = Field(
+        default_factory=HealthSpec,
+        description="What happens when a node under the pods is a suspect: alert, or exclude it and restart.",
     )
     tracking: TrackingSpec = Field(
         default_factory=TrackingSpec, description="Experiment trackers rank 0 logs the training's series to."

@@ -50,6 +50,8 @@ class NodeHealth:
     suspects: tuple[SuspectNode, ...]
     conditions: bool = True  # the nodes' conditions were read
     lateness: bool = False  # the ranks' lateness was read (stragglers.py)
+    xids: bool = False  # Prometheus was asked for new GPU XIDs (xids.py)
+    note: str | None = None  # what was done about the suspects (exclusion.py)
 
     @property
     def healthy(self) -> bool:
@@ -59,12 +61,15 @@ class NodeHealth:
         if self.healthy:
             found = [
                 *(["no node condition reports a problem"] if self.conditions else []),
+                *(["no GPU reported a new XID"] if self.xids else []),
                 *(["no rank keeps its peers waiting"] if self.lateness else []),
             ]
-            return f"{' and '.join(found)} on the {self.nodes} node(s) of the training's pods"
+            said = ", ".join(found[:-1]) + " and " + found[-1] if len(found) > 1 else found[0]
+            return f"{said} on the {self.nodes} node(s) of the training's pods"
         lines = [s.line() for s in self.suspects[:NAMED_NODES]]
         more = len(self.suspects) - NAMED_NODES
-        return "; ".join(lines) + (f"; and {more} more node(s)" if more > 0 else "")
+        text = "; ".join(lines) + (f"; and {more} more node(s)" if more > 0 else "")
+        return f"{text}; {self.note}" if self.note else text
 
 
 def evidence(node: Json) -> tuple[str, ...]:
@@ -81,13 +86,15 @@ def node_health(
     pods: Iterable[Json],
     nodes: Mapping[str, Json] | None,
     stragglers: Mapping[str, list[str]] | None = None,
+    xids: Mapping[str, list[str]] | None = None,
 ) -> NodeHealth | None:
     """The verdict for these (live) pods; None when no pod has a node yet, or nothing was read.
 
     ``nodes``: the nodes by name (None: they may not be read); ``stragglers``:
-    per node, its straggling ranks (None: the ranks' lateness was not read).
+    per node, its straggling ranks (None: the ranks' lateness was not read);
+    ``xids``: per node, its GPUs' new XIDs (None: no Prometheus was asked).
     """
-    if nodes is None and stragglers is None:
+    if nodes is None and stragglers is None and xids is None:
         return None
     on: dict[str, list[str]] = {}
     for pod in pods:
@@ -99,7 +106,13 @@ def node_health(
 
     def found(name: str) -> tuple[str, ...]:
         own = evidence(nodes[name]) if nodes and name in nodes else ()
-        return own + tuple((stragglers or {}).get(name, ()))
+        return own + tuple((xids or {}).get(name, ())) + tuple((stragglers or {}).get(name, ()))
 
     suspects = [SuspectNode(name, tuple(sorted(on[name])), why) for name in sorted(on) if (why := found(name))]
-    return NodeHealth(len(on), tuple(suspects), conditions=nodes is not None, lateness=stragglers is not None)
+    return NodeHealth(
+        len(on),
+        tuple(suspects),
+        conditions=nodes is not None,
+        lateness=stragglers is not None,
+        xids=xids is not None,
+    )

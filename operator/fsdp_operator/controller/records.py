@@ -67,9 +67,17 @@ async def record_pods(rt: Runtime, training: Mapping[str, Any], report: PodsRepo
     return await _record(rt, training, watched, "pods", pods=report)
 
 
-async def record_nodes(rt: Runtime, training: Mapping[str, Any], health: NodeHealth) -> bool:
-    """Write what the nodes under the pods say of themselves; True if NodesHealthy changed."""
-    return await _record(rt, training, _conditions((NODES_HEALTHY,), "status", "message"), "nodes", nodes=health)
+async def record_nodes(
+    rt: Runtime,
+    training: Mapping[str, Any],
+    health: NodeHealth,
+    *,
+    excluded: list[dict[str, Any]] | None = None,
+    events: list[EventSpec] | None = None,
+) -> bool:
+    """Write what the nodes under the pods say of themselves (and the nodes excluded); True if NodesHealthy changed."""
+    watched = _conditions((NODES_HEALTHY,), "status", "message")
+    return await _record(rt, training, watched, "nodes", nodes=health, excluded_nodes=excluded, events=events)
 
 
 async def record_stall(

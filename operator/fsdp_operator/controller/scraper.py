@@ -28,14 +28,16 @@ import time
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
-from fsdp_api.contract import JobBackend
+from fsdp_api.contract import EXCLUDED_NODE_LABEL, JobBackend
 
 from .. import backends
 from .bodies import MetricsView, live_pods, uid_of
 from .completion import completion_fields
+from .exclusion import exclude_suspects, lift_expired
 from .kube import NETWORK_ERRORS, ApiError
 from .node_health import node_health
 from .peering import we_are_active
@@ -45,6 +47,7 @@ from .stall.check import check_stall
 from .state import Runtime
 from .status import FAILED_CREATE_POD, SCHEDULABLE, TrainingFacts, pods_report
 from .stragglers import RankCounters, RankKey, StragglerWatch, rank_counters
+from .xids import new_xids
 
 log = logging.getLogger(__name__)
 
@@ -268,9 +271,14 @@ async def check_nodes_once(rt: Runtime, session: aiohttp.ClientSession, peering:
     watched = {uid_of(b) for b in trainings if _reads_lateness(rt, b)}
     for uid in [u for u in rt.stragglers if u not in watched]:
         del rt.stragglers[uid]  # a straggler is judged within one run of the pods
+    # Without trainings only the excluded nodes matter (their taints may be due): a labelled, small list.
+    nodes = await _nodes(rt, None if trainings else EXCLUDED_NODE_LABEL)
+    now = datetime.now(UTC)
+    if nodes is not None:
+        await lift_expired(rt, nodes, now)
     if not trainings:
         return 0
-    nodes = await _nodes(rt)
+    xids = await new_xids(session)
     groups: dict[tuple[str, JobBackend], list[Mapping[str, Any]]] = defaultdict(list)
     for body in trainings:
         groups[body["metadata"]["namespace"], backends.of_training(body).ref].append(body)
@@ -282,8 +290,13 @@ async def check_nodes_once(rt: Runtime, session: aiohttp.ClientSession, peering:
         job_name = rt.previous_status(body).get("jobName") or body["metadata"]["name"]
         mine = [p for p in pods if (p["metadata"].get("labels") or {}).get(backend.job_label) == job_name]
         late = await _stragglers(rt, session, gate, body, mine) if uid_of(body) in watched else None
-        health = node_health(mine, nodes, late)
-        if health is not None and await record_nodes(rt, body, health):
+        health = node_health(mine, nodes, late, xids)
+        if health is None:
+            return
+        done = await exclude_suspects(rt, body, health, nodes, now)
+        if done.excluded is not None:
+            rt.stragglers.pop(uid_of(body), None)  # the restarted ranks are judged afresh
+        if await record_nodes(rt, body, done.health, excluded=done.excluded, events=list(done.events)):
             changed += 1
 
     for (namespace, backend), bodies in groups.items():
@@ -297,10 +310,10 @@ async def check_nodes_once(rt: Runtime, session: aiohttp.ClientSession, peering:
     return changed
 
 
-async def _nodes(rt: Runtime) -> dict[str, Mapping[str, Any]] | None:
+async def _nodes(rt: Runtime, selector: str | None = None) -> dict[str, Mapping[str, Any]] | None:
     """The nodes by name; None when this install may not list them."""
     try:
-        return {n["metadata"]["name"]: n for n in await rt.client.list("v1", "Node", None)}
+        return {n["metadata"]["name"]: n for n in await rt.client.list("v1", "Node", None, selector)}
     except ApiError as e:
         if e.status in (401, 403):
             log.debug("node conditions are not read: this install may not list nodes (%s)", e)

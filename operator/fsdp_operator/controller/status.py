@@ -139,6 +139,7 @@ def compute_status(
     memory: MemoryPlan | None = None,
     queue: QueueState | None = None,
     nodes: NodeHealth | None = None,
+    excluded_nodes: list[dict[str, Any]] | None = None,
     now: str | None = None,
 ) -> FSDPTrainingStatus:
     """The whole declared status, from the training, its PyTorchJob (None if absent) and the previous status.
@@ -156,7 +157,8 @@ def compute_status(
     FitsMemory condition and status.memory. ``queue`` is what Kueue's Workload
     says of a queued training; None keeps its previous Admitted and Evicted.
     ``nodes`` is what the nodes under the pods say of themselves; None keeps
-    the previous NodesHealthy condition.
+    the previous NodesHealthy condition. ``excluded_nodes`` replaces the nodes
+    the training excluded (None keeps them).
     Metric-derived fields (step, loss, tokens/s, last checkpoint step) are
     carried over: only the scraper sets them, except that a Succeeded job
     has by construction trained and checkpointed its last step (below).
@@ -210,6 +212,7 @@ def compute_status(
         **completion,
         tracker_runs=prev.get("trackerRuns"),  # the scraper's, like step and loss: a run's page stays its page
         stall_restarts=stall_restarts if stall_restarts is not None else prev.get("stallRestarts"),
+        excluded_nodes=excluded_nodes if excluded_nodes is not None else prev.get("excludedNodes"),
         checkpoint=CheckpointStatus(
             dir=training.checkpoint_dir,
             ephemeral=training.checkpoint_claim is None,

@@ -54,6 +54,7 @@ async def sync_locked(
     stall: StallVerdict | None = None,
     stall_restarts: int | None = None,
     nodes: NodeHealth | None = None,
+    excluded_nodes: list[dict[str, Any]] | None = None,
     in_handler: bool = True,
 ) -> tuple[str | None, str]:
     """Compute the status from ``body`` and ``job``; patch it if it changed; record transitions.
@@ -82,6 +83,7 @@ async def sync_locked(
         memory=plan,
         queue=queue,
         nodes=nodes,
+        excluded_nodes=excluded_nodes,
     )
     patch = status_patch(previous, new)
     to_post = list(events or []) + transition_events(previous, new)

@@ -1,0 +1,226 @@
+"""Excluding a suspect node (spec.health.onSuspectNode exclude): taint it for trainings, restart the pods elsewhere.
+
+The node check (scraper.py) finds the suspects (node_health.py, stragglers.py).
+For a training that asked for it, each suspect within the caps gets the
+``training.fsdp.dev/excluded:NoSchedule`` taint, with the time it is lifted
+and the reason in annotations, and the training's pods are deleted: their
+controller re-creates them, the scheduler keeps them off the tainted node
+(Karpenter provisions a replacement when nothing else fits) and the trainers
+resume from the last checkpoint. NoSchedule evicts nothing: other pods on the
+node stay. Two caps keep a systemic fault from draining the cluster: per
+training (``spec.health.maxExcludedNodes``, over its life) and per cluster
+(``FSDP_OPERATOR_MAX_EXCLUDED_NODES`` nodes tainted at once). Every node check
+lifts the taints whose time is up (docs/operator.md, "Excluding a node").
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from fsdp_api.contract import (
+    EXCLUDED_BY_ANNOTATION,
+    EXCLUDED_NODE_LABEL,
+    EXCLUDED_NODE_TAINT,
+    EXCLUDED_UNTIL_ANNOTATION,
+)
+from fsdp_api.spec import HealthSpec
+from pydantic import ValidationError
+
+from .kube import ApiError
+from .node_health import NodeHealth, SuspectNode
+from .stall.check import restart_pods
+from .state import Runtime
+from .status import EventSpec
+
+log = logging.getLogger(__name__)
+
+CLUSTER_CAP_ENV = "FSDP_OPERATOR_MAX_EXCLUDED_NODES"
+DEFAULT_CLUSTER_CAP = 3
+NODE_EXCLUDED = "NodeExcluded"
+# A node annotation holds at most this much of the reason.
+MAX_REASON = 1024
+
+Json = Mapping[str, Any]
+
+
+def health_spec(spec: Mapping[str, Any]) -> HealthSpec:
+    """The training's health settings, read leniently (a spec the API server stored is valid)."""
+    try:
+        return HealthSpec.model_validate(spec.get("health") or {})
+    except ValidationError:
+        return HealthSpec()
+
+
+def cluster_cap() -> int:
+    try:
+        return max(0, int(os.environ.get(CLUSTER_CAP_ENV, DEFAULT_CLUSTER_CAP)))
+    except ValueError:
+        return DEFAULT_CLUSTER_CAP
+
+
+def is_excluded(node: Json) -> bool:
+    return any(t.get("key") == EXCLUDED_NODE_TAINT for t in (node.get("spec") or {}).get("taints") or [])
+
+
+@dataclass(frozen=True)
+class ExclusionPlan:
+    exclude: tuple[SuspectNode, ...]
+    note: str | None  # why a suspect stays: a cap
+
+
+def plan(suspects: tuple[SuspectNode, ...], allowed: int, already: int, tainted: set[str], cap: int) -> ExclusionPlan:
+    """Which suspects to exclude now: ``allowed`` per training of which ``already`` used, ``cap`` tainted at once.
+
+    A node some training already excluded costs no more of the cluster's cap
+    (its taint is there), only of this training's.
+    """
+    out: list[SuspectNode] = []
+    note = None
+    left, free = allowed - already, cap - len(tainted)
+    for suspect in suspects:
+        if left <= 0:
+            note = f"not excluded: this training has excluded {already} node(s), its limit (health.maxExcludedNodes)"
+            break
+        if suspect.node not in tainted:
+            if free <= 0:
+                note = (
+                    f"not excluded: {len(tainted)} node(s) of the cluster are excluded already, "
+                    f"the operator's limit ({CLUSTER_CAP_ENV})"
+                )
+                continue
+            free -= 1
+        out.append(suspect)
+        left -= 1
+    return ExclusionPlan(tuple(out), note)
+
+
+def taint_patch(node: Json, until: str, by: str) -> dict[str, Any]:
+    """A merge patch adding our taint (the whole list: a merge patch replaces lists), guarded by resourceVersion."""
+    taints = [t for t in (node.get("spec") or {}).get("taints") or [] if t.get("key") != EXCLUDED_NODE_TAINT]
+    return {
+        "metadata": {
+            "resourceVersion": node["metadata"]["resourceVersion"],
+            "labels": {EXCLUDED_NODE_LABEL: "true"},
+            "annotations": {EXCLUDED_UNTIL_ANNOTATION: until, EXCLUDED_BY_ANNOTATION: by[:MAX_REASON]},
+        },
+        "spec": {"taints": [*taints, {"key": EXCLUDED_NODE_TAINT, "value": "suspect", "effect": "NoSchedule"}]},
+    }
+
+
+def lift_patch(node: Json) -> dict[str, Any]:
+    taints = [t for t in (node.get("spec") or {}).get("taints") or [] if t.get("key") != EXCLUDED_NODE_TAINT]
+    return {
+        "metadata": {
+            "resourceVersion": node["metadata"]["resourceVersion"],
+            "labels": {EXCLUDED_NODE_LABEL: None},
+            "annotations": {EXCLUDED_UNTIL_ANNOTATION: None, EXCLUDED_BY_ANNOTATION: None},
+        },
+        "spec": {"taints": taints},
+    }
+
+
+def due(node: Json, now: datetime) -> bool:
+    """Whether our taint on the node is to be lifted: its time is up, or it has no time (not ours to keep)."""
+    if not is_excluded(node):
+        return False
+    until = ((node.get("metadata") or {}).get("annotations") or {}).get(EXCLUDED_UNTIL_ANNOTATION)
+    try:
+        return datetime.fromisoformat(str(until).replace("Z", "+00:00")) <= now
+    except ValueError:
+        return True
+
+
+def rfc3339(t: datetime) -> str:
+    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+async def lift_expired(rt: Runtime, nodes: Mapping[str, Json], now: datetime) -> list[str]:
+    """Lift our taint where its time is up; returns the nodes."""
+    lifted = []
+    for name, node in nodes.items():
+        if not due(node, now):
+            continue
+        try:
+            await rt.client.merge_patch("v1", "Node", None, name, lift_patch(node))
+        except ApiError as e:
+            log.warning("could not lift the exclusion of node %s: %s", name, e)
+            continue
+        log.info("lifted the exclusion of node %s", name)
+        lifted.append(name)
+    return lifted
+
+
+@dataclass(frozen=True)
+class Exclusion:
+    """What one node check did for one training: the health to record, its excluded nodes, the Events."""
+
+    health: NodeHealth
+    excluded: list[dict[str, Any]] | None = None  # status.excludedNodes, when it grew
+    events: tuple[EventSpec, ...] = ()
+
+
+async def exclude_suspects(
+    rt: Runtime, training: Mapping[str, Any], health: NodeHealth, nodes: Mapping[str, Json] | None, now: datetime
+) -> Exclusion:
+    """For onSuspectNode exclude: taint the suspects within the caps and restart the pods elsewhere."""
+    spec = health_spec(training.get("spec") or {})
+    if spec.on_suspect_node != "exclude" or health.healthy:
+        return Exclusion(health)
+    if nodes is None:
+        return Exclusion(replace(health, note="not excluded: this install may not read nodes (docs/operator.md, RBAC)"))
+    uid = training["metadata"].get("uid", "")
+    if rt.jobs.get(uid) is None or uid in rt.applying:
+        return Exclusion(health)  # the status could not record it now (records.py): the next check acts
+    previous = rt.previous_status(training)
+    already = list(previous.get("excludedNodes") or [])
+    tainted = {name for name, node in nodes.items() if is_excluded(node)}
+    chosen = plan(health.suspects, spec.max_excluded_nodes, len(already), tainted, cluster_cap())
+    meta = training["metadata"]
+    until = rfc3339(now + timedelta(seconds=spec.exclude_seconds))
+    note, done = chosen.note, []
+    for suspect in chosen.exclude:
+        reason = "; ".join(suspect.evidence)
+        if suspect.node not in tainted:
+            by = f"{meta['namespace']}/{meta['name']}: {reason}"
+            try:
+                await rt.client.merge_patch(
+                    "v1", "Node", None, suspect.node, taint_patch(nodes[suspect.node], until, by)
+                )
+            except ApiError as e:
+                if e.status in (401, 403):
+                    note = (
+                        "not excluded: this install may not taint nodes (components/node-exclusion, docs/operator.md)"
+                    )
+                    break
+                log.warning("could not exclude node %s: %s", suspect.node, e)
+                continue
+        done.append({"node": suspect.node, "reason": reason[:MAX_REASON], "time": rfc3339(now), "until": until})
+    if not done:
+        return Exclusion(replace(health, note=note))
+    deleted = await restart_pods(rt, training)
+    last = (previous.get("checkpoint") or {}).get("lastStep")
+    source = f"checkpoint step {last}" if last is not None else "their newest checkpoint"
+    total = len(already) + len(done)
+    events = tuple(
+        EventSpec(
+            "Warning",
+            NODE_EXCLUDED,
+            f"excluded node {d['node']} ({d['reason']}): tainted {EXCLUDED_NODE_TAINT}:NoSchedule until {d['until']}; "
+            f"deleted {deleted} pods to resume from {source} on other nodes "
+            f"(excluded {total} of at most {spec.max_excluded_nodes})",
+        )
+        for d in done
+    )
+    for e in events:
+        log.warning("%s: %s", meta.get("name"), e.message)
+    named = ", ".join(d["node"] for d in done)
+    return Exclusion(
+        replace(health, note=f"excluded {named} and restarted the pods elsewhere" + (f"; {note}" if note else "")),
+        excluded=[*already, *done][-64:],
+        events=events,
+    )
