@@ -366,6 +366,11 @@ DATA_WAIT = Metric("fsdp_train_data_wait_seconds", "counter", "Time this rank wa
 RANK_WAIT = Metric(
     "fsdp_train_rank_wait_seconds", "counter", "Time this rank waited at step starts for the last rank to arrive."
 )
+PEER_WAIT_STARTED = Metric(
+    "fsdp_train_peer_wait_started_timestamp_seconds",
+    "gauge",
+    "Unix time this rank began to wait for the others at a step's start; 0 when it is not waiting.",
+)
 RANK_LATENESS = Metric(
     "fsdp_train_rank_lateness_seconds",
     "counter",

@@ -98,6 +98,7 @@ def test_a_hung_rank_is_flagged_stalled_restarted_and_resumes(operator: WholeClu
     )
     wait_for(lambda: last_step(whole, name, ns) >= hang_at, 300, f"step {hang_at}")
     t_hang = time.monotonic()
+    placed = {p["metadata"]["name"]: p["spec"].get("nodeName") for p in whole.list("pods", ns)}
 
     def restarted() -> dict[str, Any] | None:
         found = [e for e in training_events(whole, name, ns) if e["reason"] == "StallRestart"]
@@ -115,6 +116,11 @@ def test_a_hung_rank_is_flagged_stalled_restarted_and_resumes(operator: WholeClu
     # 240 s start-up allowance, which would mean the step time was never measured (loaded machines are slower).
     assert detected < 45, detected
     assert f"no new step since step {hang_at}" in event["message"], event["message"]
+    # The message names the hung rank (node rank 1: one rank per pod), its pod and node; the other waits for it.
+    hung = event["message"].split("node rank 1, local rank 0 (pod ", 1)[1].split(")", 1)[0]
+    pod, node = hung.split(" on ")
+    assert placed.get(pod) == node, (hung, placed)
+    assert f"is not waiting for its peers (last finished step {hang_at}); 1 rank(s) wait for it" in event["message"]
     assert "deleted 2 pods" in event["message"] and "(stall restart 1 of 2)" in event["message"], event["message"]
     assert "Stalled" in reasons(training_events(whole, name, ns))
 

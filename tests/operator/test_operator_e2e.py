@@ -1260,6 +1260,8 @@ def test_the_deployments_command_line_runs_the_operator(env: Env) -> None:
         for a in container["args"]
     ]
     env.operator.stop()  # same peering priority: the two would pause each other
+    # Its peering object lives in the namespace it serves: there whichever test ran before (pytest -n).
+    env.cluster.create_namespace("fsdp-training")
     try:
         op.start()
         # The namespace kustomize/default serves (its --namespace argument).

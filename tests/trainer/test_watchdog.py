@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
 from fsdp_api.contract import ENV_TRAINER_FAULT, STALL_EXIT_CODE, STALLS_DIR
+from fsdp_api.launch import free_port
+from fsdp_trainer import flight_recorder
 from fsdp_trainer.watchdog import StepWatchdog
 
 from tests.trainer.harness import base_config, launch
@@ -93,11 +99,56 @@ def test_hung_rank_is_dumped_restarted_and_resumes_from_the_checkpoint(tmp_path:
     assert f"exiting with {STALL_EXIT_CODE}" in run.output
     stacks = sorted((tmp_path / "checkpoints" / STALLS_DIR).glob("rank-1-*.txt"))
     assert len(stacks) == 1
-    # The dump shows where the rank hung: in the injected fault, called from the train loop.
+    # The dump shows where the rank hung: in the injected fault, called from the train loop; and,
+    # from torch's flight recorder, that it waits in no collective, after the step's last one.
     text = stacks[0].read_text()
     assert "in _act" in text and "in train" in text
+    assert "not completed: none (this rank is not waiting in a collective)" in text
+    assert "  last completed: gloo:" in text
+    recorded = json.loads(stacks[0].with_suffix(".collectives.json").read_text())
+    assert recorded and all(e["retired"] for e in recorded), recorded[-1]
     # Resumed from step 4 (the last checkpoint before the hang) and finished.
     starts = [r["step"] for r in run.events("start", 0)]
     assert starts == [0, 4], starts
     assert max(run.losses()) == 8
     assert elapsed < 120, elapsed
+
+
+IN_FLIGHT = """
+import os, sys, threading, time
+import torch, torch.distributed as dist
+from fsdp_trainer import flight_recorder
+rank, port, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+flight_recorder.arm(None, nccl=False)
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+dist.all_reduce(torch.ones(2))
+if rank == 1:
+    time.sleep(4)  # rank 0 waits in the next collective meanwhile
+else:
+    threading.Timer(2, lambda: open(out, "w").write(flight_recorder.summary(flight_recorder.entries()))).start()
+dist.all_reduce(torch.ones(8))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_the_flight_recorder_names_the_collective_a_rank_waits_in(tmp_path: Path) -> None:
+    """Two gloo ranks: rank 0 enters an all-reduce rank 1 joins 4 s later; its dump at 2 s names that one."""
+    script, out = tmp_path / "in_flight.py", tmp_path / "summary.txt"
+    script.write_text(IN_FLIGHT)
+    port = str(free_port())
+    env = {k: v for k, v in os.environ.items() if k != flight_recorder.BUFFER_ENV}
+    procs = [
+        subprocess.Popen([sys.executable, str(script), str(r), port, str(out)], env=env, stderr=subprocess.PIPE)
+        for r in (0, 1)
+    ]
+    for p in procs:
+        _, err = p.communicate(timeout=60)
+        assert p.returncode == 0, err.decode()[-3000:]
+    lines = out.read_text().splitlines()
+    assert lines[0] == "collectives (2 recorded):"
+    assert lines[1].startswith("  not completed: gloo:all_reduce (process group default_pg, collective #2, ")
+    assert "input sizes [[8]]" in lines[1]
+    assert lines[2].startswith("  last completed: gloo:all_reduce (process group default_pg, collective #1, ")
+    # Off, it says so rather than nothing.
+    assert flight_recorder.summary(None).startswith("collectives: the flight recorder is off")

@@ -37,6 +37,7 @@ from fsdp_api.trainer_config import TrainerConfig
 from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from . import flight_recorder
 from .checkpoint import CONFIG_FILE as CHECKPOINT_CONFIG_FILE
 from .checkpoint import MODEL_CONFIG_DIR as CHECKPOINT_MODEL_CONFIG_DIR
 from .checkpoint import Checkpointer, check_candidates, resume_candidates
@@ -525,11 +526,16 @@ class Trainer:
         """
         if self.world.world_size == 1:
             return 0.0
+        # While it waits, the endpoint says since when: a hang elsewhere leaves this rank here, and the
+        # operator's Stalled message tells the waiting ranks from the one they wait for.
+        self.metrics.set_waiting(time.time())
         started = time.perf_counter()
         arrived = torch.ones((), device=self.device)
         dist.all_reduce(arrived)
         arrived.item()
-        return time.perf_counter() - started
+        waited = time.perf_counter() - started
+        self.metrics.set_waiting(None)
+        return waited
 
     def _non_finite_loss(self, loss_value: float, step: int) -> str:
         """Why training stops on a NaN/inf loss; the first step of a run was computed before any update."""
@@ -672,6 +678,8 @@ class Trainer:
 def run(cfg: TrainerConfig, trace_dir: Path | None = None) -> None:
     """Train from the config to ``training.maxSteps`` (resuming if a checkpoint exists)."""
     prepared = prepare(cfg)
+    # Before the process groups exist: they read it when created.
+    flight_recorder.arm(Path(cfg.checkpoint.dir) / STALLS_DIR, nccl="nccl" in prepared.world.backend)
     init_distributed(prepared.world)
     try:
         trainer = Trainer(prepared, trace_dir)

@@ -5,7 +5,8 @@ filesystem and a save that never returns look alike from outside: the step
 counter stops. The operator notices that from the metrics (and may restart
 the pods); inside the process only another thread can still act. Armed
 around each step, save and validation with a timeout, the watchdog thread
-writes every thread's Python stack to stderr and to
+writes every thread's Python stack, and the collectives torch's flight
+recorder saw (flight_recorder.py: the one this rank waits in), to stderr and to
 ``<checkpoint dir>/stalls/`` (which outlives the pod on a persistent
 checkpoint volume) and ends the process with STALL_EXIT_CODE, so that torchrun
 or the kubelet restarts it and it resumes from the last checkpoint.
@@ -18,6 +19,7 @@ the stacks to stderr and exits on its own.
 from __future__ import annotations
 
 import faulthandler
+import json
 import logging
 import os
 import sys
@@ -27,9 +29,11 @@ import traceback
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from fsdp_api.contract import STALL_EXIT_CODE
+
+from . import flight_recorder
 
 log = logging.getLogger(__name__)
 
@@ -51,9 +55,18 @@ def all_stacks() -> str:
     return "\n".join(parts)
 
 
-def _dump(out: TextIO, header: str) -> None:
-    out.write(f"{header}\n{all_stacks()}\n")
+def _dump(out: TextIO, header: str, collectives: str) -> None:
+    out.write(f"{header}\n{collectives}\n{all_stacks()}\n")
     out.flush()
+
+
+def _recorded(seconds: float) -> list[dict[str, Any]] | None:
+    """The flight recorder's entries, asked from a thread of its own: a hung library must not hold up the exit."""
+    found: list[list[dict[str, Any]] | None] = [None]
+    reader = threading.Thread(target=lambda: found.__setitem__(0, flight_recorder.entries()), daemon=True)
+    reader.start()
+    reader.join(seconds)
+    return found[0]
 
 
 class StepWatchdog:
@@ -141,21 +154,26 @@ class StepWatchdog:
             f"(spec.stall.trainerStepTimeoutSeconds); stacks of all threads follow; exiting with {STALL_EXIT_CODE}"
         )
         log.error("%s", header.split(";")[0])
-        _dump(sys.stderr, header)
+        recorded = _recorded(FILE_WRITE_SECONDS)
+        collectives = flight_recorder.summary(recorded)
+        _dump(sys.stderr, header, collectives)
         if self.stalls_dir is not None:
-            writer = threading.Thread(target=self._write_file, args=(header,), daemon=True)
+            writer = threading.Thread(target=self._write_file, args=(header, collectives, recorded), daemon=True)
             writer.start()
             writer.join(FILE_WRITE_SECONDS)
         self._exit(STALL_EXIT_CODE)
 
-    def _write_file(self, header: str) -> None:
+    def _write_file(self, header: str, collectives: str, recorded: list[dict[str, Any]] | None) -> None:
         assert self.stalls_dir is not None
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
         path = self.stalls_dir / f"rank-{self.rank}-{stamp}.txt"
         try:
             self.stalls_dir.mkdir(parents=True, exist_ok=True)
+            if recorded is not None:
+                trace = path.with_suffix(".collectives.json")
+                trace.write_text(json.dumps(recorded, default=str, indent=1))
             with path.open("w") as f:
-                _dump(f, header)
+                _dump(f, header, collectives)
             self.fired = path
             print(f"rank {self.rank}: stacks written to {path}", file=sys.stderr, flush=True)
         except OSError as e:

@@ -233,7 +233,7 @@ async def scrape_once(rt: Runtime, session: aiohttp.ClientSession, peering: Peer
         )
         if fields and await record_progress(rt, body, fields):
             updated += 1
-        await check_stall(rt, body, progress, time.monotonic())
+        await check_stall(rt, body, progress, time.monotonic(), session)
 
     for (namespace, backend), bodies in by_namespace.items():
         if not await _allowed(rt, peering, namespace):

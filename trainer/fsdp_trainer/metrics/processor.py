@@ -135,6 +135,7 @@ class MetricsProcessor:
         m.info.labels(**self.labels, **info).set(1)
         # 0 until the first forward has shown that inductor compiled the layers.
         m.compiled.labels(**self.labels).set(0)
+        m.peer_wait_started.labels(**self.labels).set(0)
         m.max_steps.labels(**self.labels).set(self.max_steps)
         m.restart_count.labels(**self.labels).set(self.restart_count)
         m.peak_tflops.labels(**self.labels).set(self.peak_tflops)
@@ -156,6 +157,11 @@ class MetricsProcessor:
         ):
             series.labels(**self.labels)
         self.gpu = GpuSampler.open(self.world.device)
+
+    def set_waiting(self, since: float | None) -> None:
+        """This rank waits for its peers at a step's start since ``since`` (Unix time); None: it does not."""
+        if self.metrics is not None:
+            self.metrics.peer_wait_started.labels(**self.labels).set(since or 0)
 
     def set_compiled(self, compiled: bool) -> None:
         """Whether inductor compiled the decoder layers, known after the first forward."""

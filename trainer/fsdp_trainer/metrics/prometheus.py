@@ -230,6 +230,7 @@ class TrainerMetrics:
         self.data_wait = _create(c.DATA_WAIT)
         self.rank_wait = _create(c.RANK_WAIT)
         self.rank_lateness = _create(c.RANK_LATENESS)
+        self.peer_wait_started = _create(c.PEER_WAIT_STARTED)
         self.memory_peak = _create(c.MEMORY_PEAK)
         self.memory_reserved = _create(c.MEMORY_RESERVED)
         self.reward_chosen = _create(c.REWARD_CHOSEN)

@@ -10,19 +10,25 @@ keeps the job's identity and history, and needs no write on the job.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
+import aiohttp
 from fsdp_api.spec import CheckpointSpec, StallSpec
 from pydantic import ValidationError
 
 from ... import backends
-from ..progress import TrainerProgress, Unreadable
+from ..bodies import MetricsView, live_pods
+from ..kube import NETWORK_ERRORS, ApiError
+from ..progress import TrainerProgress, Unreadable, fetch_metrics
 from ..records import record_stall
 from ..state import Runtime
 from ..status import STALLED, EventSpec, stall_state
+from .ranks import RankState, rank_states, ranks_clause
 from .rules import StallRules, observe, observe_unreachable, start_clock, verdict
 
 log = logging.getLogger(__name__)
@@ -66,8 +72,38 @@ async def restart_pods(rt: Runtime, training: Mapping[str, Any]) -> int:
     return deleted
 
 
+async def read_ranks(rt: Runtime, session: aiohttp.ClientSession, training: Mapping[str, Any]) -> str:
+    """Where each rank of the training stands, from every running pod's endpoint (ranks.py)."""
+    meta = training["metadata"]
+    job_name = rt.previous_status(training).get("jobName") or meta["name"]
+    job_label = backends.of_training(training).ref.job_label
+    port = MetricsView.of(training).port
+    pods = [
+        p
+        for p in live_pods(await rt.client.list("v1", "Pod", meta["namespace"], f"{job_label}={job_name}"))
+        if (p.get("status") or {}).get("phase") == "Running" and (p.get("status") or {}).get("podIP")
+    ]
+
+    async def one(pod: Mapping[str, Any]) -> tuple[str, list[RankState] | None]:
+        name = pod["metadata"]["name"]
+        text = await fetch_metrics(session, pod["status"]["podIP"], port)
+        if isinstance(text, Unreadable):
+            return name, None
+        try:
+            return name, rank_states(text, name, (pod.get("spec") or {}).get("nodeName") or "")
+        except ValueError:
+            return name, None
+
+    reads = dict(await asyncio.gather(*(one(p) for p in pods)))
+    return ranks_clause(reads, time.time())
+
+
 async def check_stall(
-    rt: Runtime, training: Mapping[str, Any], progress: TrainerProgress | Unreadable | None, now: float
+    rt: Runtime,
+    training: Mapping[str, Any],
+    progress: TrainerProgress | Unreadable | None,
+    now: float,
+    session: aiohttp.ClientSession | None = None,
 ) -> bool:
     """Time one scrape of a running training; returns whether the Stalled condition changed.
 
@@ -84,6 +120,13 @@ async def check_stall(
         step, reported = (progress.step, progress.seconds_per_step) if progress is not None else (None, None)
         clock = observe(clock, step, now, rules, reported)
     found = verdict(clock, rules, now)
+    previous = {c.get("type"): c for c in rt.previous_status(training).get("conditions") or []}.get(STALLED)
+    newly = previous is None or previous.get("status") != "True"
+    if found.stalled and newly and session is not None:
+        try:
+            found = replace(found, ranks=await read_ranks(rt, session, training))
+        except (ApiError, *NETWORK_ERRORS) as e:
+            log.debug("reading the ranks of %s failed: %s", training["metadata"].get("name"), e)
     restarts = int(rt.previous_status(training).get("stallRestarts") or 0)
     new_restarts: int | None = None
     events: list[EventSpec] = []
@@ -110,7 +153,6 @@ async def check_stall(
     rt.step_clocks[uid] = clock
     # Only a change of the condition (or a restart) is written: the check runs on
     # every scrape of every running training, and the clock itself stays in memory.
-    previous = {c.get("type"): c for c in rt.previous_status(training).get("conditions") or []}.get(STALLED)
     if not events and previous is not None and (previous.get("status"), previous.get("reason")) == stall_state(found):
         return False
     return await record_stall(rt, training, found, restarts=new_restarts, events=events)

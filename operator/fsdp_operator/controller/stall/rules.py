@@ -133,6 +133,7 @@ class StallVerdict:
     step: int | None
     note: str = ""  # what the operator did about it
     unreachable: str = ""  # set: past the limit, but the endpoint does not answer (why): unknown, not stalled
+    ranks: str = ""  # where each rank stands (ranks.py), read when the stall is first seen
 
     def message(self) -> str:
         where = f"step {self.step}" if self.step is not None else "the start (no step reported yet)"
@@ -143,6 +144,7 @@ class StallVerdict:
             )
         elif self.stalled:
             text = f"no new step since {where} for {self.seconds:.0f} s (limit {self.limit:.0f} s)"
+            text += f"; {self.ranks}" if self.ranks else ""
         else:
             # No step number: the condition is written when it changes, not at every step.
             text = "progressing" if self.step is not None else "starting: no step reported yet"
