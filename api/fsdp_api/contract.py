@@ -468,5 +468,10 @@ DCGM_METRICS = frozenset(
 
 # What the bundle's queries may name: every trainer series, and the subset
 # that only a GPU node produces (a CPU test run cannot show those).
+# The operator's own series the bundle's dashboard reads (controller/metrics.py has the rest):
+# the nodes a training excluded (spec.health.onSuspectNode exclude), labelled like a trainer series.
+OPERATOR_NODE_EXCLUSIONS = "fsdp_operator_node_exclusions"
+OPERATOR_SERIES = frozenset({f"{OPERATOR_NODE_EXCLUSIONS}_total"})
+
 GPU_SERIES = exposed_series(gpu=True) | DCGM_METRICS
-ALL_SERIES = exposed_series() | DCGM_METRICS
+ALL_SERIES = exposed_series() | DCGM_METRICS | OPERATOR_SERIES

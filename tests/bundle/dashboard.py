@@ -25,13 +25,16 @@ class Query:
         """Reads a metric that exists only on GPU nodes (dcgm-exporter, the trainer's NVML gauges)."""
         return bool(self.metrics & GPU_ONLY)
 
-    def substituted(self, namespace: str, job: str, node: str = ".*", rate_interval: str = "1m") -> str:
+    def substituted(
+        self, namespace: str, job: str, node: str = ".*", rate_interval: str = "1m", time_range: str = "1h"
+    ) -> str:
         """The expression as Grafana sends it, for these variable values ("All" nodes is .*)."""
         return (
             self.expr.replace("$namespace", namespace)
             .replace("$job", job)
             .replace("$node", node)
             .replace("$__rate_interval", rate_interval)
+            .replace("$__range", time_range)
         )
 
 

@@ -35,6 +35,7 @@ REQUIRED_PANELS = {
         "fsdp_train_step_duration_seconds_count",
         "fsdp_train_step_duration_seconds_sum",
     },
+    "Excluded nodes": {"fsdp_operator_node_exclusions_total"},
     "Peak memory per rank": {"fsdp_train_memory_peak_bytes"},
     "Checkpoint age": {"fsdp_checkpoint_last_save_timestamp_seconds"},
     "Checkpoint save duration": {"fsdp_checkpoint_save_duration_seconds_sum"},

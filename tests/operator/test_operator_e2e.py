@@ -20,6 +20,7 @@ import re
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -962,6 +963,11 @@ def test_a_suspect_node_is_excluded_its_pods_restarted_and_the_taint_lifted_when
         assert health["message"] == (
             f"node {node} (pods {name}-worker-0): {reason}; excluded {node} and restarted the pods elsewhere"
         )
+
+        # The operator counts it for the dashboard's "Excluded nodes" panel.
+        with urllib.request.urlopen(f"http://127.0.0.1:{env.operator.metrics_port}/metrics", timeout=5) as rsp:
+            text = rsp.read().decode()
+        assert f'fsdp_operator_node_exclusions_total{{job_name="{name}",namespace="{ns}"}} 1.0' in text
 
         # Its time is up: the next node check lifts the taint and our marks; the other taints stay.
         env.cluster.kubectl(

@@ -202,6 +202,7 @@ async def exclude_suspects(
         done.append({"node": suspect.node, "reason": reason[:MAX_REASON], "time": rfc3339(now), "until": until})
     if not done:
         return Exclusion(replace(health, note=note))
+    rt.metrics.node_exclusions.labels(meta["namespace"], meta["name"]).inc(len(done))
     deleted = await restart_pods(rt, training)
     last = (previous.get("checkpoint") or {}).get("lastStep")
     source = f"checkpoint step {last}" if last is not None else "their newest checkpoint"

@@ -7,9 +7,11 @@ them) and lets tests build a fresh one.
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter as Tally
 from collections.abc import Iterable, Iterator
 
+from fsdp_api.contract import LABEL_JOB_NAME, OPERATOR_NODE_EXCLUSIONS
 from fsdp_api.status import Phase
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
@@ -18,6 +20,7 @@ from prometheus_client.registry import Collector
 PHASES: tuple[Phase, ...] = ("Pending", "Created", "Running", "Restarting", "Suspended", "Succeeded", "Failed")
 # Reconciles are API round-trips on a healthy cluster (ms) up to retries under load (s).
 RECONCILE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+LABEL_NAMESPACE = "namespace"
 # creationTimestamp has one-second resolution, so sub-second buckets would be noise.
 CREATE_TO_JOB_BUCKETS = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 
@@ -73,6 +76,12 @@ class OperatorMetrics:
             ["result"],
             registry=self.registry,
         )
+        self.node_exclusions = Counter(
+            OPERATOR_NODE_EXCLUSIONS,
+            "Nodes a training excluded as suspects (spec.health.onSuspectNode exclude).",
+            [LABEL_NAMESPACE, LABEL_JOB_NAME],
+            registry=self.registry,
+        )
         for result in ("success", "error", "invalid"):
             self.reconciles.labels(result)
         for source in ("apply", "job", "progress"):
@@ -82,6 +91,14 @@ class OperatorMetrics:
     def forget(self, uids: Iterable[str]) -> None:
         for uid in uids:
             self.phases.pop(uid, None)
+
+    def watch_exclusions(self, namespace: str, job_name: str) -> None:
+        """A 0 for the training's exclusions, so that increase() sees its first one."""
+        self.node_exclusions.labels(namespace, job_name)
+
+    def forget_exclusions(self, namespace: str, job_name: str) -> None:
+        with contextlib.suppress(KeyError):  # never watched (a training the operator did not see)
+            self.node_exclusions.remove(namespace, job_name)
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> None:
         """Serve /metrics from a daemon thread (prometheus_client's own server)."""

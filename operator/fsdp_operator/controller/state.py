@@ -67,6 +67,7 @@ class Runtime:
         key = (meta.get("namespace", ""), meta.get("name", ""))
         self.trainings[key] = trim(body)
         self.metrics.phases[meta.get("uid", "")] = (body.get("status") or {}).get("phase") or "Pending"
+        self.metrics.watch_exclusions(*key)
 
     def forget(self, body: Mapping[str, Any]) -> None:
         meta = body.get("metadata") or {}
@@ -75,6 +76,7 @@ class Runtime:
         known = self.trainings.get(key)
         if known is not None and known["metadata"].get("uid") == uid:
             del self.trainings[key]
+            self.metrics.forget_exclusions(*key)
         self.statuses.pop(uid, None)
         self.jobs.pop(uid, None)
         self.workloads.pop(uid, None)
