@@ -82,6 +82,25 @@ def _rank_key(labels: Mapping[str, str]) -> tuple[int, int]:
     return num(LABEL_NODE_RANK), num(LABEL_LOCAL_RANK)
 
 
+RankKey = tuple[int, int]  # (node_rank, local_rank)
+
+
+def per_rank(text: str, names: Iterable[str]) -> dict[RankKey, dict[str, float]]:
+    """The finite samples of ``names`` in an exposition, by rank (samples without valid rank labels are left out)."""
+    wanted = set(names)
+    seen: dict[RankKey, dict[str, float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name not in wanted or not math.isfinite(sample.value):
+                continue
+            try:
+                key = (int(sample.labels[LABEL_NODE_RANK]), int(sample.labels[LABEL_LOCAL_RANK]))
+            except (KeyError, ValueError):
+                continue
+            seen.setdefault(key, {})[sample.name] = sample.value
+    return seen
+
+
 def parse_trainer_metrics(text: str) -> TrainerProgress:
     """The four numbers from a Prometheus text exposition; each from the lowest rank reporting it.
 

@@ -15,12 +15,12 @@ not repeat in the next.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from fsdp_api.contract import LABEL_LOCAL_RANK, LABEL_NODE_RANK, RANK_LATENESS, STEP_DURATION
-from prometheus_client.parser import text_string_to_metric_families
+from fsdp_api.contract import RANK_LATENESS, STEP_DURATION
+
+from .progress import RankKey, per_rank
 
 # The share of the step time the peers wait for one rank before it counts as straggling.
 MARGIN = 0.2
@@ -30,8 +30,6 @@ MIN_WINDOW_STEPS = 3
 
 LATENESS_SERIES = RANK_LATENESS.series()[0]
 DURATION_SUM, DURATION_COUNT = f"{STEP_DURATION.name}_sum", f"{STEP_DURATION.name}_count"
-
-RankKey = tuple[int, int]  # (node_rank, local_rank)
 
 
 @dataclass(frozen=True)
@@ -47,16 +45,7 @@ class RankCounters:
 
 def rank_counters(text: str, pod: str = "", node: str = "") -> dict[RankKey, RankCounters]:
     """The straggler counters of every rank in one pod's exposition (ranks without all three are left out)."""
-    seen: dict[RankKey, dict[str, float]] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name not in (LATENESS_SERIES, DURATION_SUM, DURATION_COUNT) or not math.isfinite(sample.value):
-                continue
-            try:
-                key = (int(sample.labels[LABEL_NODE_RANK]), int(sample.labels[LABEL_LOCAL_RANK]))
-            except (KeyError, ValueError):
-                continue
-            seen.setdefault(key, {})[sample.name] = sample.value
+    seen = per_rank(text, (LATENESS_SERIES, DURATION_SUM, DURATION_COUNT))
     return {
         key: RankCounters(v[LATENESS_SERIES], v[DURATION_SUM], v[DURATION_COUNT], pod, node)
         for key, v in seen.items()

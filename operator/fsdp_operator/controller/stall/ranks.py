@@ -11,12 +11,12 @@ it; the message names it with its pod and node.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from fsdp_api.contract import LABEL_LOCAL_RANK, LABEL_NODE_RANK, PEER_WAIT_STARTED, STEP
-from prometheus_client.parser import text_string_to_metric_families
+from fsdp_api.contract import PEER_WAIT_STARTED, STEP
+
+from ..progress import per_rank
 
 # Ranks named one by one before the rest are counted.
 NAMED = 3
@@ -37,16 +37,7 @@ class RankState:
 
 def rank_states(text: str, pod: str, node: str) -> list[RankState]:
     """The ranks one pod's exposition reports."""
-    seen: dict[tuple[int, int], dict[str, float]] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name not in (STEP.name, PEER_WAIT_STARTED.name) or not math.isfinite(sample.value):
-                continue
-            try:
-                key = (int(sample.labels[LABEL_NODE_RANK]), int(sample.labels[LABEL_LOCAL_RANK]))
-            except (KeyError, ValueError):
-                continue
-            seen.setdefault(key, {})[sample.name] = sample.value
+    seen = per_rank(text, (STEP.name, PEER_WAIT_STARTED.name))
     return [
         RankState(
             key[0],
