@@ -455,13 +455,15 @@ def exposed_series(*, gpu: bool | None = None) -> frozenset[str]:
 # dcgm-exporter fields the bundle's dashboard and alerts read (its
 # default-counters.csv, plus the profiling field for tensor-core activity
 # from dcp-metrics-included.csv).
+# The last XID a GPU reported (never resets): the alert and the operator read its changes.
+DCGM_XID_ERRORS = "DCGM_FI_DEV_XID_ERRORS"
 DCGM_METRICS = frozenset(
     {
         "DCGM_FI_DEV_GPU_UTIL",
         "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
         "DCGM_FI_DEV_FB_USED",
         "DCGM_FI_DEV_POWER_USAGE",
-        "DCGM_FI_DEV_XID_ERRORS",
+        DCGM_XID_ERRORS,
         "DCGM_FI_DEV_GPU_TEMP",
     }
 )

@@ -35,14 +35,14 @@ MARKER_DIR = ".faults-fired"
 _started: set[Fault] = set()
 
 
-def _act(action: str) -> None:
-    if action == "kill":
+def _act(fault: Fault) -> None:
+    if fault.action == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
-    elif action == "hang":
+    elif fault.action == "hang":
         while True:
             time.sleep(3600)
     else:
-        time.sleep(float(action.removeprefix("sleep").removeprefix("slow")))
+        time.sleep(fault.seconds())
 
 
 def armed_fault() -> Fault | None:
@@ -67,7 +67,7 @@ def maybe_fault(point: str, step: int, rank: int, once_dir: str | Path | None = 
         return
     if step > fault.step:
         if fault in _started:
-            _act(fault.action)
+            _act(fault)
         return
     if once_dir is not None:
         marker = Path(once_dir) / MARKER_DIR / os.environ[ENV_TRAINER_FAULT].replace(":", "_")
@@ -77,4 +77,4 @@ def maybe_fault(point: str, step: int, rank: int, once_dir: str | Path | None = 
         marker.touch()
     if fault.persistent:
         _started.add(fault)
-    _act(fault.action)
+    _act(fault)

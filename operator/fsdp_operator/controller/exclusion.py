@@ -16,7 +16,6 @@ lifts the taints whose time is up (docs/operator.md, "Excluding a node").
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
@@ -33,6 +32,7 @@ from pydantic import ValidationError
 
 from .kube import ApiError
 from .node_health import NodeHealth, SuspectNode
+from .settings import env_int
 from .stall.check import restart_pods
 from .state import Runtime
 from .status import EventSpec
@@ -57,10 +57,7 @@ def health_spec(spec: Mapping[str, Any]) -> HealthSpec:
 
 
 def cluster_cap() -> int:
-    try:
-        return max(0, int(os.environ.get(CLUSTER_CAP_ENV, DEFAULT_CLUSTER_CAP)))
-    except ValueError:
-        return DEFAULT_CLUSTER_CAP
+    return env_int(CLUSTER_CAP_ENV, DEFAULT_CLUSTER_CAP)
 
 
 def is_excluded(node: Json) -> bool:

@@ -10,10 +10,12 @@ gone, and the next tick tries again.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 from fsdp_api.contract import (
@@ -41,6 +43,8 @@ TOKENS_SERIES, CHECKPOINT_SERIES = GLOBAL_TOKENS_PER_SECOND.name, CHECKPOINT_LAS
 # The step-duration histogram's sum and count give the trainer's mean step time (the stall check's fallback).
 DURATION_SUM, DURATION_COUNT = f"{STEP_DURATION.name}_sum", f"{STEP_DURATION.name}_count"
 _WANTED = (STEP_SERIES, LOSS_SERIES, TOKENS_SERIES, CHECKPOINT_SERIES, DURATION_SUM, DURATION_COUNT)
+
+T = TypeVar("T")
 
 SCRAPE_TIMEOUT_SECONDS = 3.0
 # A trainer endpoint is a few KB; refuse to buffer something pathological.
@@ -188,6 +192,39 @@ async def scrape(session: aiohttp.ClientSession, pod_ip: str, port: int) -> Trai
 def metrics_url(pod_ip: str, port: int) -> str:
     host = f"[{pod_ip}]" if ":" in pod_ip else pod_ip
     return f"http://{host}:{port}/metrics"
+
+
+def running_with_ip(pods: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The pods whose endpoint can be asked now: Running, with an address."""
+    return [
+        p for p in pods if (p.get("status") or {}).get("phase") == "Running" and (p.get("status") or {}).get("podIP")
+    ]
+
+
+async def read_pods(
+    session: aiohttp.ClientSession,
+    pods: Iterable[Mapping[str, Any]],
+    port: int,
+    parse: Callable[[str, str, str], T],
+    gate: asyncio.Semaphore | None = None,
+) -> dict[str, T | None]:
+    """Every running pod's exposition, parsed by ``parse(text, pod name, node name)``; None: unreadable.
+
+    One GET per pod, all at once (at most ``gate``'s count in flight).
+    """
+
+    async def one(pod: Mapping[str, Any]) -> tuple[str, T | None]:
+        name = pod["metadata"]["name"]
+        async with gate or contextlib.nullcontext():
+            text = await fetch_metrics(session, pod["status"]["podIP"], port)
+        if isinstance(text, Unreadable):
+            return name, None
+        try:
+            return name, parse(text, name, (pod.get("spec") or {}).get("nodeName") or "")
+        except ValueError:
+            return name, None
+
+    return dict(await asyncio.gather(*(one(p) for p in running_with_ip(pods))))
 
 
 async def fetch_metrics(session: aiohttp.ClientSession, pod_ip: str, port: int) -> str | Unreadable:

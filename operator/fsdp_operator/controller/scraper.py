@@ -41,7 +41,7 @@ from .exclusion import exclude_suspects, lift_expired
 from .kube import NETWORK_ERRORS, ApiError
 from .node_health import node_health
 from .peering import we_are_active
-from .progress import TrainerProgress, Unreadable, fetch_metrics, rank0_pod, scrape
+from .progress import TrainerProgress, Unreadable, rank0_pod, read_pods, scrape
 from .records import record_nodes, record_pods, record_progress
 from .stall.check import check_stall
 from .state import Runtime
@@ -337,25 +337,11 @@ async def _stragglers(
     None until a window closed: a training whose pods never answered, or
     answered once, has not been judged, and its message must not say it was.
     """
-    port = MetricsView.of(body).port
-    running = [
-        p for p in pods if (p.get("status") or {}).get("phase") == "Running" and (p.get("status") or {}).get("podIP")
-    ]
-
-    async def read(pod: Mapping[str, Any]) -> dict[RankKey, RankCounters]:
-        async with gate:
-            text = await fetch_metrics(session, pod["status"]["podIP"], port)
-        rt.metrics.scrapes.labels("error" if isinstance(text, Unreadable) else "success").inc()
-        if isinstance(text, Unreadable):
-            return {}
-        try:
-            return rank_counters(text, pod["metadata"]["name"], (pod.get("spec") or {}).get("nodeName") or "")
-        except ValueError:
-            return {}
-
+    found = await read_pods(session, pods, MetricsView.of(body).port, rank_counters, gate)
     reads: dict[RankKey, RankCounters] = {}
-    for found in await asyncio.gather(*(read(p) for p in running)):
-        reads.update(found)
+    for counters in found.values():
+        rt.metrics.scrapes.labels("error" if counters is None else "success").inc()
+        reads.update(counters or {})
     watch = rt.stragglers.setdefault(uid_of(body), StragglerWatch())
     watch.update(reads)
     return watch.evidence() if watch.judged else None

@@ -35,6 +35,14 @@ REQUEST_TIMEOUT = 30.0
 CONNECT_TIMEOUT = 10.0
 
 
+def env_int(name: str, default: int, minimum: int = 0) -> int:
+    """An integer setting from the environment: ``default`` if unset or not a number, else at least ``minimum``."""
+    try:
+        return max(minimum, int(os.environ.get(name, default)))
+    except ValueError:
+        return default
+
+
 def reporting_instance() -> str:
     """Who posts our Events: the pod's name in a cluster."""
     return os.environ.get("POD_NAME") or os.environ.get("HOSTNAME") or "local"

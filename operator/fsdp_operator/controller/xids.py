@@ -22,8 +22,10 @@ from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
+from fsdp_api.contract import DCGM_XID_ERRORS
 
 from .kube import NETWORK_ERRORS
+from .settings import env_int
 
 log = logging.getLogger(__name__)
 
@@ -31,15 +33,12 @@ PROMETHEUS_URL_ENV = "FSDP_OPERATOR_PROMETHEUS_URL"
 XID_WINDOW_ENV = "FSDP_OPERATOR_XID_WINDOW_SECONDS"
 DEFAULT_WINDOW_SECONDS = 600
 QUERY_TIMEOUT_SECONDS = 5.0
-XID_SERIES = "DCGM_FI_DEV_XID_ERRORS"
+XID_SERIES = DCGM_XID_ERRORS
 NODE_LABEL = "Hostname"
 
 
 def window_seconds() -> int:
-    try:
-        return max(10, int(os.environ.get(XID_WINDOW_ENV, DEFAULT_WINDOW_SECONDS)))
-    except ValueError:
-        return DEFAULT_WINDOW_SECONDS
+    return env_int(XID_WINDOW_ENV, DEFAULT_WINDOW_SECONDS, minimum=10)
 
 
 def xid_query(window: int) -> str:

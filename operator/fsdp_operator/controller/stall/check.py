@@ -10,7 +10,6 @@ keeps the job's identity and history, and needs no write on the job.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Mapping
@@ -24,11 +23,11 @@ from pydantic import ValidationError
 from ... import backends
 from ..bodies import MetricsView, live_pods
 from ..kube import NETWORK_ERRORS, ApiError
-from ..progress import TrainerProgress, Unreadable, fetch_metrics
+from ..progress import TrainerProgress, Unreadable, read_pods
 from ..records import record_stall
 from ..state import Runtime
 from ..status import STALLED, EventSpec, stall_state
-from .ranks import RankState, rank_states, ranks_clause
+from .ranks import rank_states, ranks_clause
 from .rules import StallRules, observe, observe_unreachable, start_clock, verdict
 
 log = logging.getLogger(__name__)
@@ -77,24 +76,8 @@ async def read_ranks(rt: Runtime, session: aiohttp.ClientSession, training: Mapp
     meta = training["metadata"]
     job_name = rt.previous_status(training).get("jobName") or meta["name"]
     job_label = backends.of_training(training).ref.job_label
-    port = MetricsView.of(training).port
-    pods = [
-        p
-        for p in live_pods(await rt.client.list("v1", "Pod", meta["namespace"], f"{job_label}={job_name}"))
-        if (p.get("status") or {}).get("phase") == "Running" and (p.get("status") or {}).get("podIP")
-    ]
-
-    async def one(pod: Mapping[str, Any]) -> tuple[str, list[RankState] | None]:
-        name = pod["metadata"]["name"]
-        text = await fetch_metrics(session, pod["status"]["podIP"], port)
-        if isinstance(text, Unreadable):
-            return name, None
-        try:
-            return name, rank_states(text, name, (pod.get("spec") or {}).get("nodeName") or "")
-        except ValueError:
-            return name, None
-
-    reads = dict(await asyncio.gather(*(one(p) for p in pods)))
+    pods = live_pods(await rt.client.list("v1", "Pod", meta["namespace"], f"{job_label}={job_name}"))
+    reads = await read_pods(session, pods, MetricsView.of(training).port, rank_states)
     return ranks_clause(reads, time.time())
 
 
