@@ -60,6 +60,21 @@ class ExcludedNode(ApiModel):
     until: str = Field(description="When the operator lifts its taint (RFC 3339).")
 
 
+class NodeIncidents(ApiModel):
+    """What went wrong on one node across this training's restarts; repeated, it makes the node a suspect."""
+
+    node: str = Field(max_length=253, description="The node's name.")
+    failures: int = Field(
+        0, ge=0, description="Times the trainer container of the training's pod on this node ended in an error."
+    )
+    stalls: int = Field(0, ge=0, description="Stalls whose stuck or lagging rank ran on this node.")
+    last_failure_at: str | None = Field(
+        None, description="When the newest counted failure ended (the container's finishedAt, RFC 3339)."
+    )
+    last: str = Field(max_length=1024, description="The newest incident, in words.")
+    time: str = Field(description="When the newest incident was recorded (RFC 3339).")
+
+
 class TopologyStatus(ApiModel):
     """Where Kueue's topology-aware scheduling put the pods (spec.scheduling.topology)."""
 
@@ -139,6 +154,14 @@ class FSDPTrainingStatus(ApiModel):
         description=(
             "The nodes this training excluded as suspects, oldest first (spec.health.onSuspectNode exclude); "
             "their number is capped by spec.health.maxExcludedNodes."
+        ),
+    )
+    node_incidents: list[NodeIncidents] | None = Field(
+        None,
+        max_length=64,
+        description=(
+            "Per node, the trainer failures and stalls seen there across the training's restarts, newest "
+            "last; a node with two or more, while it hosts the training's pods, is a suspect (NodesHealthy)."
         ),
     )
     checkpoint: CheckpointStatus = Field(

@@ -127,6 +127,9 @@ def test_a_hung_rank_is_flagged_stalled_restarted_and_resumes(operator: WholeClu
     assert wait_phase(whole, name, ns, TERMINAL, 300) == "Succeeded"
     final = status(whole, name, ns)
     assert final["stallRestarts"] == 1
+    # The stall is counted against the hung rank's node (issue 28): once is no verdict, a second would be.
+    assert [(i["node"], i["stalls"], i["failures"]) for i in final["nodeIncidents"]] == [(node, 1, 0)]
+    assert final["nodeIncidents"][0]["last"].startswith(f"the stall after step {hang_at}: node rank 1")
     assert "Stalled" not in {c["type"] for c in final["conditions"]}
     # Resumed from the checkpoint before the hang, every step trained, same losses.
     resumed = [int(m) for m in RESUMED.findall(trainer_logs(whole, name, ns))]

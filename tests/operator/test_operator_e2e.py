@@ -91,6 +91,7 @@ class Env:
     workdir: Path
     # The stand-in dcgm-exporter the env's Prometheus scrapes, and which the operator asks for new XIDs.
     dcgm: StandInExporter
+    prometheus: PrometheusServer
     # Operator log ranges (offsets) to skip when looking for permission errors.
     restart_windows: list[tuple[int, int]] = field(default_factory=list)
 
@@ -219,7 +220,7 @@ def env(cluster: TestCluster, tmp_path_factory: pytest.TempPathFactory) -> Itera
         workdir / "operator.log", priority=100, scrape_interval=0.5, pod_name="fsdp-operator-e2e-0", env=xids
     )
     op.start()
-    e = Env(cluster, install, op, install.kubeconfig, workdir, dcgm)
+    e = Env(cluster, install, op, install.kubeconfig, workdir, dcgm, prom)
     try:
         yield e
     finally:
@@ -876,6 +877,10 @@ def test_a_new_gpu_xid_from_dcgm_exporter_names_the_node_and_an_old_one_does_not
     ns, name = "e2e-xid", "xid"
     node = "ip-10-0-7-23.ec2.internal"
     env.dcgm.codes[node, 3] = 43  # left by an earlier, killed CUDA process: old news
+    # The old value must be in the operator's window before it changes, or there is no change to see:
+    # run alone, this test starts right after Prometheus, whose first scrapes may not have happened yet.
+    old = f'DCGM_FI_DEV_XID_ERRORS{{Hostname="{node}"}} == 43'
+    env.prometheus.wait_for_series(f"count_over_time(({old})[20s:2s])")
     env.cluster.apply({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}})
     try:
         env.apply_training(ns, name, resources={"nodes": 1, "gpusPerNode": 0, "nodePool": "default"})
@@ -901,6 +906,63 @@ def test_a_new_gpu_xid_from_dcgm_exporter_names_the_node_and_an_old_one_does_not
         env.wait_events(ns, name, "SuspectNode")
     finally:
         env.dcgm.codes.pop((node, 3), None)
+        env.cluster.kubectl("delete", "node", node, "--ignore-not-found", "--wait=false")
+
+
+def test_a_node_where_the_trainer_keeps_failing_is_a_suspect(env: Env) -> None:
+    """Two failures of the trainer container on one node across restarts: counted in the status, then the verdict."""
+    ns, name = "e2e-incidents", "incidents"
+    node = "ip-10-0-7-24.ec2.internal"
+    env.cluster.apply({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}})
+
+    def crashed(*finished: str) -> dict[str, Any]:
+        ends = [{"terminated": {"exitCode": 139, "reason": "Error", "finishedAt": t}} for t in finished]
+        last = ends[0] if ends else {}
+        state = {"name": "pytorch", "restartCount": len(ends), "ready": True, "image": "x", "imageID": ""}
+        return {"phase": "Running", "containerStatuses": [state | {"state": {"running": {}}, "lastState": last}]}
+
+    try:
+        env.apply_training(ns, name, resources={"nodes": 1, "gpusPerNode": 0, "nodePool": "default"})
+        env.wait_job(ns, name)
+        env.cluster.apply(worker_pod(ns, name, node=node))
+        env.patch_pod_status(ns, f"{name}-worker-0", crashed("2026-11-29T03:50:00Z"))
+        env.patch_job_status(ns, name, {"conditions": [{"type": "Running", "status": "True", "reason": "Running"}]})
+
+        def counted(failures: int) -> dict[str, Any] | None:
+            s = env.status(ns, name)
+            found = [i for i in s.get("nodeIncidents") or [] if i["node"] == node]
+            return s if found and found[0]["failures"] == failures else None
+
+        s = wait_for(lambda: counted(1), JOB_TIMEOUT, what="the first failure counted", interval=POLL)
+        assert s["nodeIncidents"] == [
+            {
+                "node": node,
+                "failures": 1,
+                "stalls": 0,
+                "lastFailureAt": "2026-11-29T03:50:00Z",
+                "last": f"the trainer container of pod {name}-worker-0 exited 139 (Error) at 2026-11-29T03:50:00Z",
+                "time": s["nodeIncidents"][0]["time"],
+            }
+        ]
+        cond = next(c for c in s["conditions"] if c["type"] == "NodesHealthy")
+        assert cond["status"] == "True"  # once is any node's luck
+        # The container fails again in place (restartPolicy OnFailure): the second one makes the node a suspect.
+        env.patch_pod_status(ns, f"{name}-worker-0", crashed("2026-11-29T03:58:00Z"))
+        suspect = (
+            f"node {node} (pods {name}-worker-0): 2 trainer failure(s) across restarts (the last: the trainer "
+            f"container of pod {name}-worker-0 exited 139 (Error) at 2026-11-29T03:58:00Z)"
+        )
+        s = env.wait_status(ns, name, "the repeated failures in the status", phase="Running", message=suspect)
+        assert (s["nodeIncidents"][0]["failures"], s["nodeIncidents"][0]["lastFailureAt"]) == (
+            2,
+            "2026-11-29T03:58:00Z",
+        )
+        cond = next(c for c in s["conditions"] if c["type"] == "NodesHealthy")
+        assert (cond["status"], cond["reason"]) == ("False", "SuspectNode")
+        env.wait_events(ns, name, "SuspectNode")
+        time.sleep(3.5)  # one more node check (every 3 s here): the same termination is never counted twice
+        assert env.status(ns, name)["nodeIncidents"][0]["failures"] == 2
+    finally:
         env.cluster.kubectl("delete", "node", node, "--ignore-not-found", "--wait=false")
 
 

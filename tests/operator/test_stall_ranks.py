@@ -5,7 +5,13 @@ End to end: tests/e2e/test_stall.py::test_a_hung_rank_is_flagged_stalled_restart
 
 from __future__ import annotations
 
-from fsdp_operator.controller.stall.ranks import RankState, rank_states, ranks_clause, where_ranks_are
+from fsdp_operator.controller.stall.ranks import (
+    RankState,
+    culprit_node,
+    rank_states,
+    ranks_clause,
+    where_ranks_are,
+)
 
 EXPOSITION = """\
 # TYPE fsdp_train_step gauge
@@ -53,3 +59,21 @@ def test_pods_that_did_not_answer_are_counted_and_nothing_read_is_said_plainly()
     )
     assert ranks_clause({"j-worker-0": None}, now=0) == "no rank's metrics could be read"
     assert ranks_clause({}, now=0) == ""
+
+
+def test_the_node_blamed_is_the_one_of_the_rank_the_others_wait_for() -> None:
+    reads = {"j-worker-0": [rank(0, 18, 1000.0)], "j-worker-1": [rank(1, 18, None)], "j-worker-2": [rank(2, 18, 1.0)]}
+    assert culprit_node(reads) == "gpu-1"
+    # Every rank busy in a collective: the one a step behind.
+    assert culprit_node({"a": [rank(0, 18, None)], "b": [rank(1, 17, None)]}) == "gpu-1"
+
+
+def test_no_node_is_blamed_when_the_culprits_spread_nobody_lags_or_a_pod_did_not_answer() -> None:
+    two = {"a": [rank(0, 18, 1000.0)], "b": [rank(1, 18, None)], "c": [rank(2, 18, None)]}
+    assert culprit_node(two) is None  # ranks on gpu-1 and gpu-2 hold the others up: no one node
+    assert culprit_node({"a": [rank(0, 18, None)], "b": [rank(1, 18, None)]}) is None  # all level, none waiting
+    unread = {"a": [rank(0, 18, 1000.0)], "b": [rank(1, 18, None)], "c": None}
+    assert culprit_node(unread) is None  # the silent pod may be the one the others wait for
+    # Two ranks of one node both stuck: that node.
+    same = {"a": [rank(0, 18, 1000.0)], "b": [rank(1, 18, None, node="gpu-1"), rank(2, 18, None, node="gpu-1")]}
+    assert culprit_node(same) == "gpu-1"

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from fsdp_api.contract import (
@@ -35,7 +35,7 @@ from .node_health import NodeHealth, SuspectNode
 from .settings import env_int
 from .stall.check import restart_pods
 from .state import Runtime
-from .status import EventSpec
+from .status import EventSpec, rfc3339
 
 log = logging.getLogger(__name__)
 
@@ -130,10 +130,6 @@ def due(node: Json, now: datetime) -> bool:
         return datetime.fromisoformat(str(until).replace("Z", "+00:00")) <= now
     except ValueError:
         return True
-
-
-def rfc3339(t: datetime) -> str:
-    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 async def lift_expired(rt: Runtime, nodes: Mapping[str, Json], now: datetime) -> list[str]:

@@ -7,8 +7,9 @@ DCGM diagnostics, Neuron) and ``ContainerRuntimeReady``, ``False`` when it found
 a problem, with the reason and message saying which. A training whose pods run
 on such a node is told in its status (``NodesHealthy=False``, naming the node,
 its pods and each condition's reason and message) and by a Warning Event. A
-rank that keeps its peers waiting (stragglers.py) makes its node a suspect
-the same way. The verdict alerts; it does not move the training
+rank that keeps its peers waiting (stragglers.py), a new GPU XID (xids.py)
+and repeated failures or stalls of the training there (incidents.py) make
+its node a suspect the same way. The verdict alerts; it does not move the training
 (docs/operator.md, "Bad nodes").
 """
 
@@ -87,14 +88,16 @@ def node_health(
     nodes: Mapping[str, Json] | None,
     stragglers: Mapping[str, list[str]] | None = None,
     xids: Mapping[str, list[str]] | None = None,
+    incidents: Mapping[str, list[str]] | None = None,
 ) -> NodeHealth | None:
     """The verdict for these (live) pods; None when no pod has a node yet, or nothing was read.
 
     ``nodes``: the nodes by name (None: they may not be read); ``stragglers``:
     per node, its straggling ranks (None: the ranks' lateness was not read);
-    ``xids``: per node, its GPUs' new XIDs (None: no Prometheus was asked).
+    ``xids``: per node, its GPUs' new XIDs (None: no Prometheus was asked);
+    ``incidents``: per node, its repeated failures and stalls (incidents.py).
     """
-    if nodes is None and stragglers is None and xids is None:
+    if nodes is None and stragglers is None and xids is None and not incidents:
         return None
     on: dict[str, list[str]] = {}
     for pod in pods:
@@ -106,7 +109,8 @@ def node_health(
 
     def found(name: str) -> tuple[str, ...]:
         own = evidence(nodes[name]) if nodes and name in nodes else ()
-        return own + tuple((xids or {}).get(name, ())) + tuple((stragglers or {}).get(name, ()))
+        others = (xids, stragglers, incidents)
+        return own + tuple(line for found in others for line in (found or {}).get(name, ()))
 
     suspects = [SuspectNode(name, tuple(sorted(on[name])), why) for name in sorted(on) if (why := found(name))]
     return NodeHealth(

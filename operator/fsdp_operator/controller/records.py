@@ -73,11 +73,14 @@ async def record_nodes(
     health: NodeHealth,
     *,
     excluded: list[dict[str, Any]] | None = None,
+    incidents: list[dict[str, Any]] | None = None,
     events: list[EventSpec] | None = None,
 ) -> bool:
-    """Write what the nodes under the pods say of themselves (and the nodes excluded); True if NodesHealthy changed."""
+    """Write what the nodes under the pods say (the nodes excluded, the incidents); True if NodesHealthy changed."""
     watched = _conditions((NODES_HEALTHY,), "status", "message")
-    return await _record(rt, training, watched, "nodes", nodes=health, excluded_nodes=excluded, events=events)
+    return await _record(
+        rt, training, watched, "nodes", nodes=health, excluded_nodes=excluded, node_incidents=incidents, events=events
+    )
 
 
 async def record_stall(
@@ -87,10 +90,13 @@ async def record_stall(
     *,
     restarts: int | None = None,
     events: list[EventSpec] | None = None,
+    incidents: list[dict[str, Any]] | None = None,
 ) -> bool:
-    """Write the stall check's verdict (and a new restart count); True if the Stalled condition changed."""
+    """Write the stall check's verdict (a new restart count, the node it blames); True if Stalled changed."""
     watched = _conditions((STALLED,), "status", "reason")
-    return await _record(rt, training, watched, "stall", stall=stall, stall_restarts=restarts, events=events)
+    return await _record(
+        rt, training, watched, "stall", stall=stall, stall_restarts=restarts, events=events, node_incidents=incidents
+    )
 
 
 async def record_progress(

@@ -14,8 +14,9 @@ the operator being up). Per tick:
 - every ``NODE_CHECK_TICKS`` ticks, trainings with pods: one pod LIST per
   namespace and backend, one node LIST, and for running trainings one
   metrics GET per pod, so that a node whose own conditions report a problem,
-  or whose rank keeps its peers waiting, is named (the NodesHealthy
-  condition, node_health.py and stragglers.py).
+  whose rank keeps its peers waiting, or where the training failed or stalled
+  again and again, is named (the NodesHealthy condition, node_health.py,
+  stragglers.py and incidents.py).
 
 When a job finishes, ``final_scrape`` reads its trainer's metrics once more.
 """
@@ -38,6 +39,7 @@ from .. import backends
 from .bodies import MetricsView, live_pods, uid_of
 from .completion import completion_fields
 from .exclusion import exclude_suspects, lift_expired
+from .incidents import new_failures, repeated, with_failures, without
 from .kube import NETWORK_ERRORS, ApiError
 from .node_health import node_health
 from .peering import we_are_active
@@ -45,7 +47,7 @@ from .progress import TrainerProgress, Unreadable, rank0_pod, read_pods, scrape
 from .records import record_nodes, record_pods, record_progress
 from .stall.check import check_stall
 from .state import Runtime
-from .status import FAILED_CREATE_POD, SCHEDULABLE, TrainingFacts, pods_report
+from .status import FAILED_CREATE_POD, SCHEDULABLE, TrainingFacts, pods_report, rfc3339
 from .stragglers import RankCounters, RankKey, StragglerWatch, rank_counters
 from .xids import new_xids
 
@@ -290,13 +292,18 @@ async def check_nodes_once(rt: Runtime, session: aiohttp.ClientSession, peering:
         job_name = rt.previous_status(body).get("jobName") or body["metadata"]["name"]
         mine = [p for p in pods if (p["metadata"].get("labels") or {}).get(backend.job_label) == job_name]
         late = await _stragglers(rt, session, gate, body, mine) if uid_of(body) in watched else None
-        health = node_health(mine, nodes, late, xids)
+        before = list(rt.previous_status(body).get("nodeIncidents") or [])
+        own, shared = new_failures(mine, before)
+        incidents = with_failures(before, own, shared, rfc3339(now))
+        health = node_health(mine, nodes, late, xids, repeated(incidents))
         if health is None:
             return
         done = await exclude_suspects(rt, body, health, nodes, now)
         if done.excluded is not None:
             rt.stragglers.pop(uid_of(body), None)  # the restarted ranks are judged afresh
-        if await record_nodes(rt, body, done.health, excluded=done.excluded, events=list(done.events)):
+            incidents = without(incidents, (e["node"] for e in done.excluded))
+        kept = incidents if incidents != before else None
+        if await record_nodes(rt, body, done.health, excluded=done.excluded, incidents=kept, events=list(done.events)):
             changed += 1
 
     for (namespace, backend), bodies in groups.items():

@@ -50,8 +50,13 @@ from .transitions import EventSpec, transition_events
 Json = Mapping[str, Any]
 
 
+def rfc3339(t: datetime) -> str:
+    """Kubernetes' form of a time: UTC, whole seconds, ``Z``."""
+    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def now_rfc3339() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return rfc3339(datetime.now(UTC))
 
 
 def job_phase(job: Json | JobView | None) -> tuple[Phase, str]:
@@ -140,6 +145,7 @@ def compute_status(
     queue: QueueState | None = None,
     nodes: NodeHealth | None = None,
     excluded_nodes: list[dict[str, Any]] | None = None,
+    node_incidents: list[dict[str, Any]] | None = None,
     now: str | None = None,
 ) -> FSDPTrainingStatus:
     """The whole declared status, from the training, its PyTorchJob (None if absent) and the previous status.
@@ -158,7 +164,8 @@ def compute_status(
     says of a queued training; None keeps its previous Admitted and Evicted.
     ``nodes`` is what the nodes under the pods say of themselves; None keeps
     the previous NodesHealthy condition. ``excluded_nodes`` replaces the nodes
-    the training excluded (None keeps them).
+    the training excluded, ``node_incidents`` the failures and stalls counted
+    per node (incidents.py); None keeps them.
     Metric-derived fields (step, loss, tokens/s, last checkpoint step) are
     carried over: only the scraper sets them, except that a Succeeded job
     has by construction trained and checkpointed its last step (below).
@@ -213,6 +220,7 @@ def compute_status(
         tracker_runs=prev.get("trackerRuns"),  # the scraper's, like step and loss: a run's page stays its page
         stall_restarts=stall_restarts if stall_restarts is not None else prev.get("stallRestarts"),
         excluded_nodes=excluded_nodes if excluded_nodes is not None else prev.get("excludedNodes"),
+        node_incidents=node_incidents if node_incidents is not None else prev.get("nodeIncidents"),
         checkpoint=CheckpointStatus(
             dir=training.checkpoint_dir,
             ephemeral=training.checkpoint_claim is None,
@@ -273,6 +281,7 @@ __all__ = [
     "pod_scheduling",
     "pod_start",
     "pods_report",
+    "rfc3339",
     "stall_state",
     "status_document",
     "status_message",

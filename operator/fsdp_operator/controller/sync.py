@@ -55,6 +55,7 @@ async def sync_locked(
     stall_restarts: int | None = None,
     nodes: NodeHealth | None = None,
     excluded_nodes: list[dict[str, Any]] | None = None,
+    node_incidents: list[dict[str, Any]] | None = None,
     in_handler: bool = True,
 ) -> tuple[str | None, str]:
     """Compute the status from ``body`` and ``job``; patch it if it changed; record transitions.
@@ -84,6 +85,7 @@ async def sync_locked(
         queue=queue,
         nodes=nodes,
         excluded_nodes=excluded_nodes,
+        node_incidents=node_incidents,
     )
     patch = status_patch(previous, new)
     to_post = list(events or []) + transition_events(previous, new)

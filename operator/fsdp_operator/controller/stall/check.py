@@ -22,12 +22,13 @@ from pydantic import ValidationError
 
 from ... import backends
 from ..bodies import MetricsView, live_pods
+from ..incidents import with_stall
 from ..kube import NETWORK_ERRORS, ApiError
 from ..progress import TrainerProgress, Unreadable, read_pods
 from ..records import record_stall
 from ..state import Runtime
-from ..status import STALLED, EventSpec, stall_state
-from .ranks import rank_states, ranks_clause
+from ..status import STALLED, EventSpec, now_rfc3339, stall_state
+from .ranks import culprit_node, rank_states, ranks_clause
 from .rules import StallRules, observe, observe_unreachable, start_clock, verdict
 
 log = logging.getLogger(__name__)
@@ -71,14 +72,16 @@ async def restart_pods(rt: Runtime, training: Mapping[str, Any]) -> int:
     return deleted
 
 
-async def read_ranks(rt: Runtime, session: aiohttp.ClientSession, training: Mapping[str, Any]) -> str:
-    """Where each rank of the training stands, from every running pod's endpoint (ranks.py)."""
+async def read_ranks(
+    rt: Runtime, session: aiohttp.ClientSession, training: Mapping[str, Any]
+) -> tuple[str, str | None]:
+    """Where each rank of the training stands, from every running pod's endpoint (ranks.py), and the culprits' node."""
     meta = training["metadata"]
     job_name = rt.previous_status(training).get("jobName") or meta["name"]
     job_label = backends.of_training(training).ref.job_label
     pods = live_pods(await rt.client.list("v1", "Pod", meta["namespace"], f"{job_label}={job_name}"))
     reads = await read_pods(session, pods, MetricsView.of(training).port, rank_states)
-    return ranks_clause(reads, time.time())
+    return ranks_clause(reads, time.time()), culprit_node(reads)
 
 
 async def check_stall(
@@ -105,9 +108,14 @@ async def check_stall(
     found = verdict(clock, rules, now)
     previous = {c.get("type"): c for c in rt.previous_status(training).get("conditions") or []}.get(STALLED)
     newly = previous is None or previous.get("status") != "True"
+    incidents: list[dict[str, Any]] | None = None
     if found.stalled and newly and session is not None:
         try:
-            found = replace(found, ranks=await read_ranks(rt, session, training))
+            clause, node = await read_ranks(rt, session, training)
+            found = replace(found, ranks=clause)
+            if node is not None:
+                before = list(rt.previous_status(training).get("nodeIncidents") or [])
+                incidents = with_stall(before, node, f"the stall after step {found.step}: {clause}", now_rfc3339())
         except (ApiError, *NETWORK_ERRORS) as e:
             log.debug("reading the ranks of %s failed: %s", training["metadata"].get("name"), e)
     restarts = int(rt.previous_status(training).get("stallRestarts") or 0)
@@ -136,6 +144,7 @@ async def check_stall(
     rt.step_clocks[uid] = clock
     # Only a change of the condition (or a restart) is written: the check runs on
     # every scrape of every running training, and the clock itself stays in memory.
-    if not events and previous is not None and (previous.get("status"), previous.get("reason")) == stall_state(found):
+    unchanged = previous is not None and (previous.get("status"), previous.get("reason")) == stall_state(found)
+    if not events and incidents is None and unchanged:
         return False
-    return await record_stall(rt, training, found, restarts=new_restarts, events=events)
+    return await record_stall(rt, training, found, restarts=new_restarts, events=events, incidents=incidents)

@@ -56,15 +56,20 @@ def _named(ranks: list[RankState], what: str) -> str:
     return shown + (f"; and {len(ranks) - NAMED} more" if len(ranks) > NAMED else "")
 
 
+def _split(ranks: list[RankState]) -> tuple[int | None, list[RankState], list[RankState], list[RankState]]:
+    """The newest step, the ranks waiting for their peers, those not waiting, those behind the newest step."""
+    top = max((r.step for r in ranks if r.step is not None), default=None)
+    waiting = [r for r in ranks if r.waiting_since is not None]
+    stuck = [r for r in ranks if r.waiting_since is None]
+    behind = [r for r in ranks if top is not None and r.step is not None and r.step < top]
+    return top, waiting, stuck, behind
+
+
 def where_ranks_are(ranks: list[RankState], now: float, unread: int = 0) -> str:
     """One clause for the Stalled message."""
     if not ranks:
         return "no rank's metrics could be read"
-    steps = [r.step for r in ranks if r.step is not None]
-    top = max(steps, default=None)
-    waiting = [r for r in ranks if r.waiting_since is not None]
-    stuck = [r for r in ranks if r.waiting_since is None]
-    behind = [r for r in ranks if top is not None and r.step is not None and r.step < top]
+    top, waiting, stuck, behind = _split(ranks)
     parts = []
     if waiting and stuck:
         parts.append(
@@ -82,6 +87,20 @@ def where_ranks_are(ranks: list[RankState], now: float, unread: int = 0) -> str:
     if unread:
         parts.append(f"{unread} pod(s) did not answer")
     return "; ".join(parts)
+
+
+def culprits(ranks: list[RankState]) -> list[RankState]:
+    """The ranks the clause blames: those not waiting while others wait, else those a step behind."""
+    _, waiting, stuck, behind = _split(ranks)
+    return stuck if waiting and stuck else behind
+
+
+def culprit_node(reads: Mapping[str, list[RankState] | None]) -> str | None:
+    """The one node every blamed rank runs on; None when none is blamed, they spread, or a pod was not read."""
+    if any(found is None for found in reads.values()):
+        return None  # the unread pod may hold the rank the others wait for
+    nodes = {r.node for r in culprits([r for found in reads.values() if found for r in found])}
+    return nodes.pop() if len(nodes) == 1 and "" not in nodes else None
 
 
 def ranks_clause(reads: Mapping[str, list[RankState] | None], now: float) -> str:
