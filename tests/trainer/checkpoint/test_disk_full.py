@@ -20,7 +20,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 from fsdp_trainer.checkpoint import TMP_DIR, complete_checkpoints, step_dir_name
+from fsdp_trainer.checkpoint.layout import new_tmp_dir
+from fsdp_trainer.checkpoint.manager import Checkpointer, disk_full_error
+from fsdp_trainer.checkpoint.state import write_rank_state
+from fsdp_trainer.errors import CheckpointSaveError
 
 from tests.trainer.harness import base_config, launch
 
@@ -151,8 +156,7 @@ def test_a_really_full_volume_is_the_same_one_line_and_gives_its_space_back(
     _copy_run(two_steps, work, root)
     older = root / step_dir_name(2)
     before = _digests(older)
-    # Fill the volume but for 1 KiB: the save of step 4 fails in its first file, a rank file that
-    # torch.save writes through its zip writer, which reports the full disk as a RuntimeError.
+    # Fill the volume but for 1 KiB: the save of step 4 fails in its first file, a rank file.
     filler = small_volume / "filler"
     with filler.open("wb", buffering=0) as f, contextlib.suppress(OSError):
         while True:
@@ -169,3 +173,42 @@ def test_a_really_full_volume_is_the_same_one_line_and_gives_its_space_back(
     assert complete_checkpoints(root) == [(2, older)] and _digests(older) == before
     assert sorted(p.name for p in root.iterdir()) == [step_dir_name(2)]  # the partial save's space is free again
     assert "unexpected pos" not in run.output
+
+
+def _fill(volume: Path) -> None:
+    with (volume / "filler").open("wb", buffering=0) as f, contextlib.suppress(OSError):
+        while True:
+            f.write(bytes(4096))
+
+
+def test_a_rank_file_that_does_not_fit_says_enospc(small_volume: Path) -> None:
+    """torch.save straight onto a full volume says RuntimeError without the errno; the rank file's write says ENOSPC."""
+    _fill(small_volume)
+    state = {"step": 4, "rng": torch.zeros(4096)}
+    with pytest.raises(RuntimeError, match=r"unexpected pos|iostream|write"):
+        torch.save(state, small_volume / "direct.pt")
+    with pytest.raises(OSError) as caught:
+        write_rank_state(small_volume / "rank-00000.pt", state)
+    assert caught.value.errno == errno.ENOSPC and disk_full_error(caught.value) is caught.value
+
+
+def _checkpointer(root: Path) -> Checkpointer:
+    ckpt = Checkpointer.__new__(Checkpointer)  # only its root is used by the disk-full path
+    ckpt.root = root
+    return ckpt
+
+
+def test_a_partial_save_a_peer_removed_is_the_full_volume_and_not_a_crash(tmp_path: Path) -> None:
+    """Seen under load: rank 0's write failed without an errno while rank 1, which found the volume full,
+    had already removed the partial save and so given the space back: rank 0's own look saw room."""
+    root = tmp_path / "checkpoints"
+    root.mkdir()
+    tmp = new_tmp_dir(root / step_dir_name(4))
+    ckpt = _checkpointer(root)
+    said = rf"step 4: {os.strerror(errno.ENOSPC)}\. The partial"
+    with pytest.raises(CheckpointSaveError, match=said), ckpt._disk_full_is_one_line(4, tmp):
+        raise RuntimeError("[enforce fail at inline_container.cc:671] . unexpected pos 64 vs 0")
+    # The partial save still there and room on the volume: not a full volume, the error passes through.
+    tmp.mkdir()
+    with pytest.raises(RuntimeError, match="unexpected pos"), ckpt._disk_full_is_one_line(4, tmp):
+        raise RuntimeError("unexpected pos 64 vs 0")

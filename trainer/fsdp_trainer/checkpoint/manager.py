@@ -41,6 +41,8 @@ from ..parallel.distributed import WorldInfo, barrier, broadcast_object, max_ove
 from . import unpickle
 from .compatibility import Skipped
 from .layout import (
+    TMP_DIR,
+    TMP_INFIX,
     commit,
     complete_checkpoints,
     directory_bytes,
@@ -52,7 +54,7 @@ from .layout import (
     step_dir_name,
 )
 from .ownership import directory_conflicts
-from .state import dcp_state, load_rank_state, rank_state, set_rng_state
+from .state import dcp_state, load_rank_state, rank_state, set_rng_state, write_rank_state
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +172,7 @@ class Checkpointer:
         with self._disk_full_is_one_line(step, tmp):
             own = rank_file(tmp, self.world.rank)
             own.parent.mkdir(parents=True, exist_ok=True)
-            torch.save(rank_state(step, self.data), own)
+            write_rank_state(own, rank_state(step, self.data))
             if self.world.is_main and self.write_assets is not None:
                 self.write_assets(tmp)
             state = dcp_state(self.model, self.optimizer, step)
@@ -213,7 +215,7 @@ class Checkpointer:
         except CheckpointSaveError:
             raise
         except (Exception, CheckpointException) as e:  # CheckpointException is a BaseException
-            full = disk_full_error(e) or volume_full(tmp if tmp.exists() else self.root)
+            full = disk_full_error(e) or volume_full(tmp if tmp.exists() else self.root) or self._removed_by_peer(tmp)
             if full is None:
                 raise
             partial = "was removed" if remove_partial(tmp) else "could not be removed"
@@ -223,6 +225,21 @@ class Checkpointer:
                 "checkpoints were kept; free space on the checkpoint volume (or make it larger), then restart "
                 "to resume from the newest complete checkpoint"
             ) from None
+
+    def _removed_by_peer(self, tmp: Path) -> OSError | None:
+        """ENOSPC when the partial save is gone but was never committed: a peer found the volume full.
+
+        Only the full-volume path deletes a partial save while the ranks are
+        writing it, and the space it gives back hides the full volume from
+        this rank's own look (seen under load: one rank's write failed, the
+        other had already removed the directory).
+        """
+        if tmp.exists() or not TMP_DIR.match(tmp.name):
+            return None
+        final = tmp.with_name(tmp.name.split(TMP_INFIX)[0])
+        if any(path == final for _, path in complete_checkpoints(self.root)):
+            return None  # committed: whatever failed, failed afterwards
+        return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp))
 
     def _commit(self, pending: _Pending) -> None:
         marker = {"step": pending.step, "world_size": self.world.world_size, "time": time.time()}

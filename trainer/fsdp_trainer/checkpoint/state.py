@@ -8,6 +8,7 @@ file (``layout.rank_file``), read back as data (``unpickle.py``).
 
 from __future__ import annotations
 
+import io
 import random
 from pathlib import Path
 from typing import Any
@@ -139,3 +140,16 @@ def dcp_state(model: nn.Module, optimizer: torch.optim.Optimizer, step: int) -> 
 def rank_state(step: int, data: Any) -> dict[str, Any]:
     """This rank's own part: the data position and the RNG states."""
     return {"step": step, "data": data.state_dict(), "rng": rng_state()}
+
+
+def write_rank_state(path: Path, state: dict[str, Any]) -> None:
+    """``torch.save`` of a rank's small state, through Python's own write.
+
+    Straight onto a file, torch's zip writer reports a full volume as
+    RuntimeError ("unexpected pos") without the errno; the save would then
+    have to ask the volume, and another rank may already have freed the
+    space. Python's write raises OSError(ENOSPC) itself.
+    """
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    path.write_bytes(buffer.getbuffer())
