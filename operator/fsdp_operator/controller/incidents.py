@@ -118,7 +118,9 @@ def with_failures(
 ) -> list[dict[str, Any]]:
     """The incidents with ``own`` failures counted (one each) and ``shared`` ones marked seen."""
     out = [dict(i) for i in incidents]
-    for f, counts in sorted([(f, True) for f in own] + [(f, False) for f in shared], key=lambda x: x[0].finished_at):
+    counted = set(own)
+    for f in sorted([*counted, *shared], key=lambda f: f.finished_at):
+        counts = f in counted
         entry = _entry(out, f.node)
         words = f.words() if counts else f"{f.words()}, with pods on other nodes (not counted: the job's failure)"
         entry |= {

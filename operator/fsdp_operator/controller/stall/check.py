@@ -56,14 +56,19 @@ def stall_rules(spec: Mapping[str, Any]) -> StallRules:
     )
 
 
-async def restart_pods(rt: Runtime, training: Mapping[str, Any]) -> int:
-    """Delete every pod of the training's job (its controller re-creates them); returns how many."""
+async def job_pods(rt: Runtime, training: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Every pod of the training's job, as the API server lists them."""
     meta = training["metadata"]
     job_name = rt.previous_status(training).get("jobName") or meta["name"]
     job_label = backends.of_training(training).ref.job_label
-    pods = await rt.client.list("v1", "Pod", meta["namespace"], f"{job_label}={job_name}")
+    return await rt.client.list("v1", "Pod", meta["namespace"], f"{job_label}={job_name}")
+
+
+async def restart_pods(rt: Runtime, training: Mapping[str, Any]) -> int:
+    """Delete every pod of the training's job (its controller re-creates them); returns how many."""
+    meta = training["metadata"]
     deleted = 0
-    for pod in pods:
+    for pod in await job_pods(rt, training):
         pod_meta = pod.get("metadata") or {}
         if pod_meta.get("deletionTimestamp"):
             continue
@@ -76,10 +81,7 @@ async def read_ranks(
     rt: Runtime, session: aiohttp.ClientSession, training: Mapping[str, Any]
 ) -> tuple[str, str | None]:
     """Where each rank of the training stands, from every running pod's endpoint (ranks.py), and the culprits' node."""
-    meta = training["metadata"]
-    job_name = rt.previous_status(training).get("jobName") or meta["name"]
-    job_label = backends.of_training(training).ref.job_label
-    pods = live_pods(await rt.client.list("v1", "Pod", meta["namespace"], f"{job_label}={job_name}"))
+    pods = live_pods(await job_pods(rt, training))
     reads = await read_pods(session, pods, MetricsView.of(training).port, rank_states)
     return ranks_clause(reads, time.time()), culprit_node(reads)
 
