@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build the binaries of the test cluster (etcd, kube-apiserver, kubectl, helm,
 # and on request kube-scheduler, kube-controller-manager, kubelet, training-operator, kueue,
-# trainer-controller-manager, jobset) from Go modules,
+# trainer-controller-manager, jobset, versitygw) from Go modules,
 # using only the Go toolchain and the Go module proxy. Versions come from
 # tools/versions.env. Results are cached under
 #   ${FSDP_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/fsdp-k8s}/<module>-<version>/bin/<name>
@@ -39,6 +39,7 @@ training-operator        TRAINING_OPERATOR_VERSION github.com/kubeflow/training-
 kueue                    KUEUE_VERSION       sigs.k8s.io/kueue           sigs.k8s.io/kueue/cmd/kueue
 trainer-controller-manager TRAINER_VERSION   github.com/kubeflow/trainer/v2 github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager
 jobset                   JOBSET_VERSION      sigs.k8s.io/jobset          sigs.k8s.io/jobset
+versitygw                VERSITYGW_VERSION   github.com/versity/versitygw github.com/versity/versitygw/cmd/versitygw
 '
 DEFAULT_TOOLS=(etcd kube-apiserver kubectl helm)
 

@@ -413,6 +413,22 @@ CHECKPOINT_LAST_SAVE = Metric(
 CHECKPOINT_SIZE = Metric(
     "fsdp_checkpoint_size_bytes", "gauge", "Bytes on disk of the newest complete checkpoint (rank 0 only)."
 )
+CHECKPOINT_REMOTE_LAST_STEP = Metric(
+    "fsdp_checkpoint_remote_last_step",
+    "gauge",
+    "Step of the newest checkpoint committed to checkpoint.remote (its manifest written; rank 0 only).",
+)
+CHECKPOINT_REMOTE_LAG = Metric(
+    "fsdp_checkpoint_remote_lag_steps",
+    "gauge",
+    "Steps between the newest local checkpoint and the newest one committed to checkpoint.remote (rank 0 only).",
+)
+CHECKPOINT_UPLOAD_FAILURES = Metric(
+    "fsdp_checkpoint_upload_failures", "counter", "Failed attempts to upload to checkpoint.remote (each is retried)."
+)
+CHECKPOINT_UPLOADED_BYTES = Metric(
+    "fsdp_checkpoint_uploaded_bytes", "counter", "Bytes of checkpoint files this rank uploaded to checkpoint.remote."
+)
 MODEL_PARAMETERS = Metric("fsdp_model_parameters", "gauge", "Parameters of the model, tied ones once.")
 MODEL_TRAINABLE_PARAMETERS = Metric(
     "fsdp_model_trainable_parameters", "gauge", "Parameters the optimizer updates (with LoRA: the adapters)."

@@ -19,12 +19,18 @@ from dataclasses import dataclass
 POINTS = {
     "after_step": "after step {step}'s update, before anything is saved",
     "during_save": "while saving step {step}'s checkpoint (shards written, not yet marked complete)",
+    "during_upload": (
+        "while uploading step {step}'s checkpoint to checkpoint.remote (its files sent, its part list not yet)"
+    ),
 }
 # Actions: kill (SIGKILL, as a node loss or OOM kill), hang (never return), sleep<s> (a slow but live rank),
 # slow<s> (sleep at this point of every step from then on: a straggler).
-PATTERN = r"^(after_step|during_save):[0-9]{1,9}(:[0-9]{1,6}(:(kill|hang|(sleep|slow)[0-9]{1,6}([.][0-9]+)?))?)?$"
+PATTERN = (
+    r"^(after_step|during_save|during_upload):[0-9]{1,9}"
+    r"(:[0-9]{1,6}(:(kill|hang|(sleep|slow)[0-9]{1,6}([.][0-9]+)?))?)?$"
+)
 GRAMMAR = (
-    "<point>:<step>[:<rank>[:<action>]] with point after_step or during_save, "
+    "<point>:<step>[:<rank>[:<action>]] with point after_step, during_save or during_upload, "
     "action kill, hang, sleep<seconds> or slow<seconds>"
 )
 

@@ -20,6 +20,7 @@ EXPECTED_ALERTS = {
     "FSDPTrainingLossNaN",
     "FSDPTrainingCheckpointStale",
     "FSDPTrainingCheckpointUnloadable",
+    "FSDPTrainingCheckpointUploadBehind",
     "FSDPTrainingRestarting",
     "FSDPTrainingInputBound",
     "FSDPTrainingStraggler",

@@ -64,8 +64,8 @@ def test_a_malformed_fault_hook_is_one_config_line_before_any_rank(
     with pytest.raises(ConfigError) as info:
         check(str(config_path), "1", 2)
     assert info.value.lines == [
-        "FSDP_TRAINER_FAULT: 'after_step' is not <point>:<step>[:<rank>[:<action>]] with point after_step or "
-        "during_save, action kill, hang, sleep<seconds> or slow<seconds>"
+        "FSDP_TRAINER_FAULT: 'after_step' is not <point>:<step>[:<rank>[:<action>]] with point after_step, "
+        "during_save or during_upload, action kill, hang, sleep<seconds> or slow<seconds>"
     ]
 
 

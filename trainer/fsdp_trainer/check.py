@@ -99,6 +99,13 @@ def check(config: str, nnodes: str, nproc_per_node: int) -> str:
     errors = directory_conflicts(Path(cfg.checkpoint.dir), cfg.checkpoint.resume, cfg.job)
     if not errors and cfg.checkpoint.resume == "auto":
         errors = resume_problems(Path(cfg.checkpoint.dir), prepared.model, cfg.peft)
+    # Asked once per pod, before torchrun: wrong credentials or a missing bucket are one line here.
+    if cfg.checkpoint.remote is not None:
+        from .checkpoint.remote import probe
+
+        problem = probe(cfg.checkpoint.remote)
+        if problem:
+            errors.append(f"checkpoint.remote: {problem}")
     # Asked once per pod, before torchrun: a wrong tracker address is one line here.
     tracker_errors, tracker_warnings = tracker_problems(cfg, os.environ)
     errors += tracker_errors

@@ -24,6 +24,7 @@ import copy
 import hashlib
 import logging
 import math
+import os
 import signal
 import threading
 import time
@@ -32,7 +33,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from fsdp_api.contract import STALLS_DIR
+from fsdp_api.contract import ENV_SHUTDOWN_TIMEOUT, STALLS_DIR
 from fsdp_api.trainer_config import TrainerConfig
 from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -80,6 +81,13 @@ from .trace import Trace
 from .watchdog import StepWatchdog
 
 log = logging.getLogger(__name__)
+
+# torchrun's own default when TORCH_ELASTIC_SHUTDOWN_TIMEOUT is unset: the
+# seconds it gives its workers after passing SIGTERM on, before SIGKILL.
+DEFAULT_SHUTDOWN_TIMEOUT = 30.0
+EXIT_MARGIN_SECONDS = 5.0
+# How long a finished training waits for its last uploads to checkpoint.remote.
+FINISH_UPLOAD_SECONDS = 600.0
 
 
 class Stopped(Exception):
@@ -286,6 +294,9 @@ class Trainer:
         )
         self._validation: list[Batch] | None = None
         self.stop_signal: int | None = None
+        self.stop_time: float | None = None
+        if self.checkpointer.remote is not None:
+            self.checkpointer.remote.on_change = self._report_remote
         self.watchdog = StepWatchdog(
             rank=world.rank,
             stalls_dir=Path(cfg.checkpoint.dir) / STALLS_DIR,
@@ -358,6 +369,22 @@ class Trainer:
 
     def _on_signal(self, signum: int, frame: object) -> None:
         self.stop_signal = signum
+        self.stop_time = time.monotonic()
+        if self.checkpointer.remote is not None:  # waiting for uploads at the end: the grace period now counts
+            self.checkpointer.remote.cut_wait(self.grace_left())
+
+    def grace_left(self) -> float:
+        """Seconds of torchrun's shutdown timeout left since SIGTERM, less a margin to exit cleanly."""
+        timeout = float(os.environ.get(ENV_SHUTDOWN_TIMEOUT, "") or DEFAULT_SHUTDOWN_TIMEOUT)
+        spent = time.monotonic() - self.stop_time if self.stop_time is not None else 0.0
+        return max(0.0, timeout - spent - EXIT_MARGIN_SECONDS)
+
+    def _report_remote(self, _stats: object = None) -> None:
+        remote = self.checkpointer.remote
+        if remote is not None:
+            stats = remote.stats
+            lag = remote.lag_steps(self.checkpointer.last_local_step or 0)
+            self.metrics.on_remote(stats.committed_step, lag, stats.failures, stats.bytes)
 
     def train(self) -> None:
         """Train to maxSteps; raises Stopped if SIGTERM arrived (checkpoint saved first).
@@ -423,6 +450,7 @@ class Trainer:
                 self.watchdog.arm(f"the checkpoint save of step {self.step}", timeout + stall.checkpoint_seconds)
                 seconds = self.checkpointer.save(self.step)
                 self.metrics.on_checkpoint_saved(self.step, seconds, self.checkpointer.last_size_bytes)
+                self._report_remote()
                 self.trace.write("checkpoint", step=self.step, seconds=seconds, bytes=self.checkpointer.last_size_bytes)
             if stop:
                 self.checkpointer.finalize()
@@ -664,12 +692,15 @@ class Trainer:
         if self.world.is_main:
             torch.save({"input_ids": inputs.cpu(), "logits": logits}, self.trace.directory / "probe.pt")
 
-    def close(self, *, clean: bool = True) -> None:
+    def close(self, *, clean: bool = True, remote_wait_seconds: float = FINISH_UPLOAD_SECONDS) -> None:
         """Release everything; ``clean=False`` after an error skips the collectives of
-        a pending save (another rank may be gone), leaving it unmarked and thus unused."""
+        a pending save (another rank may be gone), leaving it unmarked and thus unused.
+
+        With a remote tier, the uploads get up to ``remote_wait_seconds`` to finish."""
         self.watchdog.close()
         if clean:
-            self.checkpointer.close()
+            self.checkpointer.close(remote_wait_seconds)
+            self._report_remote()
         self.data.close()
         self.metrics.close()
         self.trace.close()
@@ -686,7 +717,7 @@ def run(cfg: TrainerConfig, trace_dir: Path | None = None) -> None:
         try:
             trainer.train()
         except Stopped:
-            trainer.close()
+            trainer.close(remote_wait_seconds=trainer.grace_left())
             raise
         except BaseException:
             trainer.close(clean=False)

@@ -35,6 +35,20 @@ class CheckpointSpec(ApiModel):
         "auto", description="auto: resume from the newest complete checkpoint in dir; never: always start fresh."
     )
     async_save: bool = Field(False, description="Save checkpoints asynchronously, overlapping the next steps.")
+    remote: str | None = Field(
+        None,
+        max_length=1024,
+        pattern=r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$",
+        description=(
+            "s3://bucket[/prefix]: a remote tier. Every checkpoint committed in dir is also uploaded there in the "
+            "background, committed by a manifest written last; resume takes the newest complete step of either "
+            "tier. Credentials come from the pod's service account (EKS Pod Identity or IRSA); an S3-compatible "
+            "store is reached through AWS_ENDPOINT_URL_S3 in pod.env."
+        ),
+    )
+    remote_keep_last: int = Field(
+        3, ge=1, le=1000, description="Committed checkpoints to keep in remote; older ones are deleted there."
+    )
 
     rules: ClassVar[tuple[Rule, ...]] = (
         Rule(

@@ -196,7 +196,18 @@ COMMAND_RULES: tuple[Rule, ...] = (
     ),
     _left_alone("data", DataSpec, _all_fields(DataSpec)),
     _left_alone("fsdp", FSDPSpec, _all_fields(FSDPSpec)),
-    _left_alone("checkpoint", CheckpointSpec, ("interval_steps", "keep_last", "resume", "async_save")),
+    _left_alone(
+        "checkpoint",
+        CheckpointSpec,
+        (
+            "interval_steps",
+            "keep_last",
+            "resume",
+            "async_save",
+            "remote",
+            "remote_keep_last",
+        ),
+    ),
     _left_alone("stall", StallSpec, ("trainer_step_timeout_seconds",)),
     _left_alone("tracking", TrackingSpec, _all_fields(TrackingSpec)),
 )
@@ -319,12 +330,16 @@ SPEC_RULES: tuple[Rule, ...] = (
     Rule(
         cel=(
             "!has(self.health) || self.health.onSuspectNode != 'exclude'"
-            " || (has(self.checkpoint) && has(self.checkpoint.claimName))"
+            " || (has(self.checkpoint) && (has(self.checkpoint.claimName) || has(self.checkpoint.remote)))"
         ),
-        message="health.onSuspectNode exclude needs checkpoint.claimName: excluding a node restarts the pods "
-        "from the last checkpoint, which an emptyDir loses with them",
+        message="health.onSuspectNode exclude needs checkpoint.claimName or checkpoint.remote: excluding a node "
+        "restarts the pods from the last checkpoint, which an emptyDir loses with them",
         field_path=".health.onSuspectNode",
-        check=lambda s: s.health.on_suspect_node != "exclude" or s.checkpoint.claim_name is not None,
+        check=lambda s: (
+            s.health.on_suspect_node != "exclude"
+            or s.checkpoint.claim_name is not None
+            or s.checkpoint.remote is not None
+        ),
     ),
     Rule(
         cel="!has(self.resources) || self.resources.efaPerNode == 0 || self.resources.gpusPerNode > 0",

@@ -11,6 +11,10 @@ starts or at the end of training, whichever comes first.
 A checkpoint loaded on another world size cannot map the per-rank data
 position exactly; the data continues at a fresh epoch (see ``TrainData`` in
 data/loader.py).
+
+With ``checkpoint.remote`` each committed save is also uploaded to S3 in the
+background (``remote.py``), and at start a node whose local directory lacks
+the newest step committed there downloads it first.
 """
 
 from __future__ import annotations
@@ -37,7 +41,8 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from ..errors import CheckpointSaveError, ConfigError, UnloadableCheckpointError, UnsafeCheckpointError, first_line
 from ..faults import maybe_fault
-from ..parallel.distributed import WorldInfo, barrier, broadcast_object, max_over_ranks
+from ..parallel.distributed import WorldInfo, all_ranks, barrier, broadcast_object, max_over_ranks
+from . import remote as remote_tier
 from . import unpickle
 from .compatibility import Skipped
 from .layout import (
@@ -54,6 +59,7 @@ from .layout import (
     step_dir_name,
 )
 from .ownership import directory_conflicts
+from .s3 import S3Error
 from .state import dcp_state, load_rank_state, rank_state, set_rng_state, write_rank_state
 
 log = logging.getLogger(__name__)
@@ -113,7 +119,9 @@ def resume_candidates(spec: CheckpointSpec, world: WorldInfo, job: JobInfo) -> l
     """
     found: list[tuple[int, Path]] = []
     conflicts: list[str] = []
-    if world.is_main:
+    if spec.remote is not None:
+        conflicts = prepare_remote(spec, world)
+    if world.is_main and not conflicts:
         root = Path(spec.dir)
         for path in remove_stale(root):
             log.warning("removed interrupted checkpoint %s", path)
@@ -124,6 +132,41 @@ def resume_candidates(spec: CheckpointSpec, world: WorldInfo, job: JobInfo) -> l
     if conflicts:
         raise ConfigError(conflicts)
     return found
+
+
+def prepare_remote(spec: CheckpointSpec, world: WorldInfo) -> list[str]:
+    """Before resume: clean the remote prefix, and fetch its newest step on every node that lacks it.
+
+    Returns the configuration problems (the same on every rank). Rank 0 deletes
+    the steps that were never committed (an upload a crash cut short: their
+    parts could mix with this run's), and refuses ``resume: never`` on a prefix
+    that holds committed steps: this run would overwrite them. One process per
+    node then downloads the newest committed step when its local directory has
+    nothing as new; a directory shared by the nodes keeps the first copy.
+    """
+    assert spec.remote is not None
+    root = Path(spec.dir)
+    problem: str | None = None
+    if world.is_main:
+        try:
+            problem = remote_tier.clean_remote(spec.remote, spec.resume)
+        except S3Error as e:
+            problem = str(e)
+    problem = broadcast_object(problem)  # type: ignore[assignment]
+    if problem:
+        return [f"checkpoint.remote: {problem}"]
+    error: str | None = None
+    if world.local_rank == 0:
+        remote_tier.remove_staging(root)
+        if spec.resume == "auto":
+            try:
+                remote_tier.fetch_newer(spec.remote, root)
+            except (S3Error, OSError) as e:
+                error = first_line(e)
+                log.error("checkpoint.remote: %s", error)
+    if all_ranks(error is None, world):
+        return []
+    return [f"checkpoint.remote: {error or 'another node could not download the newest checkpoint'}"]
 
 
 @dataclass
@@ -157,6 +200,12 @@ class Checkpointer:
         # Async saves run collectives from a background thread: they get their
         # own gloo group so they never interleave with the training's.
         self._async_group = dist.new_group(backend="gloo") if spec.async_save else None
+        self.remote = (
+            remote_tier.RemoteTier(spec.remote, spec.remote_keep_last, self.root, world.rank, world.world_size)
+            if spec.remote is not None
+            else None
+        )
+        self.last_local_step: int | None = None
 
     # -- saving ---------------------------------------------------------------
 
@@ -199,6 +248,25 @@ class Checkpointer:
                 self._commit(pending)
         # Nobody may look for this checkpoint (or save the next) before it exists.
         barrier(self.world)
+        self.last_local_step = pending.step
+        if self.remote is not None:
+            self._upload(pending)
+
+    def _upload(self, pending: _Pending) -> None:
+        """Queue this rank's files of the committed ``pending`` save for the remote tier.
+
+        On a directory the nodes share, rank 0 renamed the save into place; a
+        node with a directory of its own still has its part in the ``.tmp-``
+        directory, which is dropped once every rank has staged its files (that
+        part alone could never be resumed there).
+        """
+        assert self.remote is not None
+        final = self.root / step_dir_name(pending.step)
+        source = pending.tmp if pending.tmp.is_dir() else final
+        self.remote.enqueue(pending.step, source)
+        barrier(self.world)
+        if self.world.local_rank == 0 and pending.tmp.is_dir():
+            remove_partial(pending.tmp)
 
     @contextmanager
     def _disk_full_is_one_line(self, step: int, tmp: Path) -> Iterator[None]:
@@ -322,8 +390,11 @@ class Checkpointer:
         log.info("resumed from %s at step %d", path, step)
         return time.perf_counter() - t0
 
-    def close(self) -> None:
+    def close(self, remote_wait_seconds: float = 600.0) -> None:
+        """Commit a pending save; with a remote tier, wait up to ``remote_wait_seconds`` for its uploads."""
         self.finalize()
+        if self.remote is not None:
+            self.remote.close(remote_wait_seconds)
         if self._async_group is not None:
             dist.destroy_process_group(self._async_group)
             self._async_group = None

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -90,6 +91,9 @@ class MetricsProcessor:
         self.is_logger = world.rank == 0
         self.metrics: TrainerMetrics | None = None
         self.server: MetricsServer | None = None
+        # The remote tier reports from its own thread; counters move by what is new since the last report.
+        self._remote_lock = threading.Lock()
+        self._remote_seen: tuple[int, int] = (0, 0)
         self.gpu: GpuSampler | None = None
         self.tracking: Tracking | None = None
         self._runs_exported: dict[str, str] = {}
@@ -219,6 +223,20 @@ class MetricsProcessor:
             self.metrics.checkpoint_load.labels(**self.labels).set(seconds)
             self.metrics.checkpoint_last_step.labels(**self.labels).set(step)
             self.metrics.checkpoint_skipped.labels(**self.labels).inc(skipped)
+
+    def on_remote(self, committed_step: int | None, lag_steps: int, failures: int, uploaded_bytes: int) -> None:
+        """The remote tier's progress (called from its upload thread, and after each save)."""
+        if self.metrics is None:
+            return
+        m = self.metrics
+        with self._remote_lock:
+            if self.world.is_main:
+                if committed_step is not None:
+                    m.checkpoint_remote_step.labels(**self.labels).set(committed_step)
+                m.checkpoint_remote_lag.labels(**self.labels).set(lag_steps)
+            m.checkpoint_upload_failures.labels(**self.labels).inc(max(0, failures - self._remote_seen[0]))
+            m.checkpoint_uploaded_bytes.labels(**self.labels).inc(max(0, uploaded_bytes - self._remote_seen[1]))
+            self._remote_seen = (max(failures, self._remote_seen[0]), max(uploaded_bytes, self._remote_seen[1]))
 
     def linger(self) -> None:
         """Keep serving the final values for $FSDP_METRICS_LINGER_SECONDS after a completed run."""

@@ -1,0 +1,207 @@
+"""checkpoint.remote against a real S3 server (versitygw on loopback) and the real boto3 client.
+
+One server for the module; each test uses its own bucket or prefix.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from fsdp_api.contract import ENV_SHUTDOWN_TIMEOUT, ENV_TRAINER_FAULT
+from fsdp_localcluster.s3 import S3Server
+from fsdp_trainer.check import check
+from fsdp_trainer.checkpoint import complete_checkpoints
+from fsdp_trainer.checkpoint.remote import MANIFEST
+from fsdp_trainer.errors import ConfigError
+from fsdp_trainer.trace import read_trace
+
+from tests.trainer.harness import base_config, launch
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    server = S3Server(tmp_path_factory.mktemp("s3")).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def committed(server: S3Server, bucket: str, prefix: str) -> list[int]:
+    """Steps under s3://bucket/prefix whose manifest is written."""
+    return sorted(int(k.split("/")[-2].split("-")[1]) for k in server.keys(bucket, prefix) if k.endswith(MANIFEST))
+
+
+def remote_config(work: Path, inputs: dict[str, Path], remote: str, **training: Any) -> dict[str, Any]:
+    return base_config(
+        work,
+        inputs["ragged"],
+        inputs["tokenizer"],
+        # A flat learning rate after warm-up: a run cut at step 4 follows the same schedule as one of 8 steps.
+        training={"maxSteps": 8, "minLearningRateRatio": 1.0, **training},
+        checkpoint={"intervalSteps": 4, "keepLast": 1, "remote": remote, "remoteKeepLast": 2},
+    )
+
+
+def test_a_step_in_s3_resumes_exactly_when_the_local_directory_is_lost(
+    tmp_path: Path, inputs: dict[str, Path], s3: S3Server
+) -> None:
+    s3.create_bucket("resume")
+    env = s3.env()
+    straight = launch(
+        tmp_path / "straight", remote_config(tmp_path / "straight", inputs, "s3://resume/straight"), env=env
+    )
+    straight.check()
+    assert committed(s3, "resume", "straight/") == [4, 8]
+
+    work = tmp_path / "cut"
+    cfg = remote_config(work, inputs, "s3://resume/cut", maxSteps=4)
+    launch(work, cfg, env=env).check()
+    assert committed(s3, "resume", "cut/") == [4]
+    shutil.rmtree(work / "checkpoints")  # an emptyDir gone with its pod
+    cfg["training"]["maxSteps"] = 8
+    resumed = launch(work, cfg, env=env).check()
+    assert resumed.events("start")[-1]["step"] == 4
+    assert "downloaded step 4 from s3://resume/cut" in resumed.output
+    after = {s: loss for s, loss in resumed.losses().items() if s > 4}
+    assert after == {s: straight.losses()[s] for s in (5, 6, 7, 8)}, "bit-identical to the uninterrupted run"
+    assert committed(s3, "resume", "cut/") == [4, 8]
+
+    # On one rank: DCP reshards the two ranks' shards; the data moves to a fresh epoch, as a local resume does.
+    shutil.rmtree(tmp_path / "straight" / "checkpoints")
+    one_cfg = remote_config(tmp_path / "straight", inputs, "s3://resume/straight", maxSteps=10)
+    one = launch(tmp_path / "straight", one_cfg, nproc=None, env=env).check()
+    start = one.events("start")[-1]
+    assert (start["step"], start["world_size"]) == (8, 1)
+    assert one.losses()[9] < straight.losses()[1] - 0.1, "the trained weights came back from S3"
+    # remoteKeepLast 2: steps 4 and 8 of two ranks gave way to 8 and 10.
+    assert committed(s3, "resume", "straight/") == [8, 10]
+
+
+def test_an_upload_cut_short_is_never_resumed_and_is_removed(
+    tmp_path: Path, inputs: dict[str, Path], s3: S3Server
+) -> None:
+    s3.create_bucket("cutshort")
+    work = tmp_path / "run"
+    cfg = remote_config(work, inputs, "s3://cutshort/run")
+    # Rank 1 dies after sending its files of step 8, before its part list: step 8 never gets a manifest.
+    # torchrun then stops rank 0, which was waiting for that part; its wait ends within the shutdown timeout.
+    fault = {ENV_TRAINER_FAULT: "during_upload:8:1", ENV_SHUTDOWN_TIMEOUT: "6"}
+    t0 = time.monotonic()
+    crashed = launch(work, cfg, env={**s3.env(), **fault})
+    assert time.monotonic() - t0 < 25, "rank 0's wait for the uploads heeded SIGTERM"
+    assert crashed.returncode != 0
+    keys = s3.keys("cutshort", "run/step-00000008/")
+    assert keys and not any(k.endswith(MANIFEST) for k in keys), keys
+    assert committed(s3, "cutshort", "run/") == [4]
+
+    shutil.rmtree(work / "checkpoints")  # only the remote tier is left: its step 8 is not complete
+    resumed = launch(work, cfg, env=s3.env()).check()
+    assert resumed.events("start")[-1]["step"] == 4
+    assert "removed uncommitted remote checkpoint s3://cutshort/run/step-00000008" in resumed.output
+    assert committed(s3, "cutshort", "run/") == [4, 8]
+    manifest = json.loads(s3.client().get_object(Bucket="cutshort", Key=f"run/step-00000008/{MANIFEST}")["Body"].read())
+    assert manifest["world_size"] == 2
+    assert {o["key"] for o in manifest["objects"]} >= {".metadata", "__0_0.distcp", "__1_0.distcp", "COMPLETE"}
+
+
+def test_uploads_catch_up_when_the_server_comes_back(tmp_path: Path, inputs: dict[str, Path]) -> None:
+    """The server down for a while: the steps go on, the uploads are retried and nothing is lost."""
+    server = S3Server(tmp_path / "s3").start()
+    try:
+        server.create_bucket("outage")
+        work = tmp_path / "run"
+        cfg = remote_config(work, inputs, "s3://outage/run", maxSteps=30)
+        cfg["checkpoint"].update(intervalSteps=2, keepLast=2)
+        trace = work / "trace" / "trace-rank0.jsonl"
+        seen: dict[str, int] = {}
+
+        def outage() -> None:
+            def reached(step: int) -> bool:
+                return trace.exists() and any(r["event"] == "step" and r["step"] >= step for r in read_trace(trace))
+
+            deadline = time.monotonic() + 240
+            while not reached(4) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            server.stop()
+            while not reached(16) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            seen["steps while down"] = max(r["step"] for r in read_trace(trace) if r["event"] == "step")
+            server.start()
+
+        watcher = threading.Thread(target=outage)
+        watcher.start()
+        # A slow rank 0 (0.3 s a step) keeps the run going while the server is away.
+        run = launch(work, cfg, env={**server.env(), ENV_TRAINER_FAULT: "after_step:1:0:slow0.3"})
+        watcher.join()
+        run.check()
+        assert seen["steps while down"] >= 16
+        assert sorted(run.losses()) == list(range(1, 31)), "no step waited for S3"
+        assert "failed (retrying in" in run.output
+        assert [s for s, _ in complete_checkpoints(work / "checkpoints")] == [28, 30]
+        # The training waited at its end until its last step was committed remotely.
+        assert committed(server, "outage", "run/") == [28, 30]
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize(
+    ("case", "expected"),
+    [
+        ("wrong-secret", "checkpoint.remote: s3://probe/run: ListObjects"),
+        ("missing-bucket", "checkpoint.remote: s3://no-such-bucket/run: ListObjects"),
+        ("read-only", "checkpoint.remote: s3://probe/run/.fsdp-probe-"),
+    ],
+)
+def test_check_refuses_a_remote_it_cannot_use_in_one_line(
+    tmp_path: Path, inputs: dict[str, Path], s3: S3Server, monkeypatch: pytest.MonkeyPatch, case: str, expected: str
+) -> None:
+    if "probe" not in {b["Name"] for b in s3.client().list_buckets()["Buckets"]}:
+        s3.create_bucket("probe")
+        s3.create_user("reader", "reader-secret")
+        # The reader may list and read the bucket, not write to it.
+        read_only = {
+            "Version": "2012-10-17",
+            "Statement": [
+                {
+                    "Effect": "Allow",
+                    "Principal": {"AWS": ["reader"]},
+                    "Action": ["s3:ListBucket", "s3:GetObject"],
+                    "Resource": ["arn:aws:s3:::probe", "arn:aws:s3:::probe/*"],
+                }
+            ],
+        }
+        s3.client().put_bucket_policy(Bucket="probe", Policy=json.dumps(read_only))
+    env = {
+        "wrong-secret": s3.env(secret_key="not-the-secret"),
+        "missing-bucket": s3.env(),
+        "read-only": s3.env("reader", "reader-secret"),
+    }[case]
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    bucket = "no-such-bucket" if case == "missing-bucket" else "probe"
+    cfg = remote_config(tmp_path, inputs, f"s3://{bucket}/run")
+    (tmp_path / "train.yaml").write_text(yaml.safe_dump(cfg))
+    with pytest.raises(ConfigError) as refused:
+        check(str(tmp_path / "train.yaml"), "1", 2)
+    (line,) = refused.value.lines
+    assert line.startswith(expected), line
+    code = {"wrong-secret": "SignatureDoesNotMatch", "missing-bucket": "NoSuchBucket", "read-only": "AccessDenied"}
+    assert code[case] in line and "\n" not in line
+
+    # With the root account, the same check passes and leaves no probe object behind.
+    for name, value in s3.env().items():
+        monkeypatch.setenv(name, value)
+    if case == "read-only":
+        assert check(str(tmp_path / "train.yaml"), "1", 2).startswith("configuration ok")
+        assert not [k for k in s3.keys("probe") if ".fsdp-probe-" in k]

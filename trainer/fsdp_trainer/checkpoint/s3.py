@@ -1,0 +1,81 @@
+"""S3 locations and the client the remote checkpoint tier uses.
+
+boto3 (AWS's SDK for Python) rather than s3torchconnector: the remote tier
+copies files the local tier has already committed, which is plain object
+I/O, and boto3's default credential chain covers EKS Pod Identity (from
+boto3 1.34.41, the EKS user guide's "pod-id-minimum-sdk" page) and IRSA. It
+reads ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL`` for S3-compatible stores
+as every AWS SDK does. With such an endpoint, path-style addressing is used:
+the stores that need an endpoint rarely serve virtual-hosted bucket names.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from dataclasses import dataclass
+from typing import Any
+
+# Bucket names: 3-63 characters of lowercase letters, digits, dots and hyphens
+# (the S3 user guide's bucket naming rules); the prefix is optional.
+S3_URI = re.compile(r"^s3://([a-z0-9][a-z0-9.-]{1,61}[a-z0-9])(/.*)?$")
+ENDPOINT_VARIABLES = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
+
+
+@dataclass(frozen=True)
+class S3Location:
+    bucket: str
+    prefix: str  # no leading or trailing slash; "" for the bucket's root
+
+    @classmethod
+    def parse(cls, uri: str) -> S3Location:
+        m = S3_URI.match(uri)
+        if m is None:
+            raise ValueError(f"{uri!r} is not s3://bucket[/prefix]")
+        return cls(m.group(1), (m.group(2) or "").strip("/"))
+
+    def key(self, *parts: str) -> str:
+        return "/".join(p.strip("/") for p in (self.prefix, *parts) if p)
+
+    def __str__(self) -> str:
+        return f"s3://{self.bucket}/{self.prefix}" if self.prefix else f"s3://{self.bucket}"
+
+
+class S3Error(RuntimeError):
+    """An S3 call failed; the message names the location, the operation and the AWS error code."""
+
+
+def client() -> Any:
+    """An S3 client from the default credential chain and the standard endpoint variables."""
+    import boto3
+    from botocore.config import Config
+
+    # botocore logs every endpoint and credential lookup at INFO: not what a training log is for.
+    logging.getLogger("botocore").setLevel(logging.WARNING)
+    path_style = any(os.environ.get(v) for v in ENDPOINT_VARIABLES)
+    config = Config(
+        retries={"max_attempts": 3, "mode": "standard"},
+        connect_timeout=10,
+        read_timeout=60,
+        s3={"addressing_style": "path"} if path_style else {},
+    )
+    # A session of its own: boto3's default session keeps the credentials it first found.
+    return boto3.session.Session().client("s3", config=config)
+
+
+def describe(e: BaseException, where: str, operation: str) -> S3Error:
+    """``e`` from botocore as one line: ``s3://bucket/key: PutObject: AccessDenied (Access Denied)``."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    if isinstance(e, ClientError):
+        error = e.response.get("Error", {})
+        code = error.get("Code") or "error"
+        if code == "404":  # HEAD requests carry no body, so no error code of their own
+            code = "NotFound"
+        message = error.get("Message") or ""
+        detail = f"{code} ({message})" if message and message != code else code
+        return S3Error(f"{where}: {e.operation_name or operation}: {detail}")
+    if isinstance(e, BotoCoreError):
+        return S3Error(f"{where}: {operation}: {type(e).__name__} ({e})")
+    return S3Error(f"{where}: {operation}: {type(e).__name__} ({e})")
