@@ -46,9 +46,17 @@ class CheckpointStatus(ApiModel):
 
     dir: str | None = Field(None, description="Checkpoint directory in the pods.")
     ephemeral: bool = Field(
-        True, description="True when no PVC is set: checkpoints are lost with the pods and resume cannot work."
+        True,
+        description=(
+            "True when neither a PVC nor a remote tier is set: checkpoints are lost with the pods and resume "
+            "cannot work."
+        ),
     )
     last_step: int | None = Field(None, ge=0, description="Step of the newest complete checkpoint seen in metrics.")
+    remote: str | None = Field(None, description="spec.checkpoint.remote: the S3 location checkpoints are copied to.")
+    last_uploaded_step: int | None = Field(
+        None, ge=0, description="Step of the newest checkpoint committed to the remote tier, seen in metrics."
+    )
 
 
 class ExcludedNode(ApiModel):

@@ -8,6 +8,7 @@ import re
 from typing import Any
 
 import pytest
+import yaml
 from fsdp_api import FSDPTraining
 from fsdp_api.contract import ENV_TRAINING_IMAGE, ENV_TRAINING_UID
 from fsdp_api.spec import SECRET_ENV_PATTERN
@@ -333,6 +334,16 @@ def test_checkpoints_without_a_pvc_are_marked_ephemeral() -> None:
         annotations = obj["metadata"]["annotations"]
         assert annotations["training.fsdp.dev/checkpoints"] == "ephemeral"
         assert "lost when a pod is deleted" in annotations["training.fsdp.dev/checkpoints-warning"]
+
+
+def test_checkpoints_in_an_emptydir_with_a_remote_tier_carry_no_warning() -> None:
+    rendered = objects(checkpoint={"remote": "s3://ckpt/llama"})
+    job = rendered["PyTorchJob"]
+    assert volumes(job)[mounts(job)["/checkpoints"]] == {"name": "checkpoints", "emptyDir": {}}
+    assert job["metadata"]["annotations"] == {"training.fsdp.dev/checkpoints": "emptyDir+s3://ckpt/llama"}
+    # The trainer reads the tier from its config.
+    config = yaml.safe_load(next(iter(rendered["ConfigMap"]["data"].values())))
+    assert config["checkpoint"]["remote"] == "s3://ckpt/llama" and config["checkpoint"]["remoteKeepLast"] == 3
 
 
 def test_every_path_the_trainer_writes_is_a_mounted_volume() -> None:

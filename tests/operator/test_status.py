@@ -217,6 +217,22 @@ def test_checkpoints_without_pvc_are_ephemeral() -> None:
     assert "lost with the pods" in c.message
 
 
+def test_checkpoints_with_a_remote_tier_are_persistent_even_in_an_emptydir() -> None:
+    s = compute_status(facts(checkpoint={"remote": "s3://ckpt/llama"}), job(), None, now=NOW)
+    assert (s.checkpoint.ephemeral, s.checkpoint.remote) == (False, "s3://ckpt/llama")
+    c = conditions_of(s)["CheckpointsPersistent"]
+    assert (c.status, c.reason) == ("True", "RemoteTier")
+    assert c.message == "checkpoints in /checkpoints in an emptyDir, each copied to s3://ckpt/llama"
+
+
+def test_the_remote_tier_step_comes_from_rank_zero() -> None:
+    p = parse_trainer_metrics(
+        'fsdp_checkpoint_last_step{node_rank="0",local_rank="0"} 40\n'
+        'fsdp_checkpoint_remote_last_step{node_rank="0",local_rank="0"} 30\n'
+    )
+    assert p.status_fields() == {"checkpoint": {"lastStep": 40, "lastUploadedStep": 30}}
+
+
 def test_checkpoints_on_a_pvc_are_persistent() -> None:
     s = compute_status(facts(checkpoint={"claimName": "ckpt", "dir": "/data/ckpt"}), job(), None, now=NOW)
     assert (s.checkpoint.ephemeral, s.checkpoint.dir) == (False, "/data/ckpt")

@@ -49,7 +49,7 @@ from .data.loader import TrainData, row_counts, validation_batches
 from .data.packing import Batch
 from .data.prefetch import PrefetchedData
 from .data.tokenizer import check_vocabulary, load_tokenizer
-from .errors import ConfigError
+from .errors import CheckpointSaveError, ConfigError
 from .faults import maybe_fault
 from .loss import ChunkedHead, FullLogits, OutputLoss, output_loss
 from .loss.preference import STATS, PreferenceLoss, PreferenceStats, count_pairs, lora_reference, model_reference
@@ -692,18 +692,21 @@ class Trainer:
         if self.world.is_main:
             torch.save({"input_ids": inputs.cpu(), "logits": logits}, self.trace.directory / "probe.pt")
 
-    def close(self, *, clean: bool = True, remote_wait_seconds: float = FINISH_UPLOAD_SECONDS) -> None:
+    def close(self, *, clean: bool = True, remote_wait_seconds: float = FINISH_UPLOAD_SECONDS) -> bool:
         """Release everything; ``clean=False`` after an error skips the collectives of
         a pending save (another rank may be gone), leaving it unmarked and thus unused.
 
-        With a remote tier, the uploads get up to ``remote_wait_seconds`` to finish."""
+        With a remote tier, the uploads get up to ``remote_wait_seconds`` to finish; returns
+        whether the newest checkpoint reached it (True without one)."""
         self.watchdog.close()
+        uploaded = True
         if clean:
-            self.checkpointer.close(remote_wait_seconds)
+            uploaded = self.checkpointer.close(remote_wait_seconds)
             self._report_remote()
         self.data.close()
         self.metrics.close()
         self.trace.close()
+        return uploaded
 
 
 def run(cfg: TrainerConfig, trace_dir: Path | None = None) -> None:
@@ -723,6 +726,13 @@ def run(cfg: TrainerConfig, trace_dir: Path | None = None) -> None:
             trainer.close(clean=False)
             raise
         trainer.metrics.linger()
-        trainer.close()
+        if not trainer.close():
+            # Succeeded must mean the last step is in the remote tier: the pod's local directory
+            # may be an emptyDir. A restart resumes from the local copy and uploads it again.
+            raise CheckpointSaveError(
+                f"checkpoint.remote: the final checkpoint (step {trainer.step}) was not committed to "
+                f"{cfg.checkpoint.remote} within {FINISH_UPLOAD_SECONDS:.0f} s (the rank logs say why); "
+                "the local tier has it, and a restart uploads it"
+            )
     finally:
         destroy_distributed()

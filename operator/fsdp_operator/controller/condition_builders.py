@@ -61,6 +61,19 @@ def _reconciled(inp: Inputs) -> list[Condition]:
 
 def _checkpoints_persistent(inp: Inputs) -> list[Condition]:
     training = inp.training
+    if training.checkpoint_remote:
+        where = f"on PVC {training.checkpoint_claim}" if training.checkpoint_claim else "in an emptyDir"
+        return [
+            condition(
+                CHECKPOINTS_PERSISTENT,
+                "True",
+                "RemoteTier",
+                f"checkpoints in {training.checkpoint_dir} {where}, each copied to {training.checkpoint_remote}",
+                training.generation,
+                inp.prev_conds,
+                inp.now,
+            )
+        ]
     if training.checkpoint_claim:
         return [
             condition(

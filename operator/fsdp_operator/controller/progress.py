@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 import aiohttp
 from fsdp_api.contract import (
     CHECKPOINT_LAST_STEP,
+    CHECKPOINT_REMOTE_LAST_STEP,
     GLOBAL_TOKENS_PER_SECOND,
     JOB_COMPLETION_INDEX_LABEL,
     LABEL_LOCAL_RANK,
@@ -40,9 +41,10 @@ from .kube import NETWORK_ERRORS
 
 STEP_SERIES, LOSS_SERIES = STEP.name, LOSS.name
 TOKENS_SERIES, CHECKPOINT_SERIES = GLOBAL_TOKENS_PER_SECOND.name, CHECKPOINT_LAST_STEP.name
+REMOTE_SERIES = CHECKPOINT_REMOTE_LAST_STEP.name
 # The step-duration histogram's sum and count give the trainer's mean step time (the stall check's fallback).
 DURATION_SUM, DURATION_COUNT = f"{STEP_DURATION.name}_sum", f"{STEP_DURATION.name}_count"
-_WANTED = (STEP_SERIES, LOSS_SERIES, TOKENS_SERIES, CHECKPOINT_SERIES, DURATION_SUM, DURATION_COUNT)
+_WANTED = (STEP_SERIES, LOSS_SERIES, TOKENS_SERIES, CHECKPOINT_SERIES, REMOTE_SERIES, DURATION_SUM, DURATION_COUNT)
 
 T = TypeVar("T")
 
@@ -57,6 +59,7 @@ class TrainerProgress:
     loss: float | None = None
     tokens_per_second: float | None = None
     checkpoint_last_step: int | None = None
+    checkpoint_uploaded_step: int | None = None
     seconds_per_step: float | None = None  # the trainer's mean step time (not a status field)
     tracker_runs: tuple[tuple[str, str], ...] = ()  # (tracker, the run's address)
 
@@ -69,8 +72,13 @@ class TrainerProgress:
             out["loss"] = round(self.loss, 6)
         if self.tokens_per_second is not None:
             out["tokensPerSecond"] = round(self.tokens_per_second, 1)
+        checkpoint = {}
         if self.checkpoint_last_step is not None:
-            out["checkpoint"] = {"lastStep": self.checkpoint_last_step}
+            checkpoint["lastStep"] = self.checkpoint_last_step
+        if self.checkpoint_uploaded_step is not None:
+            checkpoint["lastUploadedStep"] = self.checkpoint_uploaded_step
+        if checkpoint:
+            out["checkpoint"] = checkpoint
         if self.tracker_runs:
             out["trackerRuns"] = dict(self.tracker_runs)
         return out
@@ -132,6 +140,7 @@ def parse_trainer_metrics(text: str) -> TrainerProgress:
         return best[name][1] if name in best else None
 
     step, ckpt, tokens = value(STEP_SERIES), value(CHECKPOINT_SERIES), value(TOKENS_SERIES)
+    uploaded = value(REMOTE_SERIES)
     total, count = value(DURATION_SUM), value(DURATION_COUNT)
     return TrainerProgress(
         seconds_per_step=total / count if total is not None and count and total >= 0 else None,
@@ -139,6 +148,7 @@ def parse_trainer_metrics(text: str) -> TrainerProgress:
         loss=value(LOSS_SERIES),
         tokens_per_second=tokens if (tokens or 0) >= 0 else None,
         checkpoint_last_step=int(ckpt) if ckpt is not None and ckpt >= 0 else None,
+        checkpoint_uploaded_step=int(uploaded) if uploaded is not None and uploaded >= 0 else None,
         tracker_runs=tuple(sorted(runs.items())),
     )
 

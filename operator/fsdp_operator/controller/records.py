@@ -123,7 +123,9 @@ async def record_progress(
             fields = {k: v for k, v in fields.items() if k in ("loss", "tokensPerSecond", "trackerRuns")}
         relevant = {k: previous[k] for k in fields if k in previous}
         if "checkpoint" in fields and "checkpoint" in previous:
-            relevant["checkpoint"] = {"lastStep": (previous["checkpoint"] or {}).get("lastStep")}
+            relevant["checkpoint"] = {
+                key: (previous["checkpoint"] or {}).get(key) for key in ("lastStep", "lastUploadedStep")
+            }
         patch = merge_patch(relevant, dict(fields))
         # merge_patch deletes keys absent from `fields`; progress only ever adds or updates.
         patch = {k: v for k, v in patch.items() if v is not None}

@@ -223,8 +223,10 @@ def compute_status(
         node_incidents=node_incidents if node_incidents is not None else prev.get("nodeIncidents"),
         checkpoint=CheckpointStatus(
             dir=training.checkpoint_dir,
-            ephemeral=training.checkpoint_claim is None,
+            ephemeral=training.checkpoint_claim is None and training.checkpoint_remote is None,
             last_step=last_checkpoint,
+            remote=training.checkpoint_remote,
+            last_uploaded_step=prev_ckpt.get("lastUploadedStep"),
         ),
         memory=fits_memory(memory, prev, inp.prev_conds, training.generation, inp.now)[1],
         topology=_topology(queue),

@@ -32,6 +32,7 @@ class TrainingFacts:
     gpus: int
     checkpoint_dir: str
     checkpoint_claim: str | None
+    checkpoint_remote: str | None = None
     max_steps: int | None = None
     queue: str | None = None  # spec.scheduling.queue: Kueue owns the job's suspension
 
@@ -59,6 +60,7 @@ class TrainingFacts:
             gpus=nodes * gpus_per_node,
             checkpoint_dir=str(checkpoint.get("dir", CheckpointSpec.model_fields["dir"].default)),
             checkpoint_claim=checkpoint.get("claimName"),
+            checkpoint_remote=checkpoint.get("remote"),
             max_steps=max_steps if isinstance(max_steps, int) and max_steps > 0 else None,
             queue=(spec.get("scheduling") or {}).get("queue"),
         )

@@ -30,7 +30,9 @@ EPHEMERAL_WARNING = (
 
 
 def checkpoint_annotations(training: FSDPTraining) -> dict[str, str]:
-    claim = training.spec.checkpoint.claim_name
+    claim, remote = training.spec.checkpoint.claim_name, training.spec.checkpoint.remote
+    if remote:
+        return {names.CHECKPOINTS_ANNOTATION: f"{f'pvc/{claim}' if claim else 'emptyDir'}+{remote}"}
     if claim:
         return {names.CHECKPOINTS_ANNOTATION: f"pvc/{claim}"}
     return {

@@ -41,11 +41,19 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from ..errors import CheckpointSaveError, ConfigError, UnloadableCheckpointError, UnsafeCheckpointError, first_line
 from ..faults import maybe_fault
-from ..parallel.distributed import WorldInfo, all_ranks, barrier, broadcast_object, max_over_ranks
+from ..parallel.distributed import (
+    WorldInfo,
+    all_ranks,
+    barrier,
+    broadcast_object,
+    max_over_ranks,
+    true_on_every_rank,
+)
 from . import remote as remote_tier
 from . import unpickle
 from .compatibility import Skipped
 from .layout import (
+    MARKER,
     TMP_DIR,
     TMP_INFIX,
     commit,
@@ -131,6 +139,11 @@ def resume_candidates(spec: CheckpointSpec, world: WorldInfo, job: JobInfo) -> l
     found, conflicts = broadcast_object((found, conflicts))  # type: ignore[misc]
     if conflicts:
         raise ConfigError(conflicts)
+    if spec.remote is not None:
+        # Nodes with directories of their own (emptyDirs) hold only their own shards of a
+        # save; only a step every node has in full (one it downloaded) can be resumed.
+        everywhere = true_on_every_rank([(path / MARKER).is_file() for _, path in found], world)
+        found = [candidate for candidate, ok in zip(found, everywhere, strict=True) if ok]
     return found
 
 
@@ -359,6 +372,7 @@ class Checkpointer:
                     for s in skipped:
                         moved = set_aside(s.path)
                         log.warning("checkpoint %s could not be loaded (%s); moved to %s", s.path, s.reason, moved)
+                self._upload_resumed(step, path)
                 return step, seconds, skipped
             reason = first_line(error) if error is not None else "another rank could not load its part"
             log.warning("checkpoint %s could not be loaded on rank %d: %s", path, self.world.rank, reason)
@@ -368,6 +382,22 @@ class Checkpointer:
             + "; ".join(f"{s.path.name}: {s.reason}" for s in skipped)
             + ". Nothing was renamed or deleted; move them aside (or set checkpoint.resume: never) to start fresh"
         )
+
+    def _upload_resumed(self, step: int, path: Path) -> None:
+        """The resumed step goes to the remote tier too when it is not committed there (an upload cut short)."""
+        self.last_local_step = step
+        if self.remote is None:
+            return
+        committed: int | None = None
+        if self.world.is_main:
+            try:
+                committed = remote_tier.committed_step(self.spec.remote)  # type: ignore[arg-type]
+            except S3Error as e:
+                log.warning("checkpoint.remote: %s", e)
+        committed = broadcast_object(committed)  # type: ignore[assignment]
+        if committed is None or committed < step:
+            log.info("step %d is not committed to %s yet: uploading it", step, self.remote.loc)
+            self.remote.enqueue(step, path)
 
     def load(self, path: Path) -> float:
         """Restore model, optimizer, data position and RNG from ``path``; returns the seconds taken."""
@@ -390,11 +420,14 @@ class Checkpointer:
         log.info("resumed from %s at step %d", path, step)
         return time.perf_counter() - t0
 
-    def close(self, remote_wait_seconds: float = 600.0) -> None:
-        """Commit a pending save; with a remote tier, wait up to ``remote_wait_seconds`` for its uploads."""
+    def close(self, remote_wait_seconds: float = 600.0) -> bool:
+        """Commit a pending save; with a remote tier, wait up to ``remote_wait_seconds`` for its uploads.
+
+        Returns whether the newest save reached the remote tier (True without one).
+        """
         self.finalize()
-        if self.remote is not None:
-            self.remote.close(remote_wait_seconds)
+        uploaded = self.remote.close(remote_wait_seconds) if self.remote is not None else True
         if self._async_group is not None:
             dist.destroy_process_group(self._async_group)
             self._async_group = None
+        return uploaded

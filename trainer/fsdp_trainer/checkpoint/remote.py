@@ -61,13 +61,18 @@ def owner(relpath: str) -> int:
     return int(m.group(1)) if m else 0
 
 
-def own_files(ckpt: Path, rank: int) -> list[str]:
-    """Relative paths (POSIX) of the files under ``ckpt`` that ``rank`` wrote."""
+def own_files(ckpt: Path, rank: int, world_size: int) -> list[str]:
+    """Relative paths (POSIX) of the files under ``ckpt`` that ``rank`` uploads: the ones it wrote.
+
+    A checkpoint resumed on a smaller world has files of ranks that are gone:
+    rank 0 takes those.
+    """
     found = []
     for path in ckpt.rglob("*"):
         if path.is_file():
             rel = path.relative_to(ckpt).as_posix()
-            if owner(rel) == rank:
+            writer = owner(rel)
+            if (writer if writer < world_size else 0) == rank:
                 found.append(rel)
     return sorted(found)
 
@@ -109,6 +114,16 @@ def read_manifest(s3: Any, loc: S3Location, step: int) -> dict[str, Any] | None:
             return None
         raise
     return json.loads(body)
+
+
+def committed_step(remote: str) -> int | None:
+    """The newest step committed to ``remote``, or None."""
+    loc = S3Location.parse(remote)
+    try:
+        found = newest_committed(client(), loc)
+    except Exception as e:
+        raise describe(e, str(loc), "ListObjectsV2") from None
+    return found[0] if found is not None else None
 
 
 def newest_committed(s3: Any, loc: S3Location) -> tuple[int, dict[str, Any]] | None:
@@ -306,6 +321,7 @@ class RemoteTier:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._cut_at = float("inf")
+        self._last_enqueued: int | None = None
         self._s3: Any = None
         self._thread = threading.Thread(target=self._run, name="checkpoint-upload", daemon=True)
         self._thread.start()
@@ -316,13 +332,14 @@ class RemoteTier:
         """Stage this rank's files of the committed ``step`` (in ``ckpt``) and queue their upload."""
         staging = self.root / f"{STAGING_PREFIX}{step_dir_name(step)}-rank-{self.rank:05d}"
         shutil.rmtree(staging, ignore_errors=True)
-        for rel in own_files(ckpt, self.rank):
+        for rel in own_files(ckpt, self.rank, self.world_size):
             target = staging / rel
             target.parent.mkdir(parents=True, exist_ok=True)
             os.link(ckpt / rel, target)
         staging.mkdir(parents=True, exist_ok=True)  # a rank that wrote nothing still reports its (empty) part
         with self._lock:
             self.stats.queued.append(step)
+        self._last_enqueued = step
         self._queue.put(_Job(step, staging))
 
     def cut_wait(self, seconds: float) -> None:
@@ -349,11 +366,13 @@ class RemoteTier:
         while self._thread.is_alive() and time.monotonic() < min(deadline, self._cut_at):
             self._thread.join(0.2)
         done = not self._thread.is_alive()
+        if done and self.rank == 0 and self._last_enqueued is not None:
+            done = self.stats.committed_step == self._last_enqueued
         if not done:
             self._stop.set()
             log.warning(
-                "the upload of step(s) %s to %s did not finish within %.0f s; the local tier has them",
-                ", ".join(map(str, self.stats.queued)),
+                "step %s was not committed to %s within %.0f s; the local tier has it",
+                self._last_enqueued,
                 self.loc,
                 timeout,
             )

@@ -142,6 +142,15 @@ def all_ranks(ok: bool, world: WorldInfo) -> bool:
     return max_over_ranks(0 if ok else 1, world) == 0
 
 
+def true_on_every_rank(flags: list[bool], world: WorldInfo) -> list[bool]:
+    """Element-wise: True where every rank's ``flags`` (all of one length) say True (one all-reduce)."""
+    if not flags:
+        return []
+    box = torch.tensor([0 if f else 1 for f in flags], dtype=torch.int64, device=world.device)
+    dist.all_reduce(box, op=dist.ReduceOp.MAX)
+    return [v == 0 for v in box.tolist()]
+
+
 def broadcast_object(obj: object, src: int = 0) -> object:
     """Rank ``src``'s value of ``obj`` on every rank."""
     box = [obj]
