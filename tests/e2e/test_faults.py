@@ -20,6 +20,7 @@ from fsdp_localcluster.whole_cluster import WholeCluster
 from tests.e2e.timings import record
 from tests.e2e.training import (
     RESUMED,
+    STOPPED,
     TERMINAL,
     assert_resumed_exactly,
     checkpoint_steps,
@@ -201,6 +202,68 @@ def test_suspend_removes_the_pods_and_resume_continues_from_the_checkpoint(opera
     resumed = [int(m) for m in RESUMED.findall(trainer_logs(whole, name, ns))]
     assert resumed == [saved], resumed
     assert_resumed_exactly(step_losses(whole, name, ns), max_steps, interval, saved)
+
+
+def test_an_emptydir_training_with_a_remote_tier_resumes_from_s3_when_its_pods_are_gone(
+    operator: WholeCluster, ns: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """checkpoint.remote and no claim: suspend deletes the pods and their emptyDirs; the new pods resume from S3."""
+    from fsdp_localcluster.s3 import S3Server
+
+    whole, name, max_steps, interval = operator, "remote", 30, 10
+    server = S3Server(tmp_path_factory.mktemp("s3")).start()
+    try:
+        server.create_bucket("ckpt")
+        keys = server.env()
+        access, secret = keys["AWS_ACCESS_KEY_ID"], keys["AWS_SECRET_ACCESS_KEY"]
+        literals = [f"--from-literal=access={access}", f"--from-literal=secret={secret}"]
+        whole.kubectl("create", "secret", "generic", "s3", f"--namespace={ns}", *literals)
+        body = fsdptraining(name, ns, max_steps=max_steps, interval=interval, claim=None)
+        body["spec"]["checkpoint"]["remote"] = f"s3://ckpt/{ns}/{name}"
+        body["spec"]["env"] = [
+            {"name": "AWS_ENDPOINT_URL_S3", "value": server.endpoint},
+            {"name": "AWS_DEFAULT_REGION", "value": keys["AWS_DEFAULT_REGION"]},
+            {"name": "AWS_ACCESS_KEY_ID", "valueFrom": {"secretKeyRef": {"name": "s3", "key": "access"}}},
+            {"name": "AWS_SECRET_ACCESS_KEY", "valueFrom": {"secretKeyRef": {"name": "s3", "key": "secret"}}},
+        ]
+        whole.cluster.apply(body)
+
+        def committed() -> list[int]:
+            return sorted(
+                int(k.split("/")[-2].removeprefix("step-"))
+                for k in server.keys("ckpt", f"{ns}/")
+                if k.endswith("/MANIFEST.json")
+            )
+
+        wait_for(lambda: 10 in committed() and last_step(whole, name, ns) >= 12, 300, "step 10 in S3 and step 12")
+        cond = conditions(status(whole, name, ns))["CheckpointsPersistent"]
+        assert (cond["status"], cond["reason"]) == ("True", "RemoteTier"), cond
+        whole.kubectl(
+            "patch", "fsdptraining", name, f"--namespace={ns}", "--type=merge", "-p", '{"spec":{"suspend":true}}'
+        )
+        wait_for(lambda: not pods_of(whole, name, ns), 120, "the pods and their emptyDirs to go away")
+        logs = trainer_logs(whole, name, ns)
+        (stopped,) = {int(m) for m in STOPPED.findall(logs)}
+        # Saved in the emptyDir on SIGTERM, and uploaded within the grace period before the pod went.
+        assert stopped in committed(), (stopped, committed(), logs[-3000:])
+
+        t = time.monotonic()
+        whole.kubectl(
+            "patch", "fsdptraining", name, f"--namespace={ns}", "--type=merge", "-p", '{"spec":{"suspend":false}}'
+        )
+        phase = wait_phase(whole, name, ns, TERMINAL, 300)
+        assert phase == "Succeeded", f"{dump(status(whole, name, ns))}\n{trainer_logs(whole, name, ns)[-8000:]}"
+        record("remote_resume_to_succeeded_s", time.monotonic() - t)
+        logs = trainer_logs(whole, name, ns)
+        assert f"downloaded step {stopped} from s3://ckpt/{ns}/{name}" in logs, logs[-3000:]
+        assert [int(m) for m in RESUMED.findall(logs)] == [stopped]
+        assert_resumed_exactly(step_losses(whole, name, ns), max_steps, interval, stopped)
+        # Succeeded: the last step is in S3 although both emptyDirs are gone with their pods.
+        assert max(committed()) == max_steps
+        final = status(whole, name, ns)
+        assert final["checkpoint"]["remote"] == f"s3://ckpt/{ns}/{name}" and final["checkpoint"]["ephemeral"] is False
+    finally:
+        server.stop()
 
 
 def test_deleting_the_training_collects_job_and_pods_but_keeps_checkpoints(operator: WholeCluster, ns: str) -> None:

@@ -209,7 +209,9 @@ def _save_adapter(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fsdp-train export", description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkpoint", type=Path, required=True, help="a checkpoint, or checkpoint.dir for the newest")
-    parser.add_argument("--output", type=Path, required=True, help="Hugging Face model directory to write")
+    parser.add_argument(
+        "--output", required=True, help="Hugging Face model directory to write, or s3://bucket/prefix (a new prefix)"
+    )
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="dtype of the saved weights")
     parser.add_argument(
         "--format",
@@ -218,5 +220,28 @@ def main(argv: list[str] | None = None) -> int:
         help="merged: a full model (LoRA adapters folded in); peft: a LoRA checkpoint's adapters as a PEFT adapter",
     )
     args = parser.parse_args(argv)
-    print(export_checkpoint(args.checkpoint, args.output, args.dtype, args.format))
+    if args.output.startswith("s3://"):
+        print(export_to_s3(args.checkpoint, args.output, args.dtype, args.format))
+    else:
+        print(export_checkpoint(args.checkpoint, Path(args.output), args.dtype, args.format))
     return 0
+
+
+def export_to_s3(checkpoint: Path, output: str, dtype: str = "float32", fmt: str = "merged") -> str:
+    """Export into a temporary directory, then upload it under the new prefix ``output``."""
+    import tempfile
+
+    from .s3 import S3Error, S3Location, upload_tree
+
+    try:
+        loc = S3Location.parse(output)
+    except ValueError as e:
+        raise ConfigError([f"--output: {e}"]) from None
+    with tempfile.TemporaryDirectory(prefix="fsdp-export-") as tmp:
+        local = export_checkpoint(checkpoint, Path(tmp) / "model", dtype, fmt)
+        try:
+            sent = upload_tree(local, loc)
+        except S3Error as e:
+            raise ConfigError([f"--output: {e}"]) from None
+    log.info("uploaded the export to %s (%.1f MB)", loc, sent / 1e6)
+    return str(loc)

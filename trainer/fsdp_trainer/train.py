@@ -77,6 +77,7 @@ from .parallel.distributed import WorldInfo, destroy_distributed, init_distribut
 from .parallel.float8 import float8_plan
 from .parallel.parallelize import compute_context, parallelize, reshard, set_gradient_sync
 from .parallel.plan import ParallelPlan, build_mesh
+from .s3_inputs import localize
 from .trace import Trace
 from .watchdog import StepWatchdog
 
@@ -86,8 +87,6 @@ log = logging.getLogger(__name__)
 # seconds it gives its workers after passing SIGTERM on, before SIGKILL.
 DEFAULT_SHUTDOWN_TIMEOUT = 30.0
 EXIT_MARGIN_SECONDS = 5.0
-# How long a finished training waits for its last uploads to checkpoint.remote.
-FINISH_UPLOAD_SECONDS = 600.0
 
 
 class Stopped(Exception):
@@ -123,6 +122,7 @@ def prepare(cfg: TrainerConfig, world: WorldInfo | None = None) -> Prepared:
     """
     world = world or world_from_env()
     plan = ParallelPlan(cfg.fsdp, world.world_size, world.local_world_size)
+    cfg = localize(cfg)  # model.pretrained and data.path on S3: checked and read as their local copies
     check_config(cfg, plan, world.device.type)
     found = model_dir(cfg)
     path = found[0] if found else None
@@ -692,7 +692,7 @@ class Trainer:
         if self.world.is_main:
             torch.save({"input_ids": inputs.cpu(), "logits": logits}, self.trace.directory / "probe.pt")
 
-    def close(self, *, clean: bool = True, remote_wait_seconds: float = FINISH_UPLOAD_SECONDS) -> bool:
+    def close(self, *, clean: bool = True, remote_wait_seconds: float | None = None) -> bool:
         """Release everything; ``clean=False`` after an error skips the collectives of
         a pending save (another rank may be gone), leaving it unmarked and thus unused.
 
@@ -701,7 +701,8 @@ class Trainer:
         self.watchdog.close()
         uploaded = True
         if clean:
-            uploaded = self.checkpointer.close(remote_wait_seconds)
+            wait = self.cfg.checkpoint.remote_wait_seconds if remote_wait_seconds is None else remote_wait_seconds
+            uploaded = self.checkpointer.close(wait)
             self._report_remote()
         self.data.close()
         self.metrics.close()
@@ -731,8 +732,8 @@ def run(cfg: TrainerConfig, trace_dir: Path | None = None) -> None:
             # may be an emptyDir. A restart resumes from the local copy and uploads it again.
             raise CheckpointSaveError(
                 f"checkpoint.remote: the final checkpoint (step {trainer.step}) was not committed to "
-                f"{cfg.checkpoint.remote} within {FINISH_UPLOAD_SECONDS:.0f} s (the rank logs say why); "
-                "the local tier has it, and a restart uploads it"
+                f"{cfg.checkpoint.remote} within checkpoint.remoteWaitSeconds ({cfg.checkpoint.remote_wait_seconds} s; "
+                "the rank logs say why); the local tier has it, and a restart uploads it"
             )
     finally:
         destroy_distributed()

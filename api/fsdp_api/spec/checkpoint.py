@@ -49,6 +49,15 @@ class CheckpointSpec(ApiModel):
     remote_keep_last: int = Field(
         3, ge=1, le=1000, description="Committed checkpoints to keep in remote; older ones are deleted there."
     )
+    remote_wait_seconds: int = Field(
+        600,
+        ge=0,
+        le=86400,
+        description=(
+            "How long a finished training waits for its last checkpoint to be committed to remote; past it, the "
+            "trainer exits with an error (the restart uploads the local copy), so Succeeded means it is there."
+        ),
+    )
 
     rules: ClassVar[tuple[Rule, ...]] = (
         Rule(

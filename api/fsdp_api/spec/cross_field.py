@@ -206,6 +206,7 @@ COMMAND_RULES: tuple[Rule, ...] = (
             "async_save",
             "remote",
             "remote_keep_last",
+            "remote_wait_seconds",
         ),
     ),
     _left_alone("stall", StallSpec, ("trainer_step_timeout_seconds",)),

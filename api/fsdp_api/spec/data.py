@@ -22,8 +22,9 @@ class DataSpec(ApiModel):
         None,
         min_length=1,
         description=(
-            "Local or PVC path to json/jsonl/parquet/txt files (a file, a directory or a glob) "
-            "instead of the hub. With neither dataset nor path, the corpus embedded in the trainer is used."
+            "Local or PVC path to json/jsonl/parquet/txt files (a file, a directory or a glob), or "
+            "s3://bucket/key (an object, or every object under a prefix), instead of the hub. With neither "
+            "dataset nor path, the corpus embedded in the trainer is used."
         ),
     )
     text_field: str = Field("text", min_length=1, description="Name of the column holding the text.")

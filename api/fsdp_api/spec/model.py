@@ -75,9 +75,9 @@ class ModelSpec(ApiModel):
         None,
         min_length=1,
         description=(
-            "Hugging Face model id or local/PVC path of a causal LM: its config.json gives the "
-            "architecture, its safetensors the weights (streamed into the shards), its tokenizer "
-            "the tokenizer unless data.tokenizer is set."
+            "Hugging Face model id, local/PVC path or s3://bucket/prefix of a causal LM: its config.json "
+            "gives the architecture, its safetensors the weights (streamed into the shards), its tokenizer "
+            "the tokenizer unless data.tokenizer is set. From S3 the files are copied into HF_HOME first."
         ),
     )
 

@@ -155,6 +155,47 @@ def test_uploads_catch_up_when_the_server_comes_back(tmp_path: Path, inputs: dic
         server.stop()
 
 
+def test_a_run_whose_last_step_is_not_in_s3_fails_and_its_restart_uploads_it(
+    tmp_path: Path, inputs: dict[str, Path]
+) -> None:
+    server = S3Server(tmp_path / "s3").start()
+    try:
+        server.create_bucket("final")
+        work = tmp_path / "run"
+        cfg = remote_config(work, inputs, "s3://final/run", maxSteps=4)
+        cfg["checkpoint"].update(intervalSteps=2, remoteWaitSeconds=3)
+        trace = work / "trace" / "trace-rank0.jsonl"
+
+        def stop_when_training() -> None:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                if trace.exists() and any(r["event"] == "step" for r in read_trace(trace)):
+                    server.stop()
+                    return
+                time.sleep(0.02)
+
+        watcher = threading.Thread(target=stop_when_training)
+        watcher.start()
+        # A slow rank 0 (0.5 s a step): the server is gone before the first save.
+        failed = launch(work, cfg, env={**server.env(), ENV_TRAINER_FAULT: "after_step:1:0:slow0.5"})
+        watcher.join()
+        assert failed.returncode != 0
+        assert (
+            "fsdp-train: checkpoint.remote: the final checkpoint (step 4) was not committed to s3://final/run within "
+            "checkpoint.remoteWaitSeconds (3 s; the rank logs say why); the local tier has it, and a restart uploads it"
+        ) in failed.output
+        assert [s for s, _ in complete_checkpoints(work / "checkpoints")][-1] == 4
+
+        server.start()
+        assert committed(server, "final", "run/") == []
+        restarted = launch(work, cfg, env=server.env()).check()
+        assert "step 4 is not committed to s3://final/run yet: uploading it" in restarted.output
+        assert restarted.events("start")[-1]["step"] == 4 and not restarted.losses().keys() - {1, 2, 3, 4}
+        assert committed(server, "final", "run/") == [4]
+    finally:
+        server.stop()
+
+
 @pytest.mark.parametrize(
     ("case", "expected"),
     [
@@ -205,3 +246,75 @@ def test_check_refuses_a_remote_it_cannot_use_in_one_line(
     if case == "read-only":
         assert check(str(tmp_path / "train.yaml"), "1", 2).startswith("configuration ok")
         assert not [k for k in s3.keys("probe") if ".fsdp-probe-" in k]
+
+
+def upload(server: S3Server, local: Path, bucket: str, prefix: str) -> None:
+    client = server.client()
+    for path in sorted(p for p in local.rglob("*") if p.is_file()):
+        client.upload_file(str(path), bucket, f"{prefix}/{path.relative_to(local).as_posix()}")
+
+
+def test_a_model_and_data_in_s3_train_and_the_export_goes_to_s3(
+    tmp_path: Path, inputs: dict[str, Path], s3: S3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """model.pretrained and data.path on S3 train as their local copies do; export --output s3:// reloads."""
+    from fsdp_trainer.export import main as export_main
+    from transformers import AutoModelForCausalLM
+
+    from tests.trainer.model.architectures import build_checkpoint
+
+    s3.create_bucket("inputs")
+    model_dir = build_checkpoint("qwen2", tmp_path / "qwen2", inputs["tokenizer"])
+    upload(s3, model_dir, "inputs", "models/qwen2")
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    shutil.copy(inputs["ragged"], data_dir / "part-0.jsonl")
+    upload(s3, data_dir, "inputs", "data/ragged")
+
+    def config(work: Path, model: str, data: str) -> dict[str, Any]:
+        cfg = base_config(work, Path(data), inputs["tokenizer"], training={"maxSteps": 3})
+        cfg["model"] = {"pretrained": model}
+        cfg["data"] = {"path": data}  # the tokenizer comes with the model
+        return cfg
+
+    env = {**s3.env(), "HF_HOME": str(tmp_path / "hf-home")}
+    local = launch(tmp_path / "local", config(tmp_path / "local", str(model_dir), str(data_dir))).check()
+    remote = launch(
+        tmp_path / "remote", config(tmp_path / "remote", "s3://inputs/models/qwen2", "s3://inputs/data/ragged"), env=env
+    ).check()
+    assert remote.losses() == local.losses(), "the same model and data, read from S3"
+    assert (tmp_path / "hf-home" / "s3" / "inputs" / "models" / "qwen2" / "model.safetensors").is_file()
+
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    export = ["--checkpoint", str(tmp_path / "remote" / "checkpoints"), "--output", "s3://inputs/export"]
+    assert export_main(export) == 0
+    keys = s3.keys("inputs", "export/")
+    assert "export/config.json" in keys and "export/model.safetensors" in keys, keys
+    fetched = tmp_path / "fetched"
+    for key in keys:
+        target = fetched / key.removeprefix("export/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        s3.client().download_file("inputs", key, str(target))
+    assert type(AutoModelForCausalLM.from_pretrained(fetched)).__name__ == "Qwen2ForCausalLM"
+    # A prefix that holds objects is never overwritten.
+    with pytest.raises(ConfigError) as refused:
+        export_main(export)
+    assert refused.value.lines == [
+        "--output: s3://inputs/export already holds objects; an upload never overwrites: give a new prefix"
+    ]
+
+
+def test_a_missing_model_prefix_in_s3_is_one_config_line(
+    tmp_path: Path, inputs: dict[str, Path], s3: S3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if "inputs" not in {b["Name"] for b in s3.client().list_buckets()["Buckets"]}:
+        s3.create_bucket("inputs")
+    for name, value in {**s3.env(), "HF_HOME": str(tmp_path / "hf-home")}.items():
+        monkeypatch.setenv(name, value)
+    cfg = base_config(tmp_path, inputs["ragged"], inputs["tokenizer"])
+    cfg["model"] = {"pretrained": "s3://inputs/models/none"}
+    (tmp_path / "train.yaml").write_text(yaml.safe_dump(cfg))
+    with pytest.raises(ConfigError) as refused:
+        check(str(tmp_path / "train.yaml"), "1", 2)
+    assert refused.value.lines == ["model.pretrained: s3://inputs/models/none holds no objects"]

@@ -49,6 +49,7 @@ from ..parallel.distributed import (
     max_over_ranks,
     true_on_every_rank,
 )
+from ..s3 import S3Error
 from . import remote as remote_tier
 from . import unpickle
 from .compatibility import Skipped
@@ -67,7 +68,6 @@ from .layout import (
     step_dir_name,
 )
 from .ownership import directory_conflicts
-from .s3 import S3Error
 from .state import dcp_state, load_rank_state, rank_state, set_rng_state, write_rank_state
 
 log = logging.getLogger(__name__)
@@ -274,9 +274,10 @@ class Checkpointer:
         part alone could never be resumed there).
         """
         assert self.remote is not None
-        final = self.root / step_dir_name(pending.step)
+        # Beside the save's own path, which is rank 0's: the one every rank wrote to.
+        final = pending.tmp.with_name(step_dir_name(pending.step))
         source = pending.tmp if pending.tmp.is_dir() else final
-        self.remote.enqueue(pending.step, source)
+        self.remote.enqueue(pending.step, source, wrote=True)
         barrier(self.world)
         if self.world.local_rank == 0 and pending.tmp.is_dir():
             remove_partial(pending.tmp)

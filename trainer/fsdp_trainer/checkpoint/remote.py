@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from ..faults import maybe_fault
+from ..s3 import S3Error, S3Location, client, describe
 from .layout import RANKS_DIR, STEP_DIR, latest_checkpoint, new_tmp_dir, step_dir_name
-from .s3 import S3Error, S3Location, client, describe
 
 log = logging.getLogger(__name__)
 
@@ -328,11 +328,18 @@ class RemoteTier:
 
     # -- the training thread ----------------------------------------------------
 
-    def enqueue(self, step: int, ckpt: Path) -> None:
-        """Stage this rank's files of the committed ``step`` (in ``ckpt``) and queue their upload."""
+    def enqueue(self, step: int, ckpt: Path, *, wrote: bool = False) -> None:
+        """Stage this rank's files of the committed ``step`` (in ``ckpt``) and queue their upload.
+
+        ``wrote``: this rank saved the step, so its own rank file must be among
+        them; a part without it would commit a step that cannot be resumed.
+        """
         staging = self.root / f"{STAGING_PREFIX}{step_dir_name(step)}-rank-{self.rank:05d}"
         shutil.rmtree(staging, ignore_errors=True)
-        for rel in own_files(ckpt, self.rank, self.world_size):
+        files = own_files(ckpt, self.rank, self.world_size)
+        if wrote and f"{RANKS_DIR}/rank-{self.rank:05d}.pt" not in files:
+            raise RuntimeError(f"checkpoint.remote: rank {self.rank}'s files of step {step} are not in {ckpt}")
+        for rel in files:
             target = staging / rel
             target.parent.mkdir(parents=True, exist_ok=True)
             os.link(ckpt / rel, target)

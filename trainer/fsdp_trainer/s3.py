@@ -15,6 +15,7 @@ import logging
 import os
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 # Bucket names: 3-63 characters of lowercase letters, digits, dots and hyphens
@@ -62,6 +63,35 @@ def client() -> Any:
     )
     # A session of its own: boto3's default session keeps the credentials it first found.
     return boto3.session.Session().client("s3", config=config)
+
+
+def upload_tree(local: Path, loc: S3Location) -> int:
+    """Upload every file under ``local`` to ``loc`` (its relative paths as keys); the bytes sent.
+
+    Refuses (S3Error) when ``loc`` already holds objects: an upload never overwrites.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    s3 = client()
+    prefix = loc.key() + "/" if loc.prefix else ""
+    try:
+        taken = s3.list_objects_v2(Bucket=loc.bucket, Prefix=prefix, MaxKeys=1).get("KeyCount", 0)
+    except Exception as e:
+        raise describe(e, str(loc), "ListObjectsV2") from None
+    if taken:
+        raise S3Error(f"{loc} already holds objects; an upload never overwrites: give a new prefix")
+    files = sorted(p for p in local.rglob("*") if p.is_file())
+
+    def put(path: Path) -> int:
+        key = prefix + path.relative_to(local).as_posix()
+        try:
+            s3.upload_file(str(path), loc.bucket, key)
+        except Exception as e:
+            raise describe(e, f"s3://{loc.bucket}/{key}", "PutObject") from None
+        return path.stat().st_size
+
+    with ThreadPoolExecutor(8) as pool:
+        return sum(pool.map(put, files))
 
 
 def describe(e: BaseException, where: str, operation: str) -> S3Error:
