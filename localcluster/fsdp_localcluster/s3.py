@@ -8,16 +8,14 @@ to it exactly as to S3 (through ``AWS_ENDPOINT_URL_S3``).
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
-import time
-import urllib.request
 from pathlib import Path
 
 from fsdp_api.launch import free_port
 
 from .binaries import tool_path
+from .processes import stop_process
+from .wait import tail, wait_until_answers
 
 START_SECONDS = 30.0
 ROOT_ACCESS_KEY = "fsdp-root"
@@ -61,28 +59,16 @@ class S3Server:
             str(self.root / "data"),
         ]
         with self.log.open("ab") as out:
-            self._process = subprocess.Popen(command, stdout=out, stderr=out, start_new_session=True)
-        deadline = time.monotonic() + START_SECONDS
-        while time.monotonic() < deadline:
-            if self._process.poll() is not None:
-                raise RuntimeError(f"versitygw exited with {self._process.returncode}:\n{self.tail()}")
-            try:
-                with urllib.request.urlopen(self.endpoint + _HEALTH, timeout=2) as answer:
-                    if answer.status == 200:
-                        return self
-            except OSError:
-                time.sleep(0.1)
-        self.stop()
-        raise RuntimeError(f"versitygw did not answer within {START_SECONDS:g} s:\n{self.tail()}")
+            self._process = subprocess.Popen(command, stdout=out, stderr=out)
+        try:
+            wait_until_answers(self._process, self.endpoint + _HEALTH, START_SECONDS, "versitygw", self.log)
+        except RuntimeError:
+            self.stop()
+            raise
+        return self
 
     def stop(self) -> None:
-        if self._process is not None and self._process.poll() is None:
-            os.killpg(self._process.pid, signal.SIGTERM)
-            try:
-                self._process.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self._process.pid, signal.SIGKILL)
-                self._process.wait()
+        stop_process(self._process, 15)
         self._process = None
 
     def env(self, access_key: str = ROOT_ACCESS_KEY, secret_key: str = ROOT_SECRET_KEY) -> dict[str, str]:
@@ -143,4 +129,4 @@ class S3Server:
         )
 
     def tail(self, lines: int = 30) -> str:
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:]) if self.log.exists() else ""
+        return tail(self.log, lines)

@@ -10,11 +10,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 from fsdp_api.launch import free_port
+from fsdp_localcluster.wait import tail, wait_until_answers
 
 START_SECONDS = 120.0  # a fresh SQLite store is migrated first: about 15 s on the 2-core machine
 
@@ -43,18 +42,12 @@ class MlflowServer:
         env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}
         with self.log.open("ab") as out:
             self._process = subprocess.Popen(command, stdout=out, stderr=out, env=env, start_new_session=True)
-        deadline = time.monotonic() + START_SECONDS
-        while time.monotonic() < deadline:
-            if self._process.poll() is not None:
-                raise RuntimeError(f"mlflow server exited with {self._process.returncode}:\n{self.tail()}")
-            try:
-                with urllib.request.urlopen(f"{self.uri}/health", timeout=2) as answer:
-                    if answer.status == 200:
-                        return self
-            except OSError:
-                time.sleep(0.25)
-        self.stop()
-        raise RuntimeError(f"mlflow server did not answer within {START_SECONDS:g} s:\n{self.tail()}")
+        try:
+            wait_until_answers(self._process, f"{self.uri}/health", START_SECONDS, "mlflow server", self.log)
+        except RuntimeError:
+            self.stop()
+            raise
+        return self
 
     def stop(self) -> None:
         if self._process is not None and self._process.poll() is None:
@@ -67,4 +60,4 @@ class MlflowServer:
         self._process = None
 
     def tail(self, lines: int = 30) -> str:
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:]) if self.log.exists() else ""
+        return tail(self.log, lines)
