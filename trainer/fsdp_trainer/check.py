@@ -101,7 +101,7 @@ def check(config: str, nnodes: str, nproc_per_node: int) -> str:
         errors = resume_problems(Path(cfg.checkpoint.dir), prepared.model, cfg.peft)
     # Asked once per pod, before torchrun: wrong credentials or a missing bucket are one line here.
     if cfg.checkpoint.remote is not None:
-        from .checkpoint.remote import probe
+        from .checkpoint.remote_store import probe
 
         problem = probe(cfg.checkpoint.remote)
         if problem:

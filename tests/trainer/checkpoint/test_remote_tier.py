@@ -19,7 +19,7 @@ from fsdp_api.contract import ENV_SHUTDOWN_TIMEOUT, ENV_TRAINER_FAULT
 from fsdp_localcluster.s3 import S3Server
 from fsdp_trainer.check import check
 from fsdp_trainer.checkpoint import complete_checkpoints
-from fsdp_trainer.checkpoint.remote import MANIFEST
+from fsdp_trainer.checkpoint.remote_store import MANIFEST
 from fsdp_trainer.errors import ConfigError
 from fsdp_trainer.trace import read_trace
 

@@ -13,6 +13,10 @@
   code is refused.
 - ``manager.py``: ``Checkpointer``: when to save, what to keep, which
   checkpoint to resume from; a full volume as one line.
+- ``remote.py``: the remote tier's uploads (``checkpoint.remote``), each
+  rank's files of a committed step in the background; ``remote_store.py``:
+  its layout in S3 (the manifest as commit point), listing, download before
+  resume, start-up cleaning, the config check's probe.
 """
 
 from __future__ import annotations

@@ -51,7 +51,7 @@ from ..parallel.distributed import (
 )
 from ..s3 import S3Error
 from . import remote as remote_tier
-from . import unpickle
+from . import remote_store, unpickle
 from .compatibility import Skipped
 from .layout import (
     MARKER,
@@ -162,7 +162,7 @@ def prepare_remote(spec: CheckpointSpec, world: WorldInfo) -> list[str]:
     problem: str | None = None
     if world.is_main:
         try:
-            problem = remote_tier.clean_remote(spec.remote, spec.resume)
+            problem = remote_store.clean_remote(spec.remote, spec.resume)
         except S3Error as e:
             problem = str(e)
     problem = broadcast_object(problem)  # type: ignore[assignment]
@@ -173,7 +173,7 @@ def prepare_remote(spec: CheckpointSpec, world: WorldInfo) -> list[str]:
         remote_tier.remove_staging(root)
         if spec.resume == "auto":
             try:
-                remote_tier.fetch_newer(spec.remote, root)
+                remote_store.fetch_newer(spec.remote, root)
             except (S3Error, OSError) as e:
                 error = first_line(e)
                 log.error("checkpoint.remote: %s", error)
@@ -392,7 +392,7 @@ class Checkpointer:
         committed: int | None = None
         if self.world.is_main:
             try:
-                committed = remote_tier.committed_step(self.spec.remote)  # type: ignore[arg-type]
+                committed = remote_store.committed_step(self.spec.remote)  # type: ignore[arg-type]
             except S3Error as e:
                 log.warning("checkpoint.remote: %s", e)
         committed = broadcast_object(committed)  # type: ignore[assignment]

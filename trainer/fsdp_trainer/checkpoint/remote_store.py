@@ -1,0 +1,227 @@
+"""The remote tier's layout in S3 and the calls on it (``checkpoint.remote: s3://bucket/prefix``).
+
+A step lives under ``<prefix>/step-N/``: the files of every rank, each rank's
+part list (``.parts/rank-R.json``: its objects, sizes and SHA-256), and
+``MANIFEST.json``, every object of the step, written last by rank 0: S3 has
+no rename, so the manifest is the commit point, and a step without it is
+never resumed. Here: listing the steps, reading manifests, deleting steps,
+downloading a committed step into the local tier (checked against its
+manifest), the start-up cleaning, and the config check's probe. The uploads
+themselves are ``remote.py``'s.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from ..s3 import S3Error, S3Location, client, describe
+from .layout import STEP_DIR, latest_checkpoint, new_tmp_dir, step_dir_name
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "MANIFEST.json"
+PARTS_DIR = ".parts"
+_DOWNLOAD_WORKERS = 8
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(8 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def step_prefix(loc: S3Location, step: int) -> str:
+    return loc.key(step_dir_name(step)) + "/"
+
+
+def remote_steps(s3: Any, loc: S3Location) -> list[int]:
+    """Every step with objects under ``loc`` (committed or not), oldest first."""
+    steps = []
+    pages = s3.get_paginator("list_objects_v2").paginate(
+        Bucket=loc.bucket, Prefix=loc.key() + "/" if loc.prefix else "", Delimiter="/"
+    )
+    for page in pages:
+        for common in page.get("CommonPrefixes", []):
+            m = STEP_DIR.match(common["Prefix"].rstrip("/").rsplit("/", 1)[-1])
+            if m:
+                steps.append(int(m.group(1)))
+    return sorted(steps)
+
+
+def read_manifest(s3: Any, loc: S3Location, step: int) -> dict[str, Any] | None:
+    """The manifest of ``step``, or None when the step is not committed."""
+    from botocore.exceptions import ClientError
+
+    try:
+        body = s3.get_object(Bucket=loc.bucket, Key=step_prefix(loc, step) + MANIFEST)["Body"].read()
+    except ClientError as e:
+        if e.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
+            return None
+        raise
+    return json.loads(body)
+
+
+def committed_step(remote: str) -> int | None:
+    """The newest step committed to ``remote``, or None."""
+    loc = S3Location.parse(remote)
+    try:
+        found = newest_committed(client(), loc)
+    except Exception as e:
+        raise describe(e, str(loc), "ListObjectsV2") from None
+    return found[0] if found is not None else None
+
+
+def newest_committed(s3: Any, loc: S3Location) -> tuple[int, dict[str, Any]] | None:
+    for step in reversed(remote_steps(s3, loc)):
+        manifest = read_manifest(s3, loc, step)
+        if manifest is not None:
+            return step, manifest
+    return None
+
+
+def delete_prefix(s3: Any, bucket: str, prefix: str, first: str | None = None) -> int:
+    """Delete every object under ``prefix`` (``first``, a key, before the rest); the count deleted."""
+    if first is not None:
+        s3.delete_object(Bucket=bucket, Key=first)
+    keys = []
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        keys += [o["Key"] for o in page.get("Contents", [])]
+    for i in range(0, len(keys), 1000):
+        s3.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": k} for k in keys[i : i + 1000]], "Quiet": True})
+    return len(keys) + (first is not None)
+
+
+def download_step(s3: Any, loc: S3Location, step: int, manifest: dict[str, Any], root: Path) -> Path | None:
+    """Copy committed ``step`` into ``root`` (checked against its manifest); the local path, or None if taken.
+
+    Downloads into a ``.tmp-`` directory (start-up deletes it if this is
+    interrupted) and renames it into place; when another node sharing the
+    directory got there first, its copy stays and this one is dropped.
+    """
+    final = root / step_dir_name(step)
+    tmp = new_tmp_dir(final)
+    prefix = step_prefix(loc, step)
+
+    def fetch(entry: dict[str, Any]) -> None:
+        target = tmp / entry["key"]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            s3.download_file(loc.bucket, prefix + entry["key"], str(target))
+        except Exception as e:
+            raise describe(e, f"s3://{loc.bucket}/{prefix}{entry['key']}", "GetObject") from None
+        size = target.stat().st_size
+        if size != entry["size"] or sha256(target) != entry["sha256"]:
+            raise S3Error(
+                f"s3://{loc.bucket}/{prefix}{entry['key']}: {size} bytes whose SHA-256 does not match the manifest "
+                f"({entry['size']} bytes): the remote copy of step {step} is damaged"
+            )
+
+    tmp.mkdir(parents=True)
+    try:
+        with ThreadPoolExecutor(_DOWNLOAD_WORKERS) as pool:
+            list(pool.map(fetch, manifest["objects"]))
+        os.rename(tmp, final)
+    except OSError:
+        if final.is_dir():  # another node sharing the directory renamed its copy first
+            shutil.rmtree(tmp, ignore_errors=True)
+            return None
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def fetch_newer(remote: str, root: Path) -> int | None:
+    """Download the newest committed remote step into ``root`` when the local tier has nothing as new.
+
+    Run by one process per node; returns the step downloaded, or None.
+    """
+    loc = S3Location.parse(remote)
+    s3 = client()
+    try:
+        found = newest_committed(s3, loc)
+    except S3Error:
+        raise
+    except Exception as e:
+        raise describe(e, str(loc), "ListObjectsV2") from None
+    if found is None:
+        return None
+    step, manifest = found
+    local = latest_checkpoint(root)
+    if local is not None and local[0] >= step:
+        return None
+    t0 = time.perf_counter()
+    root.mkdir(parents=True, exist_ok=True)
+    path = download_step(s3, loc, step, manifest, root)
+    size = sum(o["size"] for o in manifest["objects"])
+    if path is not None:
+        seconds = time.perf_counter() - t0
+        log.info(
+            "downloaded step %d from %s (%.1f MB in %.1f s): newer than the local tier (%s)",
+            step,
+            loc,
+            size / 1e6,
+            seconds,
+            f"step {local[0]}" if local else "empty",
+        )
+    return step
+
+
+def clean_remote(remote: str, resume: str) -> str | None:
+    """Rank 0 at start: delete the remote steps never committed; a problem line, or None.
+
+    ``resume: never`` on a prefix that holds committed steps is refused: this
+    run's saves would overwrite them, step by step.
+    """
+    loc = S3Location.parse(remote)
+    s3 = client()
+    try:
+        steps = remote_steps(s3, loc)
+        committed = [step for step in steps if read_manifest(s3, loc, step) is not None]
+        if resume == "never" and committed:
+            return (
+                f"{loc} already holds committed checkpoints (steps {', '.join(map(str, committed))}) and "
+                "checkpoint.resume is never: this run would overwrite them; use another prefix, or delete them first"
+            )
+        for step in steps:
+            if step not in committed:
+                delete_prefix(s3, loc.bucket, step_prefix(loc, step))
+                log.warning("removed uncommitted remote checkpoint %s/%s", loc, step_dir_name(step))
+    except Exception as e:
+        raise describe(e, str(loc), "ListObjectsV2") from None
+    return None
+
+
+def probe(remote: str) -> str | None:
+    """What ``fsdp-train check`` asks of the remote tier: list it, write and delete an object; a problem, or None."""
+    import uuid
+
+    loc = S3Location.parse(remote)
+    key = loc.key(f".fsdp-probe-{uuid.uuid4().hex[:12]}")
+    steps = [
+        ("ListObjectsV2", str(loc), lambda s3: s3.list_objects_v2(Bucket=loc.bucket, Prefix=loc.key(), MaxKeys=1)),
+        ("PutObject", f"s3://{loc.bucket}/{key}", lambda s3: s3.put_object(Bucket=loc.bucket, Key=key, Body=b"")),
+        ("DeleteObject", f"s3://{loc.bucket}/{key}", lambda s3: s3.delete_object(Bucket=loc.bucket, Key=key)),
+    ]
+    try:
+        s3 = client()
+    except Exception as e:
+        return str(describe(e, str(loc), "client"))
+    for operation, where, call in steps:
+        try:
+            call(s3)
+        except Exception as e:
+            return str(describe(e, where, operation))
+    return None
