@@ -6,7 +6,12 @@ One server for the module; each test uses its own bucket or prefix.
 from __future__ import annotations
 
 import json
+import os
+import shlex
 import shutil
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -16,6 +21,7 @@ from typing import Any
 import pytest
 import yaml
 from fsdp_api.contract import ENV_SHUTDOWN_TIMEOUT, ENV_TRAINER_FAULT
+from fsdp_api.launch import free_port, trainer_program
 from fsdp_localcluster.s3 import S3Server
 from fsdp_trainer.check import check
 from fsdp_trainer.checkpoint import complete_checkpoints
@@ -23,7 +29,7 @@ from fsdp_trainer.checkpoint.remote_store import MANIFEST
 from fsdp_trainer.errors import ConfigError
 from fsdp_trainer.trace import read_trace
 
-from tests.trainer.harness import base_config, launch
+from tests.trainer.harness import base_config, launch, offline_env
 
 pytestmark = pytest.mark.slow
 
@@ -318,3 +324,88 @@ def test_a_missing_model_prefix_in_s3_is_one_config_line(
     with pytest.raises(ConfigError) as refused:
         check(str(tmp_path / "train.yaml"), "1", 2)
     assert refused.value.lines == ["model.pretrained: s3://inputs/models/none holds no objects"]
+
+
+def _unshare_works() -> bool:
+    try:
+        return subprocess.run(["unshare", "--mount", "true"], capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def _nodes(work: Path, cfg: dict[str, Any], dirs: list[Path], env: dict[str, str]) -> list[tuple[int, str]]:
+    """One torchrun "node" per directory on this machine, each in a mount namespace where checkpoint.dir is
+    that directory (as pods' emptyDirs at one path), meeting at a c10d rendezvous on loopback."""
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "train.yaml").write_text(yaml.safe_dump(cfg))
+    mount = cfg["checkpoint"]["dir"]
+    Path(mount).mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    program = trainer_program(work / "train.yaml", "--trace-dir", str(work / "trace"))
+    procs = []
+    for node, own in enumerate(dirs):
+        own.mkdir(parents=True, exist_ok=True)
+        launch_cmd = [
+            sys.executable, "-m", "torch.distributed.run", f"--nnodes={len(dirs)}", "--nproc-per-node=1",
+            f"--node-rank={node}", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=pernode",
+            *program,
+        ]  # fmt: skip
+        script = f"mount --bind {shlex.quote(str(own))} {shlex.quote(mount)} && exec {shlex.join(launch_cmd)}"
+        procs.append(
+            subprocess.Popen(
+                ["unshare", "--mount", "--propagation", "private", "bash", "-c", script],
+                env={**offline_env(), **env},
+                cwd=work,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                start_new_session=True,
+            )
+        )
+    out = []
+    for proc in procs:
+        try:
+            output, _ = proc.communicate(timeout=300)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            output, _ = proc.communicate()
+        out.append((proc.returncode, output))
+    return out
+
+
+@pytest.mark.skipif(not _unshare_works(), reason="needs mount namespaces (unshare --mount) for per-node directories")
+def test_nodes_with_directories_of_their_own_keep_the_steps_in_s3_and_resume_from_them(
+    tmp_path: Path, inputs: dict[str, Path], s3: S3Server
+) -> None:
+    """Two nodes, an emptyDir each: no directory holds a whole save, so every step lives in S3."""
+    s3.create_bucket("pernode")
+    dirs = [tmp_path / "node0", tmp_path / "node1"]
+    cfg = remote_config(tmp_path / "run", inputs, "s3://pernode/run")
+    cfg["checkpoint"]["dir"] = str(tmp_path / "mnt" / "checkpoints")  # the same path on both nodes
+    for node, (rc, output) in enumerate(_nodes(tmp_path / "run", cfg, dirs, s3.env())):
+        assert rc == 0, f"node {node}:\n{output[-4000:]}"
+    assert committed(s3, "pernode", "run/") == [4, 8]
+    manifest = json.loads(s3.client().get_object(Bucket="pernode", Key=f"run/step-00000008/{MANIFEST}")["Body"].read())
+    assert {"__0_0.distcp", "__1_0.distcp", "ranks/rank-00001.pt"} <= {o["key"] for o in manifest["objects"]}
+    # Each node kept nothing of a save it held only part of; the staging is gone too.
+    assert [sorted(p.name for p in d.iterdir()) for d in dirs] == [[], []]
+
+    cfg["training"]["maxSteps"] = 12
+    results = _nodes(tmp_path / "run", cfg, dirs, s3.env())
+    for node, (rc, output) in enumerate(results):
+        assert rc == 0, f"node {node}:\n{output[-4000:]}"
+    assert "downloaded step 8 from s3://pernode/run" in results[0][1]
+    # Both ranks resumed at step 8, each from the copy its node downloaded into its empty directory.
+    for rank in (0, 1):
+        trace = read_trace(tmp_path / "run" / "trace" / f"trace-rank{rank}.jsonl")
+        assert [r["step"] for r in trace if r["event"] == "start"] == [0, 8], rank
+    assert committed(s3, "pernode", "run/") == [8, 12]  # remoteKeepLast 2
+
+    # One node left, with node 0's directory: it holds no partial save to trip over, so it downloads step 12.
+    cfg["training"]["maxSteps"] = 14
+    ((rc, output),) = _nodes(tmp_path / "run", cfg, dirs[:1], s3.env())
+    assert rc == 0, output[-4000:]
+    assert "downloaded step 12 from s3://pernode/run" in output
+    trace = read_trace(tmp_path / "run" / "trace" / "trace-rank0.jsonl")
+    starts = [(r["step"], r["world_size"]) for r in trace if r["event"] == "start"]
+    assert starts[-1] == (12, 1)

@@ -219,6 +219,8 @@ class Checkpointer:
             else None
         )
         self.last_local_step: int | None = None
+        # An emptyDir per pod and several nodes: no directory holds a whole save.
+        self.per_node_directories = spec.claim_name is None and world.num_nodes > 1
 
     # -- saving ---------------------------------------------------------------
 
@@ -268,10 +270,12 @@ class Checkpointer:
     def _upload(self, pending: _Pending) -> None:
         """Queue this rank's files of the committed ``pending`` save for the remote tier.
 
-        On a directory the nodes share, rank 0 renamed the save into place; a
-        node with a directory of its own still has its part in the ``.tmp-``
-        directory, which is dropped once every rank has staged its files (that
-        part alone could never be resumed there).
+        With directories of their own per node (an emptyDir and several
+        nodes), each node holds only its own ranks' part of the save: node 0
+        the committed step, the others an unrenamed ``.tmp-`` directory. Such a
+        part can never be resumed there, so once every rank has staged its
+        files (hard links) each node drops it: the step lives in S3, and a
+        restart downloads it whole. A claim is a volume the nodes share.
         """
         assert self.remote is not None
         # Beside the save's own path, which is rank 0's: the one every rank wrote to.
@@ -279,7 +283,13 @@ class Checkpointer:
         source = pending.tmp if pending.tmp.is_dir() else final
         self.remote.enqueue(pending.step, source, wrote=True)
         barrier(self.world)
-        if self.world.local_rank == 0 and pending.tmp.is_dir():
+        if self.world.local_rank != 0:
+            return
+        if self.per_node_directories:
+            for path in (pending.tmp, final):
+                shutil.rmtree(path, ignore_errors=True)
+            self._prune()  # the steps this node downloaded
+        elif pending.tmp.is_dir():
             remove_partial(pending.tmp)
 
     @contextmanager
