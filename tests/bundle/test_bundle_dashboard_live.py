@@ -25,6 +25,7 @@ import yaml
 from fsdp_api.contract import GPU_SERIES as GPU_ONLY
 from fsdp_api.contract import OPERATOR_SERIES
 from fsdp_localcluster.prometheus import PrometheusServer
+from fsdp_localcluster.s3 import S3Server
 
 from tests.bundle import dashboard
 from tests.bundle.manifests import PROMETHEUS_RULE, metric_names
@@ -87,29 +88,35 @@ class Live:
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     work = tmp_path_factory.mktemp("dashboard-live")
+    # A remote checkpoint tier on a real S3 server, for the remote-tier panel and alert.
+    s3 = S3Server(work / "s3").start()
+    s3.create_bucket("live")
     overrides = {
         "training": {"evalIntervalSteps": 10, "evalSteps": 2},
-        "checkpoint": {"dir": str(work / "checkpoints"), "intervalSteps": 10},
+        "checkpoint": {"dir": str(work / "checkpoints"), "intervalSteps": 10, "remote": "s3://live/run"},
     }
-    first = TrainerRun(work / "first", name=JOB, max_steps=30, overrides=overrides)
-    resumed = TrainerRun(work / "resumed", name=JOB, max_steps=40, overrides=overrides)
+    first = TrainerRun(work / "first", name=JOB, max_steps=30, overrides=overrides, env=s3.env())
+    resumed = TrainerRun(work / "resumed", name=JOB, max_steps=40, overrides=overrides, env=s3.env())
     rules = work / "rules.yaml"
     rules.write_text(yaml.safe_dump(yaml.safe_load(PROMETHEUS_RULE.read_text())["spec"]))
-    with LabelledPrometheus(
-        [first.target, resumed.target],
-        {"namespace": NAMESPACE, "pod": POD},
-        rule_files=[rules],
-        scrape_interval=SCRAPE_INTERVAL,
-    ) as prom:
-        start = time.time()
-        for run in (first, resumed):
-            with run:
-                assert run.wait(timeout=900) == 0, run.output()[-4000:]
-            assert_scraped_while_training(prom, run)
-        assert "resum" in resumed.output().lower(), "the second run did not resume from the checkpoint"
-        # One more evaluation round for the rules, on the complete data.
-        time.sleep(2)
-        yield Live(prom, start, time.time())
+    try:
+        with LabelledPrometheus(
+            [first.target, resumed.target],
+            {"namespace": NAMESPACE, "pod": POD},
+            rule_files=[rules],
+            scrape_interval=SCRAPE_INTERVAL,
+        ) as prom:
+            start = time.time()
+            for run in (first, resumed):
+                with run:
+                    assert run.wait(timeout=900) == 0, run.output()[-4000:]
+                assert_scraped_while_training(prom, run)
+            assert "resum" in resumed.output().lower(), "the second run did not resume from the checkpoint"
+            # One more evaluation round for the rules, on the complete data.
+            time.sleep(2)
+            yield Live(prom, start, time.time())
+    finally:
+        s3.stop()
 
 
 def assert_scraped_while_training(prom: PrometheusServer, run: TrainerRun) -> None:

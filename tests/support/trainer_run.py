@@ -76,8 +76,10 @@ class TrainerRun:
         nproc: int = 2,
         max_steps: int = 30,
         overrides: dict[str, Any] | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.workdir = Path(workdir)
+        self.env = dict(env or {})
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.nproc = nproc
         self.port = free_port()
@@ -110,6 +112,7 @@ class TrainerRun:
         # Short CPU runs end within a scrape or two; keep the final values scrapeable.
         env[ENV_METRICS_LINGER_SECONDS] = "3"
         env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+        env.update(self.env)
         cmd = torchrun_standalone(self.nproc, trainer_program(self.config_path))
         with open(self._log_path, "wb") as log:
             # Own process group, so stop() reaches torchrun's workers too.
