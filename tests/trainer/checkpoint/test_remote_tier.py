@@ -99,7 +99,12 @@ def test_an_upload_cut_short_is_never_resumed_and_is_removed(
 ) -> None:
     s3.create_bucket("cutshort")
     work = tmp_path / "run"
-    cfg = remote_config(work, inputs, "s3://cutshort/run")
+    cfg = remote_config(work, inputs, "s3://cutshort/run", maxSteps=4)
+    # Step 4 committed first: a run ends only once its last step is in S3 (in one run with the crash,
+    # a rank still uploading step 4 when step 8 is queued would skip it for the newer one).
+    launch(work, cfg, env=s3.env()).check()
+    assert committed(s3, "cutshort", "run/") == [4]
+    cfg["training"]["maxSteps"] = 8
     # Rank 1 dies after sending its files of step 8, before its part list: step 8 never gets a manifest.
     # torchrun then stops rank 0, which was waiting for that part; its wait ends within the shutdown timeout.
     fault = {ENV_TRAINER_FAULT: "during_upload:8:1", ENV_SHUTDOWN_TIMEOUT: "6"}

@@ -81,10 +81,8 @@ class UploadStats:
     """What the uploads did so far, for the metrics (read from the training thread)."""
 
     committed_step: int | None = None  # rank 0: the newest step whose manifest is written
-    uploaded_step: int | None = None  # this rank's newest step whose part is uploaded
     failures: int = 0
     bytes: int = 0
-    seconds: float = 0.0
     queued: list[int] = field(default_factory=list)
 
 
@@ -200,17 +198,18 @@ class RemoteTier:
             if newer is not None and newer > job.step:
                 self._drop(job, f"step {newer} is waiting")
                 continue
+            attempt = 0
             while not self._stop.is_set():
                 try:
                     self._upload(job)
                     break
                 except Exception as e:
-                    self._failed(job, e)
+                    attempt += 1
+                    self._failed(job.step, e, attempt)
             else:
                 return
             shutil.rmtree(job.staging, ignore_errors=True)
             with self._lock:
-                self.stats.uploaded_step = job.step
                 if job.step in self.stats.queued:
                     self.stats.queued.remove(job.step)
             if self.rank == 0:
@@ -229,14 +228,14 @@ class RemoteTier:
                 self.stats.queued.remove(job.step)
         log.info("skipped the upload of step %d to %s: %s", job.step, self.loc, why)
 
-    def _failed(self, job: _Job, e: Exception) -> None:
+    def _failed(self, step: int, e: Exception, attempt: int) -> None:
+        """Count a failed attempt and wait before the next: the backoff doubles per attempt of this call."""
         with self._lock:
             self.stats.failures += 1
-            attempts = self.stats.failures
         self._changed()
         error = e if isinstance(e, S3Error) else describe(e, str(self.loc), "upload")
-        delay = min(RETRY_MAX_SECONDS, RETRY_FIRST_SECONDS * 2 ** min(attempts, 10))
-        log.warning("upload of step %d failed (retrying in %.0f s): %s", job.step, delay, error)
+        delay = min(RETRY_MAX_SECONDS, RETRY_FIRST_SECONDS * 2 ** min(attempt - 1, 10))
+        log.warning("upload of step %d failed (retrying in %.0f s): %s", step, delay, error)
         self._stop.wait(delay)
 
     def _upload(self, job: _Job) -> None:
@@ -266,7 +265,6 @@ class RemoteTier:
         size = sum(o["size"] for o in objects)
         with self._lock:
             self.stats.bytes += size
-            self.stats.seconds += time.perf_counter() - t0
         log.info(
             "uploaded step %d of rank %d to %s (%d files, %.1f MB, %.1f s)",
             job.step,
@@ -282,13 +280,13 @@ class RemoteTier:
         s3 = self._client()
         prefix = step_prefix(self.loc, step)
         deadline = time.monotonic() + self.commit_wait_seconds
-        delay = 0.2
+        delay, attempt = 0.2, 0
         while True:
             try:
                 parts = self._parts(s3, prefix)
             except Exception as e:
-                parts = None
-                self._failed(_Job(step, Path()), e)
+                parts, attempt = None, attempt + 1
+                self._failed(step, e, attempt)
             if parts is not None and len(parts) >= self.world_size:
                 break
             newer = self._newest_waiting()
@@ -307,12 +305,14 @@ class RemoteTier:
             delay = min(delay * 2, 5.0)
         objects = [o for p in sorted(parts, key=lambda p: p["rank"]) for o in p["objects"]]
         manifest = {"step": step, "world_size": self.world_size, "time": time.time(), "objects": objects}
+        attempt = 0
         while not self._stop.is_set():
             try:
                 s3.put_object(Bucket=self.loc.bucket, Key=prefix + MANIFEST, Body=json.dumps(manifest).encode())
                 break
             except Exception as e:
-                self._failed(_Job(step, Path()), describe(e, f"s3://{self.loc.bucket}/{prefix}{MANIFEST}", "PutObject"))
+                attempt += 1
+                self._failed(step, describe(e, f"s3://{self.loc.bucket}/{prefix}{MANIFEST}", "PutObject"), attempt)
         else:
             return
         with self._lock:
