@@ -297,8 +297,17 @@ LABEL_SHARDING_STRATEGY = "sharding_strategy"
 LABEL_PRECISION = "precision"
 LABEL_WORLD_SIZE = "world_size"
 LABEL_LOGITS = "logits"  # the loss computation that ran: chunked or full (training.logits, or its fallback)
+LABEL_TENSOR_PARALLEL = "tensor_parallel"  # parallelism.tensor: the ranks that split each layer
 RANK_LABELS = (LABEL_JOB_NAME, LABEL_NODE_RANK, LABEL_LOCAL_RANK)
-INFO_LABELS = (*RANK_LABELS, LABEL_MODEL, LABEL_SHARDING_STRATEGY, LABEL_PRECISION, LABEL_WORLD_SIZE, LABEL_LOGITS)
+INFO_LABELS = (
+    *RANK_LABELS,
+    LABEL_MODEL,
+    LABEL_SHARDING_STRATEGY,
+    LABEL_PRECISION,
+    LABEL_WORLD_SIZE,
+    LABEL_LOGITS,
+    LABEL_TENSOR_PARALLEL,
+)
 # The experiment tracker's name (a spec.tracking field) and the address of the run rank 0 logs to.
 LABEL_TRACKER = "tracker"
 LABEL_RUN_URL = "url"

@@ -6,7 +6,9 @@ use it. The numbers model what the trainer does (``fsdp_trainer.parallel``,
 
 - parameters: the fp32 master weights, sharded over the shard group
   (``parallel_plan.ParallelPlan.shard_size``: full/shard_grad_op: the
-  world; hybrid: the shard group; no_shard: none);
+  data-parallel ranks; hybrid: the shard group; no_shard: none); with
+  ``parallelism.tensor`` T each block's projections are split T ways first
+  (norms, embedding and head stay whole on every tensor-parallel rank);
 - gradients: fp32, sharded like the parameters at the optimizer step; with
   gradAccumSteps > 1 FSDP2 keeps whole (unsharded) gradients between the
   micro-batches, since the reduce-scatter only runs on the last one;
@@ -15,7 +17,9 @@ use it. The numbers model what the trainer does (``fsdp_trainer.parallel``,
   the adapters (r x (in + out) per adapted projection), while the frozen
   base still takes its fp32 weights, its activations and its gathers;
 - activations: the tensors autograd saves per decoder layer, by seqLen,
-  microBatchSize and activationCheckpointing;
+  microBatchSize and activationCheckpointing; the attention and MLP ones
+  divided by the tensor-parallel degree (each rank computes its heads and
+  its slice of the MLP), the norms' and the residual stream's not;
 - logits: the output head's logits, their fp32 copy and log-softmax, or
   with ``training.logits: chunked`` one chunk of them and the gradients
   the chunked loss keeps for backward;
@@ -151,6 +155,7 @@ class Workload:
     adapter_params: int = 0  # LoRA's trainable parameters; 0: every weight trains
     logits: str = "full"  # training.logits: chunked or full
     reference_params: int = 0  # objective dpo without LoRA: the frozen reference copy's parameters
+    tp: int = 1  # parallelism.tensor: each block's projections split over this many ranks
 
     @property
     def compute_bytes(self) -> int:
@@ -158,9 +163,16 @@ class Workload:
         return BF16 if compute_dtype(self.precision) == "bf16" else FP32
 
     @property
+    def rank_params(self) -> int:
+        """The parameters of one tensor-parallel rank's slice of the model (all of them without TP)."""
+        d = self.dims
+        split = split_layer_params(d)
+        return d.num_params() - d.num_layers * (split - math.ceil(split / self.tp))
+
+    @property
     def trainable_params(self) -> int:
-        """Parameters with gradients and optimizer state."""
-        return self.adapter_params or self.dims.num_params()
+        """Parameters with gradients and optimizer state (this tensor-parallel rank's slice)."""
+        return self.adapter_params or self.rank_params
 
 
 def workload(spec: FSDPTrainingSpec, dims: ModelDims) -> Workload:
@@ -183,6 +195,7 @@ def workload(spec: FSDPTrainingSpec, dims: ModelDims) -> Workload:
         logits=spec.training.logits,
         # dpo with LoRA uses the base with the adapters off as its reference: no copy.
         reference_params=dims.num_params() if spec.training.needs_reference and spec.peft is None else 0,
+        tp=plan.tp,
     )
 
 
@@ -221,6 +234,17 @@ def layer_params(d: ModelDims) -> int:
     )
 
 
+def split_layer_params(d: ModelDims) -> int:
+    """A layer's projections: what tensor parallelism splits (all but its two norms)."""
+    return layer_params(d) - 2 * d.hidden_size
+
+
+def rank_layer_params(w: Workload) -> int:
+    """One layer's parameters on one tensor-parallel rank."""
+    split = split_layer_params(w.dims)
+    return layer_params(w.dims) - split + math.ceil(split / w.tp)
+
+
 def root_params(d: ModelDims) -> int:
     """Embedding, final norm and (untied) head: the root FSDP unit."""
     return d.num_params() - d.num_layers * layer_params(d)
@@ -245,7 +269,7 @@ def layer_activation_bytes(w: Workload) -> int:
     norms = 2 * d.hidden_size * (FP32 + c)
     attention = (3 * d.hidden_size + 2 * kv) * c + d.num_heads * FP32
     mlp = 4 * d.intermediate_size * c
-    return tokens * (norms + attention + mlp)
+    return tokens * (norms + (attention + mlp) // w.tp)
 
 
 def activation_bytes(w: Workload) -> int:
@@ -314,7 +338,7 @@ def communication_bytes(w: Workload) -> int:
     d, c = w.dims, w.compute_bytes
     if not w.uses_fsdp:
         return d.num_params() * c if compute_dtype(w.precision) == "bf16" else 0
-    layer = layer_params(d) * c
+    layer = rank_layer_params(w) * c
     gathered_layers = (1 + w.prefetch) * layer if w.reshard_after_forward else d.num_layers * layer
     return root_params(d) * c + gathered_layers + layer
 
@@ -374,7 +398,7 @@ class Estimate:
 
 
 def estimate(w: Workload) -> Estimate:
-    n = w.dims.num_params() + w.adapter_params
+    n = w.rank_params + w.adapter_params
     params = sharded(n, w) * FP32
     grads, optim = gradient_bytes(w), optimizer_bytes(w)
     temp = optimizer_temp_bytes(w)
@@ -541,6 +565,20 @@ def _nodes(spec: FSDPTrainingSpec, nodes: int) -> FSDPTrainingSpec:
     return spec.model_copy(update={"resources": spec.resources.model_copy(update={"nodes": nodes})})
 
 
+def _tensor(spec: FSDPTrainingSpec, degree: int) -> FSDPTrainingSpec:
+    return spec.model_copy(update={"parallelism": spec.parallelism.model_copy(update={"tensor": degree})})
+
+
+def tensor_degrees(spec: FSDPTrainingSpec) -> list[int]:
+    """Tensor-parallel degrees above the current one that the spec's rules would accept."""
+    dims = spec.model.dims() if spec.model is not None else None
+    gpus = spec.resources.gpus_per_node
+    if dims is None or spec.peft is not None or spec.fsdp.cpu_offload or spec.training.precision == "float8":
+        return []
+    sizes = (dims.num_heads, dims.num_key_value_heads, dims.intermediate_size)
+    return [t for t in range(spec.parallelism.tensor + 1, gpus + 1) if gpus % t == 0 and all(n % t == 0 for n in sizes)]
+
+
 def _candidates(spec: FSDPTrainingSpec) -> list[tuple[str, FSDPTrainingSpec]]:
     """Single changes, in the order they are preferred (cheapest in speed and cost first)."""
     t, f = spec.training, spec.fsdp
@@ -565,6 +603,8 @@ def _candidates(spec: FSDPTrainingSpec) -> list[tuple[str, FSDPTrainingSpec]]:
         )
         out.append((f"set training.microBatchSize: {mbs}", _training(spec, micro_batch_size=mbs)))
         mbs //= 2
+    for degree in tensor_degrees(spec):
+        out.append((f"set parallelism.tensor: {degree}", _tensor(spec, degree)))
     if ParallelPlan.for_spec(spec).shards_over_all_dp_ranks:
         for nodes in range(spec.resources.nodes + 1, MAX_NODES + 1):
             out.append((f"set resources.nodes: {nodes}", _nodes(spec, nodes)))

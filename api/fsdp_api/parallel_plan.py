@@ -25,15 +25,16 @@ The data-parallel dimensions per strategy, with D the data-parallel size:
 A single process with no CPU offload gets no FSDP at all (a plain module):
 the non-sharded reference the parity tests compare against.
 
-Tensor and context parallelism (``tp``, ``cp``): their ranks share one
-data-parallel rank's batch and split its work, so they divide the world
-before data parallelism does: ``dp_size = world / (cp * tp)``. Both degrees
-are 1 until the trainer implements them; a dimension of degree 1 is left out
-of the mesh, so today's mesh is exactly the data-parallel one. Ranks fill the
-mesh row-major in the order ``replicate, shard, cp, tp``: the tensor-parallel
-peers are neighbours (one node, the fastest links), and a rank's
-data-parallel coordinate is ``rank // (cp * tp)``. A new degree is one field
-here, its place in ``mesh_dim_names`` and a check in ``errors``.
+Tensor and context parallelism (``tp``: ``parallelism.tensor``; ``cp``: 1
+until the trainer implements it): their ranks share one data-parallel rank's
+batch and split its work, so they divide the world before data parallelism
+does: ``dp_size = world / (cp * tp)``. A dimension of degree 1 is left out of
+the mesh, so without them the mesh is exactly the data-parallel one. Ranks
+fill the mesh row-major in the order ``replicate, shard, cp, tp``: the
+tensor-parallel peers are neighbours, inside one node (its NVLink, not EFA:
+a tensor-parallel layer all-reduces its activations twice per block), and a
+rank's data-parallel coordinate is ``rank // (cp * tp)``. A new degree is one
+field here, its place in ``mesh_dim_names`` and a check in ``errors``.
 
 Torch-free: the operator, the memory plan and the trainer's config checks use
 it before anything heavy is imported; the trainer builds the torch mesh from
@@ -45,7 +46,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .spec import FSDPSpec
+from .spec import FSDPSpec, ParallelismSpec
 
 if TYPE_CHECKING:
     from .spec import FSDPTrainingSpec
@@ -62,14 +63,19 @@ class ParallelPlan:
     fsdp: FSDPSpec
     world_size: int
     local_world_size: int
-    # Degrees of tensor and context parallelism; 1 until the trainer implements them (see the module doc).
+    # Degrees of tensor and context parallelism (see the module doc); cp is 1 until the trainer implements it.
     tp: int = 1
     cp: int = 1
 
     @classmethod
+    def of(cls, fsdp: FSDPSpec, parallelism: ParallelismSpec, world_size: int, local_world_size: int) -> ParallelPlan:
+        """The plan of the spec's (or trainer config's) sections on a launch of ``world_size`` ranks."""
+        return cls(fsdp, world_size, local_world_size, tp=parallelism.tensor)
+
+    @classmethod
     def for_spec(cls, spec: FSDPTrainingSpec) -> ParallelPlan:
         """The plan of a training as the spec launches it: one process per GPU (or one per CPU pod)."""
-        return cls(spec.fsdp, spec.world_size(), spec.procs_per_node())
+        return cls.of(spec.fsdp, spec.parallelism, spec.world_size(), spec.procs_per_node())
 
     @property
     def strategy(self) -> str:
@@ -162,6 +168,12 @@ class ParallelPlan:
             return [
                 f"the world size {self.world_size} is not a multiple of tp x cp = {self.tp} x {self.cp}, "
                 "so the data-parallel size is not a whole number"
+            ]
+        if self.local_world_size % self.tp:
+            return [
+                f"parallelism.tensor: {self.tp} does not divide the {self.local_world_size} processes per node: "
+                "a tensor-parallel group must stay inside one node (it all-reduces activations twice per "
+                "decoder block, too often for the network between nodes)"
             ]
         if self.strategy != "hybrid":
             return []

@@ -18,12 +18,14 @@ from .rules import Rule
 from .spec import (
     PREFERENCE_RULES,
     SEQ_LEN_RULE,
+    TENSOR_CONFIG_RULES,
     CheckpointSpec,
     DataSpec,
     FSDPSpec,
     FSDPTrainingSpec,
     MetricsSpec,
     ModelSpec,
+    ParallelismSpec,
     PeftSpec,
     StallSpec,
     TrackingSpec,
@@ -42,7 +44,7 @@ class JobInfo(ApiModel):
 
 
 # The spec's sections that the built-in trainer reads, in train.yaml's order (after job).
-SECTIONS = ("model", "data", "training", "fsdp", "peft", "checkpoint", "metrics", "stall", "tracking")
+SECTIONS = ("model", "data", "training", "fsdp", "parallelism", "peft", "checkpoint", "metrics", "stall", "tracking")
 # Optional in the spec only because spec.command can replace the built-in trainer.
 REQUIRED_SECTIONS = ("model", "training")
 
@@ -63,6 +65,7 @@ class TrainerConfig(ApiModel):
     data: DataSpec = _section("data")
     training: TrainingSpec = _section("training")
     fsdp: FSDPSpec = _section("fsdp")
+    parallelism: ParallelismSpec = _section("parallelism")
     peft: PeftSpec | None = _section("peft")
     checkpoint: CheckpointSpec = _section("checkpoint")
     metrics: MetricsSpec = _section("metrics")
@@ -70,7 +73,7 @@ class TrainerConfig(ApiModel):
     tracking: TrackingSpec = _section("tracking")
 
     # The spec's own rule: a CLI override is checked like kubectl apply.
-    rules: ClassVar[tuple[Rule, ...]] = (SEQ_LEN_RULE, *PREFERENCE_RULES)
+    rules: ClassVar[tuple[Rule, ...]] = (SEQ_LEN_RULE, *PREFERENCE_RULES, *TENSOR_CONFIG_RULES)
 
     @classmethod
     def from_spec(cls, spec: FSDPTrainingSpec, name: str, namespace: str) -> TrainerConfig:

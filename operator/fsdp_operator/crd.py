@@ -51,6 +51,13 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "priority": 1,
     },
     {
+        "name": "TP",
+        "type": "integer",
+        "jsonPath": ".spec.parallelism.tensor",
+        "description": "Tensor-parallel degree (parallelism.tensor).",
+        "priority": 1,
+    },
+    {
         "name": "Backend",
         "type": "string",
         "jsonPath": ".spec.backend",

@@ -103,6 +103,7 @@ def test_printer_columns_point_at_fields_of_their_type() -> None:
         "Done%",
         "Remaining",
         "Tokens/s",
+        "TP",
         "Backend",
         "Job",
         "Age",
@@ -113,7 +114,7 @@ def test_printer_columns_point_at_fields_of_their_type() -> None:
         if c["type"] != "date":
             assert target["type"] == c["type"], c
     wide = {c["name"] for c in columns if c.get("priority", 0) > 0}
-    assert wide == {"Tokens/s", "Backend", "Job"}
+    assert wide == {"Tokens/s", "TP", "Backend", "Job"}
 
 
 def test_cel_rules_of_the_models_are_in_the_schema() -> None:
@@ -131,7 +132,7 @@ def test_cel_rules_of_the_models_are_in_the_schema() -> None:
 def test_immutable_fields_carry_a_transition_rule() -> None:
     nodes = dict(walk(schema()))
     expected = [f".{prefix}.{field}" for prefix, fields in IMMUTABLE_FIELDS.values() for field in fields]
-    assert len(expected) == 17
+    assert len(expected) == 18
     for path in expected:
         rules = nodes[path].get("x-kubernetes-validations", [])
         assert any(r["rule"] == "self == oldSelf" and "is immutable" in r["message"] for r in rules), path

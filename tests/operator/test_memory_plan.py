@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -296,3 +297,26 @@ def test_the_plan_becomes_the_fits_memory_condition_and_status_memory() -> None:
     unknown = plan_memory(spec(model={"preset": None, "pretrained": "Qwen/Qwen2.5-1.5B"}))
     cond = {c.type: c for c in compute_status(facts, None, None, memory=unknown).conditions}["FitsMemory"]
     assert (cond.status, cond.reason) == ("Unknown", "NoEstimate")
+
+
+def test_tensor_parallelism_splits_the_projections_and_their_activations_not_the_rest() -> None:
+    d = PRESETS["llama3.1-8b"]
+    projections = 32 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336)  # q, o, k, v, gate, up, down
+    plain, split = spec(), spec(parallelism={"tensor": 2})
+    # 16 ranks: 2-way tensor x 8-way data parallel; the projections' halves are sharded 8 ways, the rest too.
+    assert component(split, "parameters") == math.ceil((d.num_params() - projections // 2) / 8) * 4
+    assert component(split, "parameters") > component(plain, "parameters")  # embedding and head: 8 ways, not 16
+    assert component(split, "activations") < component(plain, "activations")
+    assert component(split, "communication") < component(plain, "communication")
+
+
+def test_a_row_too_long_for_one_gpu_is_told_to_split_its_layers() -> None:
+    # 8B at 131,072 tokens on one p5: micro-batch 1, full checkpointing and the chunked loss already.
+    long_row = {"seqLen": 131_072, "microBatchSize": 1, "logits": "chunked", "activationCheckpointing": "full"}
+    s = spec(model={"preset": "llama3.1-8b", "config": {"maxSeqLen": 131_072}}, training=long_row)
+    s = s.model_copy(update={"resources": s.resources.model_copy(update={"nodes": 1})})
+    plan = plan_memory(s)
+    assert plan.fits is False
+    assert plan.suggestion == "set parallelism.tensor: 2"
+    fixed = s.model_copy(update={"parallelism": s.parallelism.model_copy(update={"tensor": 2})})
+    assert plan_memory(fixed).fits is True

@@ -139,3 +139,26 @@ def test_for_spec_is_the_launch_the_spec_describes() -> None:
         spec.model_copy(update={"resources": spec.resources.model_copy(update={"gpus_per_node": 0})})
     )
     assert (cpu.world_size, cpu.local_world_size) == (2, 1)  # one process per CPU pod
+
+
+def test_a_tensor_parallel_group_must_stay_inside_a_node() -> None:
+    assert plan({"shardingStrategy": "full"}, 16, 2, tp=4).errors() == [
+        "parallelism.tensor: 4 does not divide the 2 processes per node: a tensor-parallel group must stay inside "
+        "one node (it all-reduces activations twice per decoder block, too often for the network between nodes)"
+    ]
+
+
+def test_for_spec_reads_the_tensor_degree() -> None:
+    spec = FSDPTrainingSpec.model_validate(
+        {
+            "image": "trainer:1.0",
+            "model": {"preset": "llama3.2-1b"},
+            "training": {"maxSteps": 10},
+            "parallelism": {"tensor": 4},
+            "resources": {"nodes": 2, "gpusPerNode": 8},
+        }
+    )
+    p = ParallelPlan.for_spec(spec)
+    assert p.describe() == {"shard": 4, "tp": 4}
+    assert (p.dp_size, p.dp_rank(5), p.dp_rank(8)) == (4, 1, 2)
+    assert p.errors() == []

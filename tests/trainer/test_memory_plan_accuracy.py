@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from fsdp_api.memory_plan import plan_memory
-from fsdp_api.spec import FSDPTrainingSpec
+from fsdp_api.spec import FSDPTrainingSpec, ParallelismSpec
 from fsdp_api.trainer_config import TrainerConfig
 
 from tests.trainer.harness import run_script
@@ -45,12 +45,23 @@ CASES: dict[str, dict[str, Any]] = {
         "model": {"preset": "tiny", "config": {"vocabSize": 128_256}},
         "training": {"seqLen": 256, "microBatchSize": 4, "logits": "chunked"},
     },
+    # Tensor parallelism over both ranks: each holds half of every block's projections
+    # and computes half of the attention and MLP activations.
+    "small-tp2": {
+        "model": {"preset": "tiny", "config": SMALL},
+        "training": {"seqLen": 256, "microBatchSize": 2},
+        "parallelism": {"tensor": 2},
+    },
 }
 
 
 def cpu_spec(case: dict[str, Any], checkpoint_dir: Path) -> FSDPTrainingSpec:
-    """A 2-rank CPU job (2 nodes of one process: the same world as torchrun's 2 local ranks)."""
-    return FSDPTrainingSpec.model_validate(
+    """A 2-rank CPU job (2 nodes of one process: the same world as torchrun's 2 local ranks).
+
+    A spec refuses tensor parallelism across nodes and on CPU-only nodes, so the
+    parallelism section is set past validation: the probe's two ranks are one node's.
+    """
+    spec = FSDPTrainingSpec.model_validate(
         {
             "image": "trainer:test",
             "model": case["model"],
@@ -62,6 +73,9 @@ def cpu_spec(case: dict[str, Any], checkpoint_dir: Path) -> FSDPTrainingSpec:
             **({"peft": case["peft"]} if "peft" in case else {}),
         }
     )
+    if "parallelism" in case:
+        spec = spec.model_copy(update={"parallelism": ParallelismSpec.model_validate(case["parallelism"])})
+    return spec
 
 
 def measure(spec: FSDPTrainingSpec, workdir: Path) -> list[dict[str, Any]]:

@@ -113,7 +113,10 @@ def check(config: str, nnodes: str, nproc_per_node: int) -> str:
         print(f"fsdp-train: warning: {warning}", file=sys.stderr, flush=True)
     for nodes in counts[1:]:
         w = world(nodes)
-        errors += [f"{e} (with {nodes} nodes)" for e in ParallelPlan(cfg.fsdp, w.world_size, nproc_per_node).errors()]
+        errors += [
+            f"{e} (with {nodes} nodes)"
+            for e in ParallelPlan.of(cfg.fsdp, cfg.parallelism, w.world_size, nproc_per_node).errors()
+        ]
     if errors:
         raise ConfigError(errors)
     sizes = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"

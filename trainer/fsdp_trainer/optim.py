@@ -84,11 +84,32 @@ def clip_gradients(model: nn.Module, max_norm: float) -> torch.Tensor:
     the whole model's gradient, not of this rank's shard; the tests compare it
     with a single-process run. The result stays on the device (no host sync).
     """
-    params = [p for p in model.parameters() if p.grad is not None]
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    norm = total_norm(grads)
     if max_norm > 0:
-        norm = torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
-    else:
-        norm = torch.nn.utils.get_total_norm([p.grad for p in params], foreach=True)
-    if isinstance(norm, DTensor):
-        norm = norm.full_tensor()
+        # The coefficient multiplies each rank's own pieces: a plain tensor and DTensors
+        # on several meshes cannot meet in one DTensor op.
+        coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+        locals_ = [g.to_local() if isinstance(g, DTensor) else g for g in grads]
+        torch._foreach_mul_(locals_, coef.to(locals_[0].device))
     return norm
+
+
+def total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+    """The 2-norm of all of ``grads`` together, on every rank.
+
+    With tensor parallelism the split projections' gradients are DTensors on
+    the data x tensor mesh and the rest on the data-parallel mesh only
+    (identical on the tensor-parallel peers, so counted once): each mesh's
+    norm is reduced over that mesh, then they are combined.
+    """
+    groups: dict[object, list[torch.Tensor]] = {}
+    for grad in grads:
+        groups.setdefault(grad.device_mesh if isinstance(grad, DTensor) else None, []).append(grad)
+    norms = []
+    for group in groups.values():
+        norm = torch.nn.utils.get_total_norm(group, foreach=True)
+        norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+    if len(norms) == 1:
+        return norms[0]
+    return torch.linalg.vector_norm(torch.stack(norms))

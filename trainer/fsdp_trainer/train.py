@@ -77,6 +77,7 @@ from .parallel.distributed import WorldInfo, destroy_distributed, init_distribut
 from .parallel.float8 import float8_plan
 from .parallel.parallelize import compute_context, parallelize, reshard, set_gradient_sync
 from .parallel.plan import ParallelPlan, build_mesh
+from .parallel.tensor_parallel import tensor_parallel_errors
 from .s3_inputs import localize
 from .trace import Trace
 from .watchdog import StepWatchdog
@@ -121,7 +122,7 @@ def prepare(cfg: TrainerConfig, world: WorldInfo | None = None) -> Prepared:
     checkpoint that does not match fails before any process group exists.
     """
     world = world or world_from_env()
-    plan = ParallelPlan(cfg.fsdp, world.world_size, world.local_world_size)
+    plan = ParallelPlan.of(cfg.fsdp, cfg.parallelism, world.world_size, world.local_world_size)
     cfg = localize(cfg)  # model.pretrained and data.path on S3: checked and read as their local copies
     check_config(cfg, plan, world.device.type)
     found = model_dir(cfg)
@@ -148,6 +149,8 @@ def prepare(cfg: TrainerConfig, world: WorldInfo | None = None) -> Prepared:
     except (ValueError, TypeError, AttributeError) as e:
         raise ConfigError([f"model: transformers cannot build {type(config).__name__} as configured: {e}"]) from None
     decoder_units(model)
+    if errors := tensor_parallel_errors(model, plan.tp):
+        raise ConfigError(errors)
     if cfg.training.precision == "float8" and not (float8 := float8_plan(model)).converted:
         raise ConfigError(
             [
@@ -244,6 +247,7 @@ class Trainer:
         cfg, world = self.cfg, self.world
         # The data and the token counts are per data-parallel rank (world rank: logs, traces, faults).
         self.dp_size, self.dp_rank = p.plan.dp_size, p.plan.dp_rank(world.rank)
+        self.mesh_shape = p.plan.describe() if p.plan.uses_fsdp else {}
         self.seq_len = p.seq_len
         self.device = world.device
         torch.manual_seed(cfg.training.seed)
@@ -412,6 +416,7 @@ class Trainer:
             "start",
             step=self.step,
             world_size=self.world.world_size,
+            mesh=self.mesh_shape,
             num_params=self.num_params,
             trainable_params=self.num_trainable,
             logits=self.loss.mode,
@@ -587,10 +592,10 @@ class Trainer:
         if self.packed is None:
             return self.tokens_per_rank_step, None
         count = torch.tensor(local, dtype=torch.float64, device=self.device)
-        # Summed over the default group, so divided by its size: D while every rank is a
-        # data-parallel rank. Model-parallel ranks will need this sum over the data-parallel group.
+        # Summed over every rank: a rank's model-parallel peers repeat its count, so the sum is
+        # (world / D) x G and the divisor G / D is that sum over the world size.
         dist.all_reduce(count)
-        return (count.clamp(min=1) / self.world.world_size).float(), count
+        return (count.clamp(min=1) / self.world.world_size).float(), count * self.dp_size / self.world.world_size
 
     def _count(self, batch: Batch) -> int:
         """What the loss of a batch is a sum over: its pairs (preference objectives) or its trained tokens."""

@@ -23,7 +23,14 @@ from .backend_rules import (
     Backend,
 )
 from .checkpoint import CheckpointSpec
-from .cross_field import COMMAND_RULES, DEFAULT_SEQ_LEN, PREFERENCE_RULES, SEQ_LEN_RULE, effective_seq_len
+from .cross_field import (
+    COMMAND_RULES,
+    DEFAULT_SEQ_LEN,
+    PREFERENCE_RULES,
+    SEQ_LEN_RULE,
+    TENSOR_CONFIG_RULES,
+    effective_seq_len,
+)
 from .data import DataSpec
 from .env import SECRET_ENV_PATTERN, EnvVar, EnvVarSource, FieldSelector, KeySelector
 from .fsdp import FSDPSpec
@@ -39,6 +46,7 @@ from .fsdp_training import (
 from .health import HealthSpec
 from .metrics import MetricsSpec, NetworkPolicySpec
 from .model import ModelOverrides, ModelSpec
+from .parallelism import MAX_TENSOR, ParallelismSpec
 from .peft import MODULE_NAME_PATTERN, ModuleName, PeftSpec
 from .placement import (
     Affinity,
@@ -106,6 +114,7 @@ __all__ = [
     "MAX_IMAGE_LENGTH",
     "MAX_NAME_LENGTH",
     "MAX_NODES",
+    "MAX_TENSOR",
     "MODULE_NAME_PATTERN",
     "NAME_LENGTH_MESSAGE",
     "NAME_PATTERN_MESSAGE",
@@ -118,6 +127,7 @@ __all__ = [
     "ROOT_RULES",
     "SECRET_ENV_PATTERN",
     "SEQ_LEN_RULE",
+    "TENSOR_CONFIG_RULES",
     "TORCHRUN_RESERVED_ENV",
     "TRAINJOB_FROZEN",
     "TRAINJOB_FROZEN_RULE",
@@ -156,6 +166,7 @@ __all__ = [
     "NodeSelectorRequirement",
     "NodeSelectorTerm",
     "ObjectMeta",
+    "ParallelismSpec",
     "PeftSpec",
     "PersistentVolumeClaimSource",
     "PodAffinity",

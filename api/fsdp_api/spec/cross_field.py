@@ -20,6 +20,7 @@ from .checkpoint import CheckpointSpec
 from .data import DataSpec
 from .fsdp import FSDPSpec
 from .model import ModelSpec, preset_cel
+from .parallelism import ParallelismSpec
 from .stall import StallSpec
 from .tracking import TrackingSpec
 from .training import PREFERENCE_OBJECTIVES, TrainingSpec
@@ -196,6 +197,7 @@ COMMAND_RULES: tuple[Rule, ...] = (
     ),
     _left_alone("data", DataSpec, _all_fields(DataSpec)),
     _left_alone("fsdp", FSDPSpec, _all_fields(FSDPSpec)),
+    _left_alone("parallelism", ParallelismSpec, _all_fields(ParallelismSpec)),
     _left_alone(
         "checkpoint",
         CheckpointSpec,
@@ -211,6 +213,76 @@ COMMAND_RULES: tuple[Rule, ...] = (
     ),
     _left_alone("stall", StallSpec, ("trainer_step_timeout_seconds",)),
     _left_alone("tracking", TrackingSpec, _all_fields(TrackingSpec)),
+)
+
+
+# --- tensor parallelism ------------------------------------------------------------
+
+_NO_TP = "!has(self.parallelism) || self.parallelism.tensor == 1"
+_GPUS_CEL = "(has(self.resources) ? self.resources.gpusPerNode : 8)"
+
+
+def _tp(spec: Any) -> int:
+    return spec.parallelism.tensor
+
+
+def _splits_model(spec: Any) -> bool:
+    dims = spec.model.dims() if spec.model is not None else None
+    t = _tp(spec)
+    return dims is None or all(n % t == 0 for n in (dims.num_heads, dims.num_key_value_heads, dims.intermediate_size))
+
+
+# Checked on the spec and again on the trainer's config (run-local has no resources section:
+# there the launch's processes per node are checked by the parallel plan).
+TENSOR_CONFIG_RULES: tuple[Rule, ...] = (
+    Rule(
+        cel=(
+            f"{_NO_TP} || !has(self.model) || !has(self.model.preset) || ("
+            + " && ".join(
+                preset_cel(f).replace("self.", "self.model.") + " % self.parallelism.tensor == 0"
+                for f in ("numHeads", "numKeyValueHeads", "intermediateSize")
+            )
+            + ")"
+        ),
+        message="parallelism.tensor must divide the model's numHeads, numKeyValueHeads and intermediateSize: "
+        "each tensor-parallel rank computes whole attention heads and an equal slice of the MLP",
+        field_path=".parallelism.tensor",
+        check=lambda s: _tp(s) == 1 or _splits_model(s),
+    ),
+    Rule(
+        cel=f"{_NO_TP} || !has(self.peft)",
+        message="peft (LoRA) with parallelism.tensor > 1 is not supported: LoRA wraps the very projections the "
+        "tensor-parallel plan splits, and its adapters would need their own split; LoRA's small memory "
+        "footprint rarely needs more than data parallelism",
+        field_path=".parallelism.tensor",
+        check=lambda s: _tp(s) == 1 or s.peft is None,
+    ),
+    Rule(
+        cel=f"{_NO_TP} || {_NOT_FLOAT8}",
+        message="training.precision float8 with parallelism.tensor > 1 is not supported yet: the float8 layers "
+        "need torchao's float8 tensor-parallel styles, which this trainer does not apply; use bf16",
+        field_path=".parallelism.tensor",
+        check=lambda s: _tp(s) == 1 or s.training is None or s.training.precision != "float8",
+    ),
+    Rule(
+        cel=f"{_NO_TP} || !has(self.fsdp) || !self.fsdp.cpuOffload",
+        message="fsdp.cpuOffload with parallelism.tensor > 1 is not supported: offloading keeps the shards in "
+        "host memory, tensor parallelism splits the layers' compute over GPUs; choose one",
+        field_path=".parallelism.tensor",
+        check=lambda s: _tp(s) == 1 or not s.fsdp.cpu_offload,
+    ),
+)
+
+TENSOR_RULES: tuple[Rule, ...] = (
+    Rule(
+        cel=f"{_NO_TP} || ({_GPUS_CEL} > 0 && {_GPUS_CEL} % self.parallelism.tensor == 0)",
+        message="parallelism.tensor must divide resources.gpusPerNode: a tensor-parallel group is GPUs of one "
+        "node, since it all-reduces activations twice per decoder block, too often for EFA between nodes "
+        "(a CPU-only job runs one process per node)",
+        field_path=".parallelism.tensor",
+        check=lambda s: _tp(s) == 1 or (s.resources.gpus_per_node > 0 and s.resources.gpus_per_node % _tp(s) == 0),
+    ),
+    *TENSOR_CONFIG_RULES,
 )
 
 
@@ -281,6 +353,7 @@ SPEC_RULES: tuple[Rule, ...] = (
     SEQ_LEN_RULE,
     *PREFERENCE_RULES,
     *COMMAND_RULES,
+    *TENSOR_RULES,
     *BACKEND_RULES,
     Rule(
         cel=(

@@ -20,6 +20,7 @@ from .fsdp import FSDPSpec
 from .health import HealthSpec
 from .metrics import MetricsSpec, NetworkPolicySpec
 from .model import ModelSpec
+from .parallelism import ParallelismSpec
 from .peft import PeftSpec
 from .pod import PodSettings
 from .resources import ElasticSpec, ResourcesSpec
@@ -76,6 +77,10 @@ class FSDPTrainingSpec(ApiModel):
         description="Arguments of command, after it on torchrun's command line (immutable).",
     )
     fsdp: FSDPSpec = Field(default_factory=FSDPSpec, description="FSDP2 sharding settings.")
+    parallelism: ParallelismSpec = Field(
+        default_factory=ParallelismSpec,
+        description="Tensor parallelism inside a node, beside FSDP's data parallelism (immutable).",
+    )
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="Nodes, GPUs, EFA and capacity.")
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpointing and resume.")
     elastic: ElasticSpec | None = Field(None, description="Elastic training bounds; unset: a fixed node count.")

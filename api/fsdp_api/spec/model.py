@@ -38,6 +38,7 @@ def preset_cel(field: str) -> str:
         "numHeads": "num_heads",
         "numKeyValueHeads": "num_key_value_heads",
         "maxSeqLen": "max_seq_len",
+        "intermediateSize": "intermediate_size",
     }[field]
     table = ", ".join(f"'{name}': {getattr(dims, attr)}" for name, dims in PRESETS.items())
     return f"(has(self.config) && has(self.config.{field}) ? self.config.{field} : {{{table}}}[self.preset])"

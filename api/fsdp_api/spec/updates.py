@@ -17,7 +17,19 @@ from .training import TrainingSpec
 IMMUTABLE_FIELDS: dict[type[ApiModel], tuple[str, tuple[str, ...]]] = {
     FSDPTrainingSpec: (
         "spec",
-        ("backend", "model", "data", "fsdp", "resources", "peft", "pod", "command", "args", "scheduling"),
+        (
+            "backend",
+            "model",
+            "data",
+            "fsdp",
+            "parallelism",
+            "resources",
+            "peft",
+            "pod",
+            "command",
+            "args",
+            "scheduling",
+        ),
     ),
     TrainingSpec: ("spec.training", ("seqLen", "microBatchSize", "gradAccumSteps", "precision", "seed")),
     CheckpointSpec: ("spec.checkpoint", ("dir", "claimName")),

@@ -135,6 +135,7 @@ class MetricsProcessor:
             contract.LABEL_PRECISION: self.cfg.training.precision,
             contract.LABEL_WORLD_SIZE: str(self.world.world_size),
             contract.LABEL_LOGITS: self.logits,
+            contract.LABEL_TENSOR_PARALLEL: str(self.cfg.parallelism.tensor),
         }
         m.info.labels(**self.labels, **info).set(1)
         # 0 until the first forward has shown that inductor compiled the layers.

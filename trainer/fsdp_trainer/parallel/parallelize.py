@@ -3,7 +3,8 @@
 The units are the model's decoder blocks (``model.architecture.decoder_units``:
 its ``_no_split_modules``), whatever the architecture. Order matters, as in
 torchtitan: float8 swaps the blocks' Linear layers first (``float8.py``),
-activation checkpointing wraps each decoder layer next,
+tensor parallelism splits the blocks' projections over the tensor-parallel
+ranks (``tensor_parallel.py``), activation checkpointing wraps each decoder layer next,
 torch.compile compiles the (wrapped) layers (``compile.py``), and ``fully_shard`` goes on each
 layer and then on the root, so every layer is one all-gather / reduce-scatter
 group and the root group holds the embeddings, final norm and output head.
@@ -34,6 +35,8 @@ from transformers import PreTrainedModel
 from ..model.architecture import decoder_units
 from .compile import CompileReport, apply_compile
 from .float8 import apply_float8
+from .plan import data_parallel_mesh, tensor_parallel_mesh
+from .tensor_parallel import apply_tensor_parallel
 
 log = logging.getLogger(__name__)
 
@@ -107,13 +110,16 @@ def parallelize(
     if cfg.training.precision == "float8":
         recipe = cfg.training.effective_float8_recipe()
         apply_float8(model, recipe, device or torch.device("cpu"), fsdp=mesh is not None)
+    tp_mesh = tensor_parallel_mesh(mesh, plan) if mesh is not None else None
+    if tp_mesh is not None:
+        apply_tensor_parallel(model, tp_mesh)
     wrapped = apply_activation_checkpointing(model, cfg.training.activation_checkpointing)
     if wrapped:
         log.info("activation checkpointing (%s) on %d layers", cfg.training.activation_checkpointing, wrapped)
     if compile_report is not None:
         apply_compile(model, compile_report)
     if mesh is not None:
-        apply_fsdp(model, mesh, plan, cfg.training.precision)
+        apply_fsdp(model, data_parallel_mesh(mesh, plan), plan, cfg.training.precision)
         apply_prefetch(model, plan.fsdp.prefetch)
     return model
 

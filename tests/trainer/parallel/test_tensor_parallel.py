@@ -1,0 +1,171 @@
+"""Tensor parallelism (``parallelism.tensor``) from each architecture's own transformers plan.
+
+Four gloo ranks as tensor 2 x data 2 train pretrained tiny Llama, Qwen2 and
+Mistral models (each declares a plan) with the losses of a single process to
+1e-4 over 10 steps; a checkpoint written by that split resumes as tensor 1 x
+data 4 on the same loss curve (DCP reshards the 2-D shards); and what cannot
+be split is refused before any process group exists, in one line.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from fsdp_api.trainer_config import TrainerConfig
+from fsdp_trainer.errors import ConfigError
+from fsdp_trainer.train import prepare
+
+from tests.trainer.harness import base_config, cpu_world, launch, write_aligned_jsonl
+from tests.trainer.model.architectures import build_checkpoint
+
+TP_ARCHITECTURES = ("llama", "mistral", "qwen2")
+STEPS = 10
+
+
+def _config(work: Path, data: Path, model: dict[str, Any], **sections: dict[str, Any]) -> dict[str, Any]:
+    cfg = base_config(work, data, Path("unused"), **sections)
+    cfg["model"] = model
+    del cfg["data"]["tokenizer"]  # the model directory's own tokenizer
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory: pytest.TempPathFactory, inputs: dict[str, Path]) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("tp-models")
+    return {name: build_checkpoint(name, root / name, inputs["tokenizer"]) for name in TP_ARCHITECTURES}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", TP_ARCHITECTURES)
+def test_tensor_2_by_data_2_trains_like_one_process(
+    name: str, checkpoints: dict[str, Path], inputs: dict[str, Path], tmp_path: Path
+) -> None:
+    runs = {}
+    # Global batch 4 windows: one process x 4, or 2 data-parallel ranks x 2 (their tensor-parallel peers share them).
+    for nproc, mbs, tensor in ((None, 4, 1), (4, 2, 2)):
+        work = tmp_path / f"tp{tensor}"
+        cfg = _config(
+            work,
+            inputs["aligned"],
+            {"pretrained": str(checkpoints[name])},
+            training={"maxSteps": STEPS, "microBatchSize": mbs},
+            parallelism={"tensor": tensor},
+        )
+        runs[tensor] = launch(work, cfg, nproc=nproc).check()
+    single, split = runs[1].losses(), runs[2].losses()
+    assert sorted(single) == list(range(1, STEPS + 1))
+    for step, loss in single.items():
+        assert abs(split[step] - loss) <= 1e-4, (step, loss, split[step])
+    norms = {r["step"]: r["grad_norm"] for r in runs[1].events("step")}
+    for r in runs[2].events("step"):
+        assert r["grad_norm"] == pytest.approx(norms[r["step"]], rel=1e-4), r["step"]
+    assert min(single[STEPS - 1], single[STEPS]) < single[1]  # it trained
+    start = runs[2].events("start")[0]
+    assert start["mesh"] == {"shard": 2, "tp": 2}
+
+
+def _same_document(path: Path, copies: int = 200) -> Path:
+    """One window-long document, repeated: every data split and epoch gives the same batches,
+    so a resume on another data-parallel size continues the very same loss curve."""
+    write_aligned_jsonl(path.with_suffix(".one"), 1)
+    line = path.with_suffix(".one").read_text()
+    path.write_text(line * copies)
+    return path
+
+
+@pytest.mark.slow
+def test_a_tensor_2_checkpoint_resumes_as_tensor_1_by_data_4_and_exports(
+    checkpoints: dict[str, Path], tmp_path: Path
+) -> None:
+    from fsdp_trainer.export import export_checkpoint
+    from transformers import AutoModelForCausalLM
+
+    data = _same_document(tmp_path / "same.jsonl")
+    model = {"pretrained": str(checkpoints["llama"])}
+    # Global batch 4 windows either way: 2 data-parallel ranks x 2, or 4 x 1.
+    first = _config(
+        tmp_path / "tp2",
+        data,
+        model,
+        training={"maxSteps": STEPS, "microBatchSize": 2},
+        parallelism={"tensor": 2},
+        checkpoint={"intervalSteps": 5},
+    )
+    whole = launch(tmp_path / "tp2", first, nproc=4).check()
+    # The same run stopped at step 5: its checkpoint, in another directory.
+    resumed_dir = tmp_path / "tp1" / "checkpoints"
+    shutil.copytree(tmp_path / "tp2" / "checkpoints" / "step-00000005", resumed_dir / "step-00000005")
+    second = _config(
+        tmp_path / "tp1",
+        data,
+        model,
+        training={"maxSteps": STEPS, "microBatchSize": 1},
+        parallelism={"tensor": 1},
+        checkpoint={"intervalSteps": 5},
+    )
+    resumed = launch(tmp_path / "tp1", second, nproc=4).check()
+    assert resumed.events("start")[0]["step"] == 5
+    assert resumed.events("start")[0]["mesh"] == {"shard": 4}
+    before, after = whole.losses(), resumed.losses()
+    assert sorted(after) == list(range(6, STEPS + 1))
+    for step, loss in after.items():
+        assert abs(loss - before[step]) <= 1e-4, (step, loss, before[step])
+    assert before[STEPS] < before[1]
+
+    # The export of a tensor-parallel checkpoint is an ordinary transformers model with the trained weights.
+    exported = export_checkpoint(tmp_path / "tp2" / "checkpoints", tmp_path / "hf")
+    hf = AutoModelForCausalLM.from_pretrained(exported, dtype=torch.float32).eval()
+    probe = torch.load(whole.trace_dir / "probe.pt")
+    with torch.no_grad():
+        logits = hf(input_ids=probe["input_ids"]).logits
+    torch.testing.assert_close(logits, probe["logits"], atol=1e-5, rtol=1e-5)
+
+
+def _refusal(cfg: dict[str, Any], world: int, local: int) -> str:
+    with pytest.raises(ConfigError) as err:
+        prepare(TrainerConfig.model_validate(cfg), cpu_world(world, local))
+    assert len(err.value.lines) == 1, err.value.lines
+    return err.value.lines[0]
+
+
+@pytest.mark.parametrize(
+    ("name", "tensor", "world", "local", "expected"),
+    [
+        # No plan in transformers: GPT-2 declares none.
+        ("gpt2", 2, 2, 2, "parallelism.tensor: GPT2LMHeadModel declares no tensor-parallel plan in transformers"),
+        # Mixtral's experts are packed and expert-parallel in its plan.
+        ("mixtral", 2, 2, 2, "MixtralForCausalLM's tensor-parallel plan uses the styles moe_tp_experts, packed_"),
+        # 4 ranks cannot split 2 key-value heads.
+        ("llama", 4, 4, 4, "parallelism.tensor: 4 does not divide LlamaForCausalLM's num_key_value_heads (2)"),
+        # A tensor-parallel group across nodes (2 processes per node).
+        ("llama", 4, 4, 2, "parallelism.tensor: 4 does not divide the 2 processes per node"),
+    ],
+)
+def test_what_cannot_be_split_is_refused_in_one_line(
+    name: str, tensor: int, world: int, local: int, expected: str, inputs: dict[str, Path], tmp_path: Path
+) -> None:
+    path = build_checkpoint(name, tmp_path / name, inputs["tokenizer"])
+    cfg = _config(tmp_path, inputs["aligned"], {"architecture": str(path)}, parallelism={"tensor": tensor})
+    assert expected in _refusal(cfg, world, local)
+
+
+def test_lora_float8_and_cpu_offload_with_tensor_parallelism_are_refused_by_the_config() -> None:
+    from pydantic import ValidationError
+
+    base = {"model": {"preset": "tiny"}, "training": {"maxSteps": 1}, "parallelism": {"tensor": 2}}
+    cases = {
+        "peft (LoRA) with parallelism.tensor > 1 is not supported": {"peft": {"rank": 8}},
+        "training.precision float8 with parallelism.tensor > 1 is not supported yet": {
+            "training": {"maxSteps": 1, "precision": "float8"}
+        },
+        "fsdp.cpuOffload with parallelism.tensor > 1 is not supported": {"fsdp": {"cpuOffload": True}},
+    }
+    for message, extra in cases.items():
+        with pytest.raises(ValidationError) as err:
+            TrainerConfig.model_validate({**base, **extra})
+        assert message in str(err.value)
+    TrainerConfig.model_validate(base)  # on its own it is fine
