@@ -19,7 +19,9 @@ use it. The numbers model what the trainer does (``fsdp_trainer.parallel``,
 - activations: the tensors autograd saves per decoder layer, by seqLen,
   microBatchSize and activationCheckpointing; the attention and MLP ones
   divided by the tensor-parallel degree (each rank computes its heads and
-  its slice of the MLP), the norms' and the residual stream's not;
+  its slice of the MLP), the norms' and the residual stream's not; with
+  ``parallelism.context`` C a rank's own tokens (1/C of each row) plus the
+  whole rows' keys and values its attention gathers and its boolean mask;
 - logits: the output head's logits, their fp32 copy and log-softmax, or
   with ``training.logits: chunked`` one chunk of them and the gradients
   the chunked loss keeps for backward;
@@ -156,6 +158,13 @@ class Workload:
     logits: str = "full"  # training.logits: chunked or full
     reference_params: int = 0  # objective dpo without LoRA: the frozen reference copy's parameters
     tp: int = 1  # parallelism.tensor: each block's projections split over this many ranks
+    cp: int = 1  # parallelism.context: each row split over this many ranks
+    packed: bool = False  # rows packed from documents (data.format other than text): attention needs a mask
+
+    @property
+    def tokens(self) -> int:
+        """Tokens one rank computes per micro-batch (its part of each row with context parallelism)."""
+        return self.micro_batch * self.seq_len // self.cp
 
     @property
     def compute_bytes(self) -> int:
@@ -196,6 +205,8 @@ def workload(spec: FSDPTrainingSpec, dims: ModelDims) -> Workload:
         # dpo with LoRA uses the base with the adapters off as its reference: no copy.
         reference_params=dims.num_params() if spec.training.needs_reference and spec.peft is None else 0,
         tp=plan.tp,
+        cp=plan.cp,
+        packed=spec.data.format != "text",
     )
 
 
@@ -261,15 +272,27 @@ def layer_activation_bytes(w: Workload) -> int:
     (bf16: an fp32 upcast of the input plus the bf16 output); attention keeps
     q, k, v after RoPE, its output and that output made contiguous for o_proj,
     plus an fp32 log-sum-exp per head; the MLP keeps gate, silu(gate), up and
-    their product (4 x intermediate).
+    their product (4 x intermediate). With context parallelism a rank keeps
+    these for its own tokens, plus the whole rows' keys and values that
+    attention gathered (the other ranks' part of them).
     """
     d, c = w.dims, w.compute_bytes
-    tokens = w.micro_batch * w.seq_len
     kv = d.num_key_value_heads * d.head_dim
     norms = 2 * d.hidden_size * (FP32 + c)
     attention = (3 * d.hidden_size + 2 * kv) * c + d.num_heads * FP32
     mlp = 4 * d.intermediate_size * c
-    return tokens * (norms + (attention + mlp) // w.tp)
+    gathered = (w.micro_batch * w.seq_len - w.tokens) * 2 * kv * c // w.tp
+    return w.tokens * (norms + (attention + mlp) // w.tp) + gathered
+
+
+def context_mask_bytes(w: Workload) -> int:
+    """Context parallelism's mask of packed rows: additive, in the compute dtype, per local query and key.
+
+    On GPUs a plain token stream needs none (each chunk attends causally up to its end).
+    """
+    if w.cp == 1 or (not w.packed and w.device == "cuda"):
+        return 0
+    return w.micro_batch * (w.seq_len // w.cp) * w.seq_len * w.compute_bytes
 
 
 def activation_bytes(w: Workload) -> int:
@@ -282,11 +305,11 @@ def activation_bytes(w: Workload) -> int:
     per_layer = layer_activation_bytes(w)
     checkpointed = {"none": 0, "selective": (d.num_layers + 1) // 2, "full": d.num_layers}[w.checkpointing]
     kept = (d.num_layers - checkpointed) * per_layer
-    inputs = checkpointed * w.micro_batch * w.seq_len * d.hidden_size * w.compute_bytes
+    inputs = checkpointed * w.tokens * d.hidden_size * w.compute_bytes
     recompute = per_layer if checkpointed else 0
     # The final norm's input and output, as in a layer.
-    final_norm = w.micro_batch * w.seq_len * d.hidden_size * (FP32 + w.compute_bytes)
-    return kept + inputs + recompute + final_norm
+    final_norm = w.tokens * d.hidden_size * (FP32 + w.compute_bytes)
+    return kept + inputs + recompute + final_norm + context_mask_bytes(w)
 
 
 def logits_bytes(w: Workload) -> int:
@@ -303,8 +326,8 @@ def logits_bytes(w: Workload) -> int:
     """
     if w.logits == "chunked":
         d = w.dims
-        chunk = min(loss_chunk_tokens(d.vocab_size), w.micro_batch * w.seq_len) * d.vocab_size
-        return w.micro_batch * w.seq_len * d.hidden_size * w.compute_bytes + chunk * 3 * FP32
+        chunk = min(loss_chunk_tokens(d.vocab_size), w.tokens) * d.vocab_size
+        return w.tokens * d.hidden_size * w.compute_bytes + chunk * 3 * FP32
     return _full_logits_bytes(w)
 
 
@@ -317,7 +340,7 @@ def _full_logits_bytes(w: Workload) -> int:
     every layer's activations. Forward's own peak (logits, fp32 copy,
     log-softmax: at most 10 bytes) is below that.
     """
-    return w.micro_batch * w.seq_len * w.dims.vocab_size * 3 * FP32
+    return w.tokens * w.dims.vocab_size * 3 * FP32
 
 
 def _logits_note(w: Workload) -> str:
@@ -439,7 +462,13 @@ def estimate(w: Workload) -> Estimate:
             + (f" of {w.adapter_params:,} adapter parameters" if w.adapter_params else "")
             + (", + foreach temp" if temp else ""),
         ),
-        Component("activations", acts, f"{w.micro_batch}x{w.seq_len} tokens, checkpointing {w.checkpointing}"),
+        Component(
+            "activations",
+            acts,
+            f"{w.micro_batch}x{w.seq_len} tokens"
+            + (f" (1/{w.cp} of each row here)" if w.cp > 1 else "")
+            + f", checkpointing {w.checkpointing}",
+        ),
         Component("logits", logits, _logits_note(w)),
         Component("communication", comm, _comm_note(w)),
         Component("overhead", overhead, "CUDA context + allocator slack" if overhead else "none counted off GPU"),
@@ -565,8 +594,22 @@ def _nodes(spec: FSDPTrainingSpec, nodes: int) -> FSDPTrainingSpec:
     return spec.model_copy(update={"resources": spec.resources.model_copy(update={"nodes": nodes})})
 
 
-def _tensor(spec: FSDPTrainingSpec, degree: int) -> FSDPTrainingSpec:
-    return spec.model_copy(update={"parallelism": spec.parallelism.model_copy(update={"tensor": degree})})
+def _parallelism(spec: FSDPTrainingSpec, **degrees: int) -> FSDPTrainingSpec:
+    return spec.model_copy(update={"parallelism": spec.parallelism.model_copy(update=degrees)})
+
+
+def context_degrees(spec: FSDPTrainingSpec) -> list[int]:
+    """Context-parallel degrees above the current one that the spec's rules would accept (powers of 2)."""
+    seq = spec.training.seq_len
+    if seq is None or spec.training.trains_preferences or spec.fsdp.sharding_strategy == "no_shard":
+        return []
+    world, tp = spec.world_size(), spec.parallelism.tensor
+    out, degree = [], spec.parallelism.context * 2
+    while degree <= world // tp:
+        if world % (tp * degree) == 0 and seq % (2 * degree) == 0:
+            out.append(degree)
+        degree *= 2
+    return out
 
 
 def tensor_degrees(spec: FSDPTrainingSpec) -> list[int]:
@@ -603,8 +646,10 @@ def _candidates(spec: FSDPTrainingSpec) -> list[tuple[str, FSDPTrainingSpec]]:
         )
         out.append((f"set training.microBatchSize: {mbs}", _training(spec, micro_batch_size=mbs)))
         mbs //= 2
+    for degree in context_degrees(spec):
+        out.append((f"set parallelism.context: {degree}", _parallelism(spec, context=degree)))
     for degree in tensor_degrees(spec):
-        out.append((f"set parallelism.tensor: {degree}", _tensor(spec, degree)))
+        out.append((f"set parallelism.tensor: {degree}", _parallelism(spec, tensor=degree)))
     if ParallelPlan.for_spec(spec).shards_over_all_dp_ranks:
         for nodes in range(spec.resources.nodes + 1, MAX_NODES + 1):
             out.append((f"set resources.nodes: {nodes}", _nodes(spec, nodes)))

@@ -25,16 +25,24 @@ The data-parallel dimensions per strategy, with D the data-parallel size:
 A single process with no CPU offload gets no FSDP at all (a plain module):
 the non-sharded reference the parity tests compare against.
 
-Tensor and context parallelism (``tp``: ``parallelism.tensor``; ``cp``: 1
-until the trainer implements it): their ranks share one data-parallel rank's
-batch and split its work, so they divide the world before data parallelism
-does: ``dp_size = world / (cp * tp)``. A dimension of degree 1 is left out of
-the mesh, so without them the mesh is exactly the data-parallel one. Ranks
-fill the mesh row-major in the order ``replicate, shard, cp, tp``: the
-tensor-parallel peers are neighbours, inside one node (its NVLink, not EFA:
-a tensor-parallel layer all-reduces its activations twice per block), and a
-rank's data-parallel coordinate is ``rank // (cp * tp)``. A new degree is one
-field here, its place in ``mesh_dim_names`` and a check in ``errors``.
+Tensor and context parallelism (``tp``: ``parallelism.tensor``, ``cp``:
+``parallelism.context``): their ranks share one data-parallel rank's batch
+and split its work, so they divide the world before data parallelism does:
+``dp_size = world / (cp * tp)``. Ranks fill the layout row-major in the order
+``replicate, shard, cp, tp``: the tensor-parallel peers are neighbours, inside
+one node (its NVLink, not EFA: a tensor-parallel layer all-reduces its
+activations twice per block), and a rank's data-parallel coordinate is
+``rank // (cp * tp)``.
+
+The context ranks of one data-parallel rank each compute the gradient of
+their part of its rows, so FSDP reduces over them too: its shard dimension
+takes in the context ranks (``shard * cp``, torchtitan's ``dp_shard_cp``).
+Because ``cp`` sits right after ``shard`` in the row-major order, that is a
+plain dimension of the mesh the trainer builds (``mesh_shape``); the context
+groups themselves are the trainer's (``fsdp_trainer.parallel.plan``). A
+dimension of degree 1 is left out, so without model parallelism the mesh is
+exactly the data-parallel one. A new degree is one field here, its place in
+``mesh_dim_names`` and a check in ``errors``.
 
 Torch-free: the operator, the memory plan and the trainer's config checks use
 it before anything heavy is imported; the trainer builds the torch mesh from
@@ -63,14 +71,14 @@ class ParallelPlan:
     fsdp: FSDPSpec
     world_size: int
     local_world_size: int
-    # Degrees of tensor and context parallelism (see the module doc); cp is 1 until the trainer implements it.
+    # Degrees of tensor and context parallelism (see the module doc).
     tp: int = 1
     cp: int = 1
 
     @classmethod
     def of(cls, fsdp: FSDPSpec, parallelism: ParallelismSpec, world_size: int, local_world_size: int) -> ParallelPlan:
         """The plan of the spec's (or trainer config's) sections on a launch of ``world_size`` ranks."""
-        return cls(fsdp, world_size, local_world_size, tp=parallelism.tensor)
+        return cls(fsdp, world_size, local_world_size, tp=parallelism.tensor, cp=parallelism.context)
 
     @classmethod
     def for_spec(cls, spec: FSDPTrainingSpec) -> ParallelPlan:
@@ -126,12 +134,18 @@ class ParallelPlan:
         return (SHARD,) if len(self.dp_shape) == 1 else (REPLICATE, SHARD)
 
     @property
+    def fsdp_shape(self) -> tuple[int, ...]:
+        """FSDP's dimensions: the data-parallel ones, with the context ranks in the shard dimension."""
+        return (*self.dp_shape[:-1], self.dp_shape[-1] * self.cp)
+
+    @property
     def mesh_shape(self) -> tuple[int, ...]:
-        return self.dp_shape + tuple(size for _, size in self._model_parallel_dims())
+        """The device mesh the trainer builds: FSDP's dimensions, then the tensor-parallel one."""
+        return self.fsdp_shape + ((self.tp,) if self.tp > 1 else ())
 
     @property
     def mesh_dim_names(self) -> tuple[str, ...]:
-        return self.dp_dim_names + tuple(name for name, _ in self._model_parallel_dims())
+        return self.dp_dim_names + ((TP,) if self.tp > 1 else ())
 
     def _model_parallel_dims(self) -> list[tuple[str, int]]:
         return [(name, size) for name, size in ((CP, self.cp), (TP, self.tp)) if size > 1]
@@ -149,7 +163,7 @@ class ParallelPlan:
         """
         if not self.uses_fsdp:
             return 1
-        return max(1, min(self.dp_shape[-1], self.dp_size))
+        return max(1, min(self.fsdp_shape[-1], self.dp_size * self.cp))
 
     @property
     def reshard_after_forward(self) -> bool:
@@ -157,8 +171,9 @@ class ParallelPlan:
         return self.strategy != "shard_grad_op"
 
     def describe(self) -> dict[str, int]:
-        """The mesh as {dim name: size}, for the log."""
-        return dict(zip(self.mesh_dim_names, self.mesh_shape, strict=True))
+        """The layout as {dim name: size}, for the log: the data-parallel dimensions, then cp and tp."""
+        dims = list(zip(self.dp_dim_names, self.dp_shape, strict=True)) + self._model_parallel_dims()
+        return dict(dims)
 
     def errors(self) -> list[str]:
         """Why the mesh cannot be built for this launch, naming the field; empty when it can."""
@@ -168,6 +183,11 @@ class ParallelPlan:
             return [
                 f"the world size {self.world_size} is not a multiple of tp x cp = {self.tp} x {self.cp}, "
                 "so the data-parallel size is not a whole number"
+            ]
+        if self.cp > 1 and self.strategy == "no_shard":
+            return [
+                "fsdp.shardingStrategy: no_shard keeps whole parameters on every rank, but with parallelism.context "
+                "FSDP shards over the context ranks: use full, shard_grad_op or hybrid"
             ]
         if self.local_world_size % self.tp:
             return [

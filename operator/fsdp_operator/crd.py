@@ -58,6 +58,13 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "priority": 1,
     },
     {
+        "name": "CP",
+        "type": "integer",
+        "jsonPath": ".spec.parallelism.context",
+        "description": "Context-parallel degree (parallelism.context).",
+        "priority": 1,
+    },
+    {
         "name": "Backend",
         "type": "string",
         "jsonPath": ".spec.backend",

@@ -104,6 +104,7 @@ def test_printer_columns_point_at_fields_of_their_type() -> None:
         "Remaining",
         "Tokens/s",
         "TP",
+        "CP",
         "Backend",
         "Job",
         "Age",
@@ -114,7 +115,7 @@ def test_printer_columns_point_at_fields_of_their_type() -> None:
         if c["type"] != "date":
             assert target["type"] == c["type"], c
     wide = {c["name"] for c in columns if c.get("priority", 0) > 0}
-    assert wide == {"Tokens/s", "TP", "Backend", "Job"}
+    assert wide == {"Tokens/s", "TP", "CP", "Backend", "Job"}
 
 
 def test_cel_rules_of_the_models_are_in_the_schema() -> None:

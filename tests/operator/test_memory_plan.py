@@ -310,13 +310,27 @@ def test_tensor_parallelism_splits_the_projections_and_their_activations_not_the
     assert component(split, "communication") < component(plain, "communication")
 
 
-def test_a_row_too_long_for_one_gpu_is_told_to_split_its_layers() -> None:
+def test_a_row_too_long_for_one_gpu_is_told_to_split_it() -> None:
     # 8B at 131,072 tokens on one p5: micro-batch 1, full checkpointing and the chunked loss already.
     long_row = {"seqLen": 131_072, "microBatchSize": 1, "logits": "chunked", "activationCheckpointing": "full"}
     s = spec(model={"preset": "llama3.1-8b", "config": {"maxSeqLen": 131_072}}, training=long_row)
     s = s.model_copy(update={"resources": s.resources.model_copy(update={"nodes": 1})})
     plan = plan_memory(s)
     assert plan.fits is False
-    assert plan.suggestion == "set parallelism.tensor: 2"
-    fixed = s.model_copy(update={"parallelism": s.parallelism.model_copy(update={"tensor": 2})})
-    assert plan_memory(fixed).fits is True
+    # Splitting the row splits every activation; splitting the layers, only the attention's and MLP's.
+    assert plan.suggestion == "set parallelism.context: 2"
+    for degrees in ({"context": 2}, {"tensor": 2}):
+        fixed = s.model_copy(update={"parallelism": s.parallelism.model_copy(update=degrees)})
+        assert plan_memory(fixed).fits is True, degrees
+    split = s.model_copy(update={"parallelism": s.parallelism.model_copy(update={"context": 2})})
+    # A rank's own half of the row, plus the whole row's keys and values its attention gathers.
+    assert component(split, "activations") < 0.6 * component(s, "activations")
+    assert component(split, "logits") < component(s, "logits")
+
+
+def test_packed_rows_under_context_parallelism_count_the_attention_mask() -> None:
+    row = {"seqLen": 32_768, "microBatchSize": 1}
+    text = spec(training=row, parallelism={"context": 2})
+    chats = spec(training=row, parallelism={"context": 2}, data={"format": "chat", "path": "/data/chats.jsonl"})
+    # bf16 additive mask: 16,384 local queries x 32,768 keys x 2 bytes.
+    assert component(chats, "activations") - component(text, "activations") == 16_384 * 32_768 * 2

@@ -60,12 +60,23 @@ def test_model_parallel_degrees_divide_the_world_before_data_parallelism() -> No
     assert p.describe() == {"shard": 4, "cp": 2, "tp": 2}
     assert p.dp_dim_names == ("shard",) and p.dp_shape == (4,)
     assert [p.dp_rank(r) for r in range(16)] == [r // 4 for r in range(16)]
-    assert p.shard_size == 4
+    # FSDP shards over the context ranks too (each computes gradients of its part of the rows):
+    # the mesh the trainer builds folds cp into the shard dimension.
+    assert p.shard_size == 8
+    assert (p.mesh_shape, p.mesh_dim_names) == ((8, 2), ("shard", "tp"))
     # hybrid's default group is one node's data-parallel ranks: 8 processes / (tp x cp) = 2.
     h = plan({"shardingStrategy": "hybrid"}, 16, 8, tp=2, cp=2)
     assert h.shard_group_size == 2
     assert h.describe() == {"replicate": 2, "shard": 2, "cp": 2, "tp": 2}
+    assert (h.mesh_shape, h.mesh_dim_names) == ((2, 4, 2), ("replicate", "shard", "tp"))
     assert h.errors() == []
+
+
+def test_context_parallelism_refuses_no_shard() -> None:
+    assert plan({"shardingStrategy": "no_shard"}, 4, 4, cp=2).errors() == [
+        "fsdp.shardingStrategy: no_shard keeps whole parameters on every rank, but with parallelism.context "
+        "FSDP shards over the context ranks: use full, shard_grad_op or hybrid"
+    ]
 
 
 def test_dp_rank_outside_the_world_is_refused() -> None:

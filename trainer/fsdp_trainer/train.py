@@ -20,6 +20,7 @@ fetched together).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import logging
@@ -44,6 +45,7 @@ from .checkpoint import MODEL_CONFIG_DIR as CHECKPOINT_MODEL_CONFIG_DIR
 from .checkpoint import Checkpointer, check_candidates, resume_candidates
 from .config import check_config
 from .data.attention import PackedAttention
+from .data.context_split import ContextBatch, split_rows
 from .data.formats import data_format
 from .data.loader import TrainData, row_counts, validation_batches
 from .data.packing import Batch
@@ -73,10 +75,11 @@ from .model.pretrained import LoadPlan, check_pretrained, load_pretrained
 from .model.shards import local_tensor
 from .optim import build_optimizer, build_scheduler, clip_gradients, restore_schedule
 from .parallel.compile import MODE_INDUCTOR, CompileReport, compile_report
+from .parallel.context_parallel import ContextParallel, context_parallel_errors
 from .parallel.distributed import WorldInfo, destroy_distributed, init_distributed, world_from_env
 from .parallel.float8 import float8_plan
 from .parallel.parallelize import compute_context, parallelize, reshard, set_gradient_sync
-from .parallel.plan import ParallelPlan, build_mesh
+from .parallel.plan import ParallelPlan, build_mesh, context_group
 from .parallel.tensor_parallel import tensor_parallel_errors
 from .s3_inputs import localize
 from .trace import Trace
@@ -149,7 +152,7 @@ def prepare(cfg: TrainerConfig, world: WorldInfo | None = None) -> Prepared:
     except (ValueError, TypeError, AttributeError) as e:
         raise ConfigError([f"model: transformers cannot build {type(config).__name__} as configured: {e}"]) from None
     decoder_units(model)
-    if errors := tensor_parallel_errors(model, plan.tp):
+    if errors := tensor_parallel_errors(model, plan.tp) + context_parallel_errors(model, plan.cp, seq_len):
         raise ConfigError(errors)
     if cfg.training.precision == "float8" and not (float8 := float8_plan(model)).converted:
         raise ConfigError(
@@ -247,6 +250,8 @@ class Trainer:
         cfg, world = self.cfg, self.world
         # The data and the token counts are per data-parallel rank (world rank: logs, traces, faults).
         self.dp_size, self.dp_rank = p.plan.dp_size, p.plan.dp_rank(world.rank)
+        # FSDP averages gradients over the data-parallel ranks and their context peers (each computes its tokens').
+        self.cp, self.reduce_size = p.plan.cp, p.plan.dp_size * p.plan.cp
         self.mesh_shape = p.plan.describe() if p.plan.uses_fsdp else {}
         self.seq_len = p.seq_len
         self.device = world.device
@@ -259,6 +264,7 @@ class Trainer:
         needs_copy = cfg.training.needs_reference and not p.adapted
         reference_meta = copy.deepcopy(p.model) if needs_copy else None
         self.model = build_model(p, resuming=bool(found))
+        self.context = self._context_parallel(p)
         self.compile = p.compile
         self.num_params = count_parameters(self.model)
         self.num_trainable = count_trainable(self.model)
@@ -269,7 +275,8 @@ class Trainer:
             PackedAttention(self.model, self.seq_len) if data_format(cfg.data.format).packs_documents else None
         )
         if self.packed is not None:
-            log.info("data.format %s: documents kept apart by %s", cfg.data.format, self.packed.describe())
+            how = "the context-parallel attention's mask" if self.context is not None else self.packed.describe()
+            log.info("data.format %s: documents kept apart by %s", cfg.data.format, how)
         self.optimizer = build_optimizer(self.model, cfg.training, self.device)
         self.scheduler = build_scheduler(self.optimizer, cfg.training)
         self.data = PrefetchedData(
@@ -319,6 +326,42 @@ class Trainer:
             self.seq_len,
             cfg.training.micro_batch_size * accum * self.dp_size,
         )
+
+    def _context_parallel(self, p: Prepared) -> ContextParallel | None:
+        """With parallelism.context: this rank's part of every row, and the attention over whole rows (collective)."""
+        if p.plan.cp == 1:
+            return None
+        group, index = context_group(self.world, p.plan)
+        context = ContextParallel(self.model, group, p.plan.cp, index, self.seq_len)
+        # A probe forward (no layout: no collectives in attention) shows whether the attention layers
+        # go through transformers' interface at all; one that does not would silently see only its chunk.
+        inputs = torch.zeros(1, 8, dtype=torch.long, device=self.device)
+        with (
+            torch.no_grad(),
+            compute_context(self.model, self.cfg.training.precision, self.device),
+            torch.compiler.set_stance("force_eager"),
+        ):
+            self.model(input_ids=inputs, use_cache=False)
+        reshard(self.model)
+        if context.calls == 0:
+            raise ConfigError(
+                [
+                    f"parallelism.context: {type(self.model).__name__}'s attention layers do not call transformers' "
+                    "attention interface, so their rows cannot be split; use parallelism.context: 1"
+                ]
+            )
+        return context
+
+    def _within(self, batch: Batch) -> contextlib.AbstractContextManager[None]:
+        """Where a batch's forward and backward run: inside its context-parallel layout, if any."""
+        if self.context is None:
+            return contextlib.nullcontext()
+        assert isinstance(batch, ContextBatch)
+        return self.context.active(batch.row_documents, batch.inputs.device)
+
+    def _local(self, batch: Batch) -> Batch:
+        """This rank's tokens of a batch: all of them, or its context-parallel part."""
+        return batch if self.context is None else split_rows(batch, self.context.positions)
 
     def _output_loss(self) -> OutputLoss:
         """How the loss is computed (``training.logits``), decided on a probe forward (collective)."""
@@ -487,6 +530,7 @@ class Trainer:
         pair_sums = torch.zeros(len(STATS) if self.preference else 0, device=self.device, dtype=torch.float32)
         batches = [self.data.next_batch() for _ in range(accum)]
         samples = [s for b in batches for s in b.sample_ids]
+        batches = [self._local(b) for b in batches]
         # Counted on the host batches: no device sync per micro-batch.
         local_count = float(sum(self._count(b) for b in batches)) if self.packed is not None else 0.0
         batches = [b.to(self.device) for b in batches]
@@ -495,10 +539,11 @@ class Trainer:
         divisor, trained = self._loss_divisor(local_count)
         for micro, batch in enumerate(batches):
             set_gradient_sync(self.model, micro == accum - 1)
-            with compute_context(self.model, self.cfg.training.precision, self.device):
-                loss, pairs = self._micro_loss(batch)
-            loss = loss / divisor
-            loss.backward()
+            with self._within(batch):
+                with compute_context(self.model, self.cfg.training.precision, self.device):
+                    loss, pairs = self._micro_loss(batch)
+                loss = loss / divisor
+                loss.backward()
             loss_sum += loss.detach()
             if pairs is not None:
                 pair_sums += pairs
@@ -590,12 +635,13 @@ class Trainer:
         ``local``: this rank's trained tokens (pairs, for a preference objective) in the step.
         """
         if self.packed is None:
-            return self.tokens_per_rank_step, None
+            return self.tokens_per_rank_step / self.cp, None
         count = torch.tensor(local, dtype=torch.float64, device=self.device)
-        # Summed over every rank: a rank's model-parallel peers repeat its count, so the sum is
-        # (world / D) x G and the divisor G / D is that sum over the world size.
+        # Summed over every rank: context peers count their own tokens, tensor-parallel peers repeat
+        # them, so the sum is tp x G, and the divisor G / (D x cp) (FSDP averages over D x cp ranks)
+        # is that sum over the world size.
         dist.all_reduce(count)
-        return (count.clamp(min=1) / self.world.world_size).float(), count * self.dp_size / self.world.world_size
+        return (count.clamp(min=1) / self.world.world_size).float(), count * self.reduce_size / self.world.world_size
 
     def _count(self, batch: Batch) -> int:
         """What the loss of a batch is a sum over: its pairs (preference objectives) or its trained tokens."""
@@ -614,6 +660,9 @@ class Trainer:
         return self.loss.loss_sum(self.model, batch.labels, input_ids=batch.inputs, **self._attention(batch)), None
 
     def _attention(self, batch: Batch) -> dict[str, object]:
+        if self.context is not None:
+            assert isinstance(batch, ContextBatch)
+            return batch.model_inputs()
         return {} if self.packed is None else self.packed.kwargs(batch.position_ids)
 
     def _data_record(self, stats: StepStats) -> dict[str, object]:
@@ -667,8 +716,8 @@ class Trainer:
         self.model.eval()
         totals = torch.zeros(2, device=self.device, dtype=torch.float64)
         for batch in batches:
-            batch = batch.to(self.device)
-            with compute_context(self.model, self.cfg.training.precision, self.device):
+            batch = self._local(batch).to(self.device)
+            with self._within(batch), compute_context(self.model, self.cfg.training.precision, self.device):
                 loss, _ = self._micro_loss(batch)
             totals[0] += loss.double()
             totals[1] += self._count(batch)

@@ -25,6 +25,7 @@ from .backend_rules import (
 from .checkpoint import CheckpointSpec
 from .cross_field import (
     COMMAND_RULES,
+    CONTEXT_CONFIG_RULES,
     DEFAULT_SEQ_LEN,
     PREFERENCE_RULES,
     SEQ_LEN_RULE,
@@ -101,6 +102,7 @@ from .volumes import (
 __all__ = [
     "BACKEND_RULES",
     "COMMAND_RULES",
+    "CONTEXT_CONFIG_RULES",
     "DEFAULT_GRACE_SECONDS",
     "DEFAULT_SEQ_LEN",
     "DNS_LABEL",

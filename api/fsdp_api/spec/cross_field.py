@@ -216,7 +216,7 @@ COMMAND_RULES: tuple[Rule, ...] = (
 )
 
 
-# --- tensor parallelism ------------------------------------------------------------
+# --- tensor and context parallelism ------------------------------------------------------------
 
 _NO_TP = "!has(self.parallelism) || self.parallelism.tensor == 1"
 _GPUS_CEL = "(has(self.resources) ? self.resources.gpusPerNode : 8)"
@@ -273,7 +273,53 @@ TENSOR_CONFIG_RULES: tuple[Rule, ...] = (
     ),
 )
 
-TENSOR_RULES: tuple[Rule, ...] = (
+# --- context parallelism ------------------------------------------------------------
+
+_NO_CP = "!has(self.parallelism) || self.parallelism.context == 1"
+
+
+def _cp(spec: Any) -> int:
+    return spec.parallelism.context
+
+
+CONTEXT_CONFIG_RULES: tuple[Rule, ...] = (
+    Rule(
+        cel=(
+            f"{_NO_CP} || (has(self.training) && has(self.training.seqLen)"
+            " && self.training.seqLen % (2 * self.parallelism.context) == 0)"
+        ),
+        message="parallelism.context needs training.seqLen set to a multiple of 2 x context: each context rank "
+        "holds two equal chunks of every row, one early and one late, so causal attention's work is even",
+        field_path=".parallelism.context",
+        check=lambda s: (
+            _cp(s) == 1
+            or (s.training is not None and s.training.seq_len is not None and s.training.seq_len % (2 * _cp(s)) == 0)
+        ),
+    ),
+    Rule(
+        cel=f"{_NO_CP} || !has(self.fsdp) || self.fsdp.shardingStrategy != 'no_shard'",
+        message="fsdp.shardingStrategy no_shard with parallelism.context > 1 is not supported: FSDP shards over "
+        "the context ranks, each of which computes the gradients of its part of the rows; use full, "
+        "shard_grad_op or hybrid",
+        field_path=".parallelism.context",
+        check=lambda s: _cp(s) == 1 or s.fsdp.sharding_strategy != "no_shard",
+    ),
+    Rule(
+        cel=(
+            f"{_NO_CP} || !has(self.training) || !has(self.training.objective) || !(self.training.objective in "
+            + str(list(PREFERENCE_OBJECTIVES))
+            + ")"
+        ),
+        message="dpo and simpo with parallelism.context > 1 are not supported: they score whole answers, whose "
+        "tokens context parallelism spreads over ranks",
+        field_path=".parallelism.context",
+        check=lambda s: _cp(s) == 1 or s.training is None or not s.training.trains_preferences,
+    ),
+)
+
+_WORLD_CEL = f"((has(self.resources) ? self.resources.nodes : 1) * ({_GPUS_CEL} > 0 ? {_GPUS_CEL} : 1))"
+
+PARALLELISM_RULES: tuple[Rule, ...] = (
     Rule(
         cel=f"{_NO_TP} || ({_GPUS_CEL} > 0 && {_GPUS_CEL} % self.parallelism.tensor == 0)",
         message="parallelism.tensor must divide resources.gpusPerNode: a tensor-parallel group is GPUs of one "
@@ -283,6 +329,14 @@ TENSOR_RULES: tuple[Rule, ...] = (
         check=lambda s: _tp(s) == 1 or (s.resources.gpus_per_node > 0 and s.resources.gpus_per_node % _tp(s) == 0),
     ),
     *TENSOR_CONFIG_RULES,
+    *CONTEXT_CONFIG_RULES,
+    Rule(
+        cel=(f"!has(self.parallelism) || {_WORLD_CEL} % (self.parallelism.tensor * self.parallelism.context) == 0"),
+        message="resources.nodes x gpusPerNode must be a multiple of parallelism.tensor x parallelism.context: "
+        "the ranks they leave are the data-parallel ones",
+        field_path=".parallelism",
+        check=lambda s: s.world_size() % (_tp(s) * _cp(s)) == 0,
+    ),
 )
 
 
@@ -353,7 +407,7 @@ SPEC_RULES: tuple[Rule, ...] = (
     SEQ_LEN_RULE,
     *PREFERENCE_RULES,
     *COMMAND_RULES,
-    *TENSOR_RULES,
+    *PARALLELISM_RULES,
     *BACKEND_RULES,
     Rule(
         cel=(

@@ -8,6 +8,8 @@ from ..base import ApiModel
 
 # The most GPUs one node of any supported instance type holds (p5, p4d: 8).
 MAX_TENSOR = 8
+# Context ranks one row may be split over (may span nodes).
+MAX_CONTEXT = 64
 
 
 class ParallelismSpec(ApiModel):
@@ -23,5 +25,17 @@ class ParallelismSpec(ApiModel):
             "FSDP shards over the rest (data-parallel size = nodes x gpusPerNode / tensor). It must divide "
             "resources.gpusPerNode and the model's attention heads, key-value heads and MLP width. "
             "1: data parallelism only."
+        ),
+    )
+    context: int = Field(
+        1,
+        ge=1,
+        le=MAX_CONTEXT,
+        description=(
+            "Context-parallel degree: every row of training.seqLen tokens is split over this many ranks (two "
+            "chunks each, one early and one late, so causal attention's work is even); each rank computes its "
+            "tokens' layers and attends to the whole row's keys and values, gathered per layer, with packed "
+            "documents and SFT loss masks kept exactly. FSDP shards over the context ranks too. Needs "
+            "training.seqLen set to a multiple of 2 x context. 1: every rank holds whole rows."
         ),
     )

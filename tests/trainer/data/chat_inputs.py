@@ -69,3 +69,15 @@ def write_prompt_completion_jsonl(path: Path, num_rows: int, seed: int = 0) -> P
             row = {"prompt": words(rng, rng.randint(1, 8)), "completion": words(rng, rng.randint(1, 5))}
             f.write(json.dumps(row) + "\n")
     return path
+
+
+def write_half_window_chats(path: Path, rows: int = 400, seed: int = 3) -> Path:
+    """bos + <|user|> k words <|end|> + <|assistant|> 12-k words <|end|>: 17 tokens."""
+    rng = random.Random(seed)
+    with open(path, "w") as f:
+        for _ in range(rows):
+            k = rng.randint(2, 10)
+            user, assistant = words(rng, k), words(rng, 12 - k)
+            messages = [{"role": "user", "content": user}, {"role": "assistant", "content": assistant}]
+            f.write(json.dumps({"messages": messages}) + "\n")
+    return path

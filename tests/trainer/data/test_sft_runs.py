@@ -10,7 +10,6 @@ vary, so the ranks train on different numbers of tokens.
 from __future__ import annotations
 
 import json
-import random
 from pathlib import Path
 from typing import Any
 
@@ -18,24 +17,10 @@ import pytest
 from fsdp_api.contract import ENV_TRAINER_FAULT
 
 from tests.trainer.checkpoint.resume_runs import effective_steps, split_attempts
-from tests.trainer.data.chat_inputs import build_chat_tokenizer, words
+from tests.trainer.data.chat_inputs import build_chat_tokenizer, write_half_window_chats
 from tests.trainer.harness import RunResult, base_config, launch
 
 pytestmark = pytest.mark.slow
-
-ROWS = 400
-
-
-def write_half_window_chats(path: Path, rows: int = ROWS, seed: int = 3) -> Path:
-    """bos + <|user|> k words <|end|> + <|assistant|> 12-k words <|end|>: 17 tokens."""
-    rng = random.Random(seed)
-    with open(path, "w") as f:
-        for _ in range(rows):
-            k = rng.randint(2, 10)
-            user, assistant = words(rng, k), words(rng, 12 - k)
-            messages = [{"role": "user", "content": user}, {"role": "assistant", "content": assistant}]
-            f.write(json.dumps({"messages": messages}) + "\n")
-    return path
 
 
 class ChatRuns:

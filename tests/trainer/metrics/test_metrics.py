@@ -127,7 +127,7 @@ def test_contract_names_and_labels_on_one_endpoint(scraped: Scraped) -> None:
     }
     assert {s.labels["world_size"] for s in info} == {"2"}
     assert {s.labels["logits"] for s in info} == {"full"}  # training.logits' default
-    assert {s.labels["tensor_parallel"] for s in info} == {"1"}
+    assert {(s.labels["tensor_parallel"], s.labels["context_parallel"]) for s in info} == {("1", "1")}
     assert set(by_rank(last, "fsdp_train_compiled").values()) == {0.0}  # training.compile unset: CPU ranks eager
     assert set(by_rank(last, "fsdp_train_max_steps").values()) == {STEPS}
     assert set(by_rank(last, "fsdp_train_restart_count").values()) == {0.0}

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import logging
 
+import torch.distributed as dist
 from fsdp_api.parallel_plan import TP, ParallelPlan
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from .distributed import WorldInfo
 
-__all__ = ["ParallelPlan", "build_mesh", "data_parallel_mesh", "tensor_parallel_mesh"]
+__all__ = ["ParallelPlan", "build_mesh", "context_group", "data_parallel_mesh", "tensor_parallel_mesh"]
 
 log = logging.getLogger(__name__)
 
@@ -35,3 +36,21 @@ def data_parallel_mesh(mesh: DeviceMesh, plan: ParallelPlan) -> DeviceMesh:
 def tensor_parallel_mesh(mesh: DeviceMesh, plan: ParallelPlan) -> DeviceMesh | None:
     """The tensor-parallel peers of this rank (None without tensor parallelism)."""
     return mesh[TP] if plan.tp > 1 else None
+
+
+def context_group(world: WorldInfo, plan: ParallelPlan) -> tuple[dist.ProcessGroup, int]:
+    """This rank's context-parallel group and its index in it (collective: every rank makes every group).
+
+    The context peers of a rank share its data-parallel and tensor-parallel
+    coordinates: ranks ``d·cp·tp + c·tp + t`` for c in 0..cp-1.
+    """
+    cp, tp = plan.cp, plan.tp
+    mine: dist.ProcessGroup | None = None
+    for d in range(plan.dp_size):
+        for t in range(tp):
+            ranks = [d * cp * tp + c * tp + t for c in range(cp)]
+            group = dist.new_group(ranks)
+            if world.rank in ranks:
+                mine = group
+    assert mine is not None
+    return mine, (world.rank // tp) % cp
