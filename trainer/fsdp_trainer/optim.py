@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.distributed as dist
 from fsdp_api.spec import TrainingSpec
 from torch import nn
 from torch.distributed.tensor import DTensor
@@ -96,20 +97,29 @@ def clip_gradients(model: nn.Module, max_norm: float) -> torch.Tensor:
 
 
 def total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
-    """The 2-norm of all of ``grads`` together, on every rank.
+    """The 2-norm of all of ``grads`` together, on every rank (one all-reduce).
 
-    With tensor parallelism the split projections' gradients are DTensors on
-    the data x tensor mesh and the rest on the data-parallel mesh only
-    (identical on the tensor-parallel peers, so counted once): each mesh's
-    norm is reduced over that mesh, then they are combined.
+    Each rank sums the squares of its own pieces, per kind of layout, and one
+    all-reduce over the world adds them up; a piece that several ranks hold
+    (FSDP's replicate dimension, or a whole parameter on each of its
+    tensor-parallel peers, whose mesh leaves them out) is then divided by its
+    number of copies. One collective whatever the meshes: the split
+    projections' gradients live on the data x tensor mesh, the rest on the
+    data-parallel mesh only.
     """
-    groups: dict[object, list[torch.Tensor]] = {}
+    if not grads:
+        return torch.zeros(())
+    groups: dict[int, list[torch.Tensor]] = {}
     for grad in grads:
-        groups.setdefault(grad.device_mesh if isinstance(grad, DTensor) else None, []).append(grad)
-    norms = []
-    for group in groups.values():
-        norm = torch.nn.utils.get_total_norm(group, foreach=True)
-        norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
-    if len(norms) == 1:
-        return norms[0]
-    return torch.linalg.vector_norm(torch.stack(norms))
+        copies, local = 1, grad
+        if isinstance(grad, DTensor):
+            mesh, local = grad.device_mesh, grad.to_local()
+            copies = (dist.get_world_size() if dist.is_initialized() else 1) // mesh.size()
+            copies *= math.prod(mesh.size(i) for i, p in enumerate(grad.placements) if p.is_replicate())
+        groups.setdefault(copies, []).append(local)
+    copies = list(groups)
+    squares = torch.stack([torch.stack(torch._foreach_norm(groups[c])).float().pow(2).sum() for c in copies])
+    if dist.is_initialized() and dist.get_world_size() > 1 and any(isinstance(g, DTensor) for g in grads):
+        dist.all_reduce(squares)
+    counts = torch.tensor(copies, dtype=squares.dtype, device=squares.device)
+    return (squares / counts).sum().sqrt()
