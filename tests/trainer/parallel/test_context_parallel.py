@@ -50,6 +50,7 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory, inputs: dict[str, Path
 
 def _compare(single: dict[int, float], split: dict[int, float]) -> None:
     assert sorted(single) == list(range(1, STEPS + 1))
+    print(f"max |loss difference| over {STEPS} steps: {max(abs(split[s] - single[s]) for s in single):.2e}")
     for step, loss in single.items():
         assert abs(split[step] - loss) <= 1e-4, (step, loss, split[step])
     assert min(single[STEPS - 1], single[STEPS]) < single[1]  # it trained

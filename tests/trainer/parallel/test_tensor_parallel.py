@@ -58,6 +58,7 @@ def test_tensor_2_by_data_2_trains_like_one_process(
         runs[tensor] = launch(work, cfg, nproc=nproc).check()
     single, split = runs[1].losses(), runs[2].losses()
     assert sorted(single) == list(range(1, STEPS + 1))
+    print(f"{name}: max |loss difference| over {STEPS} steps: {max(abs(split[s] - single[s]) for s in single):.2e}")
     for step, loss in single.items():
         assert abs(split[step] - loss) <= 1e-4, (step, loss, split[step])
     norms = {r["step"]: r["grad_norm"] for r in runs[1].events("step")}
@@ -112,6 +113,7 @@ def test_a_tensor_2_checkpoint_resumes_as_tensor_1_by_data_4_and_exports(
     assert resumed.events("start")[0]["mesh"] == {"shard": 4}
     before, after = whole.losses(), resumed.losses()
     assert sorted(after) == list(range(6, STEPS + 1))
+    print(f"resumed: max |loss difference| {max(abs(after[s] - before[s]) for s in after):.2e}")
     for step, loss in after.items():
         assert abs(loss - before[step]) <= 1e-4, (step, loss, before[step])
     assert before[STEPS] < before[1]
