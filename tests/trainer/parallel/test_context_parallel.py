@@ -21,18 +21,9 @@ from fsdp_trainer.parallel.context_parallel import chunk_positions
 from fsdp_trainer.train import prepare
 
 from tests.trainer.data.chat_inputs import build_chat_tokenizer, write_half_window_chats
-from tests.trainer.harness import base_config, cpu_world, launch
+from tests.trainer.harness import cpu_world, launch
 from tests.trainer.model.architectures import build_checkpoint
-
-CP_ARCHITECTURES = ("llama", "mistral", "qwen2")
-STEPS = 10
-
-
-def _config(work: Path, data_path: Path, model: dict[str, Any], **sections: dict[str, Any]) -> dict[str, Any]:
-    cfg = base_config(work, data_path, Path("unused"), **sections)
-    cfg["model"] = model
-    del cfg["data"]["tokenizer"]  # the model directory's own tokenizer
-    return cfg
+from tests.trainer.parallel.split_runs import MODELS, STEPS, assert_same_losses, model_config, one_process_and_split
 
 
 def test_each_rank_holds_an_early_and_a_late_chunk_and_together_all() -> None:
@@ -45,38 +36,16 @@ def test_each_rank_holds_an_early_and_a_late_chunk_and_together_all() -> None:
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory: pytest.TempPathFactory, inputs: dict[str, Path]) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("cp-models")
-    return {name: build_checkpoint(name, root / name, inputs["tokenizer"]) for name in CP_ARCHITECTURES}
-
-
-def _compare(single: dict[int, float], split: dict[int, float]) -> None:
-    assert sorted(single) == list(range(1, STEPS + 1))
-    print(f"max |loss difference| over {STEPS} steps: {max(abs(split[s] - single[s]) for s in single):.2e}")
-    for step, loss in single.items():
-        assert abs(split[step] - loss) <= 1e-4, (step, loss, split[step])
-    assert min(single[STEPS - 1], single[STEPS]) < single[1]  # it trained
+    return {name: build_checkpoint(name, root / name, inputs["tokenizer"]) for name in MODELS}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", CP_ARCHITECTURES)
+@pytest.mark.parametrize("name", MODELS)
 def test_context_2_by_data_2_trains_like_one_process(
     name: str, checkpoints: dict[str, Path], inputs: dict[str, Path], tmp_path: Path
 ) -> None:
-    runs = {}
-    for nproc, mbs, context in ((None, 4, 1), (4, 2, 2)):
-        work = tmp_path / f"cp{context}"
-        cfg = _config(
-            work,
-            inputs["aligned"],
-            {"pretrained": str(checkpoints[name])},
-            training={"maxSteps": STEPS, "microBatchSize": mbs},
-            parallelism={"context": context},
-        )
-        runs[context] = launch(work, cfg, nproc=nproc).check()
-    _compare(runs[1].losses(), runs[2].losses())
-    norms = {r["step"]: r["grad_norm"] for r in runs[1].events("step")}
-    for r in runs[2].events("step"):
-        assert r["grad_norm"] == pytest.approx(norms[r["step"]], rel=1e-4), r["step"]
-    assert runs[2].events("start")[0]["mesh"] == {"shard": 2, "cp": 2}
+    _, split = one_process_and_split(tmp_path, inputs["aligned"], checkpoints[name], {"context": 2})
+    assert split.events("start")[0]["mesh"] == {"shard": 2, "cp": 2}
 
 
 @pytest.mark.slow
@@ -90,7 +59,7 @@ def test_packed_chat_rows_stay_apart_and_resume_exactly(name: str, tmp_path: Pat
     model = {"pretrained": str(build_checkpoint(name, tmp_path / name, tokenizer))}
 
     def config(work: str, nproc_mbs: int, context: int) -> dict[str, Any]:
-        return _config(
+        return model_config(
             tmp_path / work,
             data,
             model,
@@ -102,7 +71,7 @@ def test_packed_chat_rows_stay_apart_and_resume_exactly(name: str, tmp_path: Pat
 
     reference = launch(tmp_path / "single", config("single", 4, 1), nproc=None).check()
     split = launch(tmp_path / "cp2", config("cp2", 2, 2), nproc=4).check()
-    _compare(reference.losses(), split.losses())
+    assert_same_losses(reference.losses(), split.losses())
     # The trained tokens (the loss's divisor) are counted once per data-parallel rank, not per chunk.
     assert [r["trained_tokens"] for r in split.events("step")] == [
         r["trained_tokens"] for r in reference.events("step")
@@ -137,7 +106,7 @@ def test_architectures_that_cannot_split_rows_are_refused_in_one_line(
     name: str, expected: str, inputs: dict[str, Path], tmp_path: Path
 ) -> None:
     path = build_checkpoint(name, tmp_path / name, inputs["tokenizer"])
-    cfg = _config(tmp_path, inputs["aligned"], {"architecture": str(path)}, parallelism={"context": 2})
+    cfg = model_config(tmp_path, inputs["aligned"], {"architecture": str(path)}, parallelism={"context": 2})
     assert expected in _refusal(cfg)
 
 
@@ -188,16 +157,6 @@ def test_context_2_by_tensor_2_trains_like_one_process(
     checkpoints: dict[str, Path], inputs: dict[str, Path], tmp_path: Path
 ) -> None:
     """Both model-parallel degrees at once on 4 ranks (one data-parallel rank): the whole batch on every rank."""
-    runs = {}
-    for nproc, degrees in ((None, {}), (4, {"context": 2, "tensor": 2})):
-        work = tmp_path / ("split" if degrees else "single")
-        cfg = _config(
-            work,
-            inputs["aligned"],
-            {"pretrained": str(checkpoints["qwen2"])},
-            training={"maxSteps": STEPS, "microBatchSize": 4},
-            parallelism=degrees,
-        )
-        runs[bool(degrees)] = launch(work, cfg, nproc=nproc).check()
-    _compare(runs[False].losses(), runs[True].losses())
-    assert runs[True].events("start")[0]["mesh"] == {"shard": 1, "cp": 2, "tp": 2}
+    degrees = {"context": 2, "tensor": 2}
+    _, split = one_process_and_split(tmp_path, inputs["aligned"], checkpoints["qwen2"], degrees, data_parallel=1)
+    assert split.events("start")[0]["mesh"] == {"shard": 1, "cp": 2, "tp": 2}

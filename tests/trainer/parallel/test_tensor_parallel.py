@@ -19,54 +19,24 @@ from fsdp_api.trainer_config import TrainerConfig
 from fsdp_trainer.errors import ConfigError
 from fsdp_trainer.train import prepare
 
-from tests.trainer.harness import base_config, cpu_world, launch, write_aligned_jsonl
+from tests.trainer.harness import cpu_world, launch, write_aligned_jsonl
 from tests.trainer.model.architectures import build_checkpoint
-
-TP_ARCHITECTURES = ("llama", "mistral", "qwen2")
-STEPS = 10
-
-
-def _config(work: Path, data: Path, model: dict[str, Any], **sections: dict[str, Any]) -> dict[str, Any]:
-    cfg = base_config(work, data, Path("unused"), **sections)
-    cfg["model"] = model
-    del cfg["data"]["tokenizer"]  # the model directory's own tokenizer
-    return cfg
+from tests.trainer.parallel.split_runs import MODELS, STEPS, model_config, one_process_and_split
 
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory: pytest.TempPathFactory, inputs: dict[str, Path]) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("tp-models")
-    return {name: build_checkpoint(name, root / name, inputs["tokenizer"]) for name in TP_ARCHITECTURES}
+    return {name: build_checkpoint(name, root / name, inputs["tokenizer"]) for name in MODELS}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", TP_ARCHITECTURES)
+@pytest.mark.parametrize("name", MODELS)
 def test_tensor_2_by_data_2_trains_like_one_process(
     name: str, checkpoints: dict[str, Path], inputs: dict[str, Path], tmp_path: Path
 ) -> None:
-    runs = {}
-    # Global batch 4 windows: one process x 4, or 2 data-parallel ranks x 2 (their tensor-parallel peers share them).
-    for nproc, mbs, tensor in ((None, 4, 1), (4, 2, 2)):
-        work = tmp_path / f"tp{tensor}"
-        cfg = _config(
-            work,
-            inputs["aligned"],
-            {"pretrained": str(checkpoints[name])},
-            training={"maxSteps": STEPS, "microBatchSize": mbs},
-            parallelism={"tensor": tensor},
-        )
-        runs[tensor] = launch(work, cfg, nproc=nproc).check()
-    single, split = runs[1].losses(), runs[2].losses()
-    assert sorted(single) == list(range(1, STEPS + 1))
-    print(f"{name}: max |loss difference| over {STEPS} steps: {max(abs(split[s] - single[s]) for s in single):.2e}")
-    for step, loss in single.items():
-        assert abs(split[step] - loss) <= 1e-4, (step, loss, split[step])
-    norms = {r["step"]: r["grad_norm"] for r in runs[1].events("step")}
-    for r in runs[2].events("step"):
-        assert r["grad_norm"] == pytest.approx(norms[r["step"]], rel=1e-4), r["step"]
-    assert min(single[STEPS - 1], single[STEPS]) < single[1]  # it trained
-    start = runs[2].events("start")[0]
-    assert start["mesh"] == {"shard": 2, "tp": 2}
+    _, split = one_process_and_split(tmp_path, inputs["aligned"], checkpoints[name], {"tensor": 2})
+    assert split.events("start")[0]["mesh"] == {"shard": 2, "tp": 2}
 
 
 def _same_document(path: Path, copies: int = 200) -> Path:
@@ -88,7 +58,7 @@ def test_a_tensor_2_checkpoint_resumes_as_tensor_1_by_data_4_and_exports(
     data = _same_document(tmp_path / "same.jsonl")
     model = {"pretrained": str(checkpoints["llama"])}
     # Global batch 4 windows either way: 2 data-parallel ranks x 2, or 4 x 1.
-    first = _config(
+    first = model_config(
         tmp_path / "tp2",
         data,
         model,
@@ -100,7 +70,7 @@ def test_a_tensor_2_checkpoint_resumes_as_tensor_1_by_data_4_and_exports(
     # The same run stopped at step 5: its checkpoint, in another directory.
     resumed_dir = tmp_path / "tp1" / "checkpoints"
     shutil.copytree(tmp_path / "tp2" / "checkpoints" / "step-00000005", resumed_dir / "step-00000005")
-    second = _config(
+    second = model_config(
         tmp_path / "tp1",
         data,
         model,
@@ -151,7 +121,7 @@ def test_what_cannot_be_split_is_refused_in_one_line(
     name: str, tensor: int, world: int, local: int, expected: str, inputs: dict[str, Path], tmp_path: Path
 ) -> None:
     path = build_checkpoint(name, tmp_path / name, inputs["tokenizer"])
-    cfg = _config(tmp_path, inputs["aligned"], {"architecture": str(path)}, parallelism={"tensor": tensor})
+    cfg = model_config(tmp_path, inputs["aligned"], {"architecture": str(path)}, parallelism={"tensor": tensor})
     assert expected in _refusal(cfg, world, local)
 
 

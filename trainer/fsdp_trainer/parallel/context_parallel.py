@@ -167,7 +167,9 @@ class ContextParallel:
         self.order = torch.argsort(gathered)
         self.layout: Layout | None = None
         self.calls = 0
-        AttentionInterface.register(IMPLEMENTATION, self._attention)
+        # Eager under torch.compile (a graph break per layer): each micro-batch's layout is a new
+        # object, which compiled code would guard on and recompile for.
+        AttentionInterface.register(IMPLEMENTATION, torch.compiler.disable(self._attention))
         model.set_attn_implementation(IMPLEMENTATION)
         log.info(
             "context parallel: rows of %d tokens over %d ranks, %d tokens each (positions %d-%d and %d-%d)",

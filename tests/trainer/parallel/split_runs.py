@@ -1,0 +1,58 @@
+"""Shared by the tensor- and context-parallel tests: a run split over 4 ranks against one process.
+
+The one process trains on micro-batches of 4 windows; the split run's 2
+data-parallel ranks on 2 each (their model-parallel peers share them), so the
+global batch is the same and the losses must be too.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.trainer.harness import RunResult, base_config, launch
+
+STEPS = 10
+MODELS = ("llama", "mistral", "qwen2")  # each declares a tensor-parallel plan; Mistral has a sliding window
+
+
+def model_config(work: Path, data_path: Path, model: dict[str, Any], **sections: dict[str, Any]) -> dict[str, Any]:
+    """The harness's config for ``model`` (a pretrained or architecture directory with its own tokenizer)."""
+    cfg = base_config(work, data_path, Path("unused"), **sections)
+    cfg["model"] = model
+    del cfg["data"]["tokenizer"]
+    return cfg
+
+
+def assert_same_losses(single: dict[int, float], split: dict[int, float], label: str = "") -> None:
+    """Every step's loss equal to 1e-4, and the run trained; prints the largest difference."""
+    assert sorted(single) == list(range(1, STEPS + 1))
+    print(f"{label}max |loss difference| over {STEPS} steps: {max(abs(split[s] - single[s]) for s in single):.2e}")
+    for step, loss in single.items():
+        assert abs(split[step] - loss) <= 1e-4, (step, loss, split[step])
+    assert min(single[STEPS - 1], single[STEPS]) < single[1]
+
+
+def one_process_and_split(
+    tmp_path: Path, data_path: Path, checkpoint: Path, degrees: dict[str, int], *, data_parallel: int = 2
+) -> tuple[RunResult, RunResult]:
+    """The same training as one process and as 4 ranks with ``degrees``; both runs, checked."""
+    runs = []
+    for nproc, mbs, parallelism in ((None, 4, {}), (4, 4 // data_parallel, degrees)):
+        work = tmp_path / ("split" if parallelism else "single")
+        cfg = model_config(
+            work,
+            data_path,
+            {"pretrained": str(checkpoint)},
+            training={"maxSteps": STEPS, "microBatchSize": mbs},
+            parallelism=parallelism,
+        )
+        runs.append(launch(work, cfg, nproc=nproc).check())
+    single, split = runs
+    assert_same_losses(single.losses(), split.losses(), f"{degrees}: ")
+    norms = {r["step"]: r["grad_norm"] for r in single.events("step")}
+    for r in split.events("step"):
+        assert r["grad_norm"] == pytest.approx(norms[r["step"]], rel=1e-4), r["step"]
+    return single, split
