@@ -33,12 +33,6 @@ def test_each_rank_holds_an_early_and_a_late_chunk_and_together_all() -> None:
     assert sorted(four.tolist()) == list(range(32))
 
 
-@pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory: pytest.TempPathFactory, inputs: dict[str, Path]) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("cp-models")
-    return {name: build_checkpoint(name, root / name, inputs["tokenizer"]) for name in MODELS}
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("name", MODELS)
 def test_context_2_by_data_2_trains_like_one_process(

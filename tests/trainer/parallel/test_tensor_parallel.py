@@ -24,12 +24,6 @@ from tests.trainer.model.architectures import build_checkpoint
 from tests.trainer.parallel.split_runs import MODELS, STEPS, model_config, one_process_and_split
 
 
-@pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory: pytest.TempPathFactory, inputs: dict[str, Path]) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("tp-models")
-    return {name: build_checkpoint(name, root / name, inputs["tokenizer"]) for name in MODELS}
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("name", MODELS)
 def test_tensor_2_by_data_2_trains_like_one_process(
