@@ -27,7 +27,7 @@ TOLERANCE = 0.20
 # still a few seconds per step on one core per rank. The vocabulary stays the
 # preset's so the embedded tokenizer fits.
 SMALL = {"hiddenSize": 512, "numLayers": 8, "numHeads": 8, "numKeyValueHeads": 4, "intermediateSize": 1376}
-LONG_MODEL = {"preset": "tiny", "config": {"maxSeqLen": 4096}}
+LONG_MODEL = {"preset": "tiny", "config": {"maxSeqLen": 2048}}
 CASES: dict[str, dict[str, Any]] = {
     "tiny": {"model": {"preset": "tiny"}, "training": {"seqLen": 256, "microBatchSize": 4}},
     "small": {"model": {"preset": "tiny", "config": SMALL}, "training": {"seqLen": 256, "microBatchSize": 2}},
@@ -48,16 +48,16 @@ CASES: dict[str, dict[str, Any]] = {
     },
     # Tensor parallelism over both ranks: each holds half of every block's projections
     # and computes half of the attention and MLP activations.
-    "small-tp2": {
-        "model": {"preset": "tiny", "config": SMALL},
-        "training": {"seqLen": 256, "microBatchSize": 2},
+    "tiny-tp2": {
+        "model": {"preset": "tiny"},
+        "training": {"seqLen": 256, "microBatchSize": 4},
         "parallelism": {"tensor": 2},
     },
     # A long row, whole on each rank and then split over both (context parallelism).
-    "long": {"model": LONG_MODEL, "training": {"seqLen": 4096, "microBatchSize": 1}},
+    "long": {"model": LONG_MODEL, "training": {"seqLen": 2048, "microBatchSize": 1}},
     "long-cp2": {
         "model": LONG_MODEL,
-        "training": {"seqLen": 4096, "microBatchSize": 1},
+        "training": {"seqLen": 2048, "microBatchSize": 1},
         "parallelism": {"context": 2},
     },
 }

@@ -43,9 +43,12 @@ def test_context_2_by_data_2_trains_like_one_process(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ("llama", "mistral"))
-def test_packed_chat_rows_stay_apart_and_resume_exactly(name: str, tmp_path: Path) -> None:
-    """Rows of 17 tokens packed two to a 32-token sequence: the context chunks (8 tokens) cut through them."""
+def test_packed_chat_rows_stay_apart_and_resume_exactly(tmp_path: Path) -> None:
+    """Rows of 17 tokens packed two to a 32-token sequence: the context chunks (8 tokens) cut through them.
+
+    Mistral: its 16-token sliding window and the documents both shape the mask.
+    """
+    name = "mistral"
     import shutil
 
     tokenizer = build_chat_tokenizer(tmp_path / "tokenizer")
