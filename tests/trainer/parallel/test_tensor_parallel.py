@@ -51,27 +51,24 @@ def test_a_tensor_2_checkpoint_resumes_as_tensor_1_by_data_4_and_exports(
 
     data = _same_document(tmp_path / "same.jsonl")
     model = {"pretrained": str(checkpoints["llama"])}
+
     # Global batch 4 windows either way: 2 data-parallel ranks x 2, or 4 x 1.
-    first = model_config(
-        tmp_path / "tp2",
-        data,
-        model,
-        training={"maxSteps": STEPS, "microBatchSize": 2},
-        parallelism={"tensor": 2},
-        checkpoint={"intervalSteps": 5},
-    )
-    whole = launch(tmp_path / "tp2", first, nproc=4).check()
+    def config(work: str, tensor: int, micro_batch: int) -> dict[str, Any]:
+        training = {"maxSteps": STEPS, "microBatchSize": micro_batch}
+        return model_config(
+            tmp_path / work,
+            data,
+            model,
+            training=training,
+            parallelism={"tensor": tensor},
+            checkpoint={"intervalSteps": 5},
+        )
+
+    whole = launch(tmp_path / "tp2", config("tp2", 2, 2), nproc=4).check()
     # The same run stopped at step 5: its checkpoint, in another directory.
     resumed_dir = tmp_path / "tp1" / "checkpoints"
     shutil.copytree(tmp_path / "tp2" / "checkpoints" / "step-00000005", resumed_dir / "step-00000005")
-    second = model_config(
-        tmp_path / "tp1",
-        data,
-        model,
-        training={"maxSteps": STEPS, "microBatchSize": 1},
-        parallelism={"tensor": 1},
-        checkpoint={"intervalSteps": 5},
-    )
+    second = config("tp1", 1, 1)
     resumed = launch(tmp_path / "tp1", second, nproc=4).check()
     assert resumed.events("start")[0]["step"] == 5
     assert resumed.events("start")[0]["mesh"] == {"shard": 4}

@@ -223,12 +223,19 @@ class ContextParallel:
                 return out.transpose(1, 2).contiguous(), None
             layout = Layout(torch.arange(n, device=query.device), n, None)
         else:
-            key = _GatherRow.apply(key, self.group, self.degree, self.index)[:, :, self.order.to(key.device)]
-            value = _GatherRow.apply(value, self.group, self.degree, self.index)[:, :, self.order.to(value.device)]
+            order = self._order_on(key.device)
+            key = _GatherRow.apply(key, self.group, self.degree, self.index)[:, :, order]
+            value = _GatherRow.apply(value, self.group, self.degree, self.index)[:, :, order]
             if layout.documents is None and window is None and query.is_cuda:
                 return self._causal_chunks(query, key, value, sdpa), None
         out = F.scaled_dot_product_attention(query, key, value, attn_mask=layout.mask(window, query.dtype), **sdpa)
         return out.transpose(1, 2).contiguous(), None
+
+    def _order_on(self, device: torch.device) -> torch.Tensor:
+        """The gathered row's order, moved to the device once (not a host copy per layer and call)."""
+        if self.order.device != device:
+            self.order = self.order.to(device)
+        return self.order
 
     def _causal_chunks(
         self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, sdpa: dict[str, Any]
