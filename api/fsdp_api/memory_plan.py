@@ -27,7 +27,12 @@ use it. The numbers model what the trainer does (``fsdp_trainer.parallel``,
   the chunked loss keeps for backward;
 - communication: the unsharded parameters FSDP all-gathers (the root
   module's embedding and head stay gathered for the whole step, one or more
-  decoder layers at a time besides, every layer with shard_grad_op);
+  decoder layers at a time besides, every layer with shard_grad_op); with
+  ``training.precision: float8`` (``fsdp_trainer.parallel.float8``, torchao)
+  the tensorwise recipe gathers the decoder blocks' projections as 1-byte
+  float8; rowwise gathers them in bf16 like bf16 (activations stay bf16's:
+  torchao saves the matmul's bf16 input; ``gathered_layer_bytes`` says what
+  float8 leaves out);
 - overhead: the CUDA context, NCCL and the caching allocator's slack;
 - with ``training.objective: dpo`` and no LoRA, the frozen reference model's
   fp32 weights, sharded like the policy's (its no-grad forward runs first and
@@ -52,7 +57,7 @@ from .instance_types import GIB, INSTANCE_TYPES, InstanceType
 from .loss_chunks import loss_chunk_tokens
 from .model_files import local_model_dir
 from .parallel_plan import ParallelPlan
-from .precision import compute_dtype
+from .precision import FLOAT8_DIVISOR, Float8Recipe, compute_dtype
 from .presets import HUB_MODEL_PRESETS, PRESETS, ModelDims
 from .spec import MAX_NODES, FSDPTrainingSpec, ModelOverrides, PeftSpec, effective_seq_len
 
@@ -60,6 +65,7 @@ Device = Literal["cuda", "cpu"]
 
 FP32 = 4
 BF16 = 2
+FP8 = 1
 # The CUDA context, cuBLAS workspaces and NCCL's buffers live outside the
 # tensors counted below, about 1 GiB per process on recent drivers.
 CUDA_CONTEXT_BYTES = 1 * GIB
@@ -160,6 +166,7 @@ class Workload:
     tp: int = 1  # parallelism.tensor: each block's projections split over this many ranks
     cp: int = 1  # parallelism.context: each row split over this many ranks
     packed: bool = False  # rows packed from documents (data.format other than text): attention needs a mask
+    float8_recipe: Float8Recipe | None = None  # training.precision float8: tensorwise or rowwise; None otherwise
 
     @property
     def tokens(self) -> int:
@@ -207,6 +214,7 @@ def workload(spec: FSDPTrainingSpec, dims: ModelDims) -> Workload:
         tp=plan.tp,
         cp=plan.cp,
         packed=spec.data.format != "text",
+        float8_recipe=spec.training.effective_float8_recipe() if spec.training.precision == "float8" else None,
     )
 
 
@@ -217,8 +225,16 @@ def lora_params(d: ModelDims, peft: PeftSpec) -> int:
     count where their last name matches a Llama projection (an estimate: the
     trainer finds the real modules).
     """
+    shapes = projection_shapes(d)
+    names = set(shapes) if peft.target_modules is None else {t.rsplit(".", 1)[-1] for t in peft.target_modules}
+    per_layer = sum(a + b for name, (a, b) in shapes.items() if name in names)
+    return d.num_layers * peft.rank * per_layer
+
+
+def projection_shapes(d: ModelDims) -> dict[str, tuple[int, int]]:
+    """A Llama decoder layer's projections: (in_features, out_features) by name."""
     h, i, kv = d.hidden_size, d.intermediate_size, d.num_key_value_heads * d.head_dim
-    shapes = {
+    return {
         "q_proj": (h, h),
         "k_proj": (h, kv),
         "v_proj": (h, kv),
@@ -227,9 +243,6 @@ def lora_params(d: ModelDims, peft: PeftSpec) -> int:
         "up_proj": (h, i),
         "down_proj": (i, h),
     }
-    names = set(shapes) if peft.target_modules is None else {t.rsplit(".", 1)[-1] for t in peft.target_modules}
-    per_layer = sum(a + b for name, (a, b) in shapes.items() if name in names)
-    return d.num_layers * peft.rank * per_layer
 
 
 # --- the formulas --------------------------------------------------------------------
@@ -256,6 +269,21 @@ def rank_layer_params(w: Workload) -> int:
     return layer_params(w.dims) - split + math.ceil(split / w.tp)
 
 
+def float8_shapes(d: ModelDims) -> list[tuple[int, int]]:
+    """The projections of a layer the trainer converts to float8: both dimensions divisible by 16.
+
+    Norms, embedding and head are never converted, so only a layer's projections can be.
+    """
+    return [(a, b) for a, b in projection_shapes(d).values() if a % FLOAT8_DIVISOR == 0 and b % FLOAT8_DIVISOR == 0]
+
+
+def rank_float8_params(w: Workload) -> int:
+    """One layer's float8 projection parameters on one tensor-parallel rank (0 unless precision float8)."""
+    if w.float8_recipe is None:
+        return 0
+    return math.ceil(sum(a * b for a, b in float8_shapes(w.dims)) / w.tp)
+
+
 def root_params(d: ModelDims) -> int:
     """Embedding, final norm and (untied) head: the root FSDP unit."""
     return d.num_params() - d.num_layers * layer_params(d)
@@ -267,6 +295,11 @@ def sharded(numel: int, w: Workload) -> int:
 
 def layer_activation_bytes(w: Workload) -> int:
     """Bytes autograd saves for one decoder layer (SDPA attention, SwiGLU MLP).
+
+    ``precision: float8`` changes none of this in eager mode: torchao's
+    float8 matmul saves its bf16 input for backward, not the input's float8
+    cast (which it makes again in backward), and its weight as gathered,
+    which the communication term holds.
 
     Per token: each RMSNorm keeps its fp32 input and its normalised output
     (bf16: an fp32 upcast of the input plus the bf16 output); attention keeps
@@ -350,20 +383,55 @@ def _logits_note(w: Workload) -> str:
 
 
 def communication_bytes(w: Workload) -> int:
-    """Parameters gathered for compute at the start of backward (bytes in the compute dtype).
+    """Parameters gathered for compute at the start of backward.
 
     The root (embedding, head) is never resharded after forward; a decoder
     layer is gathered into a flat buffer and copied out, so two copies of the
     largest layer exist while it is gathered, plus ``prefetch`` more layers.
     shard_grad_op keeps every layer gathered from forward until backward.
-    Without FSDP, bf16 autocast caches a bf16 copy of every weight instead.
+    Without FSDP, bf16 autocast caches a bf16 copy of every weight instead
+    (float8 is planned as bf16 there). Each layer's size is
+    ``gathered_layer_bytes``.
     """
     d, c = w.dims, w.compute_bytes
     if not w.uses_fsdp:
         return d.num_params() * c if compute_dtype(w.precision) == "bf16" else 0
-    layer = rank_layer_params(w) * c
+    layer = gathered_layer_bytes(w)
     gathered_layers = (1 + w.prefetch) * layer if w.reshard_after_forward else d.num_layers * layer
     return root_params(d) * c + gathered_layers + layer
+
+
+def float8_all_gather(w: Workload) -> bool:
+    """Whether FSDP gathers the float8 projections as float8: the tensorwise recipe's weights only.
+
+    The trainer turns torchao's float8 all-gather on for tensorwise under
+    FSDP only (torchao offers it for tensorwise scaling alone); each
+    converted weight then sends its 1-byte float8 data and one fp32 scale.
+    """
+    return w.uses_fsdp and w.float8_recipe == "tensorwise"
+
+
+def gathered_layer_bytes(w: Workload) -> int:
+    """One decoder layer as FSDP gathers it on this rank: its flat buffer, and again its copied-out parameters.
+
+    Compute dtype throughout, except with the float8 all-gather: the
+    converted projections take 1 byte per element in both (FSDP packs
+    inputs of mixed dtypes into a byte buffer and copies each out in its
+    own dtype); the norms stay in the compute dtype. The seven fp32 scales
+    of a layer are left out.
+
+    Not counted for either float8 recipe: the float8 copies torchao casts
+    inside each matmul (rowwise: of the bf16 weight; both: of the input).
+    Each lives only while its matmul runs, and backward casts again only
+    inside a matmul's own backward, after the loss's larger buffers are
+    freed: none is alive at the start of backward, where this plan's
+    forward/backward peak is.
+    """
+    layer = rank_layer_params(w)
+    if not float8_all_gather(w):
+        return layer * w.compute_bytes
+    f8 = rank_float8_params(w)
+    return (layer - f8) * w.compute_bytes + f8 * FP8
 
 
 def gradient_bytes(w: Workload) -> int:
@@ -480,7 +548,10 @@ def _comm_note(w: Workload) -> str:
     if not w.uses_fsdp:
         return "bf16 autocast weight copies" if compute_dtype(w.precision) == "bf16" else "none (one process, no FSDP)"
     gathered = f"{1 + w.prefetch} layer(s)" if w.reshard_after_forward else "all layers"
-    return f"gathered root + {gathered} + all-gather buffer"
+    note = f"gathered root + {gathered} + all-gather buffer"
+    if float8_all_gather(w):
+        return note + "; decoder projections gathered in float8 (tensorwise)"
+    return note
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,9 @@ from typing import Literal
 Precision = Literal["bf16", "float8", "fp32"]
 Float8Recipe = Literal["tensorwise", "rowwise"]
 DEFAULT_FLOAT8_RECIPE: Float8Recipe = "tensorwise"
+# float8 matmuls (torch._scaled_mm) take dimensions divisible by 16: the trainer converts only
+# such projections, and the memory plan counts only those as float8.
+FLOAT8_DIVISOR = 16
 
 
 def compute_dtype(precision: str) -> Literal["bf16", "fp32"]:

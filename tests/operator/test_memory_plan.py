@@ -334,3 +334,50 @@ def test_packed_rows_under_context_parallelism_count_the_attention_mask() -> Non
     chats = spec(training=row, parallelism={"context": 2}, data={"format": "chat", "path": "/data/chats.jsonl"})
     # bf16 additive mask: 16,384 local queries x 32,768 keys x 2 bytes.
     assert component(chats, "activations") - component(text, "activations") == 16_384 * 32_768 * 2
+
+
+# --- float8 -------------------------------------------------------------------------
+
+
+def float8_spec(model: dict[str, Any] | None = None, **sections: dict[str, Any]) -> FSDPTrainingSpec:
+    """llama3.2-1b on 16 H100 (p5: float8 tensor cores), full shard: one layer gathered at a time and a buffer."""
+    return spec(model={"preset": "llama3.2-1b", **(model or {})}, **sections)
+
+
+# q, o: 2048 x 2048; k, v: 2048 x 512; gate, up, down: 2048 x 8192. All divide by 16.
+PROJECTIONS_1B = 2 * 2048 * 2048 + 2 * 2048 * 512 + 3 * 2048 * 8192
+
+
+def test_float8_tensorwise_gathers_the_decoder_projections_in_one_byte() -> None:
+    bf16, fp32 = float8_spec(), float8_spec(training={"precision": "fp32"})
+    # The bf16 and fp32 plans of before float8 was modelled, to the byte.
+    assert component(bf16, "communication") == 768_626_688
+    assert plan_memory(bf16).total_bytes == 11_358_843_341
+    assert plan_memory(fp32).total_bytes == 15_387_809_434
+    tensorwise = float8_spec(training={"precision": "float8"})  # tensorwise: the default recipe
+    # One layer gathered (prefetch 0) and the all-gather buffer: 1 byte less per projection element in each.
+    assert PROJECTIONS_1B == 60_817_408
+    assert component(tensorwise, "communication") == 768_626_688 - 2 * PROJECTIONS_1B
+    assert "decoder projections gathered in float8 (tensorwise)" in plan_memory(tensorwise).estimate.components[5].note
+    for name in ("parameters", "gradients", "optimizer state", "activations", "logits"):
+        assert component(tensorwise, name) == component(bf16, name), name
+    # shard_grad_op keeps all 16 layers gathered, plus the buffer.
+    grad_op = {"shardingStrategy": "shard_grad_op"}
+    saved = component(float8_spec(fsdp=grad_op), "communication") - component(
+        float8_spec(training={"precision": "float8"}, fsdp=grad_op), "communication"
+    )
+    assert saved == 17 * PROJECTIONS_1B
+
+
+def test_float8_rowwise_gathers_in_bf16_and_plans_like_bf16() -> None:
+    # rowwise has no float8 all-gather; its casts live inside each matmul, never at the plan's peak.
+    bf16, rowwise = float8_spec(), float8_spec(training={"precision": "float8", "float8Recipe": "rowwise"})
+    assert plan_memory(rowwise).estimate.components == plan_memory(bf16).estimate.components
+
+
+def test_float8_counts_only_the_projections_whose_dimensions_divide_by_16() -> None:
+    # An MLP of 8,200 (not a multiple of 16): gate, up and down stay bf16; q, k, v, o convert.
+    model = {"config": {"intermediateSize": 8200}}
+    bf16 = component(float8_spec(model=model), "communication")
+    tensorwise = component(float8_spec(model=model, training={"precision": "float8"}), "communication")
+    assert bf16 - tensorwise == 2 * (2 * 2048 * 2048 + 2 * 2048 * 512)

@@ -22,13 +22,13 @@ import logging
 from dataclasses import dataclass, field
 
 import torch
+from fsdp_api.precision import FLOAT8_DIVISOR
 from torch import nn
 
 from ..model.architecture import decoder_units
 
 log = logging.getLogger(__name__)
 
-FLOAT8_DIVISOR = 16
 ROUTER_NAMES = frozenset({"gate", "router", "gating"})
 
 
