@@ -8,10 +8,11 @@ EXAMPLE ?= examples/fsdptraining-tiny.yaml
 
 # Python environment: every package (API, operator, trainer, local cluster) with all extras.
 setup: $(VENV)/.installed
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml bench/torchtitan-requirements.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[operator,trainer,dev]'
+	$(BIN)/pip install --quiet --no-deps -r bench/torchtitan-requirements.txt
 	touch $@
 
 # Debian packages the tests use as real components (Prometheus, promtool; buildah, podman,

@@ -34,11 +34,14 @@ import shutil
 import statistics
 import subprocess
 import tempfile
+import threading
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
 import yaml
+from fsdp_api.contract import TRAINER_METRICS
 from fsdp_api.launch import free_port, local_env, torchrun_standalone, trainer_program
 from fsdp_api.memory_plan import plan_memory
 from fsdp_api.spec import FSDPTrainingSpec
@@ -169,12 +172,51 @@ class Result:
     tokens_per_cpu_second: float
     mfu: float | None = None
     peak_memory: str = ""
+    nvml: tuple[str, ...] = ()  # the GPU series of the trainer's /metrics, as last scraped during the run
+    scrapes: int = 0  # how often /metrics answered during the run
 
 
 def _env(nproc: int, gpu: bool, workdir: Path) -> dict[str, str]:
     # One thread per rank unless OMP_NUM_THREADS says otherwise, for both loops alike.
     threads = None if "OMP_NUM_THREADS" in os.environ else 1
     return local_env(nproc, metrics_dir=workdir / "metrics-files", cpu=not gpu, threads=threads)
+
+
+# What the trainer exports from NVML (GPU ranks only), as the contract names them.
+NVML_SERIES = tuple(name for m in TRAINER_METRICS if m.gpu_only for name in m.series())
+
+
+class MetricsWatch:
+    """Scrapes a trainer's /metrics while it runs and keeps the last scrape's GPU (NVML) series.
+
+    The endpoint lives only as long as the run, so it is read during it, every ``period`` seconds.
+    """
+
+    def __init__(self, port: int, period: float = 1.0) -> None:
+        self.url, self.period = f"http://127.0.0.1:{port}/metrics", period
+        self.scrapes, self.gpu_lines = 0, ()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.period):
+            try:
+                with urllib.request.urlopen(self.url, timeout=2) as response:
+                    text = response.read().decode()
+            except OSError:
+                continue  # not serving yet, or already gone
+            self.scrapes += 1
+            lines = tuple(x for x in text.splitlines() if x.startswith(NVML_SERIES))
+            if lines:
+                self.gpu_lines = lines
+
+    def __enter__(self) -> MetricsWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 def _run(cmd: list[str], env: dict[str, str], log: Path) -> str:
@@ -218,9 +260,12 @@ def run_trainer(s: Setup, workdir: Path, gpu: bool, tag: str) -> Result:
     cfg = trainer_config(s, workdir / tag)
     config.write_text(yaml.safe_dump(cfg, sort_keys=False))
     try:
-        out = _run(
-            torchrun_standalone(s.nproc, trainer_program(config)), _env(s.nproc, gpu, workdir), workdir / f"{tag}.log"
-        )
+        with MetricsWatch(cfg["metrics"]["port"]) as watch:
+            out = _run(
+                torchrun_standalone(s.nproc, trainer_program(config)),
+                _env(s.nproc, gpu, workdir),
+                workdir / f"{tag}.log",
+            )
     finally:
         # The final checkpoint (written after the timed steps) is ~15 GB for 1B: drop it.
         shutil.rmtree(workdir / tag, ignore_errors=True)
@@ -230,7 +275,8 @@ def run_trainer(s: Setup, workdir: Path, gpu: bool, tag: str) -> Result:
     n, seconds, cpu = int(m["n"]), float(m["seconds"]), float(m["cpu"])
     mfu, mem = MFU_PATTERN.search(m[0]), PEAK_MEMORY_PATTERN.search(m[0])
     tokens = n * s.tokens_per_step
-    return Result(tokens / seconds, tokens / cpu, float(mfu["mfu"]) / 100 if mfu else None, mem["mem"] if mem else "")
+    mfu_ratio = float(mfu["mfu"]) / 100 if mfu else None
+    return Result(tokens / seconds, tokens / cpu, mfu_ratio, mem["mem"] if mem else "", watch.gpu_lines, watch.scrapes)
 
 
 def run_minimal(s: Setup, workdir: Path, gpu: bool, tag: str) -> Result:
@@ -265,6 +311,21 @@ def run_accelerate(s: Setup, workdir: Path, gpu: bool, tag: str) -> Result:
         # Accelerate switches to FSDP only for accelerator devices (GPU, NPU, XPU ...):
         # on the CPU its AcceleratorState keeps MULTI_CPU, i.e. DDP (accelerate/state.py).
         print(f"  note: Accelerate ran {r['distributed_type']} (DDP), not FSDP, on this device", flush=True)
+    tokens = r["steps"] * s.tokens_per_step
+    return Result(tokens / r["seconds"], tokens / r["cpu_seconds"], None, f"{r['peak_memory_bytes'] / 2**30:.1f} GiB")
+
+
+def run_torchtitan(s: Setup, workdir: Path, gpu: bool, tag: str) -> Result:
+    program = [str(REPO / "bench" / "torchtitan_llama.py"), "--preset", s.preset]
+    program += ["--seq-len", str(s.seq_len), "--micro-batch-size", str(s.micro_batch_size)]
+    program += ["--steps", str(s.steps), "--warmup-steps", str(WARMUP_STEPS), "--precision", s.precision]
+    program += ["--activation-checkpointing"] if s.activation_checkpointing else []
+    program += ["--compile"] if s.compile else []
+    out = _run(torchrun_standalone(s.nproc, program), _env(s.nproc, gpu, workdir), workdir / f"{tag}.log")
+    line = next((x for x in out.splitlines() if x.startswith("BENCH_RESULT ")), None)
+    if line is None:
+        raise SystemExit(f"no BENCH_RESULT in torchtitan's output ({workdir / f'{tag}.log'})")
+    r = json.loads(line.removeprefix("BENCH_RESULT "))
     tokens = r["steps"] * s.tokens_per_step
     return Result(tokens / r["seconds"], tokens / r["cpu_seconds"], None, f"{r['peak_memory_bytes'] / 2**30:.1f} GiB")
 
@@ -354,14 +415,23 @@ def gpu_bench(args: argparse.Namespace, workdir: Path) -> None:
             logits=row.logits,
         )
 
-    # The headline ratio first, so that a device lease cut short still reports it.
+    # A lease is too short to run one setup twice: the table reuses the comparisons' trainer runs.
+    measured: dict[Setup, Result] = {}
+
+    def trainer_result(s: Setup, tag: str) -> Result:
+        if s not in measured:
+            measured[s] = run_trainer(s, workdir, on_gpu, tag)
+        return measured[s]
+
+    # The headline ratios first, so that a device lease cut short still reports them.
     ratio_row = Row(run.ratio_seq_len, False, False)
-    ours: list[Result] = []
     if run.ratio:
         print(f"seqLen {run.ratio_seq_len}, no checkpointing, eager: trainer vs minimal FSDP2 loop", flush=True)
         ours, minimal = compare(setup(ratio_row), run.repeats, workdir, gpu=on_gpu)
+        measured[setup(ratio_row)] = ours[0]
         report_ratio(ours, minimal, cpu_time=False)
         compare_accelerate(setup(ratio_row), ours, workdir, on_gpu)
+        compare_torchtitan(setup(ratio_row._replace(logits="full")), trainer_result, workdir, on_gpu)
     unit = "GPU" if on_gpu else "rank"
     header = f"| seqLen | micro-batch | precision | activation ckpt | compile | logits | tokens/s/{unit} | MFU |"
     print(header + " peak memory | plan |")
@@ -373,14 +443,14 @@ def gpu_bench(args: argparse.Namespace, workdir: Path) -> None:
         tag = f"gpu-{row.seq_len}-{s.micro_batch_size}-{'ac' if s.activation_checkpointing else 'noac'}"
         tag += f"-{'compile' if s.compile else 'eager'}-{s.logits}-{s.precision}"
         try:
-            # The ratio's first trainer run has this very setup: a lease is too short to run it twice.
-            r = ours[0] if ours and s == setup(ratio_row) else run_trainer(s, workdir, on_gpu, tag)
+            r = trainer_result(s, tag)
         except SystemExit as e:  # e.g. out of memory at 4096 without checkpointing
             print("| " + " | ".join(cells) + f" | failed: {e} | | | |", flush=True)
             continue
         mfu = f"{r.mfu:.1%}" if r.mfu is not None else "n/a"
         cells += [f"{r.tokens_per_second / nproc:,.0f}", mfu, r.peak_memory, planned_memory(s, on_gpu)]
         print("| " + " | ".join(cells) + " |", flush=True)
+    report_nvml(measured)
 
 
 def compare_accelerate(s: Setup, ours: list[Result], workdir: Path, on_gpu: bool) -> None:
@@ -397,6 +467,40 @@ def compare_accelerate(s: Setup, ours: list[Result], workdir: Path, on_gpu: bool
     for i, r in enumerate(theirs):
         print(f"  repeat {i + 1}: Accelerate {r.tokens_per_second:,.0f} tok/s, peak memory {r.peak_memory}", flush=True)
     report_ratio(ours, theirs, cpu_time=False, name="Accelerate FSDP2", target=1.1)
+
+
+def compare_torchtitan(s: Setup, trainer_result, workdir: Path, on_gpu: bool) -> None:
+    """The same shape under torchtitan's own trainer, against the trainer at the same settings.
+
+    torchtitan's loss is the plain cross-entropy, so the trainer's run it is set against has full
+    logits. A failure is one line, as for Accelerate.
+    """
+    print(f"seqLen {s.seq_len}, no checkpointing, eager, full logits: trainer vs torchtitan", flush=True)
+    try:
+        ours = trainer_result(s, "trainer-full-logits")
+        theirs = run_torchtitan(s, workdir, on_gpu, "torchtitan")
+    except SystemExit as e:
+        print(f"torchtitan: failed: {e}", flush=True)
+        return
+    print(f"  torchtitan {theirs.tokens_per_second:,.0f} tok/s, peak memory {theirs.peak_memory}", flush=True)
+    report_ratio([ours], [theirs], cpu_time=False, name="torchtitan", target=1.0)
+
+
+def report_nvml(measured: dict[Setup, Result]) -> None:
+    """What the trainer's /metrics served from NVML during the last run that had it (GPU ranks only)."""
+    with_gpu = [(s, r) for s, r in measured.items() if r.nvml]
+    scrapes = sum(r.scrapes for r in measured.values())
+    if not with_gpu:
+        print(
+            f"NVML series on /metrics: none in {scrapes} scrapes of {len(measured)} runs "
+            f"({', '.join(NVML_SERIES)} come from GPU ranks only)",
+            flush=True,
+        )
+        return
+    s, r = with_gpu[-1]
+    print(f"NVML series on /metrics ({scrapes} scrapes in all), the last of {s.label()}:", flush=True)
+    for line in r.nvml:
+        print(f"  {line}", flush=True)
 
 
 def planned_memory(s: Setup, on_gpu: bool) -> str:

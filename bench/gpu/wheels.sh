@@ -8,9 +8,14 @@ cd "$(dirname "$0")/../.."
 pip=".venv/bin/python -m pip"
 version() { .venv/bin/python -c "import importlib.metadata as m; print(m.version('$1'))"; }
 rm -rf .whl && mkdir -p .whl
-for name in pydantic pydantic_core annotated-types typing-inspection datasets dill multiprocess torchao; do
+download() {
   $pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-    -d .whl "$name==$(version "$name")"
+    -d .whl "$@"
+}
+for name in pydantic pydantic_core annotated-types typing-inspection datasets dill multiprocess torchao; do
+  download "$name==$(version "$name")"
 done
+# The torchtitan reference of the bench, at its own pins (bench/torchtitan_llama.py).
+download -r bench/torchtitan-requirements.txt
 du -sh .whl

@@ -6,6 +6,7 @@ The GPU machine is lent rarely and briefly, so a break in the GPU path must show
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import subprocess
 import sys
@@ -23,6 +24,13 @@ RATIO_LINE = re.compile(
 ACCELERATE_LINE = re.compile(
     r"^trainer [\d,]+ tok/s \| Accelerate FSDP2 (?P<theirs>[\d,]+) tok/s \| ratio (?P<ratio>[\d.]+) \(target 1.1\)$",
     re.MULTILINE,
+)
+TORCHTITAN_LINE = re.compile(
+    r"^trainer [\d,]+ tok/s \| torchtitan (?P<theirs>[\d,]+) tok/s \| ratio (?P<ratio>[\d.]+) \(target 1.0\)$",
+    re.MULTILINE,
+)
+NVML_NONE = re.compile(
+    r"^NVML series on /metrics: none in (?P<scrapes>\d+) scrapes of (?P<runs>\d+) runs ", re.MULTILINE
 )
 TABLE_ROW = re.compile(
     r"^\| (?P<seq>\d+) \| (?P<mbs>\d+) \| (?P<precision>bf16|float8|fp32) \| (?P<ac>none|full) \| "
@@ -80,6 +88,17 @@ def test_gpu_path_runs_on_the_cpu() -> None:
     assert ratio.start() < accelerate.start() < out.index("| seqLen |")
     assert int(accelerate["theirs"].replace(",", "")) > 0
     assert "note: Accelerate ran DistributedType.MULTI_CPU (DDP), not FSDP, on this device" in out
+    # Then torchtitan's own trainer (its PyPI release) on the preset's shape, against the trainer
+    # with full logits like torchtitan's loss: one more trainer run, which the table does not have.
+    titan = TORCHTITAN_LINE.search(out)
+    assert titan is not None, out
+    assert accelerate.start() < titan.start() < out.index("| seqLen |")
+    assert int(titan["theirs"].replace(",", "")) > 0 and float(titan["ratio"]) > 0
+    assert "seqLen 64, no checkpointing, eager, full logits: trainer vs torchtitan" in out
+    # The trainer's /metrics was read during its runs; a CPU exports no NVML series, and says so.
+    nvml = NVML_NONE.search(out)
+    assert nvml is not None, out
+    assert int(nvml["runs"]) == 3 and int(nvml["scrapes"]) >= 1, nvml[0]
 
     rows = list(TABLE_ROW.finditer(out))
     expected = [
@@ -90,3 +109,19 @@ def test_gpu_path_runs_on_the_cpu() -> None:
     for r in rows:
         assert int(r["tps"].replace(",", "")) > 0, r[0]
         assert r["mfu"] == "n/a", r[0]  # no peak TFLOP/s is known for a CPU
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("preset", "untied"), [("tiny", 4_999_424), ("llama3.2-1b", 1_498_482_688)])
+def test_torchtitan_builds_the_presets_shape_with_an_untied_head(preset: str, untied: int) -> None:
+    """torchtitan 0.2 has no tied Llama: its model is the preset's plus a head of vocab x hidden, no more."""
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT.parent / "torchtitan_llama.py"), "--preset", preset, "--check-shape"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    shape = json.loads(next(x for x in done.stdout.splitlines() if x.startswith("SHAPE ")).removeprefix("SHAPE "))
+    assert shape["parameters"] == shape["untied_parameters"] == untied, shape
