@@ -455,6 +455,17 @@ COMPILED = Metric(
     "gauge",
     "1: the decoder layers run compiled by inductor; 0: eager (training.compile off, or inductor failed).",
 )
+# training.precision float8: what converted, counted once at start (the log names each kept layer and why).
+FLOAT8_LINEARS = Metric(
+    "fsdp_train_float8_linear_layers",
+    "gauge",
+    "Linear layers whose matmuls run in float8 (training.precision float8; 0 otherwise).",
+)
+FLOAT8_KEPT_LINEARS = Metric(
+    "fsdp_train_float8_kept_linear_layers",
+    "gauge",
+    "Linear layers float8 leaves in bf16: output head, routers, LoRA adapters, dimensions not divisible by 16.",
+)
 TRACKER_POINTS_DROPPED = Metric(
     "fsdp_tracker_points_dropped",
     "counter",

@@ -29,7 +29,7 @@ import os
 import signal
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -77,7 +77,7 @@ from .optim import build_optimizer, build_scheduler, clip_gradients, restore_sch
 from .parallel.compile import MODE_INDUCTOR, CompileReport, compile_report
 from .parallel.context_parallel import ContextParallel, context_parallel_errors
 from .parallel.distributed import WorldInfo, destroy_distributed, init_distributed, world_from_env
-from .parallel.float8 import float8_plan
+from .parallel.float8 import Float8Report, float8_plan
 from .parallel.parallelize import compute_context, parallelize, reshard, set_gradient_sync
 from .parallel.plan import ParallelPlan, build_mesh, context_group
 from .parallel.tensor_parallel import tensor_parallel_errors
@@ -114,6 +114,7 @@ class Prepared:
     pretrained: LoadPlan | None
     adapted: list[str]  # LoRA's target modules (spec.peft); empty: every weight trains
     compile: CompileReport  # training.compile's decision for this device; filled in by the first step
+    float8: Float8Report = field(default_factory=Float8Report)  # filled in when float8 converts the model
     mesh: object = None  # the device mesh, once built (the dpo reference is sharded on the same one)
 
 
@@ -177,7 +178,7 @@ def build_model(p: Prepared, *, resuming: bool = False) -> nn.Module:
     """
     cfg, world, plan = p.cfg, p.world, p.plan
     model = p.model
-    parallelize(model, cfg, plan, _mesh(p), world.device, p.compile)
+    parallelize(model, cfg, plan, _mesh(p), world.device, p.compile, p.float8)
     _initialise(model, p, pretrained=p.pretrained is not None and (not resuming or bool(p.adapted)))
     if p.adapted:
         init_adapters(model, cfg.training.seed, world.device)
@@ -266,6 +267,7 @@ class Trainer:
         self.model = build_model(p, resuming=bool(found))
         self.context = self._context_parallel(p)
         self.compile = p.compile
+        self.float8 = p.float8
         self.num_params = count_parameters(self.model)
         self.num_trainable = count_trainable(self.model)
         self.loss = self._output_loss()
@@ -446,6 +448,7 @@ class Trainer:
             signal.signal(signal.SIGTERM, self._on_signal)
         cfg = self.cfg
         self.metrics.start()
+        self.metrics.set_float8(len(self.float8.converted), len(self.float8.skipped))
         if cfg.training.eval_interval_steps:
             self.validation()  # tokenized now: the prefetch thread owns the tokenizer once it runs
         stall = cfg.stall

@@ -129,6 +129,8 @@ def test_contract_names_and_labels_on_one_endpoint(scraped: Scraped) -> None:
     assert {s.labels["logits"] for s in info} == {"full"}  # training.logits' default
     assert {(s.labels["tensor_parallel"], s.labels["context_parallel"]) for s in info} == {("1", "1")}
     assert set(by_rank(last, "fsdp_train_compiled").values()) == {0.0}  # training.compile unset: CPU ranks eager
+    for name in ("fsdp_train_float8_linear_layers", "fsdp_train_float8_kept_linear_layers"):
+        assert set(by_rank(last, name).values()) == {0.0}, name  # fp32: nothing in float8
     assert set(by_rank(last, "fsdp_train_max_steps").values()) == {STEPS}
     assert set(by_rank(last, "fsdp_train_restart_count").values()) == {0.0}
 

@@ -3,6 +3,7 @@ runs a step, and that 2 gloo ranks (torchao emulates the float8 matmuls on the C
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from fsdp_trainer.train import prepare
 from peft import LoraConfig, inject_adapter_in_model
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from tests.support.trainer_run import TrainerRun
 from tests.trainer.harness import base_config, cpu_world, launch
 from tests.trainer.model.architectures import ARCHITECTURES
 
@@ -119,3 +121,20 @@ def test_two_ranks_in_float8_train_like_bf16(tmp_path: Path, inputs: dict[str, P
     worst = max(abs(float8_loss[s] - bf16_loss[s]) for s in bf16_loss)
     assert worst <= LOSS_TOLERANCE, f"float8 strayed {worst:.4f} from bf16"
     assert float8_loss[STEPS] < float8_loss[1] - 0.3  # it trained
+
+
+@pytest.mark.slow
+def test_the_metrics_count_the_layers_in_float8_and_those_kept_in_bf16(tmp_path: Path) -> None:
+    """Both ranks say what converted: the small model's 2 x 7 projections, and the output head kept."""
+    seen: dict[str, dict[str, float]] = {}
+    with TrainerRun(tmp_path, max_steps=4, overrides={"training": {"precision": "float8"}}) as run:
+        while run.running():
+            for s in run.scrape() or ():
+                if s.name.startswith("fsdp_train_float8_"):
+                    seen.setdefault(s.name, {})[s.labels["local_rank"]] = s.value
+            time.sleep(0.1)
+        assert run.wait() == 0, run.output()
+    assert seen == {
+        "fsdp_train_float8_linear_layers": {"0": 14.0, "1": 14.0},
+        "fsdp_train_float8_kept_linear_layers": {"0": 1.0, "1": 1.0},
+    }, run.output()

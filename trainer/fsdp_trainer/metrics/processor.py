@@ -169,6 +169,12 @@ class MetricsProcessor:
         if self.metrics is not None:
             self.metrics.peer_wait_started.labels(**self.labels).set(since or 0)
 
+    def set_float8(self, converted: int, kept: int) -> None:
+        """How many Linear layers run in float8 and how many float8 left in bf16 (both 0 unless float8)."""
+        if self.metrics is not None:
+            self.metrics.float8_linears.labels(**self.labels).set(converted)
+            self.metrics.float8_kept_linears.labels(**self.labels).set(kept)
+
     def set_compiled(self, compiled: bool) -> None:
         """Whether inductor compiled the decoder layers, known after the first forward."""
         if self.metrics is not None:

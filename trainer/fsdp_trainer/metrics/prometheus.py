@@ -254,6 +254,8 @@ class TrainerMetrics:
         self.last_step_timestamp = _create(c.LAST_STEP_TIMESTAMP)
         self.restart_count = _create(c.RESTART_COUNT)
         self.compiled = _create(c.COMPILED)
+        self.float8_linears = _create(c.FLOAT8_LINEARS)
+        self.float8_kept_linears = _create(c.FLOAT8_KEPT_LINEARS)
         self.tracker_points_dropped = _create(c.TRACKER_POINTS_DROPPED)
         self.tracker_run = _create(c.TRACKER_RUN)
         self.gpu_utilization = _create(c.GPU_UTILIZATION)

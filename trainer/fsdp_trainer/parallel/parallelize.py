@@ -34,7 +34,7 @@ from transformers import PreTrainedModel
 
 from ..model.architecture import decoder_units
 from .compile import CompileReport, apply_compile
-from .float8 import apply_float8
+from .float8 import Float8Report, apply_float8
 from .plan import data_parallel_mesh, tensor_parallel_mesh
 from .tensor_parallel import apply_tensor_parallel
 
@@ -105,11 +105,17 @@ def parallelize(
     mesh: DeviceMesh | None,
     device: torch.device | None = None,
     compile_report: CompileReport | None = None,
+    float8_report: Float8Report | None = None,
 ) -> PreTrainedModel:
-    """Everything that wraps the meta model, in the order that works (``mesh``: None without FSDP)."""
+    """Everything that wraps the meta model, in the order that works (``mesh``: None without FSDP).
+
+    ``float8_report``, if given, is filled in with the layers float8 converted and kept.
+    """
     if cfg.training.precision == "float8":
         recipe = cfg.training.effective_float8_recipe()
-        apply_float8(model, recipe, device or torch.device("cpu"), fsdp=mesh is not None)
+        done = apply_float8(model, recipe, device or torch.device("cpu"), fsdp=mesh is not None)
+        if float8_report is not None:
+            float8_report.converted, float8_report.skipped = done.converted, done.skipped
     tp_mesh = tensor_parallel_mesh(mesh, plan) if mesh is not None else None
     if tp_mesh is not None:
         apply_tensor_parallel(model, tp_mesh)
