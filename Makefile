@@ -71,6 +71,7 @@ bench: setup tools
 	$(BIN)/python bench/operator_latency.py
 	$(BIN)/python bench/trainer_throughput.py
 	$(BIN)/python bench/trainer_throughput.py --accelerate
+	$(BIN)/python bench/trainer_throughput.py --logits
 	$(BIN)/python bench/lora_vs_full.py
 	$(BIN)/python bench/dpo_vs_sft.py
 	$(BIN)/python bench/s3_upload.py

@@ -45,7 +45,7 @@ from fsdp_api.contract import TRAINER_METRICS
 from fsdp_api.launch import free_port, local_env, torchrun_standalone, trainer_program
 from fsdp_api.memory_plan import plan_memory
 from fsdp_api.spec import FSDPTrainingSpec
-from fsdp_trainer.metrics.logline import MFU_PATTERN, PEAK_MEMORY_PATTERN, SUMMARY_PATTERN
+from fsdp_trainer.metrics.logline import MFU_PATTERN, PEAK_MEMORY_PATTERN, SUMMARY_PATTERN, parse_bytes
 
 REPO = Path(__file__).resolve().parents[1]
 WARMUP_STEPS = 3  # the trainer's MetricsProcessor.SUMMARY_WARMUP_STEPS
@@ -85,6 +85,7 @@ class Setup:
     compile: bool = False
     architecture: Path | None = None  # a config.json directory instead of the preset
     logits: str = "chunked"  # training.logits of the trainer's runs (the minimal loop: full logits)
+    vocab_size: int | None = None  # the preset's, unless set (model.config.vocabSize)
 
     @property
     def tokens_per_step(self) -> int:
@@ -240,10 +241,16 @@ def training_section(s: Setup) -> dict:
     }
 
 
+def model_section(s: Setup) -> dict:
+    if s.architecture:
+        return {"architecture": str(s.architecture)}
+    return {"preset": s.preset} | ({"config": {"vocabSize": s.vocab_size}} if s.vocab_size else {})
+
+
 def trainer_config(s: Setup, workdir: Path) -> dict:
     return {
         "job": {"name": "bench", "namespace": "bench"},
-        "model": {"architecture": str(s.architecture)} if s.architecture else {"preset": s.preset},
+        "model": model_section(s),
         "training": {
             **training_section(s),
             "logIntervalSteps": 10,
@@ -371,6 +378,40 @@ def cpu_bench(args: argparse.Namespace, workdir: Path) -> None:
     for setup in (s, qwen2):
         print(f"CPU: {setup.label()}, {s.nproc} ranks (gloo), {s.steps} steps, timed after {WARMUP_STEPS}", flush=True)
         report_ratio(*compare(setup, repeats, workdir, gpu=False), cpu_time=True)
+
+
+# Llama 3's vocabulary, where the loss's buffers outgrow the model (the chunked loss's case).
+LLAMA3_VOCAB = 128_256
+
+
+def cpu_logits_bench(args: argparse.Namespace, workdir: Path) -> None:
+    """Peak memory and speed of full logits against the chunked loss at a 128,256 vocabulary, on the CPU.
+
+    The peak is rank 0's resident set (what the trainer's summary line reports on a CPU), so
+    it includes the libraries; the plan's figure is its tensor estimate of the same job.
+    """
+    steps = args.steps or 8
+    base = Setup("tiny", args.nproc, args.seq_len or 256, args.micro_batch_size or 4, steps, "fp32")
+    base = dataclasses.replace(base, vocab_size=LLAMA3_VOCAB)
+    print(
+        f"CPU: tiny with a {LLAMA3_VOCAB:,} vocabulary, {base.nproc} ranks (gloo), {base.micro_batch_size} x "
+        f"{base.seq_len} tokens per rank, fp32, {steps} steps, timed after {WARMUP_STEPS}: full logits vs chunked",
+        flush=True,
+    )
+    print("| logits | tokens/s | tokens per CPU-s | peak memory (RSS, rank 0) | plan (tensors) |")
+    print("| --- | ---: | ---: | ---: | ---: |", flush=True)
+    results = {}
+    for logits in ("full", "chunked"):
+        s = dataclasses.replace(base, logits=logits)
+        r = results[logits] = run_trainer(s, workdir, False, f"logits-{logits}")
+        cells = [logits, f"{r.tokens_per_second:,.0f}", f"{r.tokens_per_cpu_second:,.0f}", r.peak_memory]
+        print("| " + " | ".join([*cells, planned_memory(s, False)]) + " |", flush=True)
+    full, chunked = results["full"], results["chunked"]
+    print(
+        f"chunked / full: peak memory {parse_bytes(chunked.peak_memory) / parse_bytes(full.peak_memory):.2f}, "
+        f"tokens/s {chunked.tokens_per_second / full.tokens_per_second:.2f}",
+        flush=True,
+    )
 
 
 def gpu_run(args: argparse.Namespace) -> GpuRun:
@@ -508,7 +549,7 @@ def planned_memory(s: Setup, on_gpu: bool) -> str:
     spec = FSDPTrainingSpec.model_validate(
         {
             "image": "bench:plan",
-            "model": {"preset": s.preset},
+            "model": model_section(s),
             "training": training_section(s),
             # an H100 node: float8 is admitted only where the GPUs have float8 tensor cores
             "resources": {"nodes": 1, "gpusPerNode": s.nproc, "instanceTypes": ["p5.48xlarge"]}
@@ -526,6 +567,7 @@ def main() -> None:
     p.add_argument(
         "--accelerate", action="store_true", help="CPU: the Qwen2 shape vs Hugging Face Accelerate FSDP2 (.[bench])"
     )
+    p.add_argument("--logits", action="store_true", help="CPU: full logits vs the chunked loss at a 128,256 vocabulary")
     p.add_argument("--quick", action="store_true", help="with --gpu: the subset that fits an 8-minute lease")
     p.add_argument(
         "--dry-run", action="store_true", help="with --gpu: the same path on the CPU (tiny preset, 2 gloo ranks)"
@@ -548,7 +590,7 @@ def main() -> None:
     args.nproc = args.nproc or 2
     workdir = Path(tempfile.mkdtemp(prefix="fsdp-bench-"))
     try:
-        (gpu_bench if args.gpu else cpu_bench)(args, workdir)
+        (gpu_bench if args.gpu else cpu_logits_bench if args.logits else cpu_bench)(args, workdir)
     finally:
         if args.keep:
             print(f"logs in {workdir}")

@@ -458,6 +458,7 @@ def test_the_summary_line_reads_back_with_its_patterns() -> None:
         PEAK_MEMORY_PATTERN,
         SUMMARY_PATTERN,
         RunSummary,
+        parse_bytes,
         summary_line,
     )
 
@@ -467,5 +468,8 @@ def test_the_summary_line_reads_back_with_its_patterns() -> None:
     assert m is not None and (m["n"], m["seconds"], m["cpu"]) == ("12", "0.893", "0.896")
     assert MFU_PATTERN.search(m[0])["mfu"] == "22.9"
     assert PEAK_MEMORY_PATTERN.search(m[0])["mem"] == "23.1 GiB"
+    # and back to bytes, to the 0.1 GiB it was printed with
+    assert abs(parse_bytes("23.1 GiB") - (23 * 2**30 + 2**27)) < 0.05 * 2**30
+    assert (parse_bytes("922.6 MiB"), parse_bytes("512 B")) == (922.6 * 2**20, 512.0)
     no_mfu = summary_line(RunSummary(4, 15, 1.0, 1.0, 1.0, 1.0, 1.0, None, 2**20))
     assert MFU_PATTERN.search(no_mfu) is None and SUMMARY_PATTERN.search(no_mfu)

@@ -17,6 +17,12 @@ def format_bytes(n: float) -> str:
     return f"{n:.1f} TiB"
 
 
+def parse_bytes(figure: str) -> float:
+    """``format_bytes``'s text back to bytes (to the precision it was printed with)."""
+    value, unit = figure.split()
+    return float(value) * 1024 ** ("B", "KiB", "MiB", "GiB", "TiB").index(unit)
+
+
 @dataclass(frozen=True)
 class IntervalSummary:
     """Averages over the steps since the previous log line."""
