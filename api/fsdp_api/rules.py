@@ -30,16 +30,23 @@ class Rule:
     message: str
     check: Callable[[Any], bool]
     field_path: str | None = None
+    # A message that names the offending values: ``detail`` for validate, the same text
+    # from ``message_expression`` (CEL) in the API server, which falls back to ``message``.
+    detail: Callable[[Any], str] | None = None
+    message_expression: str | None = None
 
     def to_crd(self) -> dict[str, Any]:
         out: dict[str, Any] = {"rule": self.cel, "message": self.message}
+        if self.message_expression:
+            out["messageExpression"] = self.message_expression
         if self.field_path:
             out["fieldPath"] = self.field_path
             out["reason"] = "FieldValueInvalid"
         return out
 
-    def violation(self) -> PydanticCustomError:
-        return PydanticCustomError("fsdp_rule", self.message, {"field_path": self.field_path or ""})
+    def violation(self, obj: Any = None) -> PydanticCustomError:
+        message = self.detail(obj) if self.detail is not None and obj is not None else self.message
+        return PydanticCustomError("fsdp_rule", message, {"field_path": self.field_path or ""})
 
 
 @dataclass(frozen=True)
@@ -63,7 +70,7 @@ def immutable(field: str) -> TransitionRule:
 def run_rules(obj: Any, rules: tuple[Rule, ...]) -> None:
     for rule in rules:
         if not rule.check(obj):
-            raise rule.violation()
+            raise rule.violation(obj)
 
 
 def _camel_path(loc: tuple[int | str, ...]) -> str:

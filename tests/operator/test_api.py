@@ -213,3 +213,20 @@ def test_a_malformed_fault_hook_is_refused_with_its_grammar(value: str) -> None:
 
     with pytest.raises(ValueError, match=r"is not <point>:<step>\[:<rank>\[:<action>\]\] with point after_step"):
         parse_fault(value)
+
+
+def test_the_float8_refusal_names_the_listed_type_without_float8_tensor_cores_verbatim() -> None:
+    """The message is built from user input: braces in it reach the user as written, not as a template."""
+    spec = {
+        "image": "trainer:test",
+        "model": {"preset": "llama3.2-1b"},
+        "training": {"maxSteps": 10, "precision": "float8"},
+        "resources": {"gpusPerNode": 8, "instanceTypes": ["p5.48xlarge", "g{0}.xlarge", "p4d.24xlarge"]},
+    }
+    with pytest.raises(ValueError) as refused:
+        FSDPTrainingSpec.model_validate(spec)
+    (line,) = format_errors(refused.value)
+    assert line == (
+        "training.precision: training.precision float8 needs GPUs with float8 tensor cores and g{0}.xlarge has "
+        "none: list resources.instanceTypes, each one of p5.48xlarge, p5e.48xlarge, p5en.48xlarge (H100, H200)"
+    )

@@ -31,9 +31,23 @@ _NOT_FLOAT8 = "!has(self.training) || !has(self.training.precision) || self.trai
 _FLOAT8_CEL = "[" + ", ".join(f"'{t}'" for t in FLOAT8_INSTANCE_TYPES) + "]"
 
 
+_FLOAT8_PREFIX = "training.precision float8 needs GPUs with float8 tensor cores"
+_FLOAT8_CHOICES = f"list resources.instanceTypes, each one of {', '.join(FLOAT8_INSTANCE_TYPES)} (H100, H200)"
+_FLOAT8_TYPES_MESSAGE = f"{_FLOAT8_PREFIX}: {_FLOAT8_CHOICES}; A100 (p4d) and A10G (g5) have none"
+
+
 def _float8_types(resources: Any) -> bool:
     types = resources.instance_types
     return bool(types) and all(t in FLOAT8_INSTANCE_TYPES for t in types)
+
+
+def _float8_types_detail(types: list[str] | None) -> str:
+    """The message naming the first listed type without float8 tensor cores, as the CEL messageExpression does.
+
+    One, not all: the API server's cost estimate refuses a join over the list.
+    """
+    others = [t for t in types or () if t not in FLOAT8_INSTANCE_TYPES]
+    return f"{_FLOAT8_PREFIX} and {others[0]} has none: {_FLOAT8_CHOICES}" if others else _FLOAT8_TYPES_MESSAGE
 
 
 # --- sequence length ----------------------------------------------------------
@@ -439,10 +453,16 @@ SPEC_RULES: tuple[Rule, ...] = (
             f"{_NOT_FLOAT8} || (has(self.resources) && has(self.resources.instanceTypes)"
             f" && self.resources.instanceTypes.size() > 0 && self.resources.instanceTypes.all(t, t in {_FLOAT8_CEL}))"
         ),
-        message="training.precision float8 needs GPUs with float8 tensor cores: list resources.instanceTypes, "
-        f"each one of {', '.join(FLOAT8_INSTANCE_TYPES)} (H100, H200); A100 (p4d) and A10G (g5) have none",
+        message=_FLOAT8_TYPES_MESSAGE,
         field_path=".training.precision",
         check=lambda s: s.training is None or s.training.precision != "float8" or _float8_types(s.resources),
+        detail=lambda s: _float8_types_detail(s.resources.instance_types),
+        message_expression=(
+            "has(self.resources) && has(self.resources.instanceTypes)"
+            f" && self.resources.instanceTypes.exists(t, !(t in {_FLOAT8_CEL}))"
+            f" ? '{_FLOAT8_PREFIX} and ' + self.resources.instanceTypes.filter(t, !(t in {_FLOAT8_CEL}))[0]"
+            f" + ' has none: {_FLOAT8_CHOICES}' : '{_FLOAT8_TYPES_MESSAGE}'"
+        ),
     ),
     Rule(
         cel=(
