@@ -286,44 +286,10 @@ def run_trainer(s: Setup, workdir: Path, gpu: bool, tag: str) -> Result:
     return Result(tokens / seconds, tokens / cpu, mfu_ratio, mem["mem"] if mem else "", watch.gpu_lines, watch.scrapes)
 
 
-def run_minimal(s: Setup, workdir: Path, gpu: bool, tag: str) -> Result:
-    program = [str(REPO / "bench" / "minimal_fsdp2.py")]
+def run_reference(script: str, name: str, s: Setup, workdir: Path, gpu: bool, tag: str) -> tuple[Result, dict]:
+    """One reference program of bench/ under torchrun on the same setup; its ``BENCH_RESULT`` as a Result."""
+    program = [str(REPO / "bench" / script)]
     program += ["--architecture", str(s.architecture)] if s.architecture else ["--preset", s.preset]
-    program += ["--seq-len", str(s.seq_len), "--micro-batch-size", str(s.micro_batch_size)]
-    program += ["--steps", str(s.steps), "--precision", s.precision, "--warmup-steps", str(WARMUP_STEPS)]
-    if s.activation_checkpointing:
-        program.append("--activation-checkpointing")
-    if s.compile:
-        program.append("--compile")
-    out = _run(torchrun_standalone(s.nproc, program), _env(s.nproc, gpu, workdir), workdir / f"{tag}.log")
-    line = next((x for x in out.splitlines() if x.startswith("BENCH_RESULT ")), None)
-    if line is None:
-        raise SystemExit(f"no BENCH_RESULT in the minimal loop's output ({workdir / f'{tag}.log'})")
-    r = json.loads(line.removeprefix("BENCH_RESULT "))
-    tokens = r["steps"] * s.tokens_per_step
-    return Result(tokens / r["seconds"], tokens / r["cpu_seconds"], None, f"{r['peak_memory_bytes'] / 2**30:.1f} GiB")
-
-
-def run_accelerate(s: Setup, workdir: Path, gpu: bool, tag: str) -> Result:
-    program = [str(REPO / "bench" / "accelerate_fsdp2.py")]
-    program += ["--architecture", str(s.architecture)] if s.architecture else ["--preset", s.preset]
-    program += ["--seq-len", str(s.seq_len), "--micro-batch-size", str(s.micro_batch_size)]
-    program += ["--steps", str(s.steps), "--warmup-steps", str(WARMUP_STEPS), "--precision", s.precision]
-    out = _run(torchrun_standalone(s.nproc, program), _env(s.nproc, gpu, workdir), workdir / f"{tag}.log")
-    line = next((x for x in out.splitlines() if x.startswith("BENCH_RESULT ")), None)
-    if line is None:
-        raise SystemExit(f"no BENCH_RESULT in Accelerate's output ({workdir / f'{tag}.log'})")
-    r = json.loads(line.removeprefix("BENCH_RESULT "))
-    if r["distributed_type"] != "DistributedType.FSDP":
-        # Accelerate switches to FSDP only for accelerator devices (GPU, NPU, XPU ...):
-        # on the CPU its AcceleratorState keeps MULTI_CPU, i.e. DDP (accelerate/state.py).
-        print(f"  note: Accelerate ran {r['distributed_type']} (DDP), not FSDP, on this device", flush=True)
-    tokens = r["steps"] * s.tokens_per_step
-    return Result(tokens / r["seconds"], tokens / r["cpu_seconds"], None, f"{r['peak_memory_bytes'] / 2**30:.1f} GiB")
-
-
-def run_torchtitan(s: Setup, workdir: Path, gpu: bool, tag: str) -> Result:
-    program = [str(REPO / "bench" / "torchtitan_llama.py"), "--preset", s.preset]
     program += ["--seq-len", str(s.seq_len), "--micro-batch-size", str(s.micro_batch_size)]
     program += ["--steps", str(s.steps), "--warmup-steps", str(WARMUP_STEPS), "--precision", s.precision]
     program += ["--activation-checkpointing"] if s.activation_checkpointing else []
@@ -331,10 +297,28 @@ def run_torchtitan(s: Setup, workdir: Path, gpu: bool, tag: str) -> Result:
     out = _run(torchrun_standalone(s.nproc, program), _env(s.nproc, gpu, workdir), workdir / f"{tag}.log")
     line = next((x for x in out.splitlines() if x.startswith("BENCH_RESULT ")), None)
     if line is None:
-        raise SystemExit(f"no BENCH_RESULT in torchtitan's output ({workdir / f'{tag}.log'})")
+        raise SystemExit(f"no BENCH_RESULT in {name}'s output ({workdir / f'{tag}.log'})")
     r = json.loads(line.removeprefix("BENCH_RESULT "))
     tokens = r["steps"] * s.tokens_per_step
-    return Result(tokens / r["seconds"], tokens / r["cpu_seconds"], None, f"{r['peak_memory_bytes'] / 2**30:.1f} GiB")
+    peak = f"{r['peak_memory_bytes'] / 2**30:.1f} GiB"
+    return Result(tokens / r["seconds"], tokens / r["cpu_seconds"], None, peak), r
+
+
+def run_minimal(s: Setup, workdir: Path, gpu: bool, tag: str) -> Result:
+    return run_reference("minimal_fsdp2.py", "the minimal loop", s, workdir, gpu, tag)[0]
+
+
+def run_accelerate(s: Setup, workdir: Path, gpu: bool, tag: str) -> Result:
+    result, r = run_reference("accelerate_fsdp2.py", "Accelerate", s, workdir, gpu, tag)
+    if r["distributed_type"] != "DistributedType.FSDP":
+        # Accelerate switches to FSDP only for accelerator devices (GPU, NPU, XPU ...):
+        # on the CPU its AcceleratorState keeps MULTI_CPU, i.e. DDP (accelerate/state.py).
+        print(f"  note: Accelerate ran {r['distributed_type']} (DDP), not FSDP, on this device", flush=True)
+    return result
+
+
+def run_torchtitan(s: Setup, workdir: Path, gpu: bool, tag: str) -> Result:
+    return run_reference("torchtitan_llama.py", "torchtitan", s, workdir, gpu, tag)[0]
 
 
 def compare(
