@@ -221,11 +221,11 @@ def main() -> None:
 
     import torchtitan
     from torchtitan.tools.logging import init_logger
-
-    init_logger()
-    marks: list[tuple[float, float]] = []
     from torchtitan.train import Trainer
 
+    init_logger()
+    # Each step's end, device synchronised: the window after the warm-up steps is timed, as the trainer's.
+    marks: list[tuple[float, float]] = []
     train_step = Trainer.train_step
 
     def timed_step(self: Any, *a: Any, **kw: Any) -> Any:
