@@ -53,9 +53,16 @@ def test_each_gpu_run_has_its_settings() -> None:
     bench = _bench()
     full, quick, dry = (bench.gpu_run(_args(**a)) for a in ({}, {"quick": True}, {"dry_run": True}))
     assert (full.preset, full.device, full.steps, full.repeats, len(full.rows)) == ("llama3.2-1b", "cuda", 30, 2, 16)
-    # --quick: full logits against the chunked loss at 15 steps, once; all but one row are in the full matrix.
+    # --quick: full logits against the chunked loss at 15 steps, once; then compiled bf16 against
+    # float8 at micro-batch 1 and 2 (those three rows are not in the full matrix).
     assert (quick.preset, quick.steps, quick.repeats) == ("llama3.2-1b", 15, 1)
-    assert len(set(quick.rows) - set(full.rows)) == 2  # the float8 rows
+    assert len(set(quick.rows) - set(full.rows)) == 3
+    assert {(r.micro_batch, r.precision) for r in quick.rows if r.compile} == {
+        (None, None),
+        (None, "float8"),
+        (2, None),
+        (2, "float8"),
+    }
     assert {row.logits for row in quick.rows} == {"full", "chunked"}
     assert {row.precision for row in quick.rows} == {None, "float8"}
     # --dry-run: the CPU, seqLen 64, checkpointing off and on, more steps than the warm-up.
