@@ -57,7 +57,7 @@ from .instance_types import GIB, INSTANCE_TYPES, InstanceType
 from .loss_chunks import loss_chunk_tokens
 from .model_files import local_model_dir
 from .parallel_plan import ParallelPlan
-from .precision import FLOAT8_DIVISOR, Float8Recipe, compute_dtype
+from .precision import Float8Recipe, compute_dtype, float8_fits, gathers_in_float8
 from .presets import HUB_MODEL_PRESETS, PRESETS, ModelDims
 from .spec import MAX_NODES, FSDPTrainingSpec, ModelOverrides, PeftSpec, effective_seq_len
 
@@ -274,7 +274,7 @@ def float8_shapes(d: ModelDims) -> list[tuple[int, int]]:
 
     Norms, embedding and head are never converted, so only a layer's projections can be.
     """
-    return [(a, b) for a, b in projection_shapes(d).values() if a % FLOAT8_DIVISOR == 0 and b % FLOAT8_DIVISOR == 0]
+    return [(a, b) for a, b in projection_shapes(d).values() if float8_fits(a, b)]
 
 
 def rank_float8_params(w: Workload) -> int:
@@ -402,13 +402,9 @@ def communication_bytes(w: Workload) -> int:
 
 
 def float8_all_gather(w: Workload) -> bool:
-    """Whether FSDP gathers the float8 projections as float8: the tensorwise recipe's weights only.
-
-    The trainer turns torchao's float8 all-gather on for tensorwise under
-    FSDP only (torchao offers it for tensorwise scaling alone); each
-    converted weight then sends its 1-byte float8 data and one fp32 scale.
-    """
-    return w.uses_fsdp and w.float8_recipe == "tensorwise"
+    """Whether FSDP gathers the float8 projections as float8 (the trainer's rule); each converted
+    weight then sends its 1-byte float8 data and one fp32 scale."""
+    return w.float8_recipe is not None and gathers_in_float8(w.float8_recipe, w.uses_fsdp)
 
 
 def gathered_layer_bytes(w: Workload) -> int:

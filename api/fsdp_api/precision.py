@@ -17,6 +17,16 @@ DEFAULT_FLOAT8_RECIPE: Float8Recipe = "tensorwise"
 FLOAT8_DIVISOR = 16
 
 
+def float8_fits(in_features: int, out_features: int) -> bool:
+    """Whether a Linear of this shape can run in float8 (the trainer converts it; the plan counts it)."""
+    return in_features % FLOAT8_DIVISOR == 0 and out_features % FLOAT8_DIVISOR == 0
+
+
+def gathers_in_float8(recipe: str, sharded: bool) -> bool:
+    """Whether FSDP all-gathers the float8 weights as float8: torchao offers it for tensorwise scaling only."""
+    return sharded and recipe == "tensorwise"
+
+
 def compute_dtype(precision: str) -> Literal["bf16", "fp32"]:
     """The dtype of activations and of the gathered weights: fp32 only for ``fp32``."""
     return "fp32" if precision == "fp32" else "bf16"

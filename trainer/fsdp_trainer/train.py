@@ -466,7 +466,7 @@ class Trainer:
             num_params=self.num_params,
             trainable_params=self.num_trainable,
             logits=self.loss.mode,
-            float8_linears=sum(type(m).__name__ == "Float8Linear" for m in self.model.modules()),
+            float8_linears=len(self.float8.converted),
             **({"frozen_sha256": frozen_digest(self.model)} if self.trace.enabled else {}),
         )
         max_steps = cfg.training.max_steps

@@ -22,7 +22,7 @@ import logging
 from dataclasses import dataclass, field
 
 import torch
-from fsdp_api.precision import FLOAT8_DIVISOR
+from fsdp_api.precision import FLOAT8_DIVISOR, float8_fits, gathers_in_float8
 from torch import nn
 
 from ..model.architecture import decoder_units
@@ -50,7 +50,7 @@ def _why_not(name: str, module: nn.Linear) -> str | None:
         return "LoRA adapter"
     if name.rsplit(".", 1)[-1] in ROUTER_NAMES or ".router." in f".{name}.":
         return "router"
-    if module.in_features % FLOAT8_DIVISOR or module.out_features % FLOAT8_DIVISOR:
+    if not float8_fits(module.in_features, module.out_features):
         return f"dimension not divisible by {FLOAT8_DIVISOR}"
     return None
 
@@ -86,7 +86,7 @@ def apply_float8(model: nn.Module, recipe: str, device: torch.device, *, fsdp: b
     # tensorwise scales let FSDP all-gather the weights in float8 (half the bytes of bf16);
     # the CPU has no float8 matmul, so torchao emulates it there.
     config = dataclasses.replace(
-        config, enable_fsdp_float8_all_gather=fsdp and recipe == "tensorwise", emulate=device.type != "cuda"
+        config, enable_fsdp_float8_all_gather=gathers_in_float8(recipe, fsdp), emulate=device.type != "cuda"
     )
     convert_to_float8_training(model, config=config, module_filter_fn=lambda _m, name: name in chosen)
     log.info("float8 (%s recipe%s): %s", recipe, ", emulated on the CPU" if config.emulate else "", report.summary())
