@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -45,8 +46,35 @@ def exit_codes(path: Path) -> list[int]:
     return [r.exit.exit_code for r in records(path) if r.WhichOneof("record_type") == "exit"]
 
 
-def test_an_offline_run_carries_the_config_and_identity_and_a_resumed_process_continues_it_each_step_once(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+class _OneSecond:
+    """W&B's clock, stopped at one instant: every process of a test starts in the same second."""
+
+    def __init__(self, instant: float) -> None:
+        self.instant = instant
+
+    def time(self) -> float:
+        return self.instant
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+
+@pytest.fixture
+def one_start_second(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every ``wandb.init`` of the test starts at the same wall-clock second.
+
+    W&B names an offline process's folder by its start to the second and adds
+    ``-1``, ``-2`` to a name that is taken: the processes of one run started
+    within a second (a crash and a fast restart; this suite on a busy machine)
+    then differ only by that suffix. Pinned here, so the suffixes always appear.
+    """
+    from wandb.sdk import wandb_init
+
+    monkeypatch.setattr(wandb_init, "time", _OneSecond(time.time()))
+
+
+def test_an_offline_run_carries_the_config_and_identity_and_resumed_processes_continue_it_each_step_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, one_start_second: None
 ) -> None:
     monkeypatch.setenv(ENV_TRAINING_UID, "0b6f1c9e-7d7e-4e59-9f3a-2f0c1d2e3f40")
     monkeypatch.setenv(ENV_TRAINING_IMAGE, "ghcr.io/fsdp-k8s/trainer:0.1.0")
@@ -56,21 +84,30 @@ def test_an_offline_run_carries_the_config_and_identity_and_a_resumed_process_co
         first.write(step, {"train/loss": 10.0 - step, **WIDE})
     first.close()  # stopped before maxSteps: preempting, exit code 1
 
-    resumed = WandbTracker.from_config(cfg)
-    for step in range(6, 11):
-        resumed.write(step, {"train/loss": 20.0 - step})
-    resumed.close()
+    second = WandbTracker.from_config(cfg)
+    for step in range(6, 10):  # checkpoint at 8; step 9 is trained again
+        second.write(step, {"train/loss": 20.0 - step})
+    second.close()
+
+    third = WandbTracker.from_config(cfg)
+    for step in range(9, 11):
+        third.write(step, {"train/loss": 30.0 - step})
+    third.close()
 
     run_id = json.loads((tmp_path / "checkpoints" / WANDB_RUN_FILE).read_text())["run_id"]
     files = run_files(tmp_path / "checkpoints" / WANDB_SUBDIR, run_id)
-    assert len(files) == 2, "one offline folder per process, both of the same run"
-    assert resumed.logged_through == 7
+    names = [path.parent.name for path in files]
+    assert len({name.split("-")[2] for name in names}) == 1, f"not started in one second: {names}"
+    assert [name.removeprefix(names[0]) for name in names] == ["", "-1", "-2"], "one offline folder per process"
+    assert (second.logged_through, third.logged_through) == (7, 9)
     rows = [row for path in files for row in history(path)]
     assert [(r["_step"], r["train/loss"]) for r in rows] == [(s, 10.0 - s) for s in range(1, 8)] + [
-        (s, 20.0 - s) for s in range(8, 11)
+        (8, 12.0),
+        (9, 11.0),
+        (10, 20.0),
     ]
     assert all(rows[i]["layers/599/grad_norm"] == 599.0 for i in range(7)), "records spanning log blocks"
-    assert [exit_codes(path) for path in files] == [[1], [0]]
+    assert [exit_codes(path) for path in files] == [[1], [1], [0]]
     [run] = [r.run for r in records(files[0]) if r.WhichOneof("record_type") == "run"]
     assert (run.run_id, run.project, run.display_name) == (run_id, "fsdp-tests", "llama-ft")
     config_values = {item.key: json.loads(item.value_json) for item in run.config.update}
@@ -82,7 +119,29 @@ def test_an_offline_run_carries_the_config_and_identity_and_a_resumed_process_co
         "image": "ghcr.io/fsdp-k8s/trainer:0.1.0",
         "uid": "0b6f1c9e-7d7e-4e59-9f3a-2f0c1d2e3f40",
     }
-    assert resumed.url is None  # offline: no page; the status shows none
+    assert third.url is None  # offline: no page; the status shows none
+
+
+def test_the_offline_folders_of_a_run_are_ordered_by_start_then_suffix_and_no_other_run_is_taken(
+    tmp_path: Path,
+) -> None:
+    names = [
+        "offline-run-20261201_101011-abcd1234",
+        "offline-run-20261201_101010-abcd1234-10",
+        "offline-run-20261201_101010-abcd1234-2",
+        "offline-run-20261201_101010-abcd1234",
+        "offline-run-20261201_101010-abcd12345",  # another run whose id starts with this one
+        "run-20261201_101010-abcd1234",  # an online run's folder
+    ]
+    for name in names:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "run-abcd1234.wandb").write_bytes(b"")
+    assert [path.parent.name for path in run_files(tmp_path, "abcd1234")] == [
+        "offline-run-20261201_101010-abcd1234",
+        "offline-run-20261201_101010-abcd1234-2",
+        "offline-run-20261201_101010-abcd1234-10",
+        "offline-run-20261201_101011-abcd1234",
+    ]
 
 
 def test_resume_never_and_a_moved_project_start_a_new_run(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ to know which steps an earlier process of the same run already wrote
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -101,8 +102,20 @@ def history(path: Path) -> list[dict[str, Any]]:
 
 
 def run_files(root: Path, run_id: str) -> list[Path]:
-    """Every offline file of run ``run_id`` under W&B's folder ``root``, oldest first (names hold the start)."""
-    return sorted(root.glob(f"offline-run-*-{run_id}/run-{run_id}.wandb"))
+    """Every offline file of run ``run_id`` under W&B's folder ``root``, oldest first.
+
+    W&B names a process's folder ``offline-run-<YYYYmmdd_HHMMSS>-<id>``, the start
+    to the second; a second process of the run that starts within the same second
+    finds that folder taken and appends ``-1``, a third ``-2`` (``wandb_init``'s
+    ``set_sync_dir_suffix``). Ordered by (start, suffix) as numbers: ``-10`` after ``-9``.
+    """
+    folder = re.compile(rf"offline-run-(\d{{8}}_\d{{6}})-{re.escape(run_id)}(?:-(\d+))?")
+    found = []
+    for path in root.glob(f"offline-run-*-{run_id}*/run-{run_id}.wandb"):
+        match = folder.fullmatch(path.parent.name)
+        if match:  # not a longer id that merely starts with this one
+            found.append(((match[1], int(match[2] or 0)), path))
+    return [path for _, path in sorted(found)]
 
 
 def last_step(root: Path, run_id: str) -> int:
