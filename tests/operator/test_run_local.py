@@ -70,6 +70,7 @@ def test_invalid_spec_is_reported_with_the_field(tmp_path: Path) -> None:
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow  # run-local's own processes (over the unit tier's limit, tests/slow_guard.py)
 def test_a_config_only_the_trainer_can_check_is_one_error_not_a_traceback(
     tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
@@ -234,6 +235,7 @@ def test_kill_9_of_run_local_stops_the_ranks_and_keeps_the_directory_locked_unti
             os.kill(pid, signal.SIGKILL)
 
 
+@pytest.mark.slow  # run-local's own processes (over the unit tier's limit, tests/slow_guard.py)
 def test_a_pretrained_qwen2_directory_fine_tunes_end_to_end(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     """Not a Llama: a tiny Qwen2 checkpoint (q/k/v biases, tied) with its tokenizer, as a user would bring it."""
     from tests.trainer.harness import build_word_tokenizer, write_ragged_jsonl
