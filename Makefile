@@ -4,52 +4,70 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 EXAMPLE ?= examples/fsdptraining-tiny.yaml
 
-.PHONY: setup system-deps tools images run test test-fast lint crd manifests bench bench-gpu demo-cluster clean
+.PHONY: setup wheels system-deps tools images prepare run test test-unit test-fast lint crd manifests bench bench-gpu demo-cluster clean
 
-# Python environment: every package (API, operator, trainer, local cluster) with all extras.
+# Python environment: every package (API, operator, trainer, local cluster) with all extras,
+# installed from the wheelhouse (one download for the venv and both images; tools/wheelhouse.sh).
 setup: $(VENV)/.installed
-$(VENV)/.installed: pyproject.toml bench/torchtitan-requirements.txt
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[operator,trainer,dev]'
-	$(BIN)/pip install --quiet --no-deps -r bench/torchtitan-requirements.txt
-	touch $@
+$(VENV)/.installed: pyproject.toml bench/torchtitan-requirements.txt | wheels
+	@tools/timed.sh venv env PYTHON=$(PYTHON) bash tools/install-venv.sh
+	@touch $@
+
+wheels:
+	@tools/timed.sh wheelhouse env PYTHON=$(PYTHON) bash tools/wheelhouse.sh
 
 # Debian packages the tests use as real components (Prometheus, promtool; buildah, podman,
 # runc and debootstrap for the images).
 system-deps:
-	bash tools/install-system-deps.sh
+	@tools/timed.sh system-deps bash tools/install-system-deps.sh
 
 # Every binary the tests run, built from Go modules once and cached in ~/.cache/fsdp-k8s,
-# and the older Karpenter CRDs the bundle is checked against (from the Go module proxy too).
+# two Go builds at a time (tools/build-binaries.sh --jobs), and the older Karpenter CRDs the
+# bundle is checked against (from the Go module proxy too).
+GO_TOOLS := etcd kube-apiserver kubectl helm kube-scheduler kube-controller-manager kubelet training-operator \
+	kueue trainer-controller-manager jobset versitygw
+GO_JOBS ?= 2
 tools:
-	bash tools/build-binaries.sh etcd kube-apiserver kubectl helm kube-scheduler kube-controller-manager kubelet training-operator kueue \
-		trainer-controller-manager jobset
-	bash tools/fetch-karpenter-crds.sh
+	@tools/timed.sh go-binaries bash tools/build-binaries.sh --jobs $(GO_JOBS) $(GO_TOOLS)
+	@tools/timed.sh karpenter-crds bash tools/fetch-karpenter-crds.sh
 
 # Both Dockerfile targets, built here with buildah on a local Debian base (docs/images.md);
 # a no-op while their inputs are unchanged. The image tests and the whole-cluster tests run them.
-images: system-deps
-	bash tools/build-images.sh trainer operator
+images: system-deps wheels
+	@tools/timed.sh images bash tools/build-images.sh trainer operator
 
 # The embedded default: a real FSDP2 training job on the CPU (2 ranks, gloo), no cluster, no GPU, no internet.
 run: setup
 	$(BIN)/fsdp-operator run-local -f $(EXAMPLE)
 
+# Every set-up step of the suite, overlapped (make -j: the Go builds beside the wheel
+# download, the venv and the image builds), each timed into runs/setup-times.tsv and
+# summed up at the end, so a slow step shows in the CI log (docs/e2e.md, "Set-up").
+SETUP_JOBS ?= 4
+prepare:
+	@tools/timed.sh --reset
+	@$(MAKE) --no-print-directory -j$(SETUP_JOBS) setup system-deps tools images
+	@tools/timed.sh --summary
+
 # The whole test suite, against the real components, on two pytest workers (one per 4 cores on
 # bigger machines; one on a single core). The whole-cluster tests and the image tests each stay one
 # unit of work, largest first, the rest spread (tests/conftest.py, SERIAL_GROUPS): the e2e worker
-# mostly waits for pods, stalls and queues, and the other fills those waits (23.5 minutes of
-# pytest instead of 32 on the 2-core machine, docs/e2e.md). runs/junit.xml feeds
-# `python tools/test_times.py`: where the time goes (docs/e2e.md keeps the table).
+# mostly waits for pods, stalls and queues, and the other fills those waits.
+# runs/junit.xml feeds `python tools/test_times.py`: where the time goes (docs/e2e.md keeps the table).
 PYTEST_WORKERS ?= $(shell $(PYTHON) -c 'import os; n = os.cpu_count() or 1; print(min(n, max(2, n // 4)))')
-test: setup system-deps tools images
+test: prepare
 	$(BIN)/ruff check .
 	$(BIN)/pytest -n $(PYTEST_WORKERS) --junitxml=runs/junit.xml
 
+# The unit tier: the tests that need no Go binary, no image and no cluster (tests/conftest.py,
+# the `integration` marker) and are not marked slow, on the venv alone. A test in it that runs
+# over a few seconds fails (tests/slow_guard.py): mark it slow.
+test-unit: setup
+	FSDP_UNIT_TIER=1 $(BIN)/pytest -n $(PYTEST_WORKERS) -m 'not slow and not integration' -p tests.slow_guard
+
 # Everything but the whole-cluster end-to-end tests.
-test-fast: setup system-deps tools images
-	$(BIN)/pytest -m 'not e2e'
+test-fast: prepare
+	$(BIN)/pytest -n $(PYTEST_WORKERS) -m 'not e2e'
 
 lint: setup
 	$(BIN)/ruff check .

@@ -128,6 +128,7 @@ def test_importing_a_layer_loads_nothing_above_it(package: str, absent: set[str]
     assert loaded & absent == set()
 
 
+@pytest.mark.slow  # a fresh Python importing torch (over the unit tier's limit, tests/slow_guard.py)
 def test_trainer_imports_without_the_operator_or_kopf() -> None:
     # The trainer's modules need torch, which is installed here; what must not
     # come along is anything of the operator side.

@@ -98,16 +98,23 @@ build_target() {
     log "up to date: $image ($hash)"
     return 0
   fi
-  # A machine whose TLS to the package index is intercepted trusts an extra
-  # CA (PIP_CERT); the build mounts it for pip, read-only and only while
-  # building, so it never enters a layer.
-  local mounts=() tmp
+  # pip inside the build reads a pip.conf mounted read-only, only while building, so
+  # none of it enters a layer: the wheelhouse the virtualenv was installed from
+  # (tools/wheelhouse.sh), as the only index, so torch and the CUDA wheels are not
+  # downloaded a second time; and, on a machine whose TLS to the package index is
+  # intercepted, the extra CA it trusts (PIP_CERT).
+  local mounts=() tmp wheels
   tmp=$(mktemp -d)
   trap 'rm -rf "$tmp"' RETURN
+  wheels=$(bash "$HERE/wheelhouse.sh" --path)
+  [ -f "$wheels/.complete" ] || bash "$HERE/wheelhouse.sh"
+  printf '[global]\nno-index = true\nfind-links = /run/wheels\n' > "$tmp/pip.conf"
+  mounts+=(-v "$wheels:/run/wheels:ro")
   if [ -n "${PIP_CERT:-}" ] && [ -f "$PIP_CERT" ]; then
-    printf '[global]\ncert = /run/build-ca.crt\n' > "$tmp/pip.conf"
-    mounts+=(-v "$PIP_CERT:/run/build-ca.crt:ro" -v "$tmp/pip.conf:/etc/pip.conf:ro")
+    printf 'cert = /run/build-ca.crt\n' >> "$tmp/pip.conf"
+    mounts+=(-v "$PIP_CERT:/run/build-ca.crt:ro")
   fi
+  mounts+=(-v "$tmp/pip.conf:/etc/pip.conf:ro")
   log "building $image ($hash)"
   local start=$SECONDS
   # --force-rm: a failed build (a full disk) must not leave its working container behind,

@@ -26,8 +26,21 @@ BUILD_SCRIPT = REPO_ROOT / "tools" / "build-binaries.sh"
 CLUSTER_TOOLS = ("etcd", "kube-apiserver", "kubectl", "helm")
 
 
+# Set by `make test-unit`: the unit tier runs on the virtualenv alone, so nothing here
+# builds, fetches or hands out a binary (tests/conftest.py, the `integration` marker).
+ENV_UNIT_TIER = "FSDP_UNIT_TIER"
+
+
 class ToolBuildError(RuntimeError):
     """tools/build-binaries.sh failed; the message carries the tail of its output."""
+
+
+def _refuse_in_unit_tier(what: str) -> None:
+    if os.environ.get(ENV_UNIT_TIER):
+        raise ToolBuildError(
+            f"the unit tier ({ENV_UNIT_TIER} is set) has no {what}: a test that needs it is an "
+            "integration test (tests/conftest.py marks by folder, fixture and marker; or @pytest.mark.integration)"
+        )
 
 
 def shared_dir() -> Path:
@@ -41,6 +54,7 @@ def ensure_tools(names: Sequence[str] = CLUSTER_TOOLS) -> None:
     All names go to one script run so that tools from the same Go module (for
     example kube-apiserver and kubectl) are compiled by one ``go build``.
     """
+    _refuse_in_unit_tier(" ".join(names))
     fd, name = tempfile.mkstemp(prefix="fsdp-build-binaries-", suffix=".log")
     log = Path(name)
     with os.fdopen(fd, "w") as out:
@@ -62,6 +76,7 @@ def karpenter_crds(variable: str) -> Path:
     Fetched from the Go module proxy on first use (tools/fetch-karpenter-crds.sh),
     then cached like the binaries.
     """
+    _refuse_in_unit_tier(f"Karpenter CRDs ({variable})")
     res = subprocess.run(["bash", str(FETCH_CRDS_SCRIPT)], capture_output=True, text=True)
     if res.returncode != 0:
         raise ToolBuildError(
@@ -81,6 +96,7 @@ def tool_path(name: str, build: bool = True) -> Path:
     layout live in one place (tools/versions.env, tools/build-binaries.sh).
     With ``build`` (the default) a missing binary is built first.
     """
+    _refuse_in_unit_tier(name)
     if build:
         ensure_tools([name])
     out = subprocess.run(

@@ -285,6 +285,7 @@ time.sleep(60)
 """
 
 
+@pytest.mark.slow  # builds the bind shim with the C compiler (over the unit tier's limit, tests/slow_guard.py)
 def test_native_wildcard_binds_land_on_the_pods_address(tmp_path: Path) -> None:
     """Issue 23: the second pod's TCPStore found *:29400 taken and torch elastic used the first pod's store."""
     import datetime

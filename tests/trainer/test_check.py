@@ -96,6 +96,7 @@ def _run(cmd: list[str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow  # a fresh Python importing torch (over the unit tier's limit, tests/slow_guard.py)
 def test_a_bad_config_stops_in_the_check_with_its_lines_and_never_launches(config_path: Path, tmp_path: Path) -> None:
     _write(config_path, data={"path": str(tmp_path / "nowhere" / "*.jsonl"), "tokenizer": str(tmp_path / "nope")})
     marker = tmp_path / "launched"
@@ -139,6 +140,7 @@ def test_a_preference_file_with_an_empty_answer_stops_in_the_check_naming_the_ro
     ]
 
 
+@pytest.mark.slow  # a fresh Python importing torch (over the unit tier's limit, tests/slow_guard.py)
 def test_a_good_config_is_replaced_by_the_launch_command(config_path: Path, tmp_path: Path) -> None:
     # exec, not a child: the launch keeps the check's process id (PID 1 in a container).
     launch = [sys.executable, "-c", "import os, sys; print(os.getpid()); sys.exit(7)"]
@@ -162,6 +164,7 @@ def test_torchrun_after_a_failed_check_never_starts(config_path: Path, tmp_path:
     assert "Traceback" not in proc.stderr and "ChildFailedError" not in proc.stderr
 
 
+@pytest.mark.slow  # a fresh Python importing torch (over the unit tier's limit, tests/slow_guard.py)
 def test_sigterm_during_the_check_stops_pid_1_before_torchrun(tmp_path: Path) -> None:
     """In a container the check is PID 1, which has no default action for SIGTERM: it must handle it.
 

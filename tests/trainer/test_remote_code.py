@@ -46,6 +46,7 @@ def _custom_tokenizer(directory: Path, tokenizer: Path, marker: Path) -> Path:
     return directory
 
 
+@pytest.mark.slow  # a fresh Python importing torch (over the unit tier's limit, tests/slow_guard.py)
 @pytest.mark.parametrize("where", ["model.architecture", "data.tokenizer"])
 def test_custom_code_is_refused_in_one_line_even_if_answered_yes(
     tmp_path: Path, inputs: dict[str, Path], where: str

@@ -29,6 +29,7 @@ def test_a_warm_launch_gives_the_cold_launchs_losses_bit_for_bit(
     assert warm.losses(rank=1) == cold.losses(rank=1)
 
 
+@pytest.mark.slow  # a fresh Python importing torch (over the unit tier's limit, tests/slow_guard.py)
 def test_only_an_environment_the_trainer_reads_at_run_time_may_differ_from_the_servers() -> None:
     env = offline_env()
     launcher = warm_launcher(env, env)

@@ -433,6 +433,7 @@ def test_progress_bar_on_a_terminal_with_log_lines_above_it() -> None:
     assert lines[3].startswith("summary: steps 4-4")
 
 
+@pytest.mark.slow  # a 2-rank trainer run (over the unit tier's limit, tests/slow_guard.py)
 def test_endpoint_serves_the_final_values_while_lingering(tmp_path: Path) -> None:
     # TrainerRun sets FSDP_METRICS_LINGER_SECONDS=3: after the last step the
     # endpoint must still answer with the final step and the last checkpoint.

@@ -13,6 +13,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
 from fsdp_api.contract import ENV_JOB_NAME, ENV_METRICS_LINGER_SECONDS, ENV_METRICS_PORT, exposed_series
 from fsdp_api.launch import free_port, local_env, torchrun_standalone
 from fsdp_operator.controller.progress import parse_trainer_metrics
@@ -42,6 +43,7 @@ def scrape(port: int) -> str | None:
         return None
 
 
+@pytest.mark.slow  # a 2-rank torchrun (over the unit tier's limit, tests/slow_guard.py)
 def test_a_scripts_metrics_read_as_the_trainers_do(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent(SCRIPT))
