@@ -50,7 +50,9 @@ COPY pyproject.toml ./
 # copied: with no package folders the project builds as an empty
 # distribution, so editing the code reuses this layer (GBs of torch and CUDA
 # libraries) and only the last step reruns. An empty README.md stands in for
-# the one pyproject.toml names, so a docs edit does not rerun it either.
+# the one pyproject.toml names, here and in the project's own install below:
+# the README is no part of either image, so a docs edit rebuilds neither (nor
+# the tests' copy of the trainer image in a kubelet's containerd).
 # Versions come from pyproject.toml, the project's only pin list (hadolint
 # cannot see them behind the extra).
 # hadolint ignore=DL3013
@@ -63,7 +65,6 @@ RUN touch README.md && pip install --no-cache-dir '.[trainer]'
 # goes, this image does not carry its package.
 RUN python -c "__import__('pathlib').Path(__import__('sysconfig').get_path('purelib'), 'fsdp-k8s.pth').write_text('/opt/fsdp')" \
  && rm /opt/venv/bin/fsdp-operator
-COPY README.md ./
 COPY api/ api/
 COPY trainer/ trainer/
 # hadolint ignore=DL3013
@@ -138,7 +139,6 @@ COPY pyproject.toml ./
 # Dependencies first, in their own layer, as in the trainer stage.
 # hadolint ignore=DL3013
 RUN touch README.md && pip install --no-cache-dir '.[operator]'
-COPY README.md ./
 COPY api/ api/
 COPY operator/ operator/
 # Byte-code is compiled here, at build time: the running container cannot

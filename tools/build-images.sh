@@ -80,7 +80,7 @@ inputs_hash() {
     cd "$ROOT"
     {
       # Paths relative to the checkout: a clone elsewhere (CI's) must hash the same.
-      sha256sum Dockerfile .dockerignore pyproject.toml README.md tools/build-images.sh tools/versions.env
+      sha256sum Dockerfile .dockerignore pyproject.toml tools/build-images.sh tools/versions.env
       find api "$pkg" -type f ! -path '*/__pycache__/*' ! -name '*.pyc' ! -path '*.egg-info/*' -print0 \
         | sort -z | xargs -0 sha256sum
       buildah inspect --type image --format '{{.FromImageID}}' "$LOCAL_BASE_IMAGE"

@@ -134,9 +134,13 @@ def test_images_install_the_extras_the_project_defines() -> None:
     copies = {name: " ".join(stages[name].values("COPY")) for name in ("trainer-build", "operator-build")}
     assert "api/" in copies["trainer-build"] and "operator/" not in copies["trainer-build"]
     assert "api/" in copies["operator-build"] and "trainer/" not in copies["operator-build"]
-    # The Makefile's install command uses both extras (plus dev) and nothing else.
+    # The venv's install (make setup) uses both extras (plus dev) and nothing else, and the wheelhouse
+    # both the venv and the images install from holds exactly those.
     makefile = (REPO_ROOT / "Makefile").read_text()
-    assert "pip install --quiet -e '.[operator,trainer,dev]'" in makefile
+    assert "bash tools/install-venv.sh" in makefile
+    for script in ("tools/install-venv.sh", "tools/wheelhouse.sh"):
+        text = (REPO_ROOT / script).read_text()
+        assert re.findall(r"'\.\[([a-z,]*)\]'", text) == ["operator,trainer,dev"], script
 
 
 def test_dependencies_install_in_a_layer_before_any_source_is_copied() -> None:

@@ -199,6 +199,8 @@ def test_images_carry_no_build_tools_package_caches_or_secrets(runtime: Path, im
         for path in ("etc/pip.conf", "run/build-ca.crt", "root/.netrc", "root/.ssh", "root/.docker/config.json"):
             if (root / path).exists() and (root / path).stat().st_size > 0:
                 found.append(f"secret {path}")
+        # The wheelhouse mounted while building (tools/build-images.sh): at most its empty mount point.
+        found += [f"wheelhouse {p.relative_to(root)}" for p in (root / "run/wheels").rglob("*") if p.is_file()]
         for p in (root / "opt/venv").rglob("*"):
             if p.suffix in (".pem", ".key") and p.is_file() and b"PRIVATE KEY" in p.read_bytes()[:65536]:
                 found.append(f"private key {p.relative_to(root)}")
