@@ -117,7 +117,8 @@ def test_close_gives_up_on_a_tracker_that_never_returns_and_says_so() -> None:
         tracking.log(step, {contract.LOSS: 2.0})
     started = time.monotonic()
     tracking.close(timeout=0.5)
-    assert time.monotonic() - started < 2.0
+    # Bounded, not waiting for a tracker that never returns: far above 0.5 s, so a loaded machine passes too.
+    assert time.monotonic() - started < 10.0
     assert said == ["tracking: 4 points were still queued after 0.5 s and are not written"]
     assert not recorder.closed  # its writer thread may still be inside it
 
