@@ -46,6 +46,7 @@ run: setup
 SETUP_JOBS ?= 4
 prepare:
 	@tools/timed.sh --reset
+	@bash tools/check-disk.sh
 	@$(MAKE) --no-print-directory -j$(SETUP_JOBS) setup system-deps tools images
 	@tools/timed.sh --summary
 
