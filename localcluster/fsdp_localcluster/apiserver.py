@@ -32,11 +32,11 @@ from typing import IO, Any
 
 from fsdp_api.launch import free_port
 
-from .binaries import ensure_tools, shared_dir, tool_path
+from .binaries import ensure_tools, tool_path, vendored_crds
 from .pki import b64, generate_pki
 from .processes import stop_process
 
-# Third-party CRDs (sub-directories of $FSDP_SHARED_DIR/crds) installed in every cluster.
+# Third-party CRDs (vendored: fsdp_localcluster/crds/) installed in every cluster.
 DEFAULT_CRD_DIRS = ("kubeflow-training-operator-v1", "kubeflow-trainer-v2", "karpenter", "prometheus-operator")
 SERVICE_CLUSTER_IP_RANGE = "10.96.0.0/16"
 
@@ -114,7 +114,7 @@ class TestCluster:
         lap("etcd")
         self.start_apiserver(timeout)
         lap("apiserver")
-        base = self.crds if self.crds is not None else [shared_dir() / "crds" / d for d in DEFAULT_CRD_DIRS]
+        base = self.crds if self.crds is not None else [vendored_crds(d) for d in DEFAULT_CRD_DIRS]
         self.install_crds(*base, *self.extra_crds, timeout=timeout)
         lap("crds")
         return self

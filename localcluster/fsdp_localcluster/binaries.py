@@ -1,4 +1,4 @@
-"""Where the local cluster's binaries and data come from: the repository, the build script, the shared dir.
+"""Where the local cluster's binaries and data come from: the repository, the build script, the vendored CRDs.
 
 etcd, kube-apiserver, kubectl, helm, kube-scheduler, kube-controller-manager,
 the Kubeflow training operator, Kueue, Kubeflow Trainer v2 and JobSet are
@@ -43,9 +43,17 @@ def _refuse_in_unit_tier(what: str) -> None:
         )
 
 
-def shared_dir() -> Path:
-    """The project's shared data directory (third-party CRDs, seeds, ...)."""
-    return Path(os.environ.get("FSDP_SHARED_DIR", REPO_ROOT.parent / "shared"))
+# Third-party CRDs and reference data, vendored byte-identical from their upstream releases
+# (crds/README.md names each file's repository, tag and commit): a plain clone needs nothing beside it.
+VENDORED_CRDS = Path(__file__).resolve().parent / "crds"
+
+
+def vendored_crds(name: str) -> Path:
+    """The folder of one vendored set (``kubeflow-training-operator-v1``, ``karpenter``, ``dcgm-exporter``, ...)."""
+    path = VENDORED_CRDS / name
+    if not path.is_dir():
+        raise FileNotFoundError(f"no vendored CRDs {name!r} under {VENDORED_CRDS}")
+    return path
 
 
 def ensure_tools(names: Sequence[str] = CLUSTER_TOOLS) -> None:

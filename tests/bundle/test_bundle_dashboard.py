@@ -12,13 +12,14 @@ import pytest
 import yaml
 from fsdp_api.contract import ALL_SERIES as KNOWN
 from fsdp_api.contract import DCGM_METRICS, exposed_series
+from fsdp_localcluster.binaries import vendored_crds
 
 from tests.bundle import dashboard
 from tests.bundle.manifests import DASHBOARD, kustomize
 
 TRAINER_METRICS = exposed_series(gpu=False)
 
-SHARED_DCGM = Path("/work/shared/crds/dcgm-exporter")
+SHARED_DCGM = vendored_crds("dcgm-exporter")
 
 # What the dashboard promises to show: panel title -> metrics it must read.
 REQUIRED_PANELS = {

@@ -1,6 +1,6 @@
 """The Karpenter overlay against the CRDs of the oldest Karpenter it supports, and of one too old.
 
-The newest CRDs (/work/shared/crds/karpenter, v1.14.1) are checked with every
+The newest CRDs (vendored: localcluster/fsdp_localcluster/crds/karpenter, v1.14.1) are checked with every
 other overlay (test_bundle_cluster.py). Here each version gets an API server of
 its own with exactly that version's CRDs (tools/versions.env pins them;
 tools/fetch-karpenter-crds.sh brings them from the Go module proxy).
