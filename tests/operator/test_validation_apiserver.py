@@ -387,3 +387,31 @@ def test_edge_values_are_refused_or_accepted_alike_by_validate_and_the_api_serve
     except Exception as e:  # whatever validate says: it must agree on accepting or refusing
         validate_error = str(e)
     assert (res.returncode == 0) == (validate_error is None), (res.stderr, validate_error)
+
+
+_S3_REFERENCES = [
+    "s3://models/qwen3/",
+    "s3://my.models-1/team/.hidden/..dots",
+    "s3://a..b/qwen3",
+    "s3://10.0.0.12/qwen3",
+    "s3://models//qwen3",
+    "s3://models/team/../other",
+    "s3://models/team/.",
+    "s3://models/team\\\\qwen3",
+    "s3://models/qwen3-*",
+    "s3://Models/qwen3",
+]
+
+
+@pytest.mark.parametrize("uri", _S3_REFERENCES)
+def test_s3_references_are_refused_alike_and_in_the_same_words_by_validate_and_the_api_server(
+    api: Any, uri: str
+) -> None:
+    body = yaml.safe_load(_EDGE_HEAD)
+    body["spec"]["model"] = {"pretrained": uri}
+    body["spec"]["training"] = {"maxSteps": 100}
+    res = dry_run(api, json.dumps(body), NAMESPACE)
+    messages = rule_messages(body, "spec.model.pretrained")
+    assert (res.returncode == 0) == (messages == []), (res.stderr, messages)
+    for message in messages:
+        assert f"spec.model.pretrained: Invalid value: {message}" in res.stderr, (res.stderr, message)

@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-# Bucket names: 3-63 characters of lowercase letters, digits, dots and hyphens
-# (the S3 user guide's bucket naming rules); the prefix is optional.
-S3_URI = re.compile(r"^s3://([a-z0-9][a-z0-9.-]{1,61}[a-z0-9])(/.*)?$")
+from fsdp_api.object_keys import parse_s3_uri
+
 ENDPOINT_VARIABLES = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
 
 
@@ -31,10 +29,7 @@ class S3Location:
 
     @classmethod
     def parse(cls, uri: str) -> S3Location:
-        m = S3_URI.match(uri)
-        if m is None:
-            raise ValueError(f"{uri!r} is not s3://bucket[/prefix]")
-        return cls(m.group(1), (m.group(2) or "").strip("/"))
+        return cls(*parse_s3_uri(uri))  # ValueError saying what is wrong with it
 
     def key(self, *parts: str) -> str:
         return "/".join(p.strip("/") for p in (self.prefix, *parts) if p)

@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from fsdp_api.object_keys import UnsafeKey, local_path
 from fsdp_api.trainer_config import TrainerConfig
 
 from .errors import ConfigError
@@ -76,9 +77,11 @@ def _objects(s3: Any, loc: S3Location) -> tuple[bool, list[dict[str, Any]]]:
 
 def fetch(uri: str, field: str, *, skip: tuple[str, ...] = ()) -> Path:
     """The local copy of ``uri`` (an object, or every object under a prefix); ConfigError naming ``field``."""
-    loc = S3Location.parse(uri)
-    target = cache_root() / loc.bucket / (loc.prefix or "_root")
     t0 = time.perf_counter()
+    try:
+        loc = S3Location.parse(uri)
+    except ValueError as e:
+        raise ConfigError([f"{field}: {e}"]) from None
     try:
         s3 = client()
         single, objects = _objects(s3, loc)
@@ -90,14 +93,15 @@ def fetch(uri: str, field: str, *, skip: tuple[str, ...] = ()) -> Path:
         raise ConfigError([f"{field}: {loc} holds no objects"])
     base = loc.prefix.rsplit("/", 1)[0] if single and "/" in loc.prefix else ("" if single else loc.key())
     wanted = [o for o in objects if not o["Key"].endswith(skip or ("\0",))]
+    target = cache_root() / loc.bucket / (loc.prefix or "_root")
     local_dir = target.parent if single else target
+    paths = _local_paths(local_dir, base, wanted, f"{field}: {loc}")
     with _locked(local_dir):
         etags_path = local_dir.with_name(local_dir.name + _ETAGS)
         etags: dict[str, str] = json.loads(etags_path.read_text()) if etags_path.is_file() else {}
 
         def get(o: dict[str, Any]) -> int:
-            rel = o["Key"][len(base) :].lstrip("/") if base else o["Key"]
-            path = local_dir / rel
+            rel, path = paths[o["Key"]]
             if path.is_file() and path.stat().st_size == o["Size"] and etags.get(rel) == o["ETag"]:
                 return 0
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -117,6 +121,21 @@ def fetch(uri: str, field: str, *, skip: tuple[str, ...] = ()) -> Path:
     if fetched:
         log.info("%s: fetched %.1f MB from %s in %.1f s", field, fetched / 1e6, loc, time.perf_counter() - t0)
     return local_dir / Path(loc.prefix).name if single else local_dir
+
+
+def _local_paths(local_dir: Path, base: str, objects: list[dict[str, Any]], where: str) -> dict[str, tuple[str, Path]]:
+    """Each object's (key below ``base``, local path); ConfigError, before any download, for a key leaving the dir.
+
+    Keys are stored verbatim, so a writer of the bucket can list ``a/../../x``.
+    """
+    paths = {}
+    for o in objects:
+        rel = o["Key"][len(base) :].removeprefix("/") if base else o["Key"]
+        try:
+            paths[o["Key"]] = (rel, local_path(local_dir, rel))
+        except UnsafeKey as e:
+            raise ConfigError([f"{where}: object {o['Key']!r} refused, nothing fetched: {e}"]) from None
+    return paths
 
 
 def localize(cfg: TrainerConfig) -> TrainerConfig:

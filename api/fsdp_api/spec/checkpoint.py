@@ -10,6 +10,7 @@ from pydantic import Field
 from ..base import ApiModel
 from ..contract import POD_MOUNTS
 from ..rules import Rule
+from .object_refs import s3_form_rule
 
 
 class CheckpointSpec(ApiModel):
@@ -43,7 +44,7 @@ class CheckpointSpec(ApiModel):
             "s3://bucket[/prefix]: a remote tier. Every checkpoint committed in dir is also uploaded there in the "
             "background, committed by a manifest written last; resume takes the newest complete step of either "
             "tier. Credentials come from the pod's service account (EKS Pod Identity or IRSA); an S3-compatible "
-            "store is reached through AWS_ENDPOINT_URL_S3 in pod.env."
+            "store is reached through AWS_ENDPOINT_URL_S3 in spec.env."
         ),
     )
     remote_keep_last: int = Field(
@@ -60,6 +61,7 @@ class CheckpointSpec(ApiModel):
     )
 
     rules: ClassVar[tuple[Rule, ...]] = (
+        s3_form_rule("remote"),
         Rule(
             # has(): the API server also checks the schema's default ({}) before it is filled.
             cel=r"!has(self.dir) || !self.dir.matches('(^|/)\\.\\.?(/|$)')",

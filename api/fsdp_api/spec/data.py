@@ -8,19 +8,24 @@ from pydantic import Field
 
 from ..base import ApiModel
 from ..rules import Rule
+from .object_refs import MAX_REFERENCE_LENGTH, no_bucket_root_rule, no_other_scheme_rule, s3_form_rule
 
 
 class DataSpec(ApiModel):
     """Training data: a Hugging Face dataset, local files, or the embedded corpus."""
 
     dataset: str | None = Field(
-        None, min_length=1, description="Hugging Face dataset id (e.g. allenai/c4). Mutually exclusive with path."
+        None,
+        min_length=1,
+        max_length=MAX_REFERENCE_LENGTH,
+        description="Hugging Face dataset id (e.g. allenai/c4). Mutually exclusive with path.",
     )
     config: str | None = Field(None, min_length=1, description="Dataset configuration name (e.g. en for allenai/c4).")
     split: str = Field("train", min_length=1, description="Split to train on.")
     path: str | None = Field(
         None,
         min_length=1,
+        max_length=MAX_REFERENCE_LENGTH,
         description=(
             "Local or PVC path to json/jsonl/parquet/txt files (a file, a directory or a glob), or "
             "s3://bucket/key (an object, or every object under a prefix), instead of the hub. With neither "
@@ -87,6 +92,10 @@ class DataSpec(ApiModel):
     )
 
     rules: ClassVar[tuple[Rule, ...]] = (
+        no_other_scheme_rule("dataset", "a Hugging Face dataset id"),
+        no_other_scheme_rule("path", "a local or PVC path or s3://bucket/key"),
+        s3_form_rule("path"),
+        no_bucket_root_rule("path", "data's files"),
         Rule(
             cel="!(has(self.dataset) && has(self.path))",
             message="set either dataset or path, not both",

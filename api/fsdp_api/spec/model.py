@@ -9,6 +9,7 @@ from pydantic import Field
 from ..base import ApiModel
 from ..presets import PRESETS, ModelDims, PresetName
 from ..rules import Rule
+from .object_refs import MAX_REFERENCE_LENGTH, no_bucket_root_rule, no_other_scheme_rule, s3_form_rule
 
 
 class ModelOverrides(ApiModel):
@@ -63,6 +64,7 @@ class ModelSpec(ApiModel):
     architecture: str | None = Field(
         None,
         min_length=1,
+        max_length=MAX_REFERENCE_LENGTH,
         description=(
             "Hugging Face model id or local/PVC directory whose config.json gives the architecture "
             "(any decoder-only AutoModelForCausalLM); weights are randomly initialised with the "
@@ -75,6 +77,7 @@ class ModelSpec(ApiModel):
     pretrained: str | None = Field(
         None,
         min_length=1,
+        max_length=MAX_REFERENCE_LENGTH,
         description=(
             "Hugging Face model id, local/PVC path or s3://bucket/prefix of a causal LM: its config.json "
             "gives the architecture, its safetensors the weights (streamed into the shards), its tokenizer "
@@ -83,6 +86,10 @@ class ModelSpec(ApiModel):
     )
 
     rules: ClassVar[tuple[Rule, ...]] = (
+        no_other_scheme_rule("architecture", "a Hugging Face model id or a local directory"),
+        no_other_scheme_rule("pretrained", "a Hugging Face model id, a local path or s3://bucket/prefix"),
+        s3_form_rule("pretrained"),
+        no_bucket_root_rule("pretrained", "model's files"),
         Rule(
             cel="[has(self.preset), has(self.architecture), has(self.pretrained)].filter(x, x).size() == 1",
             message="set exactly one of preset, architecture and pretrained",

@@ -322,6 +322,7 @@ BASELINE_WORKER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # a subprocess that imports torch: about 5 s of CPU, over the unit tier's guard
 def test_counters_and_histograms_export_zero_before_their_first_increment(tmp_path: Path) -> None:
     """rate()/increase() need a sample before the first increment, or they never see it.
 

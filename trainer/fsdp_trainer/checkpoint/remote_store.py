@@ -22,6 +22,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from fsdp_api.object_keys import UnsafeKey, local_path
+
 from ..s3 import S3Error, S3Location, client, describe
 from .layout import STEP_DIR, latest_checkpoint, new_tmp_dir, step_dir_name
 
@@ -111,9 +113,10 @@ def download_step(s3: Any, loc: S3Location, step: int, manifest: dict[str, Any],
     final = root / step_dir_name(step)
     tmp = new_tmp_dir(final)
     prefix = step_prefix(loc, step)
+    targets = manifest_targets(loc, step, manifest, tmp)
 
     def fetch(entry: dict[str, Any]) -> None:
-        target = tmp / entry["key"]
+        target = targets[entry["key"]]
         target.parent.mkdir(parents=True, exist_ok=True)
         try:
             s3.download_file(loc.bucket, prefix + entry["key"], str(target))
@@ -141,6 +144,27 @@ def download_step(s3: Any, loc: S3Location, step: int, manifest: dict[str, Any],
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return final
+
+
+def manifest_targets(loc: S3Location, step: int, manifest: dict[str, Any], tmp: Path) -> dict[str, Path]:
+    """Each manifest key's path under ``tmp``; S3Error, before anything is written, for a key that leaves it.
+
+    The manifest is read from the bucket, so anyone who can write there names
+    the keys: ``../../x`` or ``/etc/x`` must not become a path.
+    """
+    targets = {}
+    for entry in manifest.get("objects", []):
+        key = entry.get("key") if isinstance(entry, dict) else None
+        try:
+            if not isinstance(key, str):
+                raise UnsafeKey(f"entry {entry!r} has no key")
+            targets[key] = local_path(tmp, key)
+        except UnsafeKey as e:
+            raise S3Error(
+                f"s3://{loc.bucket}/{step_prefix(loc, step)}{MANIFEST}: {e}: the manifest of step {step} is refused "
+                "and nothing of it is downloaded"
+            ) from None
+    return targets
 
 
 def fetch_newer(remote: str, root: Path) -> int | None:

@@ -1,0 +1,61 @@
+"""Rules for the spec's references to objects in S3 (model, data, remote checkpoints), written once.
+
+A reference the trainer would only refuse in the pod (or worse, read as a hub
+id) is refused by ``validate`` and the API server alike: the s3:// form
+(``fsdp_api.object_keys``), a whole bucket where a prefix is meant, and URL
+schemes the trainer does not read (``gs://``, ``s3a://`` ...).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..object_keys import SCHEME, s3_uri_cel, s3_uri_problem, s3_uri_problem_cel
+from ..rules import Rule
+
+# Bounds the CEL rules' cost, as the API server requires of a string a rule reads.
+MAX_REFERENCE_LENGTH = 1024
+_S3_FORM = "must be s3://bucket[/prefix] with a valid bucket name and prefix"
+
+
+def _value(obj: Any, attr: str) -> str | None:
+    return getattr(obj, attr)
+
+
+def s3_form_rule(attr: str) -> Rule:
+    """``attr`` (a one-word field), when it is an s3:// URI, is one the trainer can read."""
+    return Rule(
+        cel=f"!has(self.{attr}) || {s3_uri_cel(f'self.{attr}')}",
+        message=_S3_FORM,
+        field_path=f".{attr}",
+        check=lambda m: not (_value(m, attr) or "").startswith(SCHEME) or s3_uri_problem(_value(m, attr)) is None,
+        # The reason, in the same words from validate and from the API server.
+        detail=lambda m: f"{_S3_FORM}: {s3_uri_problem(_value(m, attr) or '')}",
+        message_expression=f"has(self.{attr}) ? '{_S3_FORM}: ' + ({s3_uri_problem_cel(f'self.{attr}')}) : '{_S3_FORM}'",
+    )
+
+
+def no_bucket_root_rule(attr: str, what: str) -> Rule:
+    """A model or data reference names a prefix: a whole bucket would be copied into the pod."""
+    return Rule(
+        cel=f"!has(self.{attr}) || !self.{attr}.matches('^s3://[^/]+/?$')",
+        message=f"names a whole bucket: give the prefix of the {what} (the bucket's root would be copied whole)",
+        field_path=f".{attr}",
+        check=lambda m: (
+            not (_value(m, attr) or "").startswith(SCHEME)
+            or bool((_value(m, attr) or "")[len(SCHEME) :].partition("/")[2].strip("/"))
+        ),
+    )
+
+
+def no_other_scheme_rule(attr: str, reads: str) -> Rule:
+    """``attr`` is no URL of a scheme the trainer does not read (taken as a hub id, it would fail in the pod)."""
+    allowed = f" && !self.{attr}.startsWith('{SCHEME}')" if "s3://" in reads else ""
+    return Rule(
+        cel=f"!has(self.{attr}) || !(self.{attr}.contains('://'){allowed})",
+        message=f"must be {reads}; other URLs (gs://, s3a://, https:// ...) are not read",
+        field_path=f".{attr}",
+        check=lambda m: (
+            "://" not in (_value(m, attr) or "") or ("s3://" in reads and (_value(m, attr) or "").startswith(SCHEME))
+        ),
+    )
