@@ -42,6 +42,8 @@ def _start(cmd: list[str], cwd: Path) -> subprocess.Popen[str]:
 def _signal(proc: subprocess.Popen[str], how: str) -> None:
     if how == "pid":
         proc.send_signal(signal.SIGTERM)  # the kubelet: to the container's PID 1 only
+    elif how == "ctrl-c":
+        os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C (run-local forwards it so): the whole group
     else:
         os.killpg(proc.pid, signal.SIGTERM)  # run-local, or a terminal: to the check's whole group
 
@@ -55,7 +57,7 @@ def _finish(proc: subprocess.Popen[str], timeout: float) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("how", ["pid", "group"])
+@pytest.mark.parametrize("how", ["pid", "group", "ctrl-c"])
 def test_sigterm_to_the_pods_launch_exits_143_after_the_checkpoint_of_the_step(
     tmp_path: Path, inputs: dict[str, Path], how: str
 ) -> None:
@@ -82,10 +84,16 @@ def test_sigterm_to_the_pods_launch_exits_143_after_the_checkpoint_of_the_step(
     output = _finish(proc, 120)
     seconds = time.monotonic() - signalled
 
+    # 143 for Ctrl-C too: "saved and stopped" is one exit code, whichever signal asked for it.
     assert proc.returncode == 128 + signal.SIGTERM == 143, output[-4000:]
-    assert "fsdp-train: all 2 local rank(s) saved and stopped on SIGTERM; exit 143" in output
+    name = "SIGINT" if how == "ctrl-c" else "SIGTERM"
+    assert f"fsdp-train: all 2 local rank(s) saved and stopped on {name}; exit 143" in output
+    assert "KeyboardInterrupt" not in output, output[-4000:]
     # torchrun got the signal exactly once: a second one would cut its wait for the ranks' save short.
-    assert output.count(TORCHRUN_SIGTERM_LINE) == 1, output[-4000:]
+    death_line = (
+        TORCHRUN_SIGTERM_LINE.replace("15", str(int(signal.SIGINT))) if how == "ctrl-c" else TORCHRUN_SIGTERM_LINE
+    )
+    assert output.count(death_line) == 1, output[-4000:]
     records = read_trace(trace)
     (stopped,) = [r for r in records if r["event"] == "stopped"]
     last = max(r["step"] for r in records if r["event"] == "step")

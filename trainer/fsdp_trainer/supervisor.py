@@ -124,7 +124,8 @@ def supervise(command: list[str], local_ranks: int) -> int:
     status = exit_status(returncode, bool(forwarder.received), stopped, local_ranks)
     if status == STOPPED_EXIT_CODE:
         # Under torchrun's SignalException traceback, which is expected here.
-        print(f"fsdp-train: all {stopped} local rank(s) saved and stopped on SIGTERM; exit {status}", file=sys.stderr)
+        name = signal.Signals(forwarder.received[0]).name
+        print(f"fsdp-train: all {stopped} local rank(s) saved and stopped on {name}; exit {status}", file=sys.stderr)
     return status
 
 

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from fsdp_api.contract import ENV_SHUTDOWN_TIMEOUT, STALLS_DIR
+from fsdp_api.contract import ENV_SHUTDOWN_TIMEOUT, FORWARDED_SIGNALS, STALLS_DIR
 from fsdp_api.trainer_config import TrainerConfig
 from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -445,7 +445,10 @@ class Trainer:
         the save fits in the grace period (and nothing is corrupted if not).
         """
         if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, self._on_signal)
+            # Ctrl-C and a closed terminal stop like the kubelet's SIGTERM: save the step, then exit.
+            # torchrun passes on the signal it got, so a rank sees SIGINT under run-local's Ctrl-C.
+            for s in FORWARDED_SIGNALS:
+                signal.signal(s, self._on_signal)
         cfg = self.cfg
         self.metrics.start()
         self.metrics.set_float8(len(self.float8.converted), len(self.float8.skipped))
