@@ -415,7 +415,14 @@ def test_podmonitor_selects_the_trainer_pods_on_the_metrics_port() -> None:
     selector = monitor["spec"]["selector"]["matchLabels"]
     assert selector.items() <= pod_labels.items()
     assert selector["training.fsdp.dev/job"] == "llama"
-    assert monitor["spec"]["podMetricsEndpoints"] == [{"port": "metrics", "path": "/metrics", "interval": "15s"}]
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    assert {k: endpoint[k] for k in ("port", "path", "interval")} == {
+        "port": "metrics",
+        "path": "/metrics",
+        "interval": "15s",
+    }
+    # A pod's own DCGM_* series (forged XID evidence about any node) never reach Prometheus.
+    assert endpoint["metricRelabelings"] == [{"sourceLabels": ["__name__"], "regex": "DCGM_.*", "action": "drop"}]
 
 
 # --- network policy ----------------------------------------------------------------------

@@ -12,6 +12,12 @@ from . import names
 API_VERSION = MONITORING_API_VERSION
 KIND = PODMONITOR_KIND
 SCRAPE_INTERVAL = "15s"
+# Series a trainer pod may not export under these names: the operator reads
+# DCGM_* (XID errors) as node-side evidence from dcgm-exporter, and a pod that
+# exported DCGM_FI_DEV_XID_ERRORS{Hostname="another-node"} would make another
+# tenant's node suspect. Dropped at the scrape, before they are stored.
+RESERVED_SERIES = "DCGM_.*"
+DROP_RESERVED = {"sourceLabels": ["__name__"], "regex": RESERVED_SERIES, "action": "drop"}
 
 
 def pod_monitor(spec: FSDPTrainingSpec, name: str, namespace: str) -> dict[str, Any]:
@@ -28,7 +34,12 @@ def pod_monitor(spec: FSDPTrainingSpec, name: str, namespace: str) -> dict[str, 
             "podMetricsEndpoints": [
                 # The port is referenced by name so a spec.metrics.port change
                 # needs no PodMonitor change.
-                {"port": "metrics", "path": "/metrics", "interval": SCRAPE_INTERVAL}
+                {
+                    "port": "metrics",
+                    "path": "/metrics",
+                    "interval": SCRAPE_INTERVAL,
+                    "metricRelabelings": [DROP_RESERVED],
+                }
             ],
         },
     }
