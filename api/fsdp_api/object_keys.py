@@ -93,19 +93,18 @@ def parse_s3_uri(uri: str) -> tuple[str, str]:
     return bucket, prefix.strip("/")
 
 
-def key_problem(key: str, what: str = "key") -> str | None:
+def key_problem(key: str) -> str | None:
     """Why ``key`` (relative, ``/``-separated) cannot name a file under a directory; None when it can."""
     if not key:
-        return f"{what} is empty"
+        return "key is empty"
     if any(ord(c) < 32 or c == "\x7f" for c in key):
-        return f"{what} {key!r} has a control character"
+        return f"key {key!r} has a control character"
     if key.startswith("/"):
-        return f"{what} {key!r} is absolute"
+        return f"key {key!r} is absolute"
     if "\\" in key:
-        return f"{what} {key!r} has a backslash, which some tools read as a separator"
-    bad = [s for s in key.split("/") if s in ("", ".", "..")]
-    if bad:
-        return f"{what} {key!r} has an empty, '.' or '..' segment"
+        return f"key {key!r} has a backslash, which some tools read as a separator"
+    if any(s in ("", ".", "..") for s in key.split("/")):
+        return f"key {key!r} has an empty, '.' or '..' segment"
     return None
 
 

@@ -92,8 +92,8 @@ class DataSpec(ApiModel):
     )
 
     rules: ClassVar[tuple[Rule, ...]] = (
-        no_other_scheme_rule("dataset", "a Hugging Face dataset id"),
-        no_other_scheme_rule("path", "a local or PVC path or s3://bucket/key"),
+        no_other_scheme_rule("dataset", "a Hugging Face dataset id", s3=False),
+        no_other_scheme_rule("path", "a local or PVC path or s3://bucket/key", s3=True),
         s3_form_rule("path"),
         no_bucket_root_rule("path", "data's files"),
         Rule(

@@ -86,8 +86,8 @@ class ModelSpec(ApiModel):
     )
 
     rules: ClassVar[tuple[Rule, ...]] = (
-        no_other_scheme_rule("architecture", "a Hugging Face model id or a local directory"),
-        no_other_scheme_rule("pretrained", "a Hugging Face model id, a local path or s3://bucket/prefix"),
+        no_other_scheme_rule("architecture", "a Hugging Face model id or a local directory", s3=False),
+        no_other_scheme_rule("pretrained", "a Hugging Face model id, a local path or s3://bucket/prefix", s3=True),
         s3_form_rule("pretrained"),
         no_bucket_root_rule("pretrained", "model's files"),
         Rule(

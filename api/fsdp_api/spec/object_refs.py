@@ -8,18 +8,21 @@ schemes the trainer does not read (``gs://``, ``s3a://`` ...).
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
-from ..object_keys import SCHEME, s3_uri_cel, s3_uri_problem, s3_uri_problem_cel
+from ..object_keys import S3_FORM, SCHEME, s3_uri_cel, s3_uri_problem, s3_uri_problem_cel
 from ..rules import Rule
 
 # Bounds the CEL rules' cost, as the API server requires of a string a rule reads.
 MAX_REFERENCE_LENGTH = 1024
-_S3_FORM = "must be s3://bucket[/prefix] with a valid bucket name and prefix"
+_S3_FORM = f"must be {S3_FORM} with a valid bucket name and prefix"
+# A bucket with nothing after it but one slash: the same pattern for Python's re and CEL's matches.
+_BUCKET_ROOT = r"^s3://[^/]+/?$"
 
 
-def _value(obj: Any, attr: str) -> str | None:
-    return getattr(obj, attr)
+def _text(obj: Any, attr: str) -> str:
+    return getattr(obj, attr) or ""
 
 
 def s3_form_rule(attr: str) -> Rule:
@@ -28,9 +31,9 @@ def s3_form_rule(attr: str) -> Rule:
         cel=f"!has(self.{attr}) || {s3_uri_cel(f'self.{attr}')}",
         message=_S3_FORM,
         field_path=f".{attr}",
-        check=lambda m: not (_value(m, attr) or "").startswith(SCHEME) or s3_uri_problem(_value(m, attr)) is None,
+        check=lambda m: not _text(m, attr).startswith(SCHEME) or s3_uri_problem(_text(m, attr)) is None,
         # The reason, in the same words from validate and from the API server.
-        detail=lambda m: f"{_S3_FORM}: {s3_uri_problem(_value(m, attr) or '')}",
+        detail=lambda m: f"{_S3_FORM}: {s3_uri_problem(_text(m, attr))}",
         message_expression=f"has(self.{attr}) ? '{_S3_FORM}: ' + ({s3_uri_problem_cel(f'self.{attr}')}) : '{_S3_FORM}'",
     )
 
@@ -38,24 +41,22 @@ def s3_form_rule(attr: str) -> Rule:
 def no_bucket_root_rule(attr: str, what: str) -> Rule:
     """A model or data reference names a prefix: a whole bucket would be copied into the pod."""
     return Rule(
-        cel=f"!has(self.{attr}) || !self.{attr}.matches('^s3://[^/]+/?$')",
+        cel=f"!has(self.{attr}) || !self.{attr}.matches('{_BUCKET_ROOT}')",
         message=f"names a whole bucket: give the prefix of the {what} (the bucket's root would be copied whole)",
         field_path=f".{attr}",
-        check=lambda m: (
-            not (_value(m, attr) or "").startswith(SCHEME)
-            or bool((_value(m, attr) or "")[len(SCHEME) :].partition("/")[2].strip("/"))
-        ),
+        check=lambda m: re.search(_BUCKET_ROOT, _text(m, attr)) is None,
     )
 
 
-def no_other_scheme_rule(attr: str, reads: str) -> Rule:
-    """``attr`` is no URL of a scheme the trainer does not read (taken as a hub id, it would fail in the pod)."""
-    allowed = f" && !self.{attr}.startsWith('{SCHEME}')" if "s3://" in reads else ""
+def no_other_scheme_rule(attr: str, reads: str, *, s3: bool) -> Rule:
+    """``attr`` is no URL of a scheme the trainer does not read (taken as a hub id, it would fail in the pod).
+
+    ``s3``: whether ``s3://`` is one the field takes.
+    """
+    allowed = f" && !self.{attr}.startsWith('{SCHEME}')" if s3 else ""
     return Rule(
         cel=f"!has(self.{attr}) || !(self.{attr}.contains('://'){allowed})",
         message=f"must be {reads}; other URLs (gs://, s3a://, https:// ...) are not read",
         field_path=f".{attr}",
-        check=lambda m: (
-            "://" not in (_value(m, attr) or "") or ("s3://" in reads and (_value(m, attr) or "").startswith(SCHEME))
-        ),
+        check=lambda m: "://" not in _text(m, attr) or (s3 and _text(m, attr).startswith(SCHEME)),
     )
