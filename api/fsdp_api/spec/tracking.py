@@ -19,20 +19,48 @@ from .env import KeySelector
 
 # A server address: the scheme, a host (and port), any path; no whitespace anywhere.
 SERVER_ADDRESS_PATTERN = r"^https?://[^\s/?#]+\S*$"
+# What a server address must not carry: credentials before the host (user:password@) or a query
+# (?token=...). Both would travel verbatim into the ConfigMap, the check's messages, the status
+# and Events that every viewer of the namespace reads; credentials come from a Secret instead.
+# Python's re.search and CEL's matches() both find it anywhere in the address.
+CREDENTIALS_IN_ADDRESS = r"^[a-zA-Z][a-zA-Z0-9+.-]*://[^/?#]*@|[?]"
 # A W&B project or entity name: W&B refuses / \\ # ? % : in them (wandb/sdk/wandb_settings.py).
 WANDB_NAME_PATTERN = r"^[^/\\#?%:]+$"
 
 
+def _attr(field: str) -> str:
+    return re.sub(r"([A-Z])", lambda m: "_" + m.group(1).lower(), field)
+
+
+def _cel_literal(pattern: str) -> str:
+    # CEL string literals take backslashes escaped.
+    return "'" + pattern.replace("\\", "\\\\") + "'"
+
+
 def server_address_rule(field: str, message: str, *, optional: bool = False) -> Rule:
     """A tracking server's address in ``field``: http(s), a host, no spaces."""
-    attr = re.sub(r"([A-Z])", lambda m: "_" + m.group(1).lower(), field)
+    attr = _attr(field)
     unset = f"!has(self.{field}) || " if optional else ""
     return Rule(
-        # CEL string literals take backslashes escaped.
-        cel=f"{unset}self.{field}.matches('" + SERVER_ADDRESS_PATTERN.replace("\\", "\\\\") + "')",
+        cel=f"{unset}self.{field}.matches({_cel_literal(SERVER_ADDRESS_PATTERN)})",
         message=message,
         field_path=f".{field}",
         check=lambda m: getattr(m, attr) is None or re.search(SERVER_ADDRESS_PATTERN, getattr(m, attr)) is not None,
+    )
+
+
+def credential_free_rule(field: str, where_credentials_go: str, *, optional: bool = False) -> Rule:
+    """No user:password@ and no ?query in the address in ``field``: one line naming where credentials go."""
+    attr = _attr(field)
+    unset = f"!has(self.{field}) || " if optional else ""
+    return Rule(
+        cel=f"{unset}!self.{field}.matches({_cel_literal(CREDENTIALS_IN_ADDRESS)})",
+        message=(
+            f"{field} must carry no credentials (no user:password@, no ?query): everyone who can read the "
+            f"training sees its address; {where_credentials_go}"
+        ),
+        field_path=f".{field}",
+        check=lambda m: getattr(m, attr) is None or re.search(CREDENTIALS_IN_ADDRESS, getattr(m, attr)) is None,
     )
 
 
@@ -86,6 +114,11 @@ class MlflowSpec(ApiModel):
             "uri must be the tracking server's http:// or https:// address with a host and no spaces, "
             "e.g. http://mlflow.mlflow.svc:5000",
         ),
+        credential_free_rule(
+            "uri",
+            "give MLFLOW_TRACKING_TOKEN, or MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD, "
+            "from a Secret through spec.env",
+        ),
     )
 
 
@@ -138,6 +171,7 @@ class WandbSpec(ApiModel):
             "baseUrl must be the W&B server's http:// or https:// address with a host and no spaces",
             optional=True,
         ),
+        credential_free_rule("baseUrl", "the API key comes from apiKeySecret", optional=True),
     )
 
 
