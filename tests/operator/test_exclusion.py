@@ -1,7 +1,8 @@
 """onSuspectNode exclude: which suspects are excluded under the caps, and the node patches that do it.
 
 Against the real API server: tests/operator/test_operator_e2e.py::
-test_a_suspect_node_is_excluded_its_pods_restarted_and_the_taint_lifted_when_due; the whole
+test_a_suspect_node_is_excluded_its_pods_restarted_and_the_taint_lifted_when_due and
+test_the_cluster_cap_holds_across_trainings_judged_in_the_same_node_check; the whole
 flow on the local cluster (a straggler's node excluded, the job resumed elsewhere):
 tests/e2e/test_stall.py::test_a_straggler_node_is_excluded_and_the_training_resumes_elsewhere.
 """
@@ -16,6 +17,7 @@ from fsdp_localcluster.binaries import REPO_ROOT
 from fsdp_operator.controller.exclusion import (
     CLUSTER_CAP_ENV,
     DEFAULT_CLUSTER_CAP,
+    TaintLedger,
     due,
     lift_patch,
     plan,
@@ -44,6 +46,14 @@ def test_the_training_cap_and_the_cluster_cap_each_hold() -> None:
     )
     # A node another training excluded already costs the cluster nothing more: this training's pods leave it too.
     assert [s.node for s in plan(suspects("x"), 2, 0, {"x", "y", "z"}, 3).exclude] == ["x"]
+
+
+def test_a_checks_ledger_counts_the_tainted_nodes_less_the_ones_it_lifted() -> None:
+    tainted = {"spec": {"taints": [{"key": EXCLUDED_NODE_TAINT, "value": "suspect", "effect": "NoSchedule"}]}}
+    nodes = {"a": tainted, "b": tainted, "c": {"spec": {}}}
+    assert TaintLedger.of(nodes).tainted == {"a", "b"}
+    # A taint the check has just lifted no longer counts against the cap (the node list predates it).
+    assert TaintLedger.of(nodes, lifted=["b"]).tainted == {"a"}
 
 
 NODE = {

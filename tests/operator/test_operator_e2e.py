@@ -17,6 +17,7 @@ from __future__ import annotations
 import http.server
 import json
 import re
+import signal
 import sys
 import threading
 import time
@@ -45,6 +46,7 @@ from fsdp_localcluster.operator_install import (
 )
 from fsdp_localcluster.prometheus import PrometheusServer
 from fsdp_localcluster.wait import wait_for
+from fsdp_operator.controller.exclusion import CLUSTER_CAP_ENV
 from fsdp_operator.controller.xids import PROMETHEUS_URL_ENV, XID_WINDOW_ENV
 from fsdp_operator.render import render
 
@@ -215,6 +217,8 @@ def env(cluster: TestCluster, tmp_path_factory: pytest.TempPathFactory) -> Itera
     dcgm = StandInExporter({})
     prom = PrometheusServer([dcgm.target], job="dcgm-exporter").start()
     xids = {PROMETHEUS_URL_ENV: prom.url, XID_WINDOW_ENV: "20"}
+    # One excluded node at a time in the whole cluster: the cap the exclusion tests read.
+    xids[CLUSTER_CAP_ENV] = "1"
     # pod_name: a stable peer identity across restarts, as in a pod.
     op = install.process(
         workdir / "operator.log", priority=100, scrape_interval=0.5, pod_name="fsdp-operator-e2e-0", env=xids
@@ -1047,6 +1051,90 @@ def test_a_suspect_node_is_excluded_its_pods_restarted_and_the_taint_lifted_when
     finally:
         env.cluster.kubectl("delete", "node", node, "--ignore-not-found", "--wait=false")
         env.cluster.kubectl("delete", "clusterrolebinding", "e2e-node-excluder", "--ignore-not-found")
+
+
+def _node_excluder_binding(env: Env, name: str) -> None:
+    binding = yaml.safe_load((REPO_ROOT / "kustomize/components/node-exclusion/cluster_role_binding.yaml").read_text())
+    binding["metadata"]["name"] = name
+    binding["subjects"][0]["namespace"] = OPERATOR_NS
+    env.cluster.apply(binding)
+
+
+def test_the_cluster_cap_holds_across_trainings_judged_in_the_same_node_check(env: Env) -> None:
+    """Two trainings, each on a node that turns bad in the same node check, under a cluster cap of 1: one taint."""
+    ns = "e2e-exclusion-cap"
+    nodes = {"cap-a": "ip-10-0-7-31.ec2.internal", "cap-b": "ip-10-0-7-32.ec2.internal"}
+    _node_excluder_binding(env, "e2e-node-excluder-cap")
+
+    def conditions(node: str, *extra: dict[str, str]) -> None:
+        env.cluster.kubectl(
+            "patch", "node", node, "--subresource=status", "--type=merge", "-p",
+            json.dumps({"status": {"conditions": [{"type": "Ready", "status": "True"}, *extra]}}),
+        )  # fmt: skip
+
+    def nodes_healthy(name: str) -> dict[str, Any] | None:
+        s = env.status(ns, name)
+        cond = next((c for c in s.get("conditions") or [] if c["type"] == "NodesHealthy"), {})
+        return s if cond.get("status") == "True" else None
+
+    try:
+        for name, node in nodes.items():
+            env.cluster.apply({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}})
+            conditions(node)
+            env.apply_training(
+                ns,
+                name,
+                resources={"nodes": 1, "gpusPerNode": 0, "nodePool": "default"},
+                checkpoint={"claimName": "ckpt"},
+                health={"onSuspectNode": "exclude", "excludeSeconds": 3600},
+            )
+            env.wait_job(ns, name)
+            env.cluster.apply(worker_pod(ns, name, node=node))
+            env.patch_pod_status(ns, f"{name}-worker-0", {"phase": "Running"})
+            env.patch_job_status(ns, name, {"conditions": [{"type": "Running", "status": "True", "reason": "Running"}]})
+        for name in nodes:
+            wait_for(
+                lambda name=name: nodes_healthy(name), JOB_TIMEOUT, what=f"{name} on a healthy node", interval=POLL
+            )
+        # Both nodes turn bad while the operator is stopped: its next node check judges both trainings at once.
+        assert env.operator.proc is not None
+        env.operator.proc.send_signal(signal.SIGSTOP)
+        try:
+            xid = {"type": "AcceleratedHardwareReady", "status": "False", "reason": "NvidiaXID79Error", "message": "x"}
+            for node in nodes.values():
+                conditions(node, xid)
+        finally:
+            env.operator.proc.send_signal(signal.SIGCONT)
+
+        def one_excluded() -> list[str] | None:
+            found = [
+                n
+                for n in nodes.values()
+                if "training.fsdp.dev/excluded" in env.get("node", None, n)["metadata"].get("labels", {})
+            ]
+            return found or None
+
+        wait_for(one_excluded, JOB_TIMEOUT, what="a node excluded", interval=POLL)
+        held = f"not excluded: 1 node(s) of the cluster are excluded already, the operator's limit ({CLUSTER_CAP_ENV})"
+
+        def the_other_held() -> list[str] | None:
+            notes = []
+            for name in nodes:
+                cond = next(
+                    (c for c in env.status(ns, name).get("conditions") or [] if c["type"] == "NodesHealthy"), {}
+                )
+                notes.append(cond.get("message", ""))
+            return notes if any(held in n for n in notes) else None
+
+        notes = wait_for(the_other_held, JOB_TIMEOUT, what="the second training held by the cap", interval=POLL)
+        # The check that held the second training counted the first one's taint: one node, not two.
+        assert len(one_excluded() or []) == 1, notes
+        excluded = [len(env.status(ns, name).get("excludedNodes") or []) for name in nodes]
+        assert sorted(excluded) == [0, 1], excluded
+    finally:
+        for node in nodes.values():
+            env.cluster.kubectl("delete", "node", node, "--ignore-not-found", "--wait=false")
+        env.cluster.kubectl("delete", "clusterrolebinding", "e2e-node-excluder-cap", "--ignore-not-found")
 
 
 # --- restarts ------------------------------------------------------------------------------------

@@ -15,9 +15,10 @@ lifts the taints whose time is up (docs/operator.md, "Excluding a node").
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -62,6 +63,25 @@ def cluster_cap() -> int:
 
 def is_excluded(node: Json) -> bool:
     return any(t.get("key") == EXCLUDED_NODE_TAINT for t in (node.get("spec") or {}).get("taints") or [])
+
+
+@dataclass
+class TaintLedger:
+    """The cluster's excluded nodes through one node check, across every training it looks at.
+
+    The check lists the nodes once and then judges the trainings concurrently:
+    each plan must count the taints the plans before it added in the same
+    check, or N trainings on N suspect nodes taint all N under a cap of 1.
+    The lock makes plan-and-taint one step per training.
+    """
+
+    tainted: set[str]
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    @classmethod
+    def of(cls, nodes: Mapping[str, Json], lifted: Iterable[str] = ()) -> TaintLedger:
+        """From the check's node list, less the taints it has just lifted."""
+        return cls({name for name, node in nodes.items() if is_excluded(node)} - set(lifted))
 
 
 @dataclass(frozen=True)
@@ -158,9 +178,17 @@ class Exclusion:
 
 
 async def exclude_suspects(
-    rt: Runtime, training: Mapping[str, Any], health: NodeHealth, nodes: Mapping[str, Json] | None, now: datetime
+    rt: Runtime,
+    training: Mapping[str, Any],
+    health: NodeHealth,
+    nodes: Mapping[str, Json] | None,
+    now: datetime,
+    ledger: TaintLedger | None = None,
 ) -> Exclusion:
-    """For onSuspectNode exclude: taint the suspects within the caps and restart the pods elsewhere."""
+    """For onSuspectNode exclude: taint the suspects within the caps and restart the pods elsewhere.
+
+    ``ledger``: the check's tainted nodes, shared by every training it judges (one list of the nodes).
+    """
     spec = health_spec(training.get("spec") or {})
     if spec.on_suspect_node != "exclude" or health.healthy:
         return Exclusion(health)
@@ -171,30 +199,14 @@ async def exclude_suspects(
         return Exclusion(health)  # the status could not record it now (records.py): the next check acts
     previous = rt.previous_status(training)
     already = list(previous.get("excludedNodes") or [])
-    tainted = {name for name, node in nodes.items() if is_excluded(node)}
-    chosen = plan(health.suspects, spec.max_excluded_nodes, len(already), tainted, cluster_cap())
-    meta = training["metadata"]
+    ledger = ledger or TaintLedger.of(nodes)
     until = rfc3339(now + timedelta(seconds=spec.exclude_seconds))
-    note, done = chosen.note, []
-    for suspect in chosen.exclude:
-        reason = "; ".join(suspect.evidence)
-        if suspect.node not in tainted:
-            by = f"{meta['namespace']}/{meta['name']}: {reason}"
-            try:
-                await rt.client.merge_patch(
-                    "v1", "Node", None, suspect.node, taint_patch(nodes[suspect.node], until, by)
-                )
-            except ApiError as e:
-                if e.status in (401, 403):
-                    note = (
-                        "not excluded: this install may not taint nodes (components/node-exclusion, docs/operator.md)"
-                    )
-                    break
-                log.warning("could not exclude node %s: %s", suspect.node, e)
-                continue
-        done.append({"node": suspect.node, "reason": reason[:MAX_REASON], "time": rfc3339(now), "until": until})
+    async with ledger.lock:
+        chosen = plan(health.suspects, spec.max_excluded_nodes, len(already), ledger.tainted, cluster_cap())
+        note, done = await _taint(rt, training, chosen, nodes, ledger, rfc3339(now), until)
     if not done:
         return Exclusion(replace(health, note=note))
+    meta = training["metadata"]
     rt.metrics.node_exclusions.labels(meta["namespace"], meta["name"]).inc(len(done))
     deleted = await restart_pods(rt, training)
     last = (previous.get("checkpoint") or {}).get("lastStep")
@@ -218,3 +230,36 @@ async def exclude_suspects(
         excluded=[*already, *done][-64:],
         events=events,
     )
+
+
+async def _taint(
+    rt: Runtime,
+    training: Mapping[str, Any],
+    chosen: ExclusionPlan,
+    nodes: Mapping[str, Json],
+    ledger: TaintLedger,
+    now: str,
+    until: str,
+) -> tuple[str | None, list[dict[str, Any]]]:
+    """Taint the chosen suspects not tainted yet, each counted in ``ledger``; why any stays, and what was done."""
+    meta = training["metadata"]
+    note, done = chosen.note, []
+    for suspect in chosen.exclude:
+        reason = "; ".join(suspect.evidence)
+        if suspect.node not in ledger.tainted:
+            by = f"{meta['namespace']}/{meta['name']}: {reason}"
+            try:
+                await rt.client.merge_patch(
+                    "v1", "Node", None, suspect.node, taint_patch(nodes[suspect.node], until, by)
+                )
+            except ApiError as e:
+                if e.status in (401, 403):
+                    note = (
+                        "not excluded: this install may not taint nodes (components/node-exclusion, docs/operator.md)"
+                    )
+                    break
+                log.warning("could not exclude node %s: %s", suspect.node, e)
+                continue
+            ledger.tainted.add(suspect.node)
+        done.append({"node": suspect.node, "reason": reason[:MAX_REASON], "time": now, "until": until})
+    return note, done

@@ -38,7 +38,7 @@ from fsdp_api.contract import EXCLUDED_NODE_LABEL, JobBackend
 from .. import backends
 from .bodies import MetricsView, live_pods, uid_of
 from .completion import completion_fields
-from .exclusion import exclude_suspects, lift_expired
+from .exclusion import TaintLedger, exclude_suspects, lift_expired
 from .incidents import new_failures, repeated, with_failures, without
 from .kube import NETWORK_ERRORS, ApiError
 from .node_health import node_health
@@ -276,10 +276,11 @@ async def check_nodes_once(rt: Runtime, session: aiohttp.ClientSession, peering:
     # Without trainings only the excluded nodes matter (their taints may be due): a labelled, small list.
     nodes = await _nodes(rt, None if trainings else EXCLUDED_NODE_LABEL)
     now = datetime.now(UTC)
-    if nodes is not None:
-        await lift_expired(rt, nodes, now)
+    lifted = await lift_expired(rt, nodes, now) if nodes is not None else []
     if not trainings:
         return 0
+    # One count of the cluster's excluded nodes for the whole check, so the cap holds across trainings.
+    ledger = TaintLedger.of(nodes or {}, lifted)
     xids = await new_xids(session)
     groups: dict[tuple[str, JobBackend], list[Mapping[str, Any]]] = defaultdict(list)
     for body in trainings:
@@ -298,7 +299,7 @@ async def check_nodes_once(rt: Runtime, session: aiohttp.ClientSession, peering:
         health = node_health(mine, nodes, late, xids, repeated(incidents))
         if health is None:
             return
-        done = await exclude_suspects(rt, body, health, nodes, now)
+        done = await exclude_suspects(rt, body, health, nodes, now, ledger)
         if done.excluded is not None:
             rt.stragglers.pop(uid_of(body), None)  # the restarted ranks are judged afresh
             incidents = without(incidents, (e["node"] for e in done.excluded))
