@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from fsdp_localcluster.whole_cluster import WholeCluster, machine_lock
+from fsdp_operator.controller.exclusion import WORKLOAD_EVIDENCE_ENV
 
 from tests.e2e.timings import TIMINGS, record
 
@@ -47,7 +48,9 @@ def operator(whole: WholeCluster) -> WholeCluster:
     """
     try:
         # Progress (step, loss) every 2 s instead of 30: the test runs last under a minute.
-        env = {"FSDP_OPERATOR_SCRAPE_INTERVAL": "2"}
+        # A straggler's lateness is the training's own evidence: test_stall.py excludes its node, which
+        # an admin allows (by default it only alerts; docs/operator.md, "Excluding a node").
+        env = {"FSDP_OPERATOR_SCRAPE_INTERVAL": "2", WORKLOAD_EVIDENCE_ENV: "true"}
         record("operator_install_s", whole.install_operator(env=env, clusterwide=True))
     except Exception as e:
         pytest.fail(f"installing the operator failed: {e}\n{whole.describe('fsdp-system')}\n{whole.operator_logs()}")

@@ -11,19 +11,24 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+import pytest
 import yaml
 from fsdp_api.contract import EXCLUDED_BY_ANNOTATION, EXCLUDED_NODE_TAINT, EXCLUDED_UNTIL_ANNOTATION
 from fsdp_localcluster.binaries import REPO_ROOT
 from fsdp_operator.controller.exclusion import (
     CLUSTER_CAP_ENV,
     DEFAULT_CLUSTER_CAP,
+    MAX_EXCLUDE_SECONDS_ENV,
+    WORKLOAD_EVIDENCE_ENV,
     TaintLedger,
     due,
+    exclude_seconds,
     lift_patch,
+    node_side_only,
     plan,
     taint_patch,
 )
-from fsdp_operator.controller.node_health import NodeHealth, SuspectNode
+from fsdp_operator.controller.node_health import NodeHealth, SuspectNode, node_health
 
 
 def suspects(*names: str) -> tuple[SuspectNode, ...]:
@@ -46,6 +51,29 @@ def test_the_training_cap_and_the_cluster_cap_each_hold() -> None:
     )
     # A node another training excluded already costs the cluster nothing more: this training's pods leave it too.
     assert [s.node for s in plan(suspects("x"), 2, 0, {"x", "y", "z"}, 3).exclude] == ["x"]
+
+
+def test_only_node_side_evidence_excludes_unless_the_admin_allows_the_trainings_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pods = [{"metadata": {"name": f"p{i}"}, "spec": {"nodeName": n}} for i, n in enumerate(("bad-gpu", "late"))]
+    nodes = {"bad-gpu": {}, "late": {}}
+    health = node_health(pods, nodes, stragglers={"late": ["straggler: rank 1"]}, xids={"bad-gpu": ["XID 79"]})
+    assert health is not None
+    assert [(s.node, s.node_side) for s in health.suspects] == [("bad-gpu", True), ("late", False)]
+    monkeypatch.delenv(WORKLOAD_EVIDENCE_ENV, raising=False)
+    kept, why = node_side_only(health.suspects)
+    assert [s.node for s in kept] == ["bad-gpu"]
+    assert why is not None and why.startswith("not excluded: late only on the training's own evidence")
+    monkeypatch.setenv(WORKLOAD_EVIDENCE_ENV, "true")
+    assert node_side_only(health.suspects) == (health.suspects, None)
+
+
+def test_the_operators_cap_on_exclude_seconds_wins_over_a_longer_ask(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(MAX_EXCLUDE_SECONDS_ENV, raising=False)
+    assert (exclude_seconds(3600), exclude_seconds(604_800)) == (3600, 86_400)
+    monkeypatch.setenv(MAX_EXCLUDE_SECONDS_ENV, "600")
+    assert exclude_seconds(3600) == 600
 
 
 def test_a_checks_ledger_counts_the_tainted_nodes_less_the_ones_it_lifted() -> None:

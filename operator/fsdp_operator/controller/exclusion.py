@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
@@ -42,6 +43,13 @@ log = logging.getLogger(__name__)
 
 CLUSTER_CAP_ENV = "FSDP_OPERATOR_MAX_EXCLUDED_NODES"
 DEFAULT_CLUSTER_CAP = 3
+# A training's own evidence (its ranks' lateness, read from its own /metrics; its containers'
+# failures) is the training's word: a namespace user can fake either and point it at any node
+# with affinity. By default it only alerts; the admin opts in to excluding on it.
+WORKLOAD_EVIDENCE_ENV = "FSDP_OPERATOR_EXCLUDE_ON_WORKLOAD_EVIDENCE"
+# The longest a taint stays, whatever a training asks in health.excludeSeconds (up to 7 days).
+MAX_EXCLUDE_SECONDS_ENV = "FSDP_OPERATOR_MAX_EXCLUDE_SECONDS"
+DEFAULT_MAX_EXCLUDE_SECONDS = 86_400
 NODE_EXCLUDED = "NodeExcluded"
 # A node annotation holds at most this much of the reason.
 MAX_REASON = 1024
@@ -59,6 +67,29 @@ def health_spec(spec: Mapping[str, Any]) -> HealthSpec:
 
 def cluster_cap() -> int:
     return env_int(CLUSTER_CAP_ENV, DEFAULT_CLUSTER_CAP)
+
+
+def excludes_on_workload_evidence() -> bool:
+    return os.environ.get(WORKLOAD_EVIDENCE_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+def exclude_seconds(asked: int) -> int:
+    """What a training asked (health.excludeSeconds), at most the operator's cap."""
+    return min(asked, env_int(MAX_EXCLUDE_SECONDS_ENV, DEFAULT_MAX_EXCLUDE_SECONDS, minimum=60))
+
+
+def node_side_only(suspects: tuple[SuspectNode, ...]) -> tuple[tuple[SuspectNode, ...], str | None]:
+    """The suspects this install may exclude, and why the others stay (only the training's own evidence)."""
+    if excludes_on_workload_evidence():
+        return suspects, None
+    kept = tuple(s for s in suspects if s.node_side)
+    held = [s.node for s in suspects if not s.node_side]
+    if not held:
+        return kept, None
+    return kept, (
+        f"not excluded: {', '.join(held)} only on the training's own evidence (its ranks' lateness or its "
+        f"containers' failures); the operator excludes on it with {WORKLOAD_EVIDENCE_ENV}=true (docs/operator.md)"
+    )
 
 
 def is_excluded(node: Json) -> bool:
@@ -200,10 +231,12 @@ async def exclude_suspects(
     previous = rt.previous_status(training)
     already = list(previous.get("excludedNodes") or [])
     ledger = ledger or TaintLedger.of(nodes)
-    until = rfc3339(now + timedelta(seconds=spec.exclude_seconds))
+    until = rfc3339(now + timedelta(seconds=exclude_seconds(spec.exclude_seconds)))
+    eligible, held = node_side_only(health.suspects)
     async with ledger.lock:
-        chosen = plan(health.suspects, spec.max_excluded_nodes, len(already), ledger.tainted, cluster_cap())
+        chosen = plan(eligible, spec.max_excluded_nodes, len(already), ledger.tainted, cluster_cap())
         note, done = await _taint(rt, training, chosen, nodes, ledger, rfc3339(now), until)
+    note = "; ".join(n for n in (note, held) if n) or None
     if not done:
         return Exclusion(replace(health, note=note))
     meta = training["metadata"]

@@ -38,6 +38,10 @@ class SuspectNode:
     node: str
     pods: tuple[str, ...]
     evidence: tuple[str, ...]  # "AcceleratedHardwareReady=False (NvidiaXID79Error: ...)"
+    # Whether any evidence is the node's own (its conditions, dcgm-exporter's XIDs) rather than
+    # the training's (its ranks' lateness from its own /metrics, its containers' failures): only
+    # node-side evidence excludes a node unless the operator's admin allows the rest (exclusion.py).
+    node_side: bool = True
 
     def line(self) -> str:
         return f"node {self.node} (pods {', '.join(self.pods)}): {'; '.join(self.evidence)}"
@@ -107,12 +111,18 @@ def node_health(
     if not on:
         return None
 
-    def found(name: str) -> tuple[str, ...]:
+    def node_side(name: str) -> tuple[str, ...]:
         own = evidence(nodes[name]) if nodes and name in nodes else ()
-        others = (xids, stragglers, incidents)
-        return own + tuple(line for found in others for line in (found or {}).get(name, ()))
+        return own + tuple((xids or {}).get(name, ()))
 
-    suspects = [SuspectNode(name, tuple(sorted(on[name])), why) for name in sorted(on) if (why := found(name))]
+    def workload_side(name: str) -> tuple[str, ...]:
+        return tuple(line for found in (stragglers, incidents) for line in (found or {}).get(name, ()))
+
+    suspects = [
+        SuspectNode(name, tuple(sorted(on[name])), node + workload, node_side=bool(node))
+        for name in sorted(on)
+        if (node := node_side(name)) + (workload := workload_side(name))
+    ]
     return NodeHealth(
         len(on),
         tuple(suspects),
