@@ -16,7 +16,7 @@ import pytest
 from fsdp_api.launch import free_port
 from fsdp_localcluster.prometheus import PrometheusServer
 from fsdp_operator.controller.node_health import node_health
-from fsdp_operator.controller.xids import XID_WINDOW_ENV, new_xids, xid_evidence, xid_query
+from fsdp_operator.controller.xids import XID_SELECTOR_ENV, XID_WINDOW_ENV, new_xids, xid_evidence, xid_query
 
 from tests.support.dcgm import StandInExporter
 
@@ -45,8 +45,8 @@ def test_a_new_xid_names_its_node_and_a_sticky_old_one_does_not(
 ) -> None:
     monkeypatch.setenv(XID_WINDOW_ENV, "20")  # seconds: a test cannot wait the default 10 minutes
     with PrometheusServer([exporter.target], job="dcgm-exporter") as prom:
-        prom.wait_for_series("DCGM_FI_DEV_XID_ERRORS", predicate=lambda rows: len(rows) == 2)
-        time.sleep(3)
+        # Three samples of each GPU: the old 43 has been there a while, not just appeared.
+        prom.wait_for_series("count_over_time(DCGM_FI_DEV_XID_ERRORS[1m]) >= 3", predicate=lambda rows: len(rows) == 2)
         # gpu-a's 43 is old news (every killed CUDA process leaves one), gpu-b has none.
         assert ask(prom.url) == {}
         exporter.codes["gpu-b", 3] = 79
@@ -55,6 +55,14 @@ def test_a_new_xid_names_its_node_and_a_sticky_old_one_does_not(
         while (found := ask(prom.url)) == {} and time.monotonic() < deadline:
             time.sleep(0.5)
         assert found == {"gpu-b": ["new GPU XID 79 on GPU 3 (dcgm-exporter, last 20 s)"]}
+        # Only dcgm-exporter's own targets count: the same series from a job the install did not name is no evidence.
+        monkeypatch.setenv(XID_SELECTOR_ENV, 'job="nvidia-dcgm-exporter", namespace="gpu-operator"')
+        assert ask(prom.url) == {}
+        monkeypatch.setenv(XID_SELECTOR_ENV, 'job="dcgm-exporter"')
+        assert ask(prom.url) == found
+        # Not label matchers (a PromQL injection, say): no XIDs read, rather than a wrong query.
+        monkeypatch.setenv(XID_SELECTOR_ENV, 'job="x"} or vector(79) or up{')
+        assert ask(prom.url) is None
     # No Prometheus to ask: no evidence either way, and no claim that there was none.
     assert ask("") is None
     assert ask(f"http://127.0.0.1:{free_port()}") is None
@@ -82,5 +90,6 @@ def test_xid_evidence_joins_the_verdict_and_the_healthy_message_says_what_was_as
     )
     # The query is the alert's: per node and GPU (either label spelling), a non-zero code that changed.
     query = xid_query(600)
-    assert 'label_replace(DCGM_FI_DEV_XID_ERRORS, "Hostname", "$1", "hostname", "(.+)")' in query
+    series = 'DCGM_FI_DEV_XID_ERRORS{job=~"(nvidia-)?dcgm-exporter"}'
+    assert f'label_replace({series}, "Hostname", "$1", "hostname", "(.+)")' in query
     assert "[600s:60s]" in query and "> 0) and on (Hostname, gpu) (changes(" in query

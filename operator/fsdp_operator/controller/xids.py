@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -35,15 +36,39 @@ DEFAULT_WINDOW_SECONDS = 600
 QUERY_TIMEOUT_SECONDS = 5.0
 XID_SERIES = DCGM_XID_ERRORS
 NODE_LABEL = "Hostname"
+# Which scrape targets' series count: dcgm-exporter's own, never a series of that name that some
+# other target exports (a tenant's pod naming a victim node in its Hostname label). PromQL label
+# matchers; the default matches the job of the GPU operator's (nvidia-dcgm-exporter) and of the
+# dcgm-exporter chart's (dcgm-exporter) monitors; an install pins its namespace too
+# (docs/operator.md, "Bad nodes").
+XID_SELECTOR_ENV = "FSDP_OPERATOR_XID_SELECTOR"
+DEFAULT_XID_SELECTOR = 'job=~"(nvidia-)?dcgm-exporter"'
+_MATCHER = r'\s*[a-zA-Z_][a-zA-Z0-9_]*\s*(=|!=|=~|!~)\s*"(\\.|[^"\\])*"\s*'
+SELECTOR_FORM = re.compile(rf"^{_MATCHER}(,{_MATCHER})*$")
 
 
 def window_seconds() -> int:
     return env_int(XID_WINDOW_ENV, DEFAULT_WINDOW_SECONDS, minimum=10)
 
 
-def xid_query(window: int) -> str:
+def xid_selector() -> str | None:
+    """The install's label matchers for dcgm-exporter's series; None (and a log line) when not PromQL matchers."""
+    selector = os.environ.get(XID_SELECTOR_ENV, DEFAULT_XID_SELECTOR)
+    if not SELECTOR_FORM.match(selector):
+        log.error(
+            '%s=%r is not PromQL label matchers (e.g. job="nvidia-dcgm-exporter",namespace="gpu-operator"): '
+            "no XIDs are read",
+            XID_SELECTOR_ENV,
+            selector,
+        )
+        return None
+    return selector.strip()
+
+
+def xid_query(window: int, selector: str = DEFAULT_XID_SELECTOR) -> str:
     """The GPUs (per node) whose last XID is non-zero and changed within ``window`` seconds (ten samples of it)."""
-    per_gpu = f'max by ({NODE_LABEL}, gpu) (label_replace({XID_SERIES}, "{NODE_LABEL}", "$1", "hostname", "(.+)"))'
+    series = f"{XID_SERIES}{{{selector}}}"
+    per_gpu = f'max by ({NODE_LABEL}, gpu) (label_replace({series}, "{NODE_LABEL}", "$1", "hostname", "(.+)"))'
     step = max(1, window // 10)
     return f"({per_gpu} > 0) and on ({NODE_LABEL}, gpu) (changes(({per_gpu})[{window}s:{step}s]) > 0)"
 
@@ -72,11 +97,13 @@ async def new_xids(session: aiohttp.ClientSession, url: str | None = None) -> di
     base = url if url is not None else os.environ.get(PROMETHEUS_URL_ENV, "")
     if not base:
         return None
-    window = window_seconds()
+    window, selector = window_seconds(), xid_selector()
+    if selector is None:
+        return None
     try:
         async with session.get(
             f"{base.rstrip('/')}/api/v1/query",
-            params={"query": xid_query(window)},
+            params={"query": xid_query(window, selector)},
             timeout=aiohttp.ClientTimeout(total=QUERY_TIMEOUT_SECONDS),
             allow_redirects=False,
         ) as rsp:
