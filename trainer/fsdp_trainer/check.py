@@ -100,16 +100,17 @@ def check(config: str, nnodes: str, nproc_per_node: int) -> str:
     if not errors and cfg.checkpoint.resume == "auto":
         errors = resume_problems(Path(cfg.checkpoint.dir), prepared.model, cfg.peft)
     # Asked once per pod, before torchrun: wrong credentials or a missing bucket are one line here.
+    warnings: list[str] = []
     if cfg.checkpoint.remote is not None:
         from .checkpoint.remote_store import probe
 
-        problem = probe(cfg.checkpoint.remote)
-        if problem:
-            errors.append(f"checkpoint.remote: {problem}")
+        remote_errors, remote_warnings = probe(cfg.checkpoint.remote)
+        errors += [f"checkpoint.remote: {e}" for e in remote_errors]
+        warnings += [f"checkpoint.remote: {w}" for w in remote_warnings]
     # Asked once per pod, before torchrun: a wrong tracker address is one line here.
     tracker_errors, tracker_warnings = tracker_problems(cfg, os.environ)
     errors += tracker_errors
-    for warning in tracker_warnings:
+    for warning in warnings + tracker_warnings:
         print(f"fsdp-train: warning: {warning}", file=sys.stderr, flush=True)
     for nodes in counts[1:]:
         w = world(nodes)

@@ -89,6 +89,22 @@ def upload_tree(local: Path, loc: S3Location) -> int:
         return sum(pool.map(put, files))
 
 
+# Answers that mean "not now" (an overloaded or restarting store), after botocore's own retries.
+TRANSIENT_CODES = frozenset(
+    {"SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout", "Throttling", "ThrottlingException"}
+)
+
+
+def transient(e: BaseException) -> bool:
+    """Whether ``e`` from botocore says the store cannot serve now (HTTP 5xx, 429, a throttling code)."""
+    from botocore.exceptions import ClientError
+
+    if not isinstance(e, ClientError):
+        return False
+    status = (e.response.get("ResponseMetadata") or {}).get("HTTPStatusCode") or 0
+    return status >= 500 or status == 429 or (e.response.get("Error") or {}).get("Code") in TRANSIENT_CODES
+
+
 def describe(e: BaseException, where: str, operation: str) -> S3Error:
     """``e`` from botocore as one line: ``s3://bucket/key: PutObject: AccessDenied (Access Denied)``."""
     from botocore.exceptions import BotoCoreError, ClientError

@@ -30,6 +30,7 @@ from fsdp_trainer.errors import ConfigError
 from fsdp_trainer.trace import read_trace
 
 from tests.trainer.harness import base_config, launch, offline_env
+from tests.trainer.tracking.stand_in import answering_server
 
 pytestmark = pytest.mark.slow
 
@@ -207,6 +208,24 @@ def test_a_run_whose_last_step_is_not_in_s3_fails_and_its_restart_uploads_it(
         assert committed(server, "final", "run/") == [4]
     finally:
         server.stop()
+
+
+def test_check_warns_of_a_store_that_cannot_serve_now_and_starts_the_training(
+    tmp_path: Path, inputs: dict[str, Path], s3: S3Server, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    """HTTP 503 SlowDown after botocore's retries: the store may be back before the first upload, which retries."""
+    slow_down = b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"
+    with answering_server(503, slow_down) as answer:
+        for name, value in (s3.env() | {"AWS_ENDPOINT_URL_S3": answer["url"]}).items():
+            monkeypatch.setenv(name, value)
+        cfg = remote_config(tmp_path, inputs, "s3://busy/run")
+        (tmp_path / "train.yaml").write_text(yaml.safe_dump(cfg))
+        assert check(str(tmp_path / "train.yaml"), "1", 2).startswith("configuration ok")
+    warned = [line for line in capsys.readouterr().err.splitlines() if "checkpoint.remote" in line]
+    assert warned == [
+        "fsdp-train: warning: checkpoint.remote: s3://busy/run: ListObjectsV2: SlowDown (Please reduce your request "
+        "rate.) now: training starts, and its uploads retry"
+    ]
 
 
 @pytest.mark.parametrize(

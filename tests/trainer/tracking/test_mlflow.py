@@ -260,6 +260,15 @@ def test_the_check_refuses_an_address_that_is_not_mlflow_and_credentials_the_ser
     errors, _ = preflight(spec_for(uri), {"MLFLOW_TRACKING_TOKEN": "t0ken"})
     assert errors == [f"tracking.mlflow.uri {uri} refused MLFLOW_TRACKING_TOKEN (HTTP 401)"]
     assert http_answer["seen"][-1][1] == "Bearer t0ken"
+    # A server that answers it cannot serve now (an upgrade, a proxy without its backend, a rate limit)
+    # may be back before the first point: a warning, and training starts.
+    for status in (503, 429, 502):
+        http_answer["status"], http_answer["body"] = status, b"<html>unavailable</html>"
+        errors, warnings = preflight(spec_for(uri), {})
+        assert errors == [] and warnings == [
+            f"tracking.mlflow.uri {uri} answered HTTP {status} now: training starts, and its points are dropped "
+            "(fsdp_tracker_points_dropped_total) until the server answers"
+        ]
     # MLflow's client sends basic credentials when both kinds are set, and so does the check.
     both = {"MLFLOW_TRACKING_TOKEN": "t", "MLFLOW_TRACKING_USERNAME": "u", "MLFLOW_TRACKING_PASSWORD": "p"}
     preflight(spec_for(uri), both)

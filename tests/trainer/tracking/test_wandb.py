@@ -219,6 +219,15 @@ def test_the_check_sends_the_key_as_the_client_does_and_says_what_the_server_ans
         [f"tracking.wandb: the W&B server {url} does not answer as a W&B server (HTTP 404 from {url}/graphql)"],
         [],
     )
+    # Rate-limited or down for now: a warning, and training starts (its points wait for nothing).
+    graphql_answer["status"], graphql_answer["body"] = 429, b'{"errors": [{"message": "rate limited"}]}'
+    assert preflight(online(url), {ENV_WANDB_API_KEY: "k3y"}) == (
+        [],
+        [
+            f"tracking.wandb: the W&B server {url} answered HTTP 429 now: training starts, and its points are "
+            "dropped (fsdp_tracker_points_dropped_total) until the server answers"
+        ],
+    )
 
 
 def test_the_check_warns_of_a_server_that_does_not_answer_and_refuses_a_host_that_does_not_resolve(

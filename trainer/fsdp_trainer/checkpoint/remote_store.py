@@ -24,7 +24,7 @@ from typing import Any
 
 from fsdp_api.object_keys import UnsafeKey, local_path
 
-from ..s3 import S3Error, S3Location, client, describe
+from ..s3 import S3Error, S3Location, client, describe, transient
 from .layout import STEP_DIR, latest_checkpoint, new_tmp_dir, step_dir_name
 
 log = logging.getLogger(__name__)
@@ -228,8 +228,13 @@ def clean_remote(remote: str, resume: str) -> str | None:
     return None
 
 
-def probe(remote: str) -> str | None:
-    """What ``fsdp-train check`` asks of the remote tier: list it, write and delete an object; a problem, or None."""
+def probe(remote: str) -> tuple[list[str], list[str]]:
+    """What ``fsdp-train check`` asks of the remote tier: list it, write and delete an object; (errors, warnings).
+
+    A wrong bucket, address or credentials stay wrong: an error. A store that
+    answers it cannot serve now (HTTP 5xx, 429, SlowDown) after botocore's
+    retries may be back before the first upload, which retries too: a warning.
+    """
     import uuid
 
     loc = S3Location.parse(remote)
@@ -242,10 +247,12 @@ def probe(remote: str) -> str | None:
     try:
         s3 = client()
     except Exception as e:
-        return str(describe(e, str(loc), "client"))
+        return [str(describe(e, str(loc), "client"))], []
     for operation, where, call in steps:
         try:
             call(s3)
         except Exception as e:
-            return str(describe(e, where, operation))
-    return None
+            if transient(e):
+                return [], [f"{describe(e, where, operation)} now: training starts, and its uploads retry"]
+            return [str(describe(e, where, operation))], []
+    return [], []

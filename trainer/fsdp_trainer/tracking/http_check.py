@@ -1,8 +1,9 @@
 """One request to a tracking server from the pod's check, and what its failures mean.
 
 A name that does not resolve stays wrong however long the training waits: an
-error. A server that does not answer now may be back before the first point
-(which is dropped, not waited for, until then): a warning.
+error. A server that does not answer now, or answers that it cannot now (HTTP
+5xx, 429), may be back before the first point (which is dropped, not waited
+for, until then): a warning.
 """
 
 from __future__ import annotations
@@ -31,6 +32,20 @@ class NoAnswer(Exception):
 
     def problems(self) -> tuple[list[str], list[str]]:
         return ([str(self)], []) if self.error else ([], [str(self)])
+
+
+# Answers that say "not now" rather than "wrong address" or "wrong credentials".
+TRANSIENT_STATUSES = frozenset({429, 500, 502, 503, 504})
+
+
+def not_now(answer: Answer, where: str) -> str | None:
+    """The warning for an answer that says the server cannot serve now (HTTP 5xx, 429); None for any other."""
+    if answer.status not in TRANSIENT_STATUSES and answer.status < 500:
+        return None
+    return (
+        f"{where} answered HTTP {answer.status} now: training starts, and its points are dropped "
+        "(fsdp_tracker_points_dropped_total) until the server answers"
+    )
 
 
 def ask(url: str, where: str, *, headers: dict[str, str], data: bytes | None = None, insecure: bool = False) -> Answer:

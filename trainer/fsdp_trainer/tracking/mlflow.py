@@ -24,7 +24,7 @@ from fsdp_api.spec import MlflowSpec
 from fsdp_api.trainer_config import TrainerConfig
 
 from .background import PointsLost
-from .http_check import NoAnswer, ask
+from .http_check import NoAnswer, ask, not_now
 from .series import series_tag, training_identity
 
 # MLflow's own limits on one log-batch request (mlflow/utils/validation.py).
@@ -212,6 +212,8 @@ def preflight(spec: MlflowSpec, env: Mapping[str, str]) -> tuple[list[str], list
         answer = ask(url, where, headers=_auth_headers(env), insecure=insecure)
     except NoAnswer as e:
         return e.problems()
+    if warning := not_now(answer, where):
+        return [], [warning]
     body, status = answer.body, answer.status
     if status in (401, 403):
         sent = _auth_headers(env).get("Authorization", "").split(" ")[0]

@@ -30,7 +30,7 @@ from fsdp_api.contract import ENV_WANDB_API_KEY, WANDB_RUN_FILE, WANDB_SUBDIR
 from fsdp_api.spec import WandbSpec
 from fsdp_api.trainer_config import TrainerConfig
 
-from .http_check import NoAnswer, ask
+from .http_check import NoAnswer, ask, not_now
 from .series import training_identity
 from .wandb_log import LogReader, last_step, steps
 
@@ -215,6 +215,8 @@ def preflight(spec: WandbSpec, env: Mapping[str, str]) -> tuple[list[str], list[
         answer = ask(f"{base}/graphql", where, headers=headers, data=VIEWER_QUERY)
     except NoAnswer as e:
         return e.problems()
+    if warning := not_now(answer, where):
+        return [], [warning]
     if answer.status in (401, 403):
         return [f"{where} refused the API key from {ref.name if ref else ENV_WANDB_API_KEY} (HTTP {answer.status})"], []
     if answer.status == 200 and _has_viewer(answer.body):
