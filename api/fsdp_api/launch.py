@@ -7,11 +7,13 @@ Pure functions of their arguments; nothing here starts a process.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import random
+import signal
 import socket
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from .contract import CHECK_COMMAND, CONFIG_FLAG, ENV_METRICS_ADDR, ENV_METRICS_DIR, RDZV_PORT, TRAINER_MODULE
@@ -161,3 +163,27 @@ def port_is_free(port: int, host: str = LOOPBACK) -> bool:
         except OSError:
             return False
     return True
+
+
+# prctl(2) option: the signal the kernel sends a process when the thread that started it exits.
+PR_SET_PDEATHSIG = 1
+
+
+def sigterm_when_parent_dies(parent: int) -> Callable[[], None]:
+    """A ``preexec_fn``: the child gets SIGTERM when ``parent`` dies, even by SIGKILL (Linux's parent-death signal).
+
+    A launch whose child lives in a process group of its own (run-local's
+    check, the check's torchrun) would otherwise leave it training, with
+    nobody to report to, after ``kill -9`` of the parent or its group, or an
+    OOM kill. SIGTERM stops the ranks as usual: the checkpoint of their step,
+    then exit. The parent must start the child from its main thread (the
+    signal follows the thread that forked). Elsewhere than Linux: nothing.
+    """
+
+    def arm() -> None:
+        if sys.platform.startswith("linux"):
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent:  # it died before the signal was armed
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return arm

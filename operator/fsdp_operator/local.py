@@ -10,21 +10,27 @@ if the spec's is taken), and ``--steps`` may override ``training.maxSteps``.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import fcntl
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 from fsdp_api import FSDPTraining
 from fsdp_api.contract import FORWARDED_SIGNALS, signal_exit_code
 from fsdp_api.documents import InputError, load_one
-from fsdp_api.launch import checked_launch, free_port, local_env, port_is_free, torchrun_standalone, trainer_program
+from fsdp_api.launch import (
+    checked_launch,
+    free_port,
+    local_env,
+    port_is_free,
+    sigterm_when_parent_dies,
+    torchrun_standalone,
+    trainer_program,
+)
 from fsdp_api.rules import format_errors
 from fsdp_api.trainer_config import TrainerConfig
 from pydantic import ValidationError
@@ -33,7 +39,6 @@ LOCK_FILE = ".run-local.lock"
 # How long the ranks get to save a checkpoint and exit after a signal.
 STOP_GRACE_SECONDS = 120.0
 # prctl(2): the signal a process gets when the thread that forked it dies.
-PR_SET_PDEATHSIG = 1
 
 
 def local_config(training: FSDPTraining, output_dir: Path, steps: int | None) -> TrainerConfig:
@@ -130,22 +135,6 @@ def run_lock(out: Path) -> Iterator[int]:
         os.close(fd)
 
 
-def _stop_with(parent: int) -> Callable[[], None]:
-    """For the launch's child: SIGTERM when ``parent`` dies, even by SIGKILL (Linux's parent-death signal).
-
-    The launch is the check, which passes SIGTERM on to torchrun and the ranks:
-    they save and exit instead of training on unseen.
-    """
-
-    def arm() -> None:
-        if sys.platform.startswith("linux"):
-            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-        if os.getppid() != parent:  # it died before the signal was armed
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    return arm
-
-
 def run_process_group(
     cmd: list[str], env: dict[str, str], grace_seconds: float = STOP_GRACE_SECONDS, keep_fds: tuple[int, ...] = ()
 ) -> int:
@@ -157,7 +146,8 @@ def run_process_group(
     or 128 + the signal's number when a signal stopped the run. Which signals
     are passed on, and those codes, are the contract's, as in the pods.
     """
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True, pass_fds=keep_fds, preexec_fn=_stop_with(os.getpid()))
+    stop_with_us = sigterm_when_parent_dies(os.getpid())
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True, pass_fds=keep_fds, preexec_fn=stop_with_us)
     received: list[int] = []
 
     def forward(signum: int, _frame: object) -> None:

@@ -111,6 +111,7 @@ ready, behaviour = pathlib.Path(sys.argv[1]), sys.argv[2]
 if behaviour == "finish":
     sys.exit(0)
 def on_term(signum, frame):
+    (ready / f"stopped-{os.environ['RANK']}").touch()
     if behaviour == "stop" or (behaviour == "rank0" and os.environ["RANK"] == "0"):
         from fsdp_trainer.supervisor import record_stop
         record_stop(5)
@@ -157,6 +158,43 @@ def test_the_containers_exit_code_follows_the_ranks(
         _signal(proc, "pid")
     output = _finish(proc, 120)
     assert proc.returncode == expected, output[-4000:]
+
+
+@pytest.mark.slow
+def test_a_sigkill_to_the_launchs_group_still_stops_torchrun_and_its_ranks(
+    tmp_path: Path, checked_config: Path
+) -> None:
+    """``kill -9 -PGID`` of run-local (or an OOM kill of the check): torchrun, in a group of its own, gets SIGTERM."""
+    script = tmp_path / "rank.py"
+    script.write_text(FAKE_RANK)
+    ready = tmp_path / "ready"
+    ready.mkdir()
+    launch = torchrun_standalone(2, [str(script), str(ready), "stop"])
+    proc = _start(checked_launch(checked_config, launch, python=sys.executable), tmp_path)
+    deadline = time.monotonic() + 120
+    while len(list(ready.glob("[01]"))) < 2:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise AssertionError(_finish(proc, 10)[-4000:])
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGKILL)  # the check and everything in its group; torchrun is not in it
+    proc.wait(10)
+    deadline = time.monotonic() + 60
+    while len(list(ready.glob("stopped-*"))) < 2 or _running(str(script)):
+        assert time.monotonic() < deadline, f"still running: {_running(str(script))}"
+        time.sleep(0.2)
+
+
+def _running(needle: str) -> list[int]:
+    """PIDs whose command line names ``needle``: what is left of a launch."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if needle.encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
 
 
 def test_exit_status() -> None:

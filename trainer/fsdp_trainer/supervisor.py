@@ -21,6 +21,7 @@ from pathlib import Path
 from types import FrameType
 
 from fsdp_api.contract import FORWARDED_SIGNALS, STOPPED_EXIT_CODE, signal_exit_code
+from fsdp_api.launch import sigterm_when_parent_dies
 
 # Set by ``supervise`` for the ranks of the torchrun it runs: a rank that stops
 # cleanly on SIGTERM (its checkpoint saved) leaves ``rank-<RANK>`` there.
@@ -114,7 +115,10 @@ def supervise(command: list[str], local_ranks: int) -> int:
     previous = {s: signal.signal(s, forwarder) for s in FORWARDED_SIGNALS}
     try:
         with tempfile.TemporaryDirectory(prefix="fsdp-stop-") as stops:
-            proc = subprocess.Popen(command, env={**os.environ, ENV_STOP_DIR: stops}, process_group=0)
+            # torchrun's group is its own: a kill -9 of ours (run-local's, an OOM kill) must still stop it.
+            orphaned = sigterm_when_parent_dies(os.getpid())
+            env = {**os.environ, ENV_STOP_DIR: stops}
+            proc = subprocess.Popen(command, env=env, process_group=0, preexec_fn=orphaned)
             forwarder.attach(proc)
             returncode = proc.wait()  # retried after each handler (PEP 475)
             stopped = len(list(Path(stops).glob("rank-*")))
