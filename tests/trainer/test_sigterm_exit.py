@@ -176,12 +176,23 @@ def test_a_sigkill_to_the_launchs_group_still_stops_torchrun_and_its_ranks(
         if proc.poll() is not None or time.monotonic() > deadline:
             raise AssertionError(_finish(proc, 10)[-4000:])
         time.sleep(0.1)
+    # torchrun's agent is a fork of the check (forked_torchrun.py): no interpreter of its own runs torchrun.
+    programs = [_argv(pid)[1:3] for pid in _running(str(script))]
+    assert ["-m", "torch.distributed.run"] not in programs, programs
+    assert len([pid for pid in _running(str(script)) if _argv(pid)[1:4] == ["-m", "fsdp_trainer", "check"]]) == 2
     os.killpg(proc.pid, signal.SIGKILL)  # the check and everything in its group; torchrun is not in it
     proc.wait(10)
     deadline = time.monotonic() + 60
     while len(list(ready.glob("stopped-*"))) < 2 or _running(str(script)):
         assert time.monotonic() < deadline, f"still running: {_running(str(script))}"
         time.sleep(0.2)
+
+
+def _argv(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+    except OSError:
+        return []
 
 
 def _running(needle: str) -> list[int]:

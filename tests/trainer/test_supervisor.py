@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import signal
+import sys
+from pathlib import Path
 
 import pytest
 from fsdp_api import contract
@@ -47,3 +49,18 @@ def test_a_rank_records_its_clean_stop_only_under_a_supervisor(tmp_path) -> None
     assert (tmp_path / "rank-3").read_text() == "7\n"
     supervisor.record_stop(7, {"RANK": "4"})  # no supervisor: nothing written, no error
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rank-3"]
+
+
+def test_only_this_interpreters_torchrun_is_forked(tmp_path: Path) -> None:
+    from fsdp_trainer.forked_torchrun import own_torchrun
+
+    assert own_torchrun([sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "x.py"]) == ["--nnodes=1", "x.py"]
+    assert own_torchrun([str(Path(sys.executable).parent / "torchrun"), "--nnodes=2"]) == ["--nnodes=2"]
+    # Another interpreter's torchrun, or another program: started as a program.
+    other = tmp_path / "bin" / "torchrun"
+    other.parent.mkdir()
+    other.write_text("#!/bin/sh\n")
+    other.chmod(0o755)
+    assert own_torchrun([str(other), "--nnodes=2"]) is None
+    assert own_torchrun(["/usr/bin/python3", "-m", "torch.distributed.run", "x.py"]) is None
+    assert own_torchrun(["bash", "-c", "torchrun"]) is None

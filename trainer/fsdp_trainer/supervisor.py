@@ -1,7 +1,8 @@
 """The container's PID 1 around torchrun: signals passed on once, and the exit code the ranks earned.
 
 ``fsdp-train check -- torchrun ...`` runs the config check and then, instead
-of exec'ing torchrun, stays its parent (``supervise``): torchrun exits 1 on
+of exec'ing torchrun, stays its parent (``supervise``; torchrun's agent is a
+fork of the check where it is this interpreter's, forked_torchrun.py): torchrun exits 1 on
 SIGTERM whatever its ranks did, and the container must exit 143
 (``STOPPED_EXIT_CODE``) when they saved and stopped. Which signals are passed
 on and what the exit codes mean are the contract's (``fsdp_api.contract``),
@@ -22,6 +23,11 @@ from types import FrameType
 
 from fsdp_api.contract import FORWARDED_SIGNALS, STOPPED_EXIT_CODE, signal_exit_code
 from fsdp_api.launch import sigterm_when_parent_dies
+
+from .forked_torchrun import ForkedTorchrun, own_torchrun
+
+# What supervise starts: torchrun forked from this process, or a program (subprocess.Popen).
+Launch = ForkedTorchrun | subprocess.Popen[bytes]
 
 # Set by ``supervise`` for the ranks of the torchrun it runs: a rank that stops
 # cleanly on SIGTERM (its checkpoint saved) leaves ``rank-<RANK>`` there.
@@ -72,7 +78,7 @@ class _Forwarder:
 
     def __init__(self) -> None:
         self.received: list[int] = []
-        self._proc: subprocess.Popen[bytes] | None = None
+        self._proc: Launch | None = None
         self._held: list[int] = []
 
     def __call__(self, signum: int, _frame: FrameType | None) -> None:
@@ -82,7 +88,7 @@ class _Forwarder:
         else:
             self._send(signum)
 
-    def attach(self, proc: subprocess.Popen[bytes]) -> None:
+    def attach(self, proc: Launch) -> None:
         self._proc = proc
         while self._held:
             self._send(self._held.pop(0))
@@ -118,7 +124,12 @@ def supervise(command: list[str], local_ranks: int) -> int:
             # torchrun's group is its own: a kill -9 of ours (run-local's, an OOM kill) must still stop it.
             orphaned = sigterm_when_parent_dies(os.getpid())
             env = {**os.environ, ENV_STOP_DIR: stops}
-            proc = subprocess.Popen(command, env=env, process_group=0, preexec_fn=orphaned)
+            args = own_torchrun(command)
+            proc: Launch = (
+                ForkedTorchrun(args, env, before_run=orphaned)
+                if args is not None
+                else subprocess.Popen(command, env=env, process_group=0, preexec_fn=orphaned)
+            )
             forwarder.attach(proc)
             returncode = proc.wait()  # retried after each handler (PEP 475)
             stopped = len(list(Path(stops).glob("rank-*")))
