@@ -211,13 +211,24 @@ def test_alert_selectors_return_data_with_their_grouping_labels(live: Live, rule
         assert not missing, f"{rule['alert']}: {selector} lacks {missing}: {row['metric']}"
 
 
+# Alerts on the ranks' relative timing, which the shared CPU of a test machine decides.
+TIMING_ALERTS = frozenset({"FSDPTrainingStraggler"})
+
+
 def test_rules_evaluate_cleanly_and_stay_silent_on_a_healthy_run(live: Live) -> None:
     groups = live.prom.rules()
     rules = [r for g in groups for r in g["rules"]]
     assert len(rules) == len(alert_rules())
     for r in rules:
         assert r["health"] == "ok", f"{r['name']}: {r.get('lastError')}"
-    assert live.prom.alerts() == []
+    # A rank of the two CPU ranks here can be late for a step's start by a fifth of its ~50 ms when the
+    # rest of the suite takes the cores: real lateness, the machine's, not the training's. That alert's
+    # thresholds are promtool's to test (alerts_test.yaml: silent at 10 % late, firing at 50 %); here
+    # it may be pending, never firing, and every other alert stays silent.
+    alerts = [
+        a for a in live.prom.alerts() if not (a["labels"]["alertname"] in TIMING_ALERTS and a["state"] == "pending")
+    ]
+    assert alerts == []
 
 
 def test_the_run_produced_what_the_dashboard_promises(live: Live) -> None:
