@@ -971,14 +971,38 @@ def test_a_node_where_the_trainer_keeps_failing_is_a_suspect(env: Env) -> None:
         env.cluster.kubectl("delete", "node", node, "--ignore-not-found", "--wait=false")
 
 
+def _node_excluder_binding(env: Env, name: str) -> None:
+    binding = yaml.safe_load((REPO_ROOT / "kustomize/components/node-exclusion/cluster_role_binding.yaml").read_text())
+    binding["metadata"]["name"] = name
+    binding["subjects"][0]["namespace"] = OPERATOR_NS
+    env.cluster.apply(binding)
+
+
+def _excluding_training_on(env: Env, ns: str, name: str, node: str, **health: Any) -> None:
+    """A one-node training with onSuspectNode exclude, its worker pod Running on ``node``, its job Running."""
+    env.apply_training(
+        ns,
+        name,
+        resources={"nodes": 1, "gpusPerNode": 0, "nodePool": "default"},
+        checkpoint={"claimName": "ckpt"},
+        health={"onSuspectNode": "exclude", **health},
+    )
+    env.wait_job(ns, name)
+    env.cluster.apply(worker_pod(ns, name, node=node))
+    env.patch_pod_status(ns, f"{name}-worker-0", {"phase": "Running"})
+    env.patch_job_status(ns, name, {"conditions": [{"type": "Running", "status": "True", "reason": "Running"}]})
+
+
+def _nodes_healthy(status: dict[str, Any]) -> dict[str, Any]:
+    """The status's NodesHealthy condition ({} before the first node check)."""
+    return next((c for c in status.get("conditions") or [] if c["type"] == "NodesHealthy"), {})
+
+
 def test_a_suspect_node_is_excluded_its_pods_restarted_and_the_taint_lifted_when_due(env: Env) -> None:
     """onSuspectNode exclude: the node tainted (its other taints kept), the pods deleted, the status and an Event."""
     ns, name = "e2e-exclude", "exclude"
     node = "ip-10-0-7-22.ec2.internal"
-    binding = yaml.safe_load((REPO_ROOT / "kustomize/components/node-exclusion/cluster_role_binding.yaml").read_text())
-    binding["metadata"]["name"] = "e2e-node-excluder"
-    binding["subjects"][0]["namespace"] = OPERATOR_NS
-    env.cluster.apply(binding)
+    _node_excluder_binding(env, "e2e-node-excluder")
     gpu_taint = {"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}
     env.cluster.apply({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}, "spec": {"taints": [gpu_taint]}})
     try:
@@ -992,17 +1016,7 @@ def test_a_suspect_node_is_excluded_its_pods_restarted_and_the_taint_lifted_when
             "patch", "node", node, "--subresource=status", "--type=merge", "-p",
             json.dumps({"status": {"conditions": [{"type": "Ready", "status": "True"}, xid]}}),
         )  # fmt: skip
-        env.apply_training(
-            ns,
-            name,
-            resources={"nodes": 1, "gpusPerNode": 0, "nodePool": "default"},
-            checkpoint={"claimName": "ckpt"},
-            health={"onSuspectNode": "exclude", "excludeSeconds": 3600},
-        )
-        env.wait_job(ns, name)
-        env.cluster.apply(worker_pod(ns, name, node=node))
-        env.patch_pod_status(ns, f"{name}-worker-0", {"phase": "Running"})
-        env.patch_job_status(ns, name, {"conditions": [{"type": "Running", "status": "True", "reason": "Running"}]})
+        _excluding_training_on(env, ns, name, node, excludeSeconds=3600)
         before = time.time()
         env.wait_events(ns, name, "NodeExcluded")
 
@@ -1061,18 +1075,8 @@ def test_a_node_is_not_excluded_on_the_trainings_own_evidence_unless_the_admin_a
     node = "ip-10-0-7-41.ec2.internal"
     _node_excluder_binding(env, "e2e-node-excluder-own")
     env.cluster.apply({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}})
-
     try:
-        env.apply_training(
-            ns,
-            name,
-            resources={"nodes": 1, "gpusPerNode": 0, "nodePool": "default"},
-            checkpoint={"claimName": "ckpt"},
-            health={"onSuspectNode": "exclude"},
-        )
-        env.wait_job(ns, name)
-        env.cluster.apply(worker_pod(ns, name, node=node))
-        env.patch_job_status(ns, name, {"conditions": [{"type": "Running", "status": "True", "reason": "Running"}]})
+        _excluding_training_on(env, ns, name, node)
         for restarts in (1, 2):  # two failures on one node: a suspect (incidents.py)
             state = {"name": "pytorch", "restartCount": restarts, "ready": True, "image": "x", "imageID": ""}
             finished = f"2026-11-29T03:5{restarts}:00Z"
@@ -1094,7 +1098,7 @@ def test_a_node_is_not_excluded_on_the_trainings_own_evidence_unless_the_admin_a
         )
 
         def named_not_excluded() -> dict[str, Any] | None:
-            cond = next((c for c in env.status(ns, name).get("conditions") or [] if c["type"] == "NodesHealthy"), {})
+            cond = _nodes_healthy(env.status(ns, name))
             return cond if cond.get("reason") == "SuspectNode" and held in cond.get("message", "") else None
 
         wait_for(named_not_excluded, JOB_TIMEOUT, what="the suspect named and held", interval=POLL)
@@ -1105,13 +1109,6 @@ def test_a_node_is_not_excluded_on_the_trainings_own_evidence_unless_the_admin_a
     finally:
         env.cluster.kubectl("delete", "node", node, "--ignore-not-found", "--wait=false")
         env.cluster.kubectl("delete", "clusterrolebinding", "e2e-node-excluder-own", "--ignore-not-found")
-
-
-def _node_excluder_binding(env: Env, name: str) -> None:
-    binding = yaml.safe_load((REPO_ROOT / "kustomize/components/node-exclusion/cluster_role_binding.yaml").read_text())
-    binding["metadata"]["name"] = name
-    binding["subjects"][0]["namespace"] = OPERATOR_NS
-    env.cluster.apply(binding)
 
 
 def test_the_cluster_cap_holds_across_trainings_judged_in_the_same_node_check(env: Env) -> None:
@@ -1128,24 +1125,13 @@ def test_the_cluster_cap_holds_across_trainings_judged_in_the_same_node_check(en
 
     def nodes_healthy(name: str) -> dict[str, Any] | None:
         s = env.status(ns, name)
-        cond = next((c for c in s.get("conditions") or [] if c["type"] == "NodesHealthy"), {})
-        return s if cond.get("status") == "True" else None
+        return s if _nodes_healthy(s).get("status") == "True" else None
 
     try:
         for name, node in nodes.items():
             env.cluster.apply({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}})
             conditions(node)
-            env.apply_training(
-                ns,
-                name,
-                resources={"nodes": 1, "gpusPerNode": 0, "nodePool": "default"},
-                checkpoint={"claimName": "ckpt"},
-                health={"onSuspectNode": "exclude", "excludeSeconds": 3600},
-            )
-            env.wait_job(ns, name)
-            env.cluster.apply(worker_pod(ns, name, node=node))
-            env.patch_pod_status(ns, f"{name}-worker-0", {"phase": "Running"})
-            env.patch_job_status(ns, name, {"conditions": [{"type": "Running", "status": "True", "reason": "Running"}]})
+            _excluding_training_on(env, ns, name, node, excludeSeconds=3600)
         for name in nodes:
             wait_for(
                 lambda name=name: nodes_healthy(name), JOB_TIMEOUT, what=f"{name} on a healthy node", interval=POLL
@@ -1172,12 +1158,7 @@ def test_the_cluster_cap_holds_across_trainings_judged_in_the_same_node_check(en
         held = f"not excluded: 1 node(s) of the cluster are excluded already, the operator's limit ({CLUSTER_CAP_ENV})"
 
         def the_other_held() -> list[str] | None:
-            notes = []
-            for name in nodes:
-                cond = next(
-                    (c for c in env.status(ns, name).get("conditions") or [] if c["type"] == "NodesHealthy"), {}
-                )
-                notes.append(cond.get("message", ""))
+            notes = [_nodes_healthy(env.status(ns, name)).get("message", "") for name in nodes]
             return notes if any(held in n for n in notes) else None
 
         notes = wait_for(the_other_held, JOB_TIMEOUT, what="the second training held by the cap", interval=POLL)

@@ -34,13 +34,12 @@ class NoAnswer(Exception):
         return ([str(self)], []) if self.error else ([], [str(self)])
 
 
-# Answers that say "not now" rather than "wrong address" or "wrong credentials".
-TRANSIENT_STATUSES = frozenset({429, 500, 502, 503, 504})
-
-
 def not_now(answer: Answer, where: str) -> str | None:
-    """The warning for an answer that says the server cannot serve now (HTTP 5xx, 429); None for any other."""
-    if answer.status not in TRANSIENT_STATUSES and answer.status < 500:
+    """The warning for an answer that says the server cannot serve now (HTTP 5xx, 429); None for any other.
+
+    Those say "not now" rather than "wrong address" or "wrong credentials".
+    """
+    if answer.status != 429 and answer.status < 500:
         return None
     return (
         f"{where} answered HTTP {answer.status} now: training starts, and its points are dropped "
