@@ -67,6 +67,36 @@ def immutable(field: str) -> TransitionRule:
     )
 
 
+def cel_literal(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str) and "'" not in value:
+        return f"'{value}'"
+    raise TypeError(f"no CEL literal for {value!r}")
+
+
+def wire_name(owner: type[Any], attr: str) -> str:
+    """The field's name in YAML and in CEL (its camelCase alias)."""
+    return owner.model_fields[attr].alias or attr
+
+
+def applies_only_when(owner: type[Any], attr: str, when_cel: str, when: Callable[[Any], bool], what: str) -> Rule:
+    """``attr`` of ``owner`` keeps its default unless ``when`` holds: a value nothing reads is refused.
+
+    The CRD fills the defaults, so the API server cannot tell "unset" from "set to the
+    default": comparing with the default is what both sides can check.
+    """
+    wire, default = wire_name(owner, attr), owner.model_fields[attr].default
+    return Rule(
+        cel=f"({when_cel}) || !has(self.{wire}) || self.{wire} == {cel_literal(default)}",
+        message=f"{wire} applies to {what} only: set that, or leave {wire} unset (it does nothing otherwise)",
+        field_path=f".{wire}",
+        check=lambda o: when(o) or getattr(o, attr) == default,
+    )
+
+
 def run_rules(obj: Any, rules: tuple[Rule, ...]) -> None:
     for rule in rules:
         if not rule.check(obj):

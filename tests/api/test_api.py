@@ -227,6 +227,32 @@ def test_the_float8_refusal_names_the_listed_type_without_float8_tensor_cores_ve
         FSDPTrainingSpec.model_validate(spec)
     (line,) = format_errors(refused.value)
     assert line == (
-        "training.precision: training.precision float8 needs GPUs with float8 tensor cores and g{0}.xlarge has "
-        "none: list resources.instanceTypes, each one of p5.48xlarge, p5e.48xlarge, p5en.48xlarge (H100, H200)"
+        "training.precision: training.precision float8 needs GPUs with float8 tensor cores and g{0}.xlarge is "
+        "not a type whose GPU the operator knows (it lists only the ones checked against AWS documentation): "
+        "list resources.instanceTypes, each one of p5.48xlarge, p5e.48xlarge, p5en.48xlarge (H100, H200)"
     )
+
+
+@pytest.mark.parametrize(
+    ("listed", "said"),
+    [
+        # A10G and A100: capability 8.6 and 8.0, no float8 tensor cores.
+        ("g5.xlarge", "g5.xlarge has none"),
+        ("p4d.24xlarge", "p4d.24xlarge has none"),
+        # L4 (g6), L40S (g6e) and B200 (p6-b200) have them (capability 8.9 and later): not "has none".
+        ("g6.xlarge", "g6.xlarge is not a type whose GPU the operator knows"),
+        ("g6e.xlarge", "g6e.xlarge is not a type whose GPU the operator knows"),
+        ("p6-b200.48xlarge", "p6-b200.48xlarge is not a type whose GPU the operator knows"),
+    ],
+)
+def test_the_float8_refusal_says_has_none_only_of_a_gpu_known_to_have_none(listed: str, said: str) -> None:
+    spec = {
+        "image": "trainer:test",
+        "model": {"preset": "llama3.2-1b"},
+        "training": {"maxSteps": 10, "precision": "float8"},
+        "resources": {"gpusPerNode": 1, "instanceTypes": ["p5.48xlarge", listed]},
+    }
+    with pytest.raises(ValueError) as refused:
+        FSDPTrainingSpec.model_validate(spec)
+    (line,) = format_errors(refused.value)
+    assert f"float8 tensor cores and {said}" in line

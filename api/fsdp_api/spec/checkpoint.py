@@ -9,7 +9,7 @@ from pydantic import Field
 
 from ..base import ApiModel
 from ..contract import POD_MOUNTS
-from ..rules import Rule
+from ..rules import Rule, applies_only_when
 from .object_refs import s3_form_rule
 
 
@@ -83,3 +83,13 @@ class CheckpointSpec(ApiModel):
             check=lambda c: not any(m == c.dir or m.startswith(c.dir + "/") for m in POD_MOUNTS),
         ),
     )
+
+
+# After the class: the rules read its fields' names and defaults.
+CheckpointSpec.rules = (
+    *CheckpointSpec.rules,
+    *(
+        applies_only_when(CheckpointSpec, attr, "has(self.remote)", lambda c: c.remote is not None, "checkpoint.remote")
+        for attr in ("remote_keep_last", "remote_wait_seconds")
+    ),
+)

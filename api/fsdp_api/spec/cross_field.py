@@ -13,8 +13,8 @@ from typing import Any
 from pydantic import BaseModel
 
 from ..contract import ENV_WANDB_API_KEY, POD_MOUNTS, RDZV_PORT
-from ..instance_types import FLOAT8_INSTANCE_TYPES
-from ..rules import Rule
+from ..instance_types import FLOAT8_INSTANCE_TYPES, INSTANCE_TYPES
+from ..rules import Rule, cel_literal, wire_name
 from .backend_rules import BACKEND_RULES
 from .checkpoint import CheckpointSpec
 from .data import DataSpec
@@ -29,6 +29,12 @@ from .volumes import NO_NESTING_MOUNTS, mounts_clash
 
 _NOT_FLOAT8 = "!has(self.training) || !has(self.training.precision) || self.training.precision != 'float8'"
 _FLOAT8_CEL = "[" + ", ".join(f"'{t}'" for t in FLOAT8_INSTANCE_TYPES) + "]"
+# The types whose GPU is known and has no float8 tensor cores; any other type not listed as
+# float8 is one whose GPU the table does not know (g6e, p6-b200...), which may well have them.
+_NO_FLOAT8_TYPES = tuple(
+    name for name, t in INSTANCE_TYPES.items() if name not in FLOAT8_INSTANCE_TYPES and t.gpu_model.startswith("NVIDIA")
+)
+_NO_FLOAT8_CEL = "[" + ", ".join(f"'{t}'" for t in _NO_FLOAT8_TYPES) + "]"
 
 
 _FLOAT8_PREFIX = "training.precision float8 needs GPUs with float8 tensor cores"
@@ -47,7 +53,16 @@ def _float8_types_detail(types: list[str] | None) -> str:
     One, not all: the API server's cost estimate refuses a join over the list.
     """
     others = [t for t in types or () if t not in FLOAT8_INSTANCE_TYPES]
-    return f"{_FLOAT8_PREFIX} and {others[0]} has none: {_FLOAT8_CHOICES}" if others else _FLOAT8_TYPES_MESSAGE
+    if not others:
+        return _FLOAT8_TYPES_MESSAGE
+    why = _HAS_NONE if others[0] in _NO_FLOAT8_TYPES else _UNKNOWN
+    return f"{_FLOAT8_PREFIX} and {others[0]}{why}: {_FLOAT8_CHOICES}"
+
+
+_HAS_NONE = " has none"
+# Not "has none": an L4 or L40S (compute capability 8.9) or a B200 has them; the operator lists
+# only the types whose GPU it checked against AWS's pages (fsdp_api.instance_types).
+_UNKNOWN = " is not a type whose GPU the operator knows (it lists only the ones checked against AWS documentation)"
 
 
 # --- sequence length ----------------------------------------------------------
@@ -117,20 +132,6 @@ PREFERENCE_RULES: tuple[Rule, ...] = (
 # --- your own training script (spec.command) -------------------------------------
 
 
-def _cel_literal(value: object) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str) and "'" not in value:
-        return f"'{value}'"
-    raise TypeError(f"no CEL literal for {value!r}")
-
-
-def _wire_name(owner: type[BaseModel], attr: str) -> str:
-    return owner.model_fields[attr].alias or attr
-
-
 def _left_alone(section: str, owner: type[BaseModel], attrs: tuple[str, ...]) -> Rule:
     """With spec.command, ``section``'s ``attrs`` (settings only the built-in trainer reads) keep their defaults.
 
@@ -138,11 +139,11 @@ def _left_alone(section: str, owner: type[BaseModel], attrs: tuple[str, ...]) ->
     from "set to the default": comparing with the defaults is what both sides
     can check, and a value the script would silently ignore is refused.
     """
-    fields = [(attr, _wire_name(owner, attr), owner.model_fields[attr].default) for attr in attrs]
+    fields = [(attr, wire_name(owner, attr), owner.model_fields[attr].default) for attr in attrs]
     terms = [
         f"!has(self.{section}.{wire})"
         if default is None
-        else f"(!has(self.{section}.{wire}) || self.{section}.{wire} == {_cel_literal(default)})"
+        else f"(!has(self.{section}.{wire}) || self.{section}.{wire} == {cel_literal(default)})"
         for _, wire, default in fields
     ]
     whole = len(fields) == len(owner.model_fields)
@@ -461,7 +462,8 @@ SPEC_RULES: tuple[Rule, ...] = (
             "has(self.resources) && has(self.resources.instanceTypes)"
             f" && self.resources.instanceTypes.exists(t, !(t in {_FLOAT8_CEL}))"
             f" ? '{_FLOAT8_PREFIX} and ' + self.resources.instanceTypes.filter(t, !(t in {_FLOAT8_CEL}))[0]"
-            f" + ' has none: {_FLOAT8_CHOICES}' : '{_FLOAT8_TYPES_MESSAGE}'"
+            f" + (self.resources.instanceTypes.filter(t, !(t in {_FLOAT8_CEL}))[0] in {_NO_FLOAT8_CEL}"
+            f" ? '{_HAS_NONE}' : '{_UNKNOWN}') + ': {_FLOAT8_CHOICES}' : '{_FLOAT8_TYPES_MESSAGE}'"
         ),
     ),
     Rule(

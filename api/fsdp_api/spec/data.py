@@ -7,7 +7,7 @@ from typing import ClassVar, Literal
 from pydantic import Field
 
 from ..base import ApiModel
-from ..rules import Rule
+from ..rules import Rule, cel_literal, wire_name
 from .object_refs import MAX_REFERENCE_LENGTH, no_bucket_root_rule, no_other_scheme_rule, s3_form_rule
 
 
@@ -111,3 +111,32 @@ class DataSpec(ApiModel):
             check=lambda d: d.format == "text" or bool(d.dataset or d.path),
         ),
     )
+
+
+# The columns each row format reads: two of them naming one column would train on the
+# prompt as its own answer, or on a pair whose two answers are always equal (loss ln 2, no signal).
+_FORMAT_COLUMNS: dict[str, tuple[str, ...]] = {
+    "prompt-completion": ("prompt_field", "completion_field"),
+    "preference": ("prompt_field", "chosen_field", "rejected_field"),
+}
+
+
+def _distinct_columns_rule(fmt: str, attrs: tuple[str, ...]) -> Rule:
+    fields = DataSpec.model_fields
+    wires = [wire_name(DataSpec, a) for a in attrs]
+    value = {
+        w: f"(has(self.{w}) ? self.{w} : {cel_literal(fields[a].default)})" for w, a in zip(wires, attrs, strict=True)
+    }
+    pairs = [(a, b) for i, a in enumerate(wires) for b in wires[i + 1 :]]
+    return Rule(
+        cel=f"!has(self.format) || self.format != '{fmt}' || ("
+        + " && ".join(f"{value[a]} != {value[b]}" for a, b in pairs)
+        + ")",
+        message=f"format {fmt} reads {', '.join(wires)} as different columns: two of them name the same one",
+        field_path=f".{wires[-1]}",
+        check=lambda d: d.format != fmt or len({getattr(d, a) for a in attrs}) == len(attrs),
+    )
+
+
+# After the class: the rules read its fields' names and defaults.
+DataSpec.rules = (*DataSpec.rules, *(_distinct_columns_rule(fmt, attrs) for fmt, attrs in _FORMAT_COLUMNS.items()))

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from ..base import ApiModel
+from ..rules import applies_only_when
 
 
 class HealthSpec(ApiModel):
@@ -44,3 +45,16 @@ class HealthSpec(ApiModel):
             "is a new node without it)."
         ),
     )
+
+
+# After the class: the rules read its fields' names and defaults.
+HealthSpec.rules = tuple(
+    applies_only_when(
+        HealthSpec,
+        attr,
+        "has(self.onSuspectNode) && self.onSuspectNode == 'exclude'",
+        lambda h: h.on_suspect_node == "exclude",
+        "health.onSuspectNode: exclude",
+    )
+    for attr in ("max_excluded_nodes", "exclude_seconds")
+)

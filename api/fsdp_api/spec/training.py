@@ -8,7 +8,7 @@ from pydantic import Field
 
 from ..base import ApiModel
 from ..precision import DEFAULT_FLOAT8_RECIPE, Float8Recipe, Precision
-from ..rules import Rule
+from ..rules import Rule, cel_literal
 from .preference import PreferenceSpec
 
 # The objectives that train on preference pairs (data.format: preference).
@@ -16,6 +16,8 @@ PREFERENCE_OBJECTIVES = ("dpo", "simpo")
 # Those of them that compare the policy with a frozen reference model (the memory plan counts it).
 REFERENCE_OBJECTIVES = ("dpo",)
 _PREFERENCE_CEL = "has(self.objective) && self.objective in " + str(list(PREFERENCE_OBJECTIVES))
+# SimPO's target margin: the one preference setting dpo does not read.
+_GAMMA_DEFAULT = PreferenceSpec.model_fields["gamma"].default
 
 
 class TrainingSpec(ApiModel):
@@ -102,6 +104,16 @@ class TrainingSpec(ApiModel):
             message="preference applies to objective dpo or simpo only",
             field_path=".preference",
             check=lambda t: t.preference is None or t.objective in PREFERENCE_OBJECTIVES,
+        ),
+        Rule(
+            cel=(
+                "!has(self.preference) || !has(self.preference.gamma)"
+                f" || self.preference.gamma == {cel_literal(_GAMMA_DEFAULT)}"
+                " || (has(self.objective) && self.objective == 'simpo')"
+            ),
+            message="preference.gamma is SimPO's target margin and applies to objective simpo only: leave it unset",
+            field_path=".preference.gamma",
+            check=lambda t: t.preference is None or t.preference.gamma == _GAMMA_DEFAULT or t.objective == "simpo",
         ),
         Rule(
             cel="!has(self.logits) || self.logits != 'chunked' || !(" + _PREFERENCE_CEL + ")",
