@@ -5,6 +5,9 @@ This is the embedded default (``make run``). The trainer gets exactly the
 adjustments: the checkpoint directory points into ``runs/<name>/`` so a second
 run resumes from it, the metrics endpoint listens on loopback (on a free port
 if the spec's is taken), and ``--steps`` may override ``training.maxSteps``.
+``spec.env`` reaches the ranks as it reaches the pods: literal values as
+written; values the cluster would fill (a Secret's, a ConfigMap's, the pod's
+own fields) from this shell's environment when it has them (``local_spec_env``).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from fsdp_api import FSDPTraining
@@ -61,6 +64,37 @@ def local_config(training: FSDPTraining, output_dir: Path, steps: int | None) ->
         raise InputError("; ".join(format_errors(e))) from None
 
 
+def local_spec_env(training: FSDPTraining, shell: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
+    """``spec.env`` for a run on this machine: the variables, and one note per kind of source.
+
+    A literal value is the spec's, as in the pod (following docs/s3-checkpoints.md
+    locally, AWS_ENDPOINT_URL_S3 must send the trainer to the spec's endpoint, not
+    to AWS). A value the cluster fills (valueFrom) has no cluster here: the
+    shell's value when it has one, else unset, and said either way.
+    """
+    env: dict[str, str] = {}
+    literal, from_shell, missing = [], [], []
+    for var in training.spec.env:
+        if var.value is not None:
+            env[var.name] = var.value
+            literal.append(var.name)
+        elif var.name in shell:
+            env[var.name] = shell[var.name]
+            from_shell.append(var.name)
+        else:
+            missing.append(var.name)
+    notes = []
+    if literal:
+        notes.append(f"{', '.join(literal)} as the spec sets {'it' if len(literal) == 1 else 'them'}")
+    if from_shell:
+        notes.append(f"{', '.join(from_shell)} (valueFrom in the cluster) from this shell")
+    if missing:
+        them = "it" if len(missing) == 1 else "them"
+        where = "(valueFrom in the cluster) not in this shell"
+        notes.append(f"{', '.join(missing)} {where}: unset; export {them} to pass {them}")
+    return env, notes
+
+
 def run_local(spec_file: str | Path, nproc: int = 2, output_dir: Path | None = None, steps: int | None = None) -> int:
     """Train ``spec_file``'s FSDPTraining with ``nproc`` CPU ranks; returns torchrun's exit code.
 
@@ -96,10 +130,16 @@ def run_local(spec_file: str | Path, nproc: int = 2, output_dir: Path | None = N
         print(f"run-local: config {config_path}", flush=True)
         print(f"run-local: checkpoints {checkpoints}" + (" (resuming from them)" if resuming else ""), flush=True)
         if cfg.metrics.enabled:
-            print(f"run-local: metrics at http://127.0.0.1:{cfg.metrics.port}/metrics", flush=True)
+            # Rank 0 binds the port once the model is built, tens of seconds from now: said so,
+            # and its own line ("metrics: serving ...") is the one that says it is up.
+            url = f"http://127.0.0.1:{cfg.metrics.port}/metrics"
+            print(f"run-local: metrics at {url} once rank 0 says 'metrics: serving'", flush=True)
+        spec_env, notes = local_spec_env(training, os.environ)
+        for note in notes:
+            print(f"run-local: spec.env: {note}", flush=True)
 
         with tempfile.TemporaryDirectory(prefix="fsdp-local-metrics-") as metrics_dir:
-            env = local_env(nproc, metrics_dir=metrics_dir)
+            env = local_env(nproc, metrics_dir=metrics_dir, base={**os.environ, **spec_env})
             # The check runs first, as in the pods: a mistake is one line and exit 2, not a traceback per rank.
             launch = torchrun_standalone(nproc, trainer_program(config_path))
             cmd = checked_launch(config_path, launch, python=launch[0])

@@ -98,7 +98,9 @@ def test_trains_checkpoints_and_resumes(tmp_path: Path, capfd: pytest.CaptureFix
     # Random init starts near ln(vocab) = 8.3; 30 steps at lr 1e-3 learn well below it.
     assert start_loss > 7.5
     assert end_loss < start_loss - 1.0, steps
-    assert "run-local: metrics at http://127.0.0.1:" in first.out
+    # The URL run-local prints is the one rank 0 serves once it is up, and it says it is not up yet.
+    (port,) = re.findall(r"run-local: metrics at http://127.0.0.1:(\d+)/metrics once rank 0 says", first.out)
+    assert f"metrics: serving http://127.0.0.1:{port}/metrics" in first.out + first.err
     latest = latest_checkpoint(out / "checkpoints")
     assert latest is not None and latest[0] == 30
 
@@ -115,6 +117,68 @@ def test_trains_checkpoints_and_resumes(tmp_path: Path, capfd: pytest.CaptureFix
     assert resumed[0][2] < start_loss - 1.0
     latest = latest_checkpoint(out / "checkpoints")
     assert latest is not None and latest[0] == 40
+
+
+def _with_env(tmp_path: Path, env: list[dict], **spec: object) -> Path:
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["spec"]["env"] = env
+    doc["spec"].update(spec)
+    path = tmp_path / "with-env.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def test_spec_env_reaches_a_local_run_literal_values_as_written_and_the_clusters_from_the_shell(
+    tmp_path: Path,
+) -> None:
+    from fsdp_operator.local import local_spec_env
+
+    secret = {"valueFrom": {"secretKeyRef": {"name": "aws", "key": "id"}}}
+    env = [
+        {"name": "AWS_ENDPOINT_URL_S3", "value": "http://127.0.0.1:9000"},
+        {"name": "AWS_ACCESS_KEY_ID", **secret},
+        {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}},
+    ]
+    training = load_one(_with_env(tmp_path, env))
+    # The spec's literal wins over the shell's, as in the pod.
+    shell = {"AWS_ENDPOINT_URL_S3": "https://s3.amazonaws.com", "AWS_ACCESS_KEY_ID": "from-shell"}
+    got, notes = local_spec_env(training, shell)
+    assert got == {"AWS_ENDPOINT_URL_S3": "http://127.0.0.1:9000", "AWS_ACCESS_KEY_ID": "from-shell"}
+    assert notes == [
+        "AWS_ENDPOINT_URL_S3 as the spec sets it",
+        "AWS_ACCESS_KEY_ID (valueFrom in the cluster) from this shell",
+        "HF_TOKEN (valueFrom in the cluster) not in this shell: unset; export it to pass it",
+    ]
+
+
+@pytest.mark.slow  # run-local's own processes (over the unit tier's limit, tests/slow_guard.py)
+def test_a_local_run_asks_the_s3_endpoint_its_spec_env_names(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/s3-checkpoints.md's S3-compatible store, locally: the check asks the spec's endpoint, not AWS."""
+    from fsdp_api.launch import free_port
+
+    closed = free_port()  # nothing listens: the check's probe fails there, naming it
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "local")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "local-secret")
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    secret = {"secretKeyRef": {"name": "s3", "key": "id"}}
+    env = [
+        {"name": "AWS_ENDPOINT_URL_S3", "value": f"http://127.0.0.1:{closed}"},
+        {"name": "AWS_ACCESS_KEY_ID", "valueFrom": secret},
+        {"name": "AWS_SECRET_ACCESS_KEY", "valueFrom": secret},
+        {"name": "AWS_MAX_ATTEMPTS", "value": "1"},
+    ]
+    doc = yaml.safe_load(_with_env(tmp_path, env).read_text())
+    doc["spec"]["checkpoint"]["remote"] = "s3://local-ckpt/tiny"
+    spec = tmp_path / "remote.yaml"
+    spec.write_text(yaml.safe_dump(doc))
+    assert run_local(spec, nproc=1, output_dir=tmp_path / "out", steps=1) == 2
+    out, err = capfd.readouterr()
+    assert "run-local: spec.env: AWS_ENDPOINT_URL_S3, AWS_MAX_ATTEMPTS as the spec sets them" in out
+    assert f"http://127.0.0.1:{closed}/local-ckpt" in err, err
+    assert "amazonaws.com" not in err and "Traceback" not in err, err
 
 
 def test_a_second_run_in_the_same_directory_is_refused(tmp_path: Path) -> None:
