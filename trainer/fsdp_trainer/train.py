@@ -539,10 +539,12 @@ class Trainer:
         batches = [self._local(b) for b in batches]
         # Counted on the host batches: no device sync per micro-batch.
         local_count = float(sum(self._count(b) for b in batches)) if self.packed is not None else 0.0
+        # Trained tokens, for the metrics: the same count but for a preference objective's (its pairs).
+        local_trained = float(sum(b.num_trained for b in batches)) if self.preference is not None else local_count
         batches = [b.to(self.device) for b in batches]
         data_seconds = time.perf_counter() - t0
         waited = self._wait_for_peers()
-        divisor, trained = self._loss_divisor(local_count)
+        divisor, trained = self._loss_divisor(local_count, local_trained)
         for micro, batch in enumerate(batches):
             set_gradient_sync(self.model, micro == accum - 1)
             with self._within(batch):
@@ -631,23 +633,25 @@ class Trainer:
             )
         return f"loss is {loss_value} at step {step}; stopping (lower training.learningRate?)"
 
-    def _loss_divisor(self, local: float) -> tuple[float | torch.Tensor, torch.Tensor | None]:
+    def _loss_divisor(self, local: float, local_trained: float) -> tuple[float | torch.Tensor, torch.Tensor | None]:
         """What each micro-batch's token-loss sum is divided by; and the global trained tokens (None: all).
 
         With G trained tokens over D data-parallel ranks the divisor is G / D:
         FSDP's average of their gradients is then the gradient of the mean
         over all G. Plain text trains every token on every rank alike, so
         G / D is this rank's token count, known without communication.
-        ``local``: this rank's trained tokens (pairs, for a preference objective) in the step.
+        ``local``: what this rank's loss sums over in the step (its trained tokens; its pairs for a
+        preference objective); ``local_trained``: its trained tokens, which the metrics count.
         """
         if self.packed is None:
             return self.tokens_per_rank_step / self.cp, None
-        count = torch.tensor(local, dtype=torch.float64, device=self.device)
+        counts = torch.tensor([local, local_trained], dtype=torch.float64, device=self.device)
         # Summed over every rank: context peers count their own tokens, tensor-parallel peers repeat
         # them, so the sum is tp x G, and the divisor G / (D x cp) (FSDP averages over D x cp ranks)
         # is that sum over the world size.
-        dist.all_reduce(count)
-        return (count.clamp(min=1) / self.world.world_size).float(), count * self.reduce_size / self.world.world_size
+        dist.all_reduce(counts)
+        count, trained = counts[0], counts[1]
+        return (count.clamp(min=1) / self.world.world_size).float(), trained * self.reduce_size / self.world.world_size
 
     def _count(self, batch: Batch) -> int:
         """What the loss of a batch is a sum over: its pairs (preference objectives) or its trained tokens."""

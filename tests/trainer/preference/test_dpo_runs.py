@@ -33,6 +33,7 @@ from fsdp_api.contract import (
     REWARD_MARGIN,
     REWARD_REJECTED,
     TENSORBOARD_SUBDIR,
+    TRAINED_TOKENS,
 )
 from fsdp_api.spec import DataSpec
 from fsdp_trainer.data.formats import row_encoder
@@ -215,6 +216,13 @@ def test_prometheus_exports_the_last_steps_rewards(runs: DpoRuns) -> None:
     for name, value in want.items():
         for rank in ("0", "1"):
             assert values[(name, rank)] == pytest.approx(value, abs=1e-6), (name, rank)
+
+    # Trained tokens are the answers' tokens of the step's 8 pairs (each answer a few words), never
+    # the pairs themselves (the loss's divisor), nor the 256 positions the step reads.
+    trained = [e["trained_tokens"] for e in run.events("step")]
+    assert all(4 * 8 <= t < 256 for t in trained), trained
+    counted = sum(values[(TRAINED_TOKENS.name + "_total", rank)] for rank in ("0", "1"))
+    assert counted == pytest.approx(sum(trained)), (counted, sum(trained))
 
 
 def _answer_logps(model: Any, tokens: list[int], trained: list[bool]) -> tuple[float, int]:
