@@ -191,6 +191,14 @@ def test_chat_rows_with_null_content_or_nothing_to_train_are_refused(tmp_path: P
         f"data.path: {spec.path}: {spec.path} line 2: field 'messages': message 1 (assistant) has content None: "
         "a string is needed (or tool_calls)"
     ]
+    # A misspelled role would render as a header of its own and train nothing: refused, named.
+    found = _jsonl(
+        tmp_path / "chat.jsonl", [{"messages": [user, answer]}, {"messages": [user, {**answer, "role": "assitant"}]}]
+    )
+    assert data_format("chat").check_files(spec, found) == [
+        f"data.path: {spec.path}: {spec.path} line 2: field 'messages': message 1 has role 'assitant', not one of "
+        "system, developer, user, assistant, tool, function, ipython, observation"
+    ]
     # A tool call may leave the content empty.
     call = {"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f", "arguments": "{}"}}]}
     found = _jsonl(tmp_path / "chat.jsonl", [{"messages": [user, call, answer]}])

@@ -73,6 +73,13 @@ class ChatFormat(RowFormat):
         return ChatEncoder(tokenizer, spec.messages_field)
 
 
+# The roles chat templates render: OpenAI's chat messages (system, developer, user, assistant,
+# tool, and the older function), Llama 3.1's ipython, GLM's observation. Any other is refused,
+# not passed on: a template renders an unknown role as its own header or drops it, and a
+# misspelled "assitant" (or ShareGPT's human/gpt) trains nothing, without a word.
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function", "ipython", "observation")
+
+
 def messages_problem(value: Any) -> str | None:
     """Why ``value`` is not a conversation the chat template can render, or None.
 
@@ -85,6 +92,8 @@ def messages_problem(value: Any) -> str | None:
     for i, m in enumerate(value):
         if not isinstance(m, Mapping) or not isinstance(m.get("role"), str):
             return f"every message needs a string 'role', got {snippet(m)}"
+        if m["role"] not in CHAT_ROLES:
+            return f"message {i} has role {snippet(m['role'])}, not one of {', '.join(CHAT_ROLES)}"
         content = m.get("content")
         if not isinstance(content, str | list) and not m.get("tool_calls"):
             return f"message {i} ({m['role']}) has content {snippet(content)}: a string is needed (or tool_calls)"
