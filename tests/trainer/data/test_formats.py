@@ -181,6 +181,18 @@ def test_bytes_that_are_not_utf8_and_lines_that_are_not_json_are_named(tmp_path:
     ]
 
 
+def test_a_csv_named_jsonl_is_refused_in_one_line_not_skipped(tmp_path: Path) -> None:
+    path = tmp_path / "rows.jsonl"
+    path.write_text("prompt,completion\nhello,world\n")
+    spec = DataSpec(path=str(path), format="prompt-completion")
+    assert data_format("prompt-completion").check_files(spec, files.resolve(str(path))) == [
+        f"data.path: {path}: {path}: not JSON: neither JSON lines nor one JSON array (it starts 'prompt,completion')"
+    ]
+    # One JSON array is datasets' to read whole, as before.
+    path.write_text(json.dumps([{"prompt": "p", "completion": "c"}]))
+    assert data_format("prompt-completion").check_files(spec, files.resolve(str(path))) == []
+
+
 def test_chat_rows_with_null_content_or_nothing_to_train_are_refused(tmp_path: Path) -> None:
     spec = DataSpec(path=str(tmp_path / "chat.jsonl"), format="chat")
     user, answer = {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}

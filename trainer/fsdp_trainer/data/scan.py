@@ -58,8 +58,14 @@ def scan(found: DataFiles, problem: RowProblem | None = None, trains: RowTrains 
     for path in found.files:
         size = Path(path).stat().st_size
         with open(path, "rb") as f:
-            if as_json and not _is_json_lines(f):
-                continue  # one JSON document (an array): datasets reads it whole
+            if as_json:
+                shape = _json_shape(f)
+                if shape == "other":  # a CSV or text file named .json(l): datasets would fail on it in every rank
+                    first = f.readline(80).decode("utf-8", "replace").rstrip("\r\n")
+                    _bad(result, f"{path}: not JSON: neither JSON lines nor one JSON array (it starts {first!r})")
+                    continue
+                if shape != "lines":
+                    continue  # one JSON document (an array), or empty: datasets reads it whole
             whole = size <= budget
             for where, raw in _lines(f, path, budget if not whole else size):
                 _check_line(where, raw, as_json, problem, trains, result)
@@ -71,10 +77,13 @@ def scan(found: DataFiles, problem: RowProblem | None = None, trains: RowTrains 
     return result
 
 
-def _is_json_lines(f: BinaryIO) -> bool:
+def _json_shape(f: BinaryIO) -> str:
+    """``lines`` (an object per line), ``array`` (one JSON document), ``empty``, or ``other`` (not JSON)."""
     head = f.read(4096).lstrip()
     f.seek(0)
-    return head[:1] == b"{"
+    if not head:
+        return "empty"
+    return {b"{": "lines", b"[": "array"}.get(head[:1], "other")
 
 
 def _lines(f: BinaryIO, path: str, limit: int) -> Iterator[tuple[str, bytes]]:
