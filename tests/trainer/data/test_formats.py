@@ -234,3 +234,15 @@ def test_beyond_the_bound_lines_are_sampled(tmp_path: Path, monkeypatch: pytest.
     assert result.sampled and result.rows > 1000 // len(_pc(0)) and result.bad_rows > 100
     assert result.first_problem is not None and " at byte " in result.first_problem
     assert result.first_problem.endswith(": not JSON (Expecting value: column 1)")
+
+
+def test_preference_pairs_whose_answers_are_all_equal_are_refused_as_training_nothing(tmp_path: Path) -> None:
+    spec = DataSpec(path=str(tmp_path / "pairs.jsonl"), format="preference")
+    same = [{"prompt": f"p{i}", "chosen": "yes", "rejected": "yes"} for i in range(3)]
+    assert data_format("preference").check_files(spec, _jsonl(tmp_path / "pairs.jsonl", same)) == [
+        f"data.path: {spec.path}: none of the 3 rows read has a chosen answer that differs from its rejected one: "
+        "nothing would be trained"
+    ]
+    # One pair that differs among them trains: the equal ones only add ln 2 to the mean.
+    mixed = [*same, {"prompt": "p", "chosen": "yes", "rejected": "no"}]
+    assert data_format("preference").check_files(spec, _jsonl(tmp_path / "pairs.jsonl", mixed)) == []

@@ -157,7 +157,9 @@ class PreferenceFormat(RowFormat):
     name = "preference"
     settings = ("data.promptField", "data.chosenField", "data.rejectedField")
 
-    trains_what = "a chosen and a rejected answer"
+    # A pair whose answers are equal has a margin of 0 whatever the model: its loss is ln 2 and its
+    # gradient nothing. Some among others are harmless; only such pairs would train nothing, unsaid.
+    trains_what = "a chosen answer that differs from its rejected one"
 
     def fields(self, spec: DataSpec) -> tuple[str, ...]:
         return (spec.prompt_field, spec.chosen_field, spec.rejected_field)
@@ -168,6 +170,9 @@ class PreferenceFormat(RowFormat):
 
     def row_problem(self, spec: DataSpec, row: dict[str, Any]) -> str | None:
         return pair_problem(row, (spec.prompt_field, spec.chosen_field, spec.rejected_field))
+
+    def row_trains(self, spec: DataSpec, row: dict[str, Any]) -> bool:
+        return row[spec.chosen_field] != row[spec.rejected_field]
 
     def shape_problem(self, spec: DataSpec, row: dict[str, Any], number: int) -> str | None:
         problem = self.row_problem(spec, row)
