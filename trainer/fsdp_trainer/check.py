@@ -102,10 +102,11 @@ def check(config: str, nnodes: str, nproc_per_node: int) -> str:
     # Asked once per pod, before torchrun: wrong credentials or a missing bucket are one line here.
     warnings: list[str] = []
     if cfg.checkpoint.remote is not None:
-        from .checkpoint.remote_store import probe
+        from .checkpoint.remote_store import prefix_taken, probe
 
         remote_errors, remote_warnings = probe(cfg.checkpoint.remote)
-        errors += [f"checkpoint.remote: {e}" for e in remote_errors]
+        taken = None if remote_errors else prefix_taken(cfg.checkpoint.remote, cfg.job)
+        errors += [f"checkpoint.remote: {e}" for e in remote_errors + ([taken] if taken else [])]
         warnings += [f"checkpoint.remote: {w}" for w in remote_warnings]
     # Asked once per pod, before torchrun: a wrong tracker address is one line here.
     tracker_errors, tracker_warnings = tracker_problems(cfg, os.environ)

@@ -8,7 +8,7 @@ from typing import ClassVar, Literal
 from pydantic import Field
 
 from ..base import ApiModel
-from ..contract import POD_MOUNTS
+from ..contract import CHECKPOINT_DIR_PREFIX, POD_MOUNTS
 from ..rules import Rule, applies_only_when
 from .object_refs import s3_form_rule
 
@@ -62,6 +62,16 @@ class CheckpointSpec(ApiModel):
 
     rules: ClassVar[tuple[Rule, ...]] = (
         s3_form_rule("remote"),
+        Rule(
+            # A bucket name has no "/": any match is in the prefix.
+            cel=f"!has(self.remote) || !self.remote.matches('/{CHECKPOINT_DIR_PREFIX}[0-9]')",
+            message=(
+                f"remote must have no segment named like a checkpoint step ({CHECKPOINT_DIR_PREFIX}N): a training "
+                "whose prefix holds it would take it for an uncommitted step of its own and delete it at start"
+            ),
+            field_path=".remote",
+            check=lambda c: c.remote is None or re.search(f"/{CHECKPOINT_DIR_PREFIX}[0-9]", c.remote) is None,
+        ),
         Rule(
             # has(): the API server also checks the schema's default ({}) before it is filled.
             cel=r"!has(self.dir) || !self.dir.matches('(^|/)\\.\\.?(/|$)')",

@@ -280,6 +280,41 @@ def test_check_refuses_a_remote_it_cannot_use_in_one_line(
         assert not [k for k in s3.keys("probe") if ".fsdp-probe-" in k]
 
 
+def test_a_prefix_holding_another_trainings_steps_is_refused_naming_checkpoint_remote_and_nothing_is_deleted(
+    tmp_path: Path, inputs: dict[str, Path], s3: S3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fsdp_api.trainer_config import JobInfo, TrainerConfig
+    from fsdp_trainer.checkpoint.remote_store import clean_remote
+
+    s3.create_bucket("shared")
+    for name, value in s3.env().items():
+        monkeypatch.setenv(name, value)
+    cfg = remote_config(tmp_path, inputs, "s3://shared/run")
+    other = TrainerConfig.model_validate({**cfg, "job": {**cfg.get("job", {}), "name": "other-training"}})
+    client = s3.client()
+    # The other training's committed step 4, and its step 8 still uploading (no manifest yet).
+    client.put_object(Bucket="shared", Key="run/step-00000004/trainer_config.yaml", Body=other.to_yaml().encode())
+    client.put_object(Bucket="shared", Key=f"run/step-00000004/{MANIFEST}", Body=b'{"objects": []}')
+    client.put_object(Bucket="shared", Key="run/step-00000008/__0_0.distcp", Body=b"in flight")
+    (tmp_path / "train.yaml").write_text(yaml.safe_dump(cfg))
+    me = TrainerConfig.model_validate(cfg).job
+
+    with pytest.raises(ConfigError) as refused:
+        check(str(tmp_path / "train.yaml"), "1", 2)
+    (line,) = refused.value.lines
+    assert line == (
+        f"checkpoint.remote: s3://shared/run holds the checkpoints of training {me.namespace}/other-training "
+        f"(newest committed step 4); this is {me.namespace}/{me.name}. Two trainings on one prefix resume from "
+        "and prune each other's steps: give each its own checkpoint.remote"
+    )
+    # Rank 0's start-up cleaning refuses alike, before deleting the other's upload in flight.
+    assert clean_remote("s3://shared/run", "auto", me) == line.removeprefix("checkpoint.remote: ")
+    assert "run/step-00000008/__0_0.distcp" in s3.keys("shared", "run/")
+    # The owner itself cleans as before.
+    assert clean_remote("s3://shared/run", "auto", JobInfo(namespace=me.namespace, name="other-training")) is None
+    assert s3.keys("shared", "run/step-00000008/") == []
+
+
 def upload(server: S3Server, local: Path, bucket: str, prefix: str) -> None:
     client = server.client()
     for path in sorted(p for p in local.rglob("*") if p.is_file()):

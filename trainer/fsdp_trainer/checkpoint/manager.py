@@ -128,7 +128,7 @@ def resume_candidates(spec: CheckpointSpec, world: WorldInfo, job: JobInfo) -> l
     found: list[tuple[int, Path]] = []
     conflicts: list[str] = []
     if spec.remote is not None:
-        conflicts = prepare_remote(spec, world)
+        conflicts = prepare_remote(spec, world, job)
     if world.is_main and not conflicts:
         root = Path(spec.dir)
         for path in remove_stale(root):
@@ -147,7 +147,7 @@ def resume_candidates(spec: CheckpointSpec, world: WorldInfo, job: JobInfo) -> l
     return found
 
 
-def prepare_remote(spec: CheckpointSpec, world: WorldInfo) -> list[str]:
+def prepare_remote(spec: CheckpointSpec, world: WorldInfo, job: JobInfo) -> list[str]:
     """Before resume: clean the remote prefix, and fetch its newest step on every node that lacks it.
 
     Returns the configuration problems (the same on every rank). Rank 0 deletes
@@ -162,7 +162,7 @@ def prepare_remote(spec: CheckpointSpec, world: WorldInfo) -> list[str]:
     problem: str | None = None
     if world.is_main:
         try:
-            problem = remote_store.clean_remote(spec.remote, spec.resume)
+            problem = remote_store.clean_remote(spec.remote, spec.resume, job)
         except S3Error as e:
             problem = str(e)
     problem = broadcast_object(problem)  # type: ignore[assignment]

@@ -23,9 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from fsdp_api.object_keys import UnsafeKey, local_path
+from fsdp_api.trainer_config import JobInfo, TrainerConfig
 
 from ..s3 import S3Error, S3Location, client, describe, transient
-from .layout import STEP_DIR, latest_checkpoint, new_tmp_dir, step_dir_name
+from .layout import CONFIG_FILE, STEP_DIR, latest_checkpoint, new_tmp_dir, step_dir_name
 
 log = logging.getLogger(__name__)
 
@@ -203,15 +204,59 @@ def fetch_newer(remote: str, root: Path) -> int | None:
     return step
 
 
-def clean_remote(remote: str, resume: str) -> str | None:
+def owner_problem(s3: Any, loc: S3Location, job: JobInfo) -> str | None:
+    """Why ``job`` may not use ``loc``: its newest committed step is another training's (None: it may).
+
+    Asked before anything under the prefix is deleted or downloaded: the other
+    training's uploads in flight look uncommitted, and its steps would be
+    resumed and pruned as this one's (the local tier's rule, ``ownership.py``).
+    """
+    from botocore.exceptions import ClientError
+
+    found = newest_committed(s3, loc)
+    if found is None:
+        return None
+    step = found[0]
+    try:
+        body = s3.get_object(Bucket=loc.bucket, Key=step_prefix(loc, step) + CONFIG_FILE)["Body"].read()
+        owner = TrainerConfig.from_yaml(body.decode()).job
+    except ClientError as e:
+        if e.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
+            return None  # a step without its config makes no claim either way
+        raise
+    except ValueError:
+        return None
+    if (owner.namespace, owner.name) == (job.namespace, job.name):
+        return None
+    return (
+        f"{loc} holds the checkpoints of training {owner.namespace}/{owner.name} (newest committed step {step}); "
+        f"this is {job.namespace}/{job.name}. Two trainings on one prefix resume from and prune each other's "
+        "steps: give each its own checkpoint.remote"
+    )
+
+
+def prefix_taken(remote: str, job: JobInfo) -> str | None:
+    """The config check's ``owner_problem``: one line before torchrun; None when it cannot ask (rank 0 asks again)."""
+    loc = S3Location.parse(remote)
+    try:
+        return owner_problem(client(), loc, job)
+    except Exception:  # the probe has just listed and written: a hiccup here is not this check's to report
+        return None
+
+
+def clean_remote(remote: str, resume: str, job: JobInfo) -> str | None:
     """Rank 0 at start: delete the remote steps never committed; a problem line, or None.
 
     ``resume: never`` on a prefix that holds committed steps is refused: this
-    run's saves would overwrite them, step by step.
+    run's saves would overwrite them, step by step. A prefix of another
+    training's is refused before anything is deleted (``owner_problem``).
     """
     loc = S3Location.parse(remote)
     s3 = client()
     try:
+        problem = owner_problem(s3, loc, job)
+        if problem is not None:
+            return problem
         steps = remote_steps(s3, loc)
         committed = [step for step in steps if read_manifest(s3, loc, step) is not None]
         if resume == "never" and committed:
