@@ -225,6 +225,24 @@ def test_checkpoints_with_a_remote_tier_are_persistent_even_in_an_emptydir() -> 
     assert c.message == "checkpoints in /checkpoints in an emptyDir, each copied to s3://ckpt/llama"
 
 
+def test_progress_is_of_the_maxsteps_the_running_trainer_trains_for_not_a_pending_edit() -> None:
+    """A maxSteps lowered below the current step reaches the pods only when the job is re-rendered: until
+    then the training goes on, and the status must not say 100%."""
+    from fsdp_operator.controller.scraper import _completion
+
+    exposition = (
+        'fsdp_train_step{node_rank="0",local_rank="0"} 8\n'
+        'fsdp_train_max_steps{node_rank="0",local_rank="0"} 20\n'
+    )
+    progress = parse_trainer_metrics(exposition)
+    assert (progress.step, progress.max_steps) == (8, 20)
+    rt, _client, body = fake_runtime(SCRAPED_MID_RUN, job(cond("Running")))
+    lowered = {**body, "spec": {**body["spec"], "training": {**body["spec"]["training"], "maxSteps": 5}}}
+    assert _completion(rt, lowered, progress)["progressPercentage"] == 40
+    # A trainer that does not say (an older image, your own script) is measured by the spec, as before.
+    assert _completion(rt, lowered, TrainerProgress(step=4))["progressPercentage"] == 80
+
+
 def test_the_remote_tier_step_comes_from_rank_zero() -> None:
     p = parse_trainer_metrics(
         'fsdp_checkpoint_last_step{node_rank="0",local_rank="0"} 40\n'

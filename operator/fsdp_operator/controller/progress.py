@@ -28,6 +28,7 @@ from fsdp_api.contract import (
     LABEL_RUN_URL,
     LABEL_TRACKER,
     LOSS,
+    MAX_STEPS,
     REPLICA_INDEX_LABEL,
     REPLICA_TYPE_LABEL,
     STEP,
@@ -44,7 +45,18 @@ TOKENS_SERIES, CHECKPOINT_SERIES = GLOBAL_TOKENS_PER_SECOND.name, CHECKPOINT_LAS
 REMOTE_SERIES = CHECKPOINT_REMOTE_LAST_STEP.name
 # The step-duration histogram's sum and count give the trainer's mean step time (the stall check's fallback).
 DURATION_SUM, DURATION_COUNT = f"{STEP_DURATION.name}_sum", f"{STEP_DURATION.name}_count"
-_WANTED = (STEP_SERIES, LOSS_SERIES, TOKENS_SERIES, CHECKPOINT_SERIES, REMOTE_SERIES, DURATION_SUM, DURATION_COUNT)
+# The steps the running trainer trains for: the spec's maxSteps until an edit of it reaches the pods.
+MAX_STEPS_SERIES = MAX_STEPS.name
+_WANTED = (
+    STEP_SERIES,
+    LOSS_SERIES,
+    TOKENS_SERIES,
+    CHECKPOINT_SERIES,
+    REMOTE_SERIES,
+    DURATION_SUM,
+    DURATION_COUNT,
+    MAX_STEPS_SERIES,
+)
 
 T = TypeVar("T")
 
@@ -61,6 +73,7 @@ class TrainerProgress:
     checkpoint_last_step: int | None = None
     checkpoint_uploaded_step: int | None = None
     seconds_per_step: float | None = None  # the trainer's mean step time (not a status field)
+    max_steps: int | None = None  # what the running trainer trains for (not a status field)
     tracker_runs: tuple[tuple[str, str], ...] = ()  # (tracker, the run's address)
 
     def status_fields(self) -> dict[str, Any]:
@@ -142,7 +155,9 @@ def parse_trainer_metrics(text: str) -> TrainerProgress:
     step, ckpt, tokens = value(STEP_SERIES), value(CHECKPOINT_SERIES), value(TOKENS_SERIES)
     uploaded = value(REMOTE_SERIES)
     total, count = value(DURATION_SUM), value(DURATION_COUNT)
+    max_steps = value(MAX_STEPS_SERIES)
     return TrainerProgress(
+        max_steps=int(max_steps) if max_steps is not None and max_steps >= 1 else None,
         seconds_per_step=total / count if total is not None and count and total >= 0 else None,
         step=int(step) if step is not None and step >= 0 else None,
         loss=value(LOSS_SERIES),

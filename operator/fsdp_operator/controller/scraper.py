@@ -258,7 +258,9 @@ def _completion(rt: Runtime, body: Mapping[str, Any], progress: TrainerProgress)
     """Progress and time left; the step time is the stall clock's recent one, else the trainer's mean."""
     clock = rt.step_clocks.get(uid_of(body))
     rate = (clock.seconds_per_step or clock.reported) if clock is not None else None
-    max_steps = TrainingFacts.from_body(body).max_steps
+    # The running trainer's own maxSteps: an edit of the spec's reaches the pods only when the job is
+    # re-rendered, and until then a lowered value would show 100% of a training that goes on.
+    max_steps = progress.max_steps or TrainingFacts.from_body(body).max_steps
     return completion_fields(progress.step, max_steps, rate or progress.seconds_per_step)
 
 
