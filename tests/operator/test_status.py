@@ -231,8 +231,7 @@ def test_progress_is_of_the_maxsteps_the_running_trainer_trains_for_not_a_pendin
     from fsdp_operator.controller.scraper import _completion
 
     exposition = (
-        'fsdp_train_step{node_rank="0",local_rank="0"} 8\n'
-        'fsdp_train_max_steps{node_rank="0",local_rank="0"} 20\n'
+        'fsdp_train_step{node_rank="0",local_rank="0"} 8\nfsdp_train_max_steps{node_rank="0",local_rank="0"} 20\n'
     )
     progress = parse_trainer_metrics(exposition)
     assert (progress.step, progress.max_steps) == (8, 20)
