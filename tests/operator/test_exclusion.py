@@ -110,11 +110,17 @@ def test_the_taint_patch_keeps_other_taints_and_is_guarded_by_the_resource_versi
     assert lifted["spec"]["taints"] == NODE["spec"]["taints"]
     assert lifted["metadata"]["annotations"] == {EXCLUDED_UNTIL_ANNOTATION: None, EXCLUDED_BY_ANNOTATION: None}
     assert lifted["metadata"]["labels"] == {EXCLUDED_NODE_TAINT: None}
-    # Due once its time is up; a node without our taint never is; our taint without a time is lifted.
+    # Due once its time is up; a node without our taint never is; our taint with a time we cannot read is lifted.
     assert not due(tainted, datetime(2026, 11, 29, 0, 59, tzinfo=UTC))
     assert due(tainted, datetime(2026, 11, 29, 1, 0, tzinfo=UTC))
     assert not due(NODE, datetime(2030, 1, 1, tzinfo=UTC))
-    assert due({"metadata": {"name": "n"}, "spec": tainted["spec"]}, datetime(2020, 1, 1, tzinfo=UTC))
+    unreadable = {
+        "metadata": {"name": "n", "annotations": {EXCLUDED_UNTIL_ANNOTATION: "soon"}},
+        "spec": tainted["spec"],
+    }
+    assert due(unreadable, datetime(2020, 1, 1, tzinfo=UTC))
+    # The same taint set by hand (none of our annotations) is the admin's: never lifted.
+    assert not due({"metadata": {"name": "n"}, "spec": tainted["spec"]}, datetime(2030, 1, 1, tzinfo=UTC))
 
 
 def test_the_message_says_what_was_done_about_the_suspects() -> None:

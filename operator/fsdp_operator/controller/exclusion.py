@@ -173,10 +173,17 @@ def lift_patch(node: Json) -> dict[str, Any]:
 
 
 def due(node: Json, now: datetime) -> bool:
-    """Whether our taint on the node is to be lifted: its time is up, or it has no time (not ours to keep)."""
+    """Whether our taint on the node is to be lifted: its time is up, or the time we wrote is unreadable.
+
+    A taint without either of our annotations is not ours: an admin who keeps a node out by hand
+    with the same key (``kubectl taint node n training.fsdp.dev/excluded=...``) keeps it out.
+    """
     if not is_excluded(node):
         return False
-    until = ((node.get("metadata") or {}).get("annotations") or {}).get(EXCLUDED_UNTIL_ANNOTATION)
+    notes = (node.get("metadata") or {}).get("annotations") or {}
+    if EXCLUDED_UNTIL_ANNOTATION not in notes and EXCLUDED_BY_ANNOTATION not in notes:
+        return False
+    until = notes.get(EXCLUDED_UNTIL_ANNOTATION)
     try:
         return datetime.fromisoformat(str(until).replace("Z", "+00:00")) <= now
     except ValueError:
