@@ -315,6 +315,38 @@ def test_a_prefix_holding_another_trainings_steps_is_refused_naming_checkpoint_r
     assert s3.keys("shared", "run/step-00000008/") == []
 
 
+def test_a_damaged_newest_remote_step_falls_back_to_the_local_tiers_older_one_instead_of_looping(
+    tmp_path: Path, s3: S3Server, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import hashlib
+
+    from fsdp_trainer.checkpoint.layout import MARKER
+    from fsdp_trainer.checkpoint.remote_store import UnusableStep, fetch_newer
+
+    s3.create_bucket("damaged")
+    for name, value in s3.env().items():
+        monkeypatch.setenv(name, value)
+    client = s3.client()
+    good = b"shard bytes"
+    manifest = {"objects": [{"key": "__0_0.distcp", "size": len(good), "sha256": hashlib.sha256(good).hexdigest()}]}
+    client.put_object(Bucket="damaged", Key="run/step-00000008/__0_0.distcp", Body=b"shard bytez")  # bit rot
+    client.put_object(Bucket="damaged", Key=f"run/step-00000008/{MANIFEST}", Body=json.dumps(manifest).encode())
+
+    # Nothing local: a fresh start would train over the steps in S3, so the damage stays an error.
+    with pytest.raises(UnusableStep, match="the remote copy of step 8 is damaged"):
+        fetch_newer("s3://damaged/run", tmp_path / "empty")
+    # A good older step in the local tier: resumed from instead (before: the same error on every restart).
+    local = tmp_path / "ckpt" / "step-00000004"
+    local.mkdir(parents=True)
+    (local / MARKER).write_text("")
+    with caplog.at_level("WARNING"):
+        assert fetch_newer("s3://damaged/run", tmp_path / "ckpt") is None
+    assert "the remote copy of step 8 is damaged" in caplog.text
+    assert "resuming from the local tier's step 4 instead" in caplog.text
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["step-00000004"]  # no half download left
+    assert "run/step-00000008/__0_0.distcp" in s3.keys("damaged", "run/")  # kept for a look
+
+
 def upload(server: S3Server, local: Path, bucket: str, prefix: str) -> None:
     client = server.client()
     for path in sorted(p for p in local.rglob("*") if p.is_file()):

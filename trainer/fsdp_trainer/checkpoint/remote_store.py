@@ -31,6 +31,12 @@ from .layout import CONFIG_FILE, STEP_DIR, latest_checkpoint, new_tmp_dir, step_
 log = logging.getLogger(__name__)
 
 MANIFEST = "MANIFEST.json"
+
+
+class UnusableStep(S3Error):
+    """A committed remote step that cannot be resumed: damaged bytes, or a manifest naming unsafe keys."""
+
+
 PARTS_DIR = ".parts"
 _DOWNLOAD_WORKERS = 8
 
@@ -125,7 +131,7 @@ def download_step(s3: Any, loc: S3Location, step: int, manifest: dict[str, Any],
             raise describe(e, f"s3://{loc.bucket}/{prefix}{entry['key']}", "GetObject") from None
         size = target.stat().st_size
         if size != entry["size"] or sha256(target) != entry["sha256"]:
-            raise S3Error(
+            raise UnusableStep(
                 f"s3://{loc.bucket}/{prefix}{entry['key']}: {size} bytes whose SHA-256 does not match the manifest "
                 f"({entry['size']} bytes): the remote copy of step {step} is damaged"
             )
@@ -161,7 +167,7 @@ def manifest_targets(loc: S3Location, step: int, manifest: dict[str, Any], tmp: 
                 raise UnsafeKey(f"entry {entry!r} has no key")
             targets[key] = local_path(tmp, key)
         except UnsafeKey as e:
-            raise S3Error(
+            raise UnusableStep(
                 f"s3://{loc.bucket}/{step_prefix(loc, step)}{MANIFEST}: {e}: the manifest of step {step} is refused "
                 "and nothing of it is downloaded"
             ) from None
@@ -189,7 +195,15 @@ def fetch_newer(remote: str, root: Path) -> int | None:
         return None
     t0 = time.perf_counter()
     root.mkdir(parents=True, exist_ok=True)
-    path = download_step(s3, loc, step, manifest, root)
+    try:
+        path = download_step(s3, loc, step, manifest, root)
+    except UnusableStep as e:
+        if local is None:
+            raise  # nothing else to resume from: a fresh start would train over the steps in S3
+        # The local tier's own step is older but good: resuming from it beats a restart loop on the
+        # same damaged download. The remote step stays for an admin to look at (nothing is deleted).
+        log.warning("%s; resuming from the local tier's step %d instead", e, local[0])
+        return None
     size = sum(o["size"] for o in manifest["objects"])
     if path is not None:
         seconds = time.perf_counter() - t0
