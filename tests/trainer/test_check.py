@@ -110,6 +110,32 @@ def test_a_bad_config_stops_in_the_check_with_its_lines_and_never_launches(confi
     assert not marker.exists()
 
 
+@pytest.mark.parametrize(
+    ("suffix", "content", "docs", "unit"),
+    [
+        # 3 rows: one is held out for validation (at least one always is), 2 train.
+        (".jsonl", "".join(json.dumps({"text": f"w{i} w{i + 1} " * 20}) + "\n" for i in range(3)), 3, "rows"),
+        # Plain text: a document per paragraph, however many lines it has.
+        (".txt", "w1 w2 w3\nw4 w5\n\nw6 w7 w8\n\n\nw9 w1 w2\n", 3, "paragraphs"),
+    ],
+)
+def test_fewer_training_documents_than_data_parallel_ranks_is_one_line_in_the_check(
+    config_path: Path, tmp_path: Path, suffix: str, content: str, docs: int, unit: str
+) -> None:
+    """Before: the check passed, then each rank left without documents stopped with a traceback."""
+    data = tmp_path / f"few{suffix}"
+    data.write_text(content)
+    config = yaml.safe_load(config_path.read_text())
+    _write(config_path, data={**config["data"], "path": str(data)})
+    with pytest.raises(ConfigError) as info:
+        check(str(config_path), "1", 3)  # 3 ranks, 2 training documents
+    assert info.value.lines == [
+        f"data.path: {data}: 2 training documents ({docs} {unit}, 1 held out for validation) for 3 data-parallel "
+        "ranks: each rank needs at least one; add documents or train on fewer ranks"
+    ]
+    assert check(str(config_path), "1", 2).startswith("configuration ok")  # 2 ranks, one document each
+
+
 def test_a_preference_file_with_an_empty_answer_stops_in_the_check_naming_the_row(
     config_path: Path, tmp_path: Path
 ) -> None:

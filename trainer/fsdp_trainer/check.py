@@ -34,6 +34,8 @@ from .rendezvous_host import hosted_here
 from .supervisor import stop_on_signals_before_the_launch, supervise
 
 if TYPE_CHECKING:
+    from fsdp_api.trainer_config import TrainerConfig
+
     from .parallel.distributed import WorldInfo
 
 
@@ -61,6 +63,38 @@ def processes_per_node(value: str) -> int:
             raise ConfigError(["--nproc-per-node: gpu, but this node has no GPU"])
         return gpus if gpus and value != "cpu" else os.cpu_count() or 1
     raise ConfigError([f"--nproc-per-node: {value!r} is not a positive count, gpu, cpu or auto"])
+
+
+def too_few_documents(cfg: TrainerConfig, data_ranks: int) -> list[str]:
+    """Local files with fewer training documents than data-parallel ranks: one line here, not a rank's traceback.
+
+    Each data-parallel rank reads its own documents (``data.sources``), after
+    the held-out slice for validation: a rank left with none cannot train. Counted
+    only as far as that needs (``files.count_documents``); hub datasets are not
+    opened here.
+    """
+    if not cfg.data.path or data_ranks < 2:
+        return []
+    from .data import files
+    from .data.sources import holdout_mask
+
+    try:
+        found = files.resolve(cfg.data.path)
+    except files.DataFilesError:
+        return []  # said by the data check already
+    enough = 2 * data_ranks + 64  # beyond it, the held-out ~2% cannot leave fewer than data_ranks
+    docs = files.count_documents(found, enough)
+    if docs is None or docs >= enough:
+        return []
+    held = int(holdout_mask(docs).sum()) if cfg.data.validation_split is None else 0
+    if docs - held >= data_ranks:
+        return []
+    unit = "paragraphs" if found.builder == "text" else "rows"
+    return [
+        f"data.path: {cfg.data.path}: {docs - held} training documents ({docs} {unit}, {held} held out for "
+        f"validation) for {data_ranks} data-parallel ranks: each rank needs at least one; add documents or "
+        "train on fewer ranks"
+    ]
 
 
 def check(config: str, nnodes: str, nproc_per_node: int) -> str:
@@ -119,6 +153,8 @@ def check(config: str, nnodes: str, nproc_per_node: int) -> str:
             f"{e} (with {nodes} nodes)"
             for e in ParallelPlan.of(cfg.fsdp, cfg.parallelism, w.world_size, nproc_per_node).errors()
         ]
+    widest = ParallelPlan.of(cfg.fsdp, cfg.parallelism, counts[-1] * nproc_per_node, nproc_per_node)
+    errors += too_few_documents(prepared.cfg, widest.dp_size)
     if errors:
         raise ConfigError(errors)
     sizes = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
