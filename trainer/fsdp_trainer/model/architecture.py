@@ -27,6 +27,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 
 from ..errors import ConfigError, load_failure
 from .hub import local_path, snapshot
+from .layer_values import layer_values
 from .llama import llama_config
 from .param_names import base_name, unique_parameters
 
@@ -138,8 +139,8 @@ def model_config(cfg: TrainerConfig, path: Path | None, tokens: dict[str, int | 
         raise ConfigError([f"{field}: cannot read the model config in {path}: {load_failure(e)}"]) from None
     check_causal_lm(config, field)
     errors = _apply_overrides(config, spec.config, field)
-    heads, kv = getattr(config, "num_attention_heads", None), getattr(config, "num_key_value_heads", None)
-    if heads and kv and heads % kv:
+    pairs = zip(layer_values(config, "num_attention_heads"), layer_values(config, "num_key_value_heads"), strict=True)
+    for heads, kv in sorted({(h, k) for h, k in pairs if h and k and h % k}):
         errors.append(f"model.config.numHeads: {heads} heads are not divisible by {kv} key/value heads")
     if errors:
         raise ConfigError(errors)

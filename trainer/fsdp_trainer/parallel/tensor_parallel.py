@@ -34,6 +34,8 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel, parallelize_module
 
+from ..model.layer_values import layer_values
+
 log = logging.getLogger(__name__)
 
 STYLES: dict[str, type[ParallelStyle]] = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
@@ -46,12 +48,13 @@ def tp_plan(model: nn.Module) -> dict[str, str]:
     return dict(plan or {})
 
 
-def _split_sizes(config: object) -> dict[str, int]:
-    """The sizes a tensor-parallel degree must divide: heads, key-value heads and the MLP width."""
-    heads = getattr(config, "num_attention_heads", None)
-    out = {"num_attention_heads": heads, "num_key_value_heads": getattr(config, "num_key_value_heads", None) or heads}
-    out["intermediate_size"] = getattr(config, "intermediate_size", None)
-    return {k: v for k, v in out.items() if isinstance(v, int)}
+def _split_sizes(config: object) -> list[tuple[str, int]]:
+    """The sizes a tensor-parallel degree must divide: heads, key-value heads and the MLP width (of every layer)."""
+    heads = layer_values(config, "num_attention_heads")
+    kv = [k or h for k, h in zip(layer_values(config, "num_key_value_heads"), heads, strict=True)]
+    sizes = {"num_attention_heads": heads, "num_key_value_heads": kv}
+    sizes["intermediate_size"] = layer_values(config, "intermediate_size")
+    return [(k, v) for k, values in sizes.items() for v in dict.fromkeys(values) if isinstance(v, int)]
 
 
 def tensor_parallel_errors(model: nn.Module, degree: int) -> list[str]:
@@ -75,7 +78,7 @@ def tensor_parallel_errors(model: nn.Module, degree: int) -> list[str]:
     return [
         f"parallelism.tensor: {degree} does not divide {name}'s {key} ({size}): every tensor-parallel rank "
         "computes whole heads and an equal slice of the MLP"
-        for key, size in _split_sizes(config).items()
+        for key, size in _split_sizes(config)
         if size % degree
     ]
 
