@@ -116,8 +116,10 @@ def test_cpu_offload_without_gpus(tmp_path: Path, config: dict) -> None:
 
 def test_unknown_override_and_bad_value(tmp_path: Path, config: dict) -> None:
     text = _errors(tmp_path, config, overrides=["--training.max-stepz", "5", "--fsdp.sharding-strategy=zero3"])
-    assert "training.maxStepz: Extra inputs are not permitted" in text
-    assert "fsdp.shardingStrategy: Input should be 'full', 'shard_grad_op', 'no_shard' or 'hybrid'" in text
+    # Worded as the API server words them, with the nearest known name.
+    assert 'training.maxStepz: unknown field "training.maxStepz"; did you mean "maxSteps"?' in text
+    supported = '"full", "shard_grad_op", "no_shard", "hybrid"'
+    assert f'fsdp.shardingStrategy: Unsupported value: "zero3": supported values: {supported}' in text
 
 
 def test_override_parsing() -> None:
@@ -194,3 +196,14 @@ def test_the_text_probe_reads_only_to_the_first_row_with_text(tmp_path: Path) ->
     data = tmp_path / "big.jsonl"
     data.write_text('{"text": "first"}\n' + "not json\n")
     assert files.check_has_text(files.resolve(str(data)), "text") is None
+
+
+def test_help_names_the_export_and_check_commands(capsys: pytest.CaptureFixture[str]) -> None:
+    from fsdp_trainer.__main__ import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert "fsdp-train export --checkpoint DIR --output DIR" in out
+    assert "fsdp-train check --config FILE --nnodes N --nproc-per-node P" in out

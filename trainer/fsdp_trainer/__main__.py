@@ -22,6 +22,12 @@ from fsdp_api.contract import CHECK_COMMAND, CONFIG_ERROR_EXIT_CODE, STOPPED_EXI
 
 from .errors import CheckpointSaveError, ConfigError, UnloadableCheckpointError, UnsafeCheckpointError
 
+# The other commands, which --help of the training command would otherwise hide.
+SUBCOMMANDS = f"""other commands:
+  fsdp-train export --checkpoint DIR --output DIR   a checkpoint as a Hugging Face model directory (export --help)
+  fsdp-train {CHECK_COMMAND} --config FILE --nnodes N --nproc-per-node P [-- torchrun ...]
+                                                   the pods' config check, then the launch (check --help)"""
+
 
 def setup_logging() -> None:
     rank = int(os.environ.get("RANK", "0") or 0)
@@ -37,6 +43,8 @@ def train_main(argv: list[str]) -> int:
         prog="fsdp-train",
         description="FSDP2 trainer for Hugging Face causal LMs. "
         "Unknown --section.field-name VALUE arguments override train.yaml.",
+        epilog=SUBCOMMANDS,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--config", required=True, help="train.yaml (the job's ConfigMap)")
     parser.add_argument("--trace-dir", type=Path, help="write a JSON-lines record of the run here (tests, debugging)")
