@@ -97,7 +97,7 @@ def parse(doc: Document) -> tuple[FSDPTraining | None, list[str]]:
     try:
         training = FSDPTraining.model_validate(without_nulls(doc.body))
     except ValidationError as e:
-        return None, format_errors(e)
+        return None, format_errors(e, model=FSDPTraining)
     except RecursionError:
         return None, ["nested too deeply to be an FSDPTraining"]
     if not training.metadata.name and not training.metadata.generate_name:

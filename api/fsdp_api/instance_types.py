@@ -13,6 +13,7 @@ and g6 sizes above 16xlarge. GPU memory is per GPU, in GiB, as AWS states it.
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 
 GIB = 1 << 30
@@ -186,3 +187,22 @@ EFA_INTERFACES: dict[str, int] = {
     **{f"g6.{size}": 0 for size in ("xlarge", "2xlarge", "4xlarge")},
     **{f"g6.{size}": 1 for size in ("8xlarge", "16xlarge")},
 }
+
+
+def unknown_instance_type_notes(instance_types: list[str]) -> list[str]:
+    """One line per listed type this table lacks: no GPU count, memory or EFA figure checks it.
+
+    Only a warning: Karpenter may offer a type newer than the table, and the
+    spec's rules pass a type they do not know. A near name is most likely a typo.
+    """
+    notes = []
+    for i, name in enumerate(instance_types):
+        if name in INSTANCE_TYPES:
+            continue
+        close = difflib.get_close_matches(name, list(INSTANCE_TYPES), n=1, cutoff=0.8)
+        guess = f"; did you mean {close[0]!r}?" if close else ""
+        notes.append(
+            f"spec.resources.instanceTypes[{i}]: {name!r} is not an instance type the operator knows, so its GPUs, "
+            f"memory and EFA interfaces are not checked{guess}"
+        )
+    return notes

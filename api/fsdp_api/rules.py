@@ -9,11 +9,14 @@ in one object is what lets a test prove the two agree.
 
 from __future__ import annotations
 
+import difflib
+import re
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticCustomError
 
 
@@ -113,20 +116,72 @@ def _camel_path(loc: tuple[int | str, ...]) -> str:
     return ".".join(parts)
 
 
-def format_errors(err: ValidationError, root: str = "") -> list[str]:
+def format_errors(err: ValidationError, root: str = "", model: type[BaseModel] | None = None) -> list[str]:
     """Turn a pydantic error into ``path: message`` lines naming the field.
 
     Paths use the YAML (camelCase) field names, as the API server does, so a
     user sees the same field name from ``fsdp-operator validate`` and from
-    ``kubectl apply``.
+    ``kubectl apply``; a missing field, an unknown one and a value outside an
+    enum are worded as the API server words them, and the last two name the
+    nearest known field or value (``model``: the validated class, whose fields
+    an unknown name is matched against).
     """
     lines = []
     for e in err.errors():
-        path = _camel_path(tuple(e["loc"]))
+        loc = tuple(e["loc"])
+        path = _camel_path(loc)
         extra = (e.get("ctx") or {}).get("field_path") or ""
         if extra:
             path = f"{path}{extra}" if path else extra.lstrip(".")
         if root:
             path = f"{root}.{path}" if path else root
-        lines.append(f"{path}: {e['msg']}")
+        lines.append(f"{path}: {_message(e, path, loc, model)}")
     return lines
+
+
+def _message(e: Any, path: str, loc: tuple[int | str, ...], model: type[BaseModel] | None) -> str:
+    if e["type"] == "missing":
+        return "Required value"
+    if e["type"] == "extra_forbidden":
+        known = _field_names(model, loc[:-1]) if model is not None else []
+        return f'unknown field "{path}"' + _nearest(str(loc[-1]), known)
+    if e["type"] in ("literal_error", "enum"):
+        allowed = re.findall(r"'([^']*)'", (e.get("ctx") or {}).get("expected", ""))
+        if allowed and isinstance(e["input"], str):
+            supported = ", ".join(f'"{a}"' for a in allowed)
+            return f'Unsupported value: "{e["input"]}": supported values: {supported}' + _nearest(e["input"], allowed)
+    return e["msg"]
+
+
+def _nearest(word: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(word, known, n=1, cutoff=0.6)
+    return f'; did you mean "{close[0]}"?' if close else ""
+
+
+def _field_names(model: type[BaseModel], loc: tuple[int | str, ...]) -> list[str]:
+    """The YAML names of the fields of the object at ``loc`` under ``model`` (none where it is no model)."""
+    current: Any = model
+    for item in loc:
+        found = _as_model(current)
+        if isinstance(item, int):  # an index into a list of models
+            current = found or current
+            continue
+        field = (
+            None if found is None else next((f for n, f in found.model_fields.items() if item in (n, f.alias)), None)
+        )
+        if field is None:
+            return []
+        current = field.annotation
+    found = _as_model(current)
+    return [f.alias or n for n, f in found.model_fields.items()] if found is not None else []
+
+
+def _as_model(annotation: Any) -> type[BaseModel] | None:
+    """The model an annotation holds: itself, or the one inside ``Optional[M]``, ``list[M]``, ``Annotated[M, ...]``."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _as_model(arg)
+        if found is not None:
+            return found
+    return None

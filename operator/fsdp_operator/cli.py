@@ -98,27 +98,30 @@ def memory_problems(path: str, trainings: Sequence[FSDPTraining]) -> list[str]:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    from fsdp_api.instance_types import unknown_instance_type_notes
     from fsdp_api.model_files import check_local_model
     from fsdp_api.tuning_env import env_notes
 
-    trainings = load_trainings(args.file, sys.stdout)
+    trainings = load_trainings(args.file, sys.stderr)
     if trainings is None:
         return EXIT_INVALID
     problems = [f"{args.file}: {p}" for t in trainings for p in check_local_model(t.spec)]
     if problems:
-        print("\n".join(problems))
+        print("\n".join(problems), file=sys.stderr)
         return EXIT_INVALID
     if args.memory != "off":
         memory = memory_problems(args.file, trainings)
         if memory and args.memory == "refuse":
-            print("\n".join(memory))
+            print("\n".join(memory), file=sys.stderr)
             return EXIT_INVALID
         for line in memory:
             print(f"warning: {line}", file=sys.stderr)
     for t in trainings:
+        for line in unknown_instance_type_notes(t.spec.resources.instance_types or []):
+            print(f"warning: {args.file}: {KIND} {_display_name(t)!r}: {line}", file=sys.stderr)
         for line in env_notes(t.spec):
             print(f"note: {args.file}: {KIND} {_display_name(t)!r}: {line}", file=sys.stderr)
-        print(f"{args.file}: {KIND} {_display_name(t)!r} is valid", file=sys.stderr)
+        print(f"{args.file}: {KIND} {_display_name(t)!r} is valid")
     return EXIT_OK
 
 

@@ -61,7 +61,7 @@ def local_config(training: FSDPTraining, output_dir: Path, steps: int | None) ->
         return TrainerConfig.model_validate(data)
     except ValidationError as e:
         # Only the local adjustments (--steps) can break a spec that loaded.
-        raise InputError("; ".join(format_errors(e))) from None
+        raise InputError("; ".join(format_errors(e, model=TrainerConfig))) from None
 
 
 def local_spec_env(training: FSDPTraining, shell: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:

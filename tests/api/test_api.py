@@ -21,7 +21,7 @@ def errors_of(body: dict[str, Any]) -> list[str]:
     try:
         FSDPTraining.model_validate(body)
     except ValidationError as e:
-        return format_errors(e)
+        return format_errors(e, model=FSDPTraining)
     return []
 
 
@@ -256,3 +256,22 @@ def test_the_float8_refusal_says_has_none_only_of_a_gpu_known_to_have_none(liste
         FSDPTrainingSpec.model_validate(spec)
     (line,) = format_errors(refused.value)
     assert f"float8 tensor cores and {said}" in line
+
+
+def test_validate_words_missing_unknown_and_enum_errors_as_the_api_server_and_names_the_nearest() -> None:
+    """`maxStep` for `maxSteps`, `bf61` for `bf16`: the API server's wording, and the name the user meant."""
+    body = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples/fsdptraining-tiny.yaml").read_text())
+    training = body["spec"]["training"]
+    training["maxStep"] = training.pop("maxSteps")
+    training["precision"] = "bf61"
+    body["spec"]["env"] = [{"name": "A", "valeu": "1"}]
+    body["spec"]["totallyNew"] = 1
+    lines = sorted(errors_of(body))
+    assert lines == [
+        'spec.env[0].valeu: unknown field "spec.env[0].valeu"; did you mean "value"?',
+        'spec.totallyNew: unknown field "spec.totallyNew"',  # nothing near: no guess
+        'spec.training.maxStep: unknown field "spec.training.maxStep"; did you mean "maxSteps"?',
+        "spec.training.maxSteps: Required value",
+        'spec.training.precision: Unsupported value: "bf61": supported values: "bf16", "float8", "fp32"; '
+        'did you mean "bf16"?',
+    ]

@@ -263,9 +263,10 @@ def test_plan_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
 def test_validate_memory_refuse_exits_1_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = write(tmp_path, spec(**TOO_BIG))
     assert main(["validate", "-f", str(path), "--memory", "refuse"]) == EXIT_INVALID
-    out = capsys.readouterr().out.strip().splitlines()
-    assert len(out) == 1
-    assert out[0].startswith(f"{path}: FSDPTraining 'job': does not fit: about ")
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    assert captured.out == "" and len(err) == 1  # on stderr, like every error
+    assert err[0].startswith(f"{path}: FSDPTraining 'job': does not fit: about ")
 
 
 def test_validate_memory_warns_by_default_and_can_be_off(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -87,7 +87,7 @@ def load_config(path: str | os.PathLike[str], overrides: list[str] | None = None
     try:
         return TrainerConfig.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(format_errors(e)) from None
+        raise ConfigError(format_errors(e, model=TrainerConfig)) from None
 
 
 def check_config(cfg: TrainerConfig, plan: ParallelPlan, device_type: str = "cuda") -> None:

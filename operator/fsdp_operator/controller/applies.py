@@ -91,7 +91,7 @@ async def apply_training(rt: Runtime, body: Mapping[str, Any], *, prune: bool = 
     try:
         objects = rendered_objects(body)
     except ValidationError as e:
-        message = "; ".join(format_errors(e))
+        message = "; ".join(format_errors(e, model=FSDPTraining))
         rt.metrics.reconciles.labels("invalid").inc()
         await record_failure(rt, body, ReconcileOutcome(False, INVALID_SPEC, message))
         return
