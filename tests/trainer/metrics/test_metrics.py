@@ -468,6 +468,8 @@ def test_the_summary_line_reads_back_with_its_patterns() -> None:
     line = f"step 15/15 | loss 7.0\n{summary_line(run)}\n"
     m = SUMMARY_PATTERN.search(line)
     assert m is not None and (m["n"], m["seconds"], m["cpu"]) == ("12", "0.893", "0.896")
+    # Why the count starts at step 4, said on the line itself.
+    assert "0.896 s CPU of rank 0; this process's first 3 steps, its warm-up, not counted) |" in m[0]
     assert MFU_PATTERN.search(m[0])["mfu"] == "22.9"
     assert PEAK_MEMORY_PATTERN.search(m[0])["mem"] == "23.1 GiB"
     # and back to bytes, to the 0.1 GiB it was printed with

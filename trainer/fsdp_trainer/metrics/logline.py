@@ -75,6 +75,11 @@ def step_line(s: IntervalSummary) -> str:
     return " | ".join(parts)
 
 
+# Steps a process runs before its speed is representative (allocator warm-up, torch.compile):
+# the end-of-run summary starts after them, and says so.
+SUMMARY_WARMUP_STEPS = 3
+
+
 @dataclass(frozen=True)
 class RunSummary:
     """Steady-state throughput of a process's run: wall clock from the end of warm-up to the last step."""
@@ -104,7 +109,8 @@ def summary_line(s: RunSummary) -> str:
     steps = s.last_step - s.first_step + 1
     parts = [
         f"summary: steps {s.first_step}-{s.last_step} ({steps} steps in {s.seconds:.3f} s wall, "
-        f"{s.cpu_seconds:.3f} s CPU of rank 0)",
+        f"{s.cpu_seconds:.3f} s CPU of rank 0; this process's first {SUMMARY_WARMUP_STEPS} steps, "
+        "its warm-up, not counted)",
         f"{s.global_tokens_per_second:,.0f} tok/s ({s.tokens_per_second_per_device:,.0f}/dev)",
         f"{s.tflops_per_device:.3g} TFLOP/s/dev",
     ]

@@ -24,7 +24,7 @@ from fsdp_api.contract import ENV_METRICS_ADDR, ENV_METRICS_LINGER_SECONDS
 
 from ..tracking import Tracking, open_tracking
 from .flops import FlopsShape, float8_peak_tflops, mfu, peak_tflops
-from .logline import IntervalSummary, ProgressBar, RunSummary, step_line, summary_line
+from .logline import SUMMARY_WARMUP_STEPS, IntervalSummary, ProgressBar, RunSummary, step_line, summary_line
 from .memory import memory_bytes
 from .nvml import GpuSampler
 from .prometheus import MetricsServer, TrainerMetrics, open_pod_endpoint
@@ -57,9 +57,7 @@ class MetricsProcessor:
     WINDOW_STEPS = 10
     # NVML calls cost ~1 ms each; a dashboard needs no more than this.
     GPU_SAMPLE_SECONDS = 5.0
-    # Steps a process runs before its speed is representative (allocator
-    # warm-up, torch.compile); the end-of-run summary starts after them.
-    SUMMARY_WARMUP_STEPS = 3
+    SUMMARY_WARMUP_STEPS = SUMMARY_WARMUP_STEPS
 
     def __init__(
         self,
