@@ -23,6 +23,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from fsdp_api import FSDPTraining
+from fsdp_api.checkpoint_layout import complete_checkpoints, step_dir_name
 from fsdp_api.contract import FORWARDED_SIGNALS, signal_exit_code
 from fsdp_api.documents import InputError, load_one
 from fsdp_api.launch import (
@@ -126,6 +127,16 @@ def run_local(spec_file: str | Path, nproc: int = 2, output_dir: Path | None = N
 
         checkpoints = Path(cfg.checkpoint.dir)
         resuming = cfg.checkpoint.resume == "auto" and checkpoints.is_dir() and any(checkpoints.iterdir())
+        newest = newest_step(checkpoints) if resuming else None
+        if newest is not None and newest >= cfg.training.max_steps:
+            # The trainer would resume at maxSteps and stop without a step: say so instead of starting it.
+            print(
+                f"run-local: {training.name}: nothing to train: the newest checkpoint in {checkpoints} is step "
+                f"{newest}, and maxSteps is {cfg.training.max_steps}; --steps N (above {newest}) trains on from it, "
+                "another --output-dir starts over",
+                flush=True,
+            )
+            return 0
         print(f"run-local: {training.name}: {nproc} CPU ranks (gloo), {cfg.training.max_steps} steps", flush=True)
         print(f"run-local: config {config_path}", flush=True)
         print(f"run-local: checkpoints {checkpoints}" + (" (resuming from them)" if resuming else ""), flush=True)
@@ -143,7 +154,21 @@ def run_local(spec_file: str | Path, nproc: int = 2, output_dir: Path | None = N
             # The check runs first, as in the pods: a mistake is one line and exit 2, not a traceback per rank.
             launch = torchrun_standalone(nproc, trainer_program(config_path))
             cmd = checked_launch(config_path, launch, python=launch[0])
-            return run_process_group(cmd, env, keep_fds=(lock,))
+            code = run_process_group(cmd, env, keep_fds=(lock,))
+        done = newest_step(checkpoints)
+        if code == 0 and done is not None:
+            print(
+                f"run-local: {training.name}: done at step {done}: checkpoint {checkpoints / step_dir_name(done)}; "
+                f"as a Hugging Face model: fsdp-train export --checkpoint {checkpoints} --output {out / 'hf-model'}",
+                flush=True,
+            )
+        return code
+
+
+def newest_step(root: Path) -> int | None:
+    """The step of the newest complete checkpoint under ``root``, if any."""
+    found = complete_checkpoints(root)
+    return found[-1][0] if found else None
 
 
 @contextlib.contextmanager

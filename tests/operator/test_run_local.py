@@ -103,6 +103,11 @@ def test_trains_checkpoints_and_resumes(tmp_path: Path, capfd: pytest.CaptureFix
     assert f"metrics: serving http://127.0.0.1:{port}/metrics" in first.out + first.err
     latest = latest_checkpoint(out / "checkpoints")
     assert latest is not None and latest[0] == 30
+    # The last line names the checkpoint and what to do with it.
+    assert first.out.splitlines()[-1] == (
+        f"run-local: tiny: done at step 30: checkpoint {latest[1]}; as a Hugging Face model: "
+        f"fsdp-train export --checkpoint {out / 'checkpoints'} --output {out / 'hf-model'}"
+    )
 
     # Same output dir, more steps: resumes from step 30 instead of starting over.
     assert run_local(spec, nproc=2, output_dir=out, steps=40) == 0
@@ -321,3 +326,21 @@ def test_a_pretrained_qwen2_directory_fine_tunes_end_to_end(tmp_path: Path, capf
     assert latest_checkpoint(out / "checkpoints")[0] == 6
     saved = latest_checkpoint(out / "checkpoints")[1] / "model_config" / "config.json"
     assert json.loads(saved.read_text())["model_type"] == "qwen2"
+
+
+def test_a_finished_run_started_again_says_there_is_nothing_to_train_and_starts_nothing(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Before, the trainer resumed at 300/300 and ended without a word."""
+    out = tmp_path / "run"
+    step = out / "checkpoints" / "step-00000300"
+    step.mkdir(parents=True)
+    (step / "COMPLETE").write_text("{}")
+    assert run_local(example_copy(tmp_path), nproc=2, output_dir=out) == 0
+    captured = capfd.readouterr()
+    assert "configuration ok" not in captured.out + captured.err  # no check, no torchrun, no ranks
+    said = captured.out.splitlines()
+    assert said[-1] == (
+        f"run-local: tiny: nothing to train: the newest checkpoint in {out / 'checkpoints'} is step 300, and "
+        "maxSteps is 300; --steps N (above 300) trains on from it, another --output-dir starts over"
+    )

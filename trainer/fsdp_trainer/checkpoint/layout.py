@@ -28,11 +28,14 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+# The step folders are the API package's (run-local reads them without torch); re-exported here.
+from fsdp_api.checkpoint_layout import STEP_DIR as STEP_DIR
+from fsdp_api.checkpoint_layout import complete_checkpoints as complete_checkpoints
+from fsdp_api.checkpoint_layout import step_dir_name as step_dir_name
 from fsdp_api.contract import CHECKPOINT_COMPLETE_MARKER, CHECKPOINT_DIR_PREFIX
 
 MARKER = CHECKPOINT_COMPLETE_MARKER
 _PREFIX = re.escape(CHECKPOINT_DIR_PREFIX)
-STEP_DIR = re.compile(rf"^{_PREFIX}(\d{{8}})$")
 # An unfinished save: ``<step dir>`` + TMP_INFIX + a random id.
 TMP_INFIX = ".tmp-"
 TMP_DIR = re.compile(rf"^{_PREFIX}(\d{{8}}){re.escape(TMP_INFIX)}")
@@ -43,10 +46,6 @@ CONFIG_FILE = "trainer_config.yaml"
 MODEL_CONFIG_DIR = "model_config"
 
 
-def step_dir_name(step: int) -> str:
-    return f"{CHECKPOINT_DIR_PREFIX}{step:08d}"
-
-
 def new_tmp_dir(final: Path) -> Path:
     """A fresh directory name for a save of ``final`` that is not complete yet."""
     return Path(f"{final}{TMP_INFIX}{uuid.uuid4().hex[:8]}")
@@ -55,18 +54,6 @@ def new_tmp_dir(final: Path) -> Path:
 def rank_file(ckpt: Path, rank: int) -> Path:
     """This rank's own state (data position, RNG) in checkpoint ``ckpt``."""
     return ckpt / RANKS_DIR / f"rank-{rank:05d}.pt"
-
-
-def complete_checkpoints(root: Path) -> list[tuple[int, Path]]:
-    """(step, path) of every complete checkpoint under ``root``, oldest first."""
-    if not root.is_dir():
-        return []
-    found = []
-    for entry in root.iterdir():
-        m = STEP_DIR.match(entry.name)
-        if m and entry.is_dir() and (entry / MARKER).is_file():
-            found.append((int(m.group(1)), entry))
-    return sorted(found)
 
 
 def latest_checkpoint(root: Path) -> tuple[int, Path] | None:
