@@ -127,6 +127,14 @@ def run_local(spec_file: str | Path, nproc: int = 2, output_dir: Path | None = N
 
         checkpoints = Path(cfg.checkpoint.dir)
         resuming = cfg.checkpoint.resume == "auto" and checkpoints.is_dir() and any(checkpoints.iterdir())
+        cluster = training.spec.world_size()
+        print(
+            f"run-local: {training.name}: {nproc} CPU ranks (gloo; --nproc, where the cluster runs {cluster}), "
+            f"{cfg.training.max_steps} steps",
+            flush=True,
+        )
+        print(f"run-local: config {config_path}", flush=True)
+        print(f"run-local: checkpoints {checkpoints}" + (" (resuming from them)" if resuming else ""), flush=True)
         newest = newest_step(checkpoints) if resuming else None
         if newest is not None and newest >= cfg.training.max_steps:
             # The trainer would resume at maxSteps and stop without a step: say so instead of starting it.
@@ -137,9 +145,6 @@ def run_local(spec_file: str | Path, nproc: int = 2, output_dir: Path | None = N
                 flush=True,
             )
             return 0
-        print(f"run-local: {training.name}: {nproc} CPU ranks (gloo), {cfg.training.max_steps} steps", flush=True)
-        print(f"run-local: config {config_path}", flush=True)
-        print(f"run-local: checkpoints {checkpoints}" + (" (resuming from them)" if resuming else ""), flush=True)
         if cfg.metrics.enabled:
             # Rank 0 binds the port once the model is built, tens of seconds from now: said so,
             # and its own line ("metrics: serving ...") is the one that says it is up.

@@ -340,6 +340,8 @@ def test_a_finished_run_started_again_says_there_is_nothing_to_train_and_starts_
     captured = capfd.readouterr()
     assert "configuration ok" not in captured.out + captured.err  # no check, no torchrun, no ranks
     said = captured.out.splitlines()
+    # The spec's cluster job is one process; run-local starts two, and says whose setting that is.
+    assert said[0] == "run-local: tiny: 2 CPU ranks (gloo; --nproc, where the cluster runs 1), 300 steps"
     assert said[-1] == (
         f"run-local: tiny: nothing to train: the newest checkpoint in {out / 'checkpoints'} is step 300, and "
         "maxSteps is 300; --steps N (above 300) trains on from it, another --output-dir starts over"
