@@ -35,6 +35,7 @@ from fsdp_api.launch import (
     torchrun_standalone,
     trainer_program,
 )
+from fsdp_api.parallel_plan import ParallelPlan
 from fsdp_api.rules import format_errors
 from fsdp_api.trainer_config import TrainerConfig
 from pydantic import ValidationError
@@ -119,6 +120,7 @@ def run_local(spec_file: str | Path, nproc: int = 2, output_dir: Path | None = N
         raise InputError(f"--output-dir {out}: cannot create it: {e.strerror or e}") from None
     with run_lock(out) as lock:
         cfg = local_config(training, out, steps)
+        check_ranks(cfg, nproc)
         config_path = out / "train.yaml"
         try:
             config_path.write_text(cfg.to_yaml())
@@ -243,3 +245,16 @@ def run_process_group(
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
     return signal_exit_code(received[0]) if received else proc.returncode
+
+
+def check_ranks(cfg: TrainerConfig, nproc: int) -> None:
+    """The mesh of ``nproc`` local ranks, refused here with the --nproc that builds it (the check would not say)."""
+    plan = ParallelPlan.of(cfg.fsdp, cfg.parallelism, nproc, nproc)
+    problems = plan.errors()
+    if not problems:
+        return
+    hint = ""
+    if nproc % plan.non_dp_size:
+        fitting = plan.non_dp_size * -(-nproc // plan.non_dp_size)
+        hint = f"; run-local: --nproc {fitting} (a multiple of tp x cp = {plan.tp} x {plan.cp})"
+    raise InputError(f"{problems[0]}{hint}")

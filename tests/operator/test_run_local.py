@@ -346,3 +346,17 @@ def test_a_finished_run_started_again_says_there_is_nothing_to_train_and_starts_
         f"run-local: tiny: nothing to train: the newest checkpoint in {out / 'checkpoints'} is step 300, and "
         "maxSteps is 300; --steps N (above 300) trains on from it, another --output-dir starts over"
     )
+
+
+def test_a_context_split_wider_than_the_local_ranks_names_the_nproc_that_fits(tmp_path: Path) -> None:
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["spec"]["parallelism"] = {"context": 4}
+    doc["spec"]["resources"]["nodes"] = 4  # four CPU pods in the cluster: valid there
+    path = tmp_path / "cp4.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    with pytest.raises(InputError) as refused:
+        run_local(path, nproc=2, output_dir=tmp_path / "out")
+    assert str(refused.value) == (
+        "the world size 2 is not a multiple of tp x cp = 1 x 4, so the data-parallel size is not a whole number; "
+        "run-local: --nproc 4 (a multiple of tp x cp = 1 x 4)"
+    )
