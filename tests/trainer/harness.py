@@ -176,7 +176,7 @@ def launch(
                 argv, torchrun=nproc is not None, env=launch_env, cwd=workdir, timeout=timeout
             )
         except TimeoutError as e:
-            raise AssertionError(f"trainer still running after {timeout}s:\n{str(e)[-6000:]}") from None
+            raise AssertionError(f"trainer still running after {timeout}s:\n{str(e)[-30000:]}") from None
         return RunResult(returncode, output, workdir, trace_dir)
     if nproc is None:
         cmd = [sys.executable, *trainer]

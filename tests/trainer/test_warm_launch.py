@@ -48,3 +48,23 @@ def test_only_an_environment_the_trainer_reads_at_run_time_may_differ_from_the_s
 def test_cold_launches_are_forced_by_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FSDP_TESTS_COLD_LAUNCH", "1")
     assert warm_launcher(offline_env(), offline_env()) is None
+
+
+@pytest.mark.slow
+def test_a_launch_over_its_time_is_killed_with_every_process_state_and_python_stack_in_the_message(
+    tmp_path: Path, parity_runs: ParityRuns
+) -> None:
+    """A hang nobody can reproduce (a 4-rank run in a cold CI) must leave its evidence in the failure."""
+    config = parity_runs.config("full")
+    config["checkpoint"]["dir"] = str(tmp_path / "checkpoints")
+    config["training"]["maxSteps"] = 3
+    # Rank 1 hangs after its first step; a warm launch gets there in a few seconds even on a loaded machine.
+    with pytest.raises(AssertionError) as over:
+        launch(tmp_path, config, env={ENV_TRAINER_FAULT: "after_step:1:1:hang"}, timeout=40)
+    message = str(over.value)
+    assert message.startswith("trainer still running after 40s:")
+    processes = message.split("the launch's processes at the timeout:\n", 1)[1].splitlines()
+    assert len(processes) >= 3, processes  # torchrun's agent and its two ranks
+    assert all(" state " in line and " wchan " in line for line in processes), processes
+    # rank 1 in the fault's sleep, in its own stack, dumped by faulthandler before the kill
+    assert "most recent call first" in message and 'faults.py", line' in message and "in _act" in message

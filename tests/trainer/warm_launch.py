@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import faulthandler
 import io
 import json
 import os
@@ -96,13 +97,20 @@ class WarmLauncher:
                 # An empty reply: the launch's process died without saying how (a test's kill, a crash).
                 returncode = json.loads(reply)["returncode"] if reply else -signal.SIGKILL
             except TimeoutError:
+                # Before the kill, what each process of the launch was doing: its state and kernel wait
+                # channel, and (SIGUSR1, faulthandler) every Python thread's stack, into the output.
+                processes, pids = _processes_of(pid)
+                for each in pids:  # one at a time: dumps written at once would interleave
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(each, signal.SIGUSR1)
+                    time.sleep(0.5)
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(pid, signal.SIGKILL)
                 self._wait_gone(pid, deadline + 30)
             out.seek(0)
             output = out.read().decode(errors="replace")
         if returncode is None:
-            raise TimeoutError(output)
+            raise TimeoutError(f"{output}\nthe launch's processes at the timeout:\n{processes}")
         return returncode, output
 
     @staticmethod
@@ -121,6 +129,24 @@ class WarmLauncher:
         with contextlib.suppress(OSError):
             os.unlink(self.socket_path)
             os.rmdir(self._dir)
+
+
+def _processes_of(pgid: int) -> tuple[str, list[int]]:
+    """One line per process of group ``pgid`` (pid, state, kernel wait channel, command line), and their pids."""
+    lines, pids = [], []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            stat = (entry / "stat").read_text()
+            fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) ": state ppid pgrp ...
+            if int(fields[2]) != pgid:
+                continue
+            wchan = (entry / "wchan").read_text().strip() or "-"
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+            lines.append(f"  pid {entry.name} state {fields[0]} wchan {wchan}: {cmdline[:200]}")
+            pids.append(int(entry.name))
+    return "\n".join(sorted(lines)) or "  none left", sorted(pids)
 
 
 _launcher: WarmLauncher | None = None
@@ -185,6 +211,9 @@ def _child(conn: socket.socket, request: dict, out_fd: int) -> None:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    # The harness's SIGUSR1 before it kills a launch that ran over its time: every thread's stack, in
+    # this process and in the ranks torchrun forks from it (they inherit the handler and stderr).
+    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
     conn.sendall(json.dumps({"pid": os.getpid()}).encode())
     code = _launch(request["argv"], request["torchrun"])
     with contextlib.suppress(OSError):
