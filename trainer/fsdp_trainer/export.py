@@ -3,7 +3,9 @@
     fsdp-train export --checkpoint DIR --output HFDIR [--dtype bfloat16] [--format merged|peft]
 
 DIR is one checkpoint (``step-00001000/``) or a checkpoint root, in which case
-the newest complete checkpoint is used. The output is the model in its own
+the newest complete checkpoint is used; or an S3 remote tier (``s3://bucket/prefix``, a
+training's ``checkpoint.remote``: its newest committed step; or ``.../step-N``), downloaded
+and checked against its manifest as a resume does. The output is the model in its own
 architecture: its ``config.json`` (``model_type`` and all), ``model.safetensors``
 (sharded with an index for large models, in the layout transformers expects
 on disk) and the tokenizer files with their chat template, so
@@ -26,7 +28,9 @@ init of a preset/architecture), loads the adapters into it and folds them in
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -208,7 +212,12 @@ def _save_adapter(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fsdp-train export", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--checkpoint", type=Path, required=True, help="a checkpoint, or checkpoint.dir for the newest")
+    parser.add_argument(
+        "--checkpoint",
+        required=True,
+        help="a checkpoint, or checkpoint.dir for the newest; or checkpoint.remote (s3://bucket/prefix) for its newest "
+        "committed step, or s3://bucket/prefix/step-N for that one",
+    )
     parser.add_argument(
         "--output", required=True, help="Hugging Face model directory to write, or s3://bucket/prefix (a new prefix)"
     )
@@ -220,17 +229,59 @@ def main(argv: list[str] | None = None) -> int:
         help="merged: a full model (LoRA adapters folded in); peft: a LoRA checkpoint's adapters as a PEFT adapter",
     )
     args = parser.parse_args(argv)
-    if args.output.startswith("s3://"):
-        print(export_to_s3(args.checkpoint, args.output, args.dtype, args.format))
-    else:
-        print(export_checkpoint(args.checkpoint, Path(args.output), args.dtype, args.format))
+    with contextlib.ExitStack() as stack:
+        checkpoint = Path(args.checkpoint)
+        if args.checkpoint.startswith("s3://"):
+            tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fsdp-export-in-")))
+            checkpoint = remote_checkpoint(args.checkpoint, tmp)
+        if args.output.startswith("s3://"):
+            print(export_to_s3(checkpoint, args.output, args.dtype, args.format))
+        else:
+            print(export_checkpoint(checkpoint, Path(args.output), args.dtype, args.format))
     return 0
+
+
+def remote_checkpoint(uri: str, root: Path) -> Path:
+    """A committed step of a remote tier, downloaded into ``root`` and checked against its manifest.
+
+    ``uri`` is a training's ``checkpoint.remote`` (its newest committed step) or one
+    step folder under it (``.../step-00000300``); the download is the resume's own.
+    """
+    from .checkpoint.layout import STEP_DIR, step_dir_name
+    from .checkpoint.remote_store import download_step, newest_committed, read_manifest
+    from .s3 import S3Error, S3Location, client, describe
+
+    try:
+        loc = S3Location.parse(uri)
+    except ValueError as e:
+        raise ConfigError([f"--checkpoint: {e}"]) from None
+    parent, _, last = loc.prefix.rpartition("/")
+    named = STEP_DIR.match(last)
+    s3 = client()
+    try:
+        if named:
+            loc = S3Location(loc.bucket, parent)
+            step, manifest = int(named.group(1)), read_manifest(s3, loc, int(named.group(1)))
+            if manifest is None:
+                raise ConfigError([f"--checkpoint: {uri} is not a committed step (it has no manifest)"])
+        else:
+            found = newest_committed(s3, loc)
+            if found is None:
+                raise ConfigError([f"--checkpoint: no committed step under {uri}"])
+            step, manifest = found
+        local = download_step(s3, loc, step, manifest, root)
+    except S3Error as e:
+        raise ConfigError([f"--checkpoint: {e}"]) from None
+    except ConfigError:
+        raise
+    except Exception as e:  # botocore's own errors: one line naming the location
+        raise ConfigError([f"--checkpoint: {describe(e, uri, 'GetObject')}"]) from None
+    log.info("downloaded step %d of %s", step, loc)
+    return local if local is not None else root / step_dir_name(step)
 
 
 def export_to_s3(checkpoint: Path, output: str, dtype: str = "float32", fmt: str = "merged") -> str:
     """Export into a temporary directory, then upload it under the new prefix ``output``."""
-    import tempfile
-
     from .s3 import S3Error, S3Location, upload_tree
 
     try:

@@ -61,7 +61,7 @@ def remote_config(work: Path, inputs: dict[str, Path], remote: str, **training: 
 
 
 def test_a_step_in_s3_resumes_exactly_when_the_local_directory_is_lost(
-    tmp_path: Path, inputs: dict[str, Path], s3: S3Server
+    tmp_path: Path, inputs: dict[str, Path], s3: S3Server, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     s3.create_bucket("resume")
     env = s3.env()
@@ -93,6 +93,33 @@ def test_a_step_in_s3_resumes_exactly_when_the_local_directory_is_lost(
     assert one.losses()[9] < straight.losses()[1] - 0.1, "the trained weights came back from S3"
     # remoteKeepLast 2: steps 4 and 8 of two ranks gave way to 8 and 10.
     assert committed(s3, "resume", "straight/") == [8, 10]
+
+    # The export reads the remote tier too (an emptyDir training's only copy): the newest committed
+    # step, checked against its manifest, gives the same model as the local copy of that step.
+    from fsdp_trainer.export import main as export_main
+    from safetensors.torch import load_file
+
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert export_main(["--checkpoint", "s3://resume/straight", "--output", str(tmp_path / "from-s3")]) == 0
+    assert (
+        export_main(["--checkpoint", str(tmp_path / "straight" / "checkpoints"), "--output", str(tmp_path / "here")])
+        == 0
+    )
+    ours, theirs = (load_file(tmp_path / d / "model.safetensors") for d in ("from-s3", "here"))
+    assert ours.keys() == theirs.keys() and all(ours[k].equal(theirs[k]) for k in ours)
+    assert export_main(["--checkpoint", "s3://resume/straight/step-00000008", "--output", str(tmp_path / "s8")]) == 0
+    for uri, said in (
+        (
+            "s3://resume/straight/step-00000004",
+            "--checkpoint: s3://resume/straight/step-00000004 is not a committed step",
+        ),
+        ("s3://resume/nothing", "--checkpoint: no committed step under s3://resume/nothing"),
+    ):
+        with pytest.raises(ConfigError) as refused:
+            export_main(["--checkpoint", uri, "--output", str(tmp_path / "never")])
+        assert refused.value.lines[0].startswith(said), refused.value.lines
+    assert not (tmp_path / "never").exists()
 
 
 def test_an_upload_cut_short_is_never_resumed_and_is_removed(
