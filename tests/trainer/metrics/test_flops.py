@@ -264,4 +264,5 @@ def test_processor_prints_a_steady_state_summary_at_close(monkeypatch: pytest.Mo
     summary = out.getvalue().splitlines()[-1]
     # The first SUMMARY_WARMUP_STEPS (3) steps are excluded: steps 4 and 5 remain.
     assert summary.startswith("summary: steps 4-5 (2 steps in "), summary
-    assert "s CPU of rank 0)" in summary and "peak mem" in summary and "MFU" not in summary
+    assert "s CPU of rank 0; this process's first 3 steps, its warm-up, not counted)" in summary
+    assert "peak mem" in summary and "MFU" not in summary
