@@ -93,7 +93,13 @@ def test_sigterm_to_the_pods_launch_exits_143_after_the_checkpoint_of_the_step(
     death_line = (
         TORCHRUN_SIGTERM_LINE.replace("15", str(int(signal.SIGINT))) if how == "ctrl-c" else TORCHRUN_SIGTERM_LINE
     )
-    assert output.count(death_line) == 1, output[-4000:]
+    # torch's own race: a signal landing inside its metrics wrapper's ``start = time.time()``
+    # (torch/distributed/elastic/metrics/api.py, ``prof``) ends in UnboundLocalError in that wrapper's
+    # finally instead of the death line; the ranks are stopped all the same, once (seen once in a warm run).
+    raced = "UnboundLocalError: cannot access local variable 'start'" in output
+    assert output.count(death_line) == (0 if raced else 1), output[-4000:]
+    # and passed it on to each rank once, never escalating to SIGKILL
+    assert output.count(f"closing signal {name}") == 2 and "closing signal SIGKILL" not in output, output[-4000:]
     records = read_trace(trace)
     (stopped,) = [r for r in records if r["event"] == "stopped"]
     last = max(r["step"] for r in records if r["event"] == "step")
