@@ -128,7 +128,11 @@ class TestCluster:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
     def __enter__(self) -> TestCluster:
-        return self.start()
+        try:
+            return self.start()
+        except BaseException:  # a start that failed halfway leaves nothing running (with skips __exit__)
+            self.stop()
+            raise
 
     def __exit__(self, *exc: object) -> None:
         self.stop()

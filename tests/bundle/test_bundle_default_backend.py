@@ -49,12 +49,8 @@ def created(cluster: TestCluster, text: str) -> dict:
 @pytest.fixture(scope="module")
 def crd_cluster() -> Iterator[TestCluster]:
     """An API server with only our CRD, as generated: its cluster-wide default must not reach the shared cluster."""
-    cluster = TestCluster(crds=[CRD])
-    try:
-        cluster.start()
+    with TestCluster(crds=[CRD]) as cluster:
         yield cluster
-    finally:
-        cluster.stop()
 
 
 def test_the_overlay_and_the_helm_patch_make_trainjob_the_default(crd_cluster: TestCluster) -> None:

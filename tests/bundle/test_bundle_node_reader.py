@@ -34,12 +34,8 @@ RBAC_KINDS = ("Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding"
 @pytest.fixture(scope="module")
 def rbac_cluster() -> Iterator[TestCluster]:
     """An API server of its own: the bindings made here are cluster-wide."""
-    cluster = TestCluster(crds=[])
-    try:
-        cluster.start()
+    with TestCluster(crds=[]) as cluster:
         yield cluster
-    finally:
-        cluster.stop()
 
 
 def can_i(cluster: TestCluster, *args: str) -> str:

@@ -30,12 +30,8 @@ DESCRIPTION = "description: FSDPTraining runs a PyTorch FSDP2 training job"
 @pytest.fixture(scope="module")
 def helm_cluster() -> Iterator[TestCluster]:
     """An API server of its own: Helm installs the CRDs cluster-wide, with its field manager."""
-    cluster = TestCluster(crds=[])
-    try:
-        cluster.start()
+    with TestCluster(crds=[]) as cluster:
         yield cluster
-    finally:
-        cluster.stop()
 
 
 def backend_default(cluster: TestCluster) -> str:
