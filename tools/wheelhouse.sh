@@ -6,8 +6,8 @@
 #   tools/wheelhouse.sh          download what is missing; print nothing else
 #   tools/wheelhouse.sh --path   print the wheelhouse's folder (downloads nothing)
 #
-# The folder is keyed on what decides its contents: pyproject.toml (the pins, the
-# extras, the build backend), bench/torchtitan-requirements.txt and the Python
+# The folder is keyed on what decides its contents: pyproject.toml's pins, extras and
+# build backend, bench/torchtitan-requirements.txt and the Python
 # version, under the tools cache (${FSDP_TOOLS_CACHE:-~/.cache/fsdp-k8s}/wheels/KEY).
 # A folder with its .complete stamp is a fast no-op; an interrupted download is
 # finished by the next run. The images' Python is the local base's (Debian
@@ -19,9 +19,16 @@ ROOT=$(dirname "$HERE")
 PYTHON=${PYTHON:-python3}
 CACHE_ROOT=${FSDP_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/fsdp-k8s}
 
+# Only pyproject.toml's tables that name packages count: a change to its tool settings or
+# package folders keeps the wheelhouse (3 GB) where it is.
 key=$(cd "$ROOT" && {
-  sha256sum pyproject.toml bench/torchtitan-requirements.txt
-  "$PYTHON" -c 'import sys; print(sys.implementation.cache_tag)'
+  "$PYTHON" -c '
+import json, sys, tomllib
+t = tomllib.load(open("pyproject.toml", "rb"))
+p = t["project"]
+print(json.dumps([t["build-system"], p.get("dependencies"), p.get("optional-dependencies")], sort_keys=True))
+print(sys.implementation.cache_tag)'
+  sha256sum bench/torchtitan-requirements.txt
 } | sha256sum | cut -c1-16)
 DIR=$CACHE_ROOT/wheels/$key
 
