@@ -211,11 +211,14 @@ class _KubeletHandler(BaseHTTPRequestHandler):
         with contextlib.suppress(OSError), path.open("rb") as f:
             f.seek(offset)
             while True:
+                # Whether it ended is read before the file: what it wrote before it ended is then sent
+                # by this read, not lost between an empty read and the check.
+                ended = c.attempts != attempt or not c.running or self.agent.stopping.is_set()
                 chunk = f.read(65536)
                 if chunk:
                     self.wfile.write(chunk)
                     self.wfile.flush()
-                elif c.attempts != attempt or not c.running or self.agent.stopping.is_set():
+                elif ended:
                     return
                 else:
                     time.sleep(0.2)
