@@ -21,15 +21,28 @@ PACKAGES = {
     "fsdp_operator": REPO / "operator" / "fsdp_operator",
     "fsdp_trainer": REPO / "trainer" / "fsdp_trainer",
     "fsdp_localcluster": REPO / "localcluster" / "fsdp_localcluster",
+    "fsdp_k8s": REPO / "client" / "fsdp_k8s",
 }
 
 # What each package must never import, directly or lazily.
 FORBIDDEN = {
-    "fsdp_api": {"torch", "kopf", "aiohttp", "transformers", "fsdp_operator", "fsdp_trainer", "fsdp_localcluster"},
+    "fsdp_api": {
+        "torch",
+        "kopf",
+        "aiohttp",
+        "transformers",
+        "fsdp_operator",
+        "fsdp_trainer",
+        "fsdp_localcluster",
+        "fsdp_k8s",
+    },
+    # Its CLI reaches up to the client (tests below: only the CLI's cluster commands do).
     "fsdp_operator": {"torch", "transformers", "fsdp_trainer", "fsdp_localcluster"},
-    "fsdp_trainer": {"kopf", "aiohttp", "fsdp_operator", "fsdp_localcluster"},
+    "fsdp_trainer": {"kopf", "aiohttp", "fsdp_operator", "fsdp_localcluster", "fsdp_k8s"},
     # The local cluster runs the operator and the trainer as processes.
-    "fsdp_localcluster": {"torch", "kopf", "fsdp_trainer"},
+    "fsdp_localcluster": {"torch", "kopf", "fsdp_trainer", "fsdp_k8s"},
+    # The client is for notebooks: the standard library, the API and the renderer; no torch, no kopf.
+    "fsdp_k8s": {"torch", "kopf", "aiohttp", "transformers", "fsdp_trainer", "fsdp_localcluster"},
 }
 
 
@@ -96,6 +109,43 @@ def test_the_operators_lower_subpackages_do_not_import_the_controller(subpackage
     assert bad == {}
 
 
+# The client stands on the operator's offline half only; only the CLI's cluster commands stand on the client.
+CLIENT_MAY_USE = {"render", "local"}
+
+
+def operator_modules_used(path: Path) -> set[str]:
+    """The fsdp_operator modules or subpackages a module outside it imports (``fsdp_operator.X``)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            dotted = [node.module.split(".")] if "." in node.module else [[node.module, a.name] for a in node.names]
+        elif isinstance(node, ast.Import):
+            dotted = [alias.name.split(".") for alias in node.names]
+        else:
+            continue
+        out |= {d[1] for d in dotted if d[0] == "fsdp_operator" and len(d) > 1}
+    return out
+
+
+def test_the_client_uses_only_the_operators_offline_half() -> None:
+    used = {
+        str(path.relative_to(REPO)): found
+        for path in sorted(PACKAGES["fsdp_k8s"].rglob("*.py"))
+        if (found := operator_modules_used(path))
+    }
+    assert {m for found in used.values() for m in found} <= CLIENT_MAY_USE, used
+    assert used, "the checker saw no import of the operator's renderer"
+
+
+def test_only_the_cli_imports_the_client() -> None:
+    importers = sorted(
+        str(path.relative_to(PACKAGES["fsdp_operator"]))
+        for path in PACKAGES["fsdp_operator"].rglob("*.py")
+        if "fsdp_k8s" in imported_roots(path)
+    )
+    assert importers == ["cluster_cli.py"]
+
+
 def test_the_subpackage_checker_resolves_relative_imports() -> None:
     module = PACKAGES["fsdp_operator"] / "backends" / "pytorchjob.py"
     # ".base" is its own package, "..render" the one beside it.
@@ -118,6 +168,7 @@ print(" ".join(sorted({name.split(".")[0] for name in sys.modules})))
     [
         ("fsdp_api", {"torch", "kopf", "aiohttp", "fsdp_operator", "fsdp_trainer"}),
         ("fsdp_operator", {"torch", "fsdp_trainer"}),
+        ("fsdp_k8s", {"torch", "kopf", "aiohttp", "transformers", "fsdp_trainer", "fsdp_localcluster"}),
     ],
 )
 def test_importing_a_layer_loads_nothing_above_it(package: str, absent: set[str]) -> None:

@@ -129,7 +129,13 @@ def main(argv: list[str] | None = None) -> int:
                 + f"; last figures: {progress_line(st, max_steps)}"
             )
             if args.keep:
-                say(f"cluster kept: KUBECONFIG={whole.cluster.kubeconfig} kubectl get pods -A   (Ctrl-C to tear down)")
+                # A fixed place for examples/client.ipynb (the cluster's own file goes with its temp folder).
+                kept = REPO / "runs" / "demo-cluster.kubeconfig"
+                kept.parent.mkdir(exist_ok=True)
+                kept.write_bytes(whole.cluster.kubeconfig.read_bytes())
+                kept.chmod(0o600)
+                say(f"cluster kept: KUBECONFIG={kept} kubectl get pods -A   (Ctrl-C to tear down)")
+                say("examples/client.ipynb submits to it with fsdp_k8s.Client(kubeconfig=...)")
                 while True:
                     time.sleep(3600)
             return 0 if st.get("phase") == "Succeeded" else 1

@@ -305,6 +305,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--steps", type=_positive, metavar="N", help="override training.maxSteps")
     s.set_defaults(func=cmd_run_local)
+
+    from .cluster_cli import add_cluster_commands
+
+    add_cluster_commands(sub, _positive)
     return p
 
 

@@ -4,22 +4,26 @@ suspend/resume, and deletion. Every recovery goes through the real controllers."
 from __future__ import annotations
 
 import json
+import math
 import signal
 import threading
 import time
 from typing import Any
 
 import pytest
+from fsdp_k8s import Client
 from fsdp_localcluster.control_plane import TRAINING_OPERATOR
 from fsdp_localcluster.images import LOCAL_TRAINER_IMAGE, require_images
 from fsdp_localcluster.node_agent import container_pids
 from fsdp_localcluster.operator_install import OPERATOR_NAMESPACE
 from fsdp_localcluster.wait import wait_for
 from fsdp_localcluster.whole_cluster import WholeCluster
+from fsdp_operator.cli import main
 
 from tests.e2e.timings import record
 from tests.e2e.training import (
     RESUMED,
+    STEP_LINE,
     STOPPED,
     TERMINAL,
     assert_resumed_exactly,
@@ -170,35 +174,56 @@ def test_operators_killed_mid_reconcile_converge_without_duplicates(operator: Wh
     assert operator_restarts(whole, operator_pod) >= 2
 
 
-def test_suspend_removes_the_pods_and_resume_continues_from_the_checkpoint(operator: WholeCluster, ns: str) -> None:
+def test_suspend_removes_the_pods_and_resume_continues_from_the_checkpoint(
+    operator: WholeCluster, ns: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Through the Python client, as a notebook drives it: submit, metrics, logs (followed), suspend, resume, wait."""
     whole, name, max_steps, interval = operator, "pause", 30, 10
     create_claim(whole, ns)
-    whole.cluster.apply(fsdptraining(name, ns, max_steps=max_steps, interval=interval))
+    client = Client(ns, kubeconfig=whole.cluster.kubeconfig)
+    assert client.submit(fsdptraining(name, ns, max_steps=max_steps, interval=interval)).phase == "Pending"
     wait_for(
         lambda: 10 in checkpoint_steps(whole, ns) and last_step(whole, name, ns) >= 12,
         300,
         "checkpoint 10 and step 12",
     )
+    # Rank 0's own series, read from its pod (the API server does not proxy to the local pods' loopback).
+    figures = client.metrics(name)
+    assert figures.step is not None and figures.step >= 12 and figures.max_steps == max_steps, figures.as_dict()
+    assert figures.loss is not None and math.isfinite(figures.loss), figures.as_dict()
+    rank0_steps = [int(step) for step, _, _ in STEP_LINE.findall(client.logs(name, rank=0))]
+    assert rank0_steps and max(rank0_steps) >= 12, rank0_steps[-3:]
+    # The CLI's view of the same training: the summary line, then the conditions' table.
+    assert main(["status", name, "-n", ns, "--kubeconfig", str(whole.cluster.kubeconfig)]) == 0
+    shown = capsys.readouterr().out
+    assert shown.startswith(f"{ns}/{name}: Running | step ") and "CONDITION" in shown, shown
+    followed: list[str] = []
+    follower = threading.Thread(target=lambda: followed.extend(client.logs(name, rank=0, follow=True)), daemon=True)
+    follower.start()
+
     markers = running_markers(whole, name, ns)
     assert len(markers) == 2
     t = time.monotonic()
-    whole.kubectl("patch", "fsdptraining", name, f"--namespace={ns}", "--type=merge", "-p", '{"spec":{"suspend":true}}')
+    assert client.suspend(name).body["spec"]["suspend"] is True
     wait_for(lambda: not pods_of(whole, name, ns), 120, "the pods to go away")
     record("suspend_to_pods_gone_s", time.monotonic() - t)
     assert not [m for m in markers if container_pids(m)], "processes of suspended pods still run"
-    wait_phase(whole, name, ns, ("Suspended",), 60)
+    assert client.wait(name, ("Suspended",), timeout=60, poll_seconds=0.5).phase == "Suspended"
     job = whole.get("pytorchjob", name, ns)
     assert job is not None and job["spec"]["runPolicy"]["suspend"] is True
     saved = saved_on_sigterm(whole, name, ns)
     suspended_at = last_step(whole, name, ns)
+    # The followed log ended with the container, on the trainer's own last words.
+    follower.join(timeout=30)
+    assert not follower.is_alive(), "following the log did not end with the container"
+    assert any(STOPPED.search(line) for line in followed), followed[-5:]
 
     t = time.monotonic()
-    whole.kubectl(
-        "patch", "fsdptraining", name, f"--namespace={ns}", "--type=merge", "-p", '{"spec":{"suspend":false}}'
-    )
+    client.resume(name)
     wait_for(lambda: last_step(whole, name, ns) > suspended_at, 240, "training to continue after resume")
     record("resume_to_progress_s", time.monotonic() - t)
-    assert wait_phase(whole, name, ns, TERMINAL, 300) == "Succeeded"
+    done = client.wait(name, timeout=300, poll_seconds=1)
+    assert (done.phase, done.status.step) == ("Succeeded", max_steps), done.summary()
     resumed = [int(m) for m in RESUMED.findall(trainer_logs(whole, name, ns))]
     assert resumed == [saved], resumed
     assert_resumed_exactly(step_losses(whole, name, ns), max_steps, interval, saved)
@@ -274,7 +299,7 @@ def test_deleting_the_training_collects_job_and_pods_but_keeps_checkpoints(opera
     markers = running_markers(whole, name, ns)
     assert len(markers) == 2
     t = time.monotonic()
-    whole.kubectl("delete", "fsdptraining", name, f"--namespace={ns}", "--wait=false")
+    Client(ns, kubeconfig=whole.cluster.kubeconfig).delete(name)
 
     def collected() -> bool:
         left: dict[str, Any] = {
