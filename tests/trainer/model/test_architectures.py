@@ -100,7 +100,7 @@ def test_random_init_is_the_same_sharded_and_in_one_process(
 @pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_two_rank_full_sharding_trains_like_one_process_and_exports(
-    name: str, checkpoints: dict[str, Path], inputs: dict[str, Path], tmp_path: Path
+    name: str, checkpoints: dict[str, Path], inputs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     runs = {}
     # The single process on full logits, the sharded run on the chunked loss (the default).
@@ -131,6 +131,16 @@ def test_two_rank_full_sharding_trains_like_one_process_and_exports(
     with torch.no_grad():
         logits = model(input_ids=probe["input_ids"]).logits
     torch.testing.assert_close(logits, probe["logits"], atol=1e-5, rtol=1e-5)
+
+    if name == "llama":  # once: fsdp-train generate on the checkpoint answers as on its export
+        from fsdp_trainer.generate import main as generate
+
+        answers = []
+        for source in (["--checkpoint", str(runs[2].workdir / "checkpoints")], ["--model", str(exported)]):
+            capsys.readouterr()
+            assert generate([*source, "--prompt", "w3 w4 w5", "--max-new-tokens", "5", "-o", "jsonl"]) == 0
+            answers.append(capsys.readouterr().out)
+        assert answers[0] == answers[1] and '"completion": "' in answers[0], answers
 
 
 def _transformers_loss(checkpoint: Path, inputs: dict[str, Path]) -> float:
