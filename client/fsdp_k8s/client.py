@@ -275,23 +275,24 @@ class Client:
 
     def pods(self, name: str) -> list[Json]:
         """The training's trainer pods, by node rank (several of one rank while a restarted one replaces another)."""
-        training = self.get(name)
+        return self._pods(self.get(name))
+
+    def pod(self, name: str, rank: int = 0) -> Json:
+        """The newest pod of node rank ``rank``; ``ClientError`` saying where the training stands when it has none."""
+        return self._pod(self.get(name), rank)
+
+    def _pods(self, training: Training) -> list[Json]:
         backend = training.backend
         pods = self.api.list(
             core_path("pods", training.namespace), label_selector=f"{backend.job_label}={training.job_name}"
         )
-        return sorted(
-            pods, key=lambda p: (_rank_of(p, backend.index_label), p["metadata"].get("creationTimestamp", ""))
-        )
+        return sorted(pods, key=lambda p: (_rank_of(p, backend.index_label), _created(p)))
 
-    def pod(self, name: str, rank: int = 0) -> Json:
-        """The newest pod of node rank ``rank``; ``ClientError`` saying where the training stands when it has none."""
-        training = self.get(name)
-        backend = training.backend
-        of_rank = [p for p in self.pods(name) if _rank_of(p, backend.index_label) == rank]
+    def _pod(self, training: Training, rank: int) -> Json:
+        of_rank = [p for p in self._pods(training) if _rank_of(p, training.backend.index_label) == rank]
         if not of_rank:
             raise ClientError(
-                f"{KIND} {training.namespace}/{name} has no pod of node rank {rank} now ({training.summary()})"
+                f"{KIND} {training.namespace}/{training.name} has no pod of node rank {rank} now ({training.summary()})"
             )
         return of_rank[-1]
 
@@ -312,8 +313,9 @@ class Client:
 
         ``follow``: an iterator of lines as they come, until the container ends.
         """
-        pod = self.pod(name, rank)
-        container = self.get(name).backend.container
+        training = self.get(name)
+        pod = self._pod(training, rank)
+        container = training.backend.container
         path = core_path("pods", pod["metadata"]["namespace"], pod["metadata"]["name"], "log")
         query = {"container": container, "tailLines": tail_lines}
         if follow:
@@ -333,7 +335,7 @@ class Client:
         from fsdp_api.contract import METRICS_PORT
 
         port = int(metrics.get("port", METRICS_PORT))
-        pod = self.pod(name, 0)
+        pod = self._pod(training, 0)
         meta = pod["metadata"]
         proxy = core_path("pods", meta["namespace"], f"{meta['name']}:{port}", "proxy/metrics")
         try:
@@ -360,6 +362,10 @@ class Client:
             )
             out += [_event(e) for e in found]
         return sorted(out, key=lambda e: e.time)
+
+
+def _created(pod: Json) -> str:
+    return str(pod["metadata"].get("creationTimestamp", ""))
 
 
 def _rank_of(pod: Json, label: str) -> int:
