@@ -40,7 +40,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from fsdp_api.launch import local_env, torchrun_standalone, trainer_program
+from fsdp_api.launch import torchrun_standalone, trainer_program
+from fsdp_api.local_process import local_env
 
 REPO = Path(__file__).resolve().parents[1]
 TOKENIZER = REPO / "trainer" / "fsdp_trainer" / "assets" / "tokenizer"

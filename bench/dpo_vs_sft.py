@@ -32,7 +32,8 @@ import tempfile
 from pathlib import Path
 
 import yaml
-from fsdp_api.launch import local_env, torchrun_standalone, trainer_program
+from fsdp_api.launch import torchrun_standalone, trainer_program
+from fsdp_api.local_process import local_env
 from fsdp_trainer.metrics.logline import SUMMARY_PATTERN
 from lora_vs_full import build_base
 

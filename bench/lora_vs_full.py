@@ -28,7 +28,8 @@ import tempfile
 from pathlib import Path
 
 import yaml
-from fsdp_api.launch import local_env, torchrun_standalone, trainer_program
+from fsdp_api.launch import torchrun_standalone, trainer_program
+from fsdp_api.local_process import local_env
 from fsdp_trainer.metrics.logline import PEAK_MEMORY_PATTERN, SUMMARY_PATTERN
 
 REPO = Path(__file__).resolve().parents[1]

@@ -42,8 +42,10 @@ from typing import NamedTuple
 
 import yaml
 from fsdp_api.contract import TRAINER_METRICS
-from fsdp_api.launch import free_port, local_env, torchrun_standalone, trainer_program
+from fsdp_api.launch import torchrun_standalone, trainer_program
+from fsdp_api.local_process import local_env
 from fsdp_api.memory_plan import plan_memory
+from fsdp_api.ports import free_port
 from fsdp_api.spec import FSDPTrainingSpec
 from fsdp_trainer.metrics.logline import MFU_PATTERN, PEAK_MEMORY_PATTERN, SUMMARY_PATTERN, parse_bytes
 

@@ -77,8 +77,15 @@ def test_the_checker_sees_a_lazy_import(tmp_path: Path) -> None:
     assert imported_roots(module) == {"fsdp_operator", "torch"}
 
 
-# Inside the operator: the backends and the renderer sit below the controller and the CLI.
-OPERATOR_FORBIDDEN = {"backends": {"controller", "cli"}, "render": {"controller", "cli"}}
+# Inside the operator, floor by floor: the naming and the launchers on the API alone; the
+# backends (job kinds) on those; the renderer on the backends; the controller and the CLI on top.
+_ABOVE_RENDER = {"controller", "cli", "cluster_cli", "local"}
+OPERATOR_FORBIDDEN = {
+    "naming": {"launchers", "backends", "render", *_ABOVE_RENDER},
+    "launchers": {"naming", "backends", "render", *_ABOVE_RENDER},
+    "backends": {"render", *_ABOVE_RENDER},
+    "render": _ABOVE_RENDER,
+}
 
 
 def operator_subpackages(path: Path) -> set[str]:
@@ -99,14 +106,90 @@ def operator_subpackages(path: Path) -> set[str]:
 
 
 @pytest.mark.parametrize("subpackage", sorted(OPERATOR_FORBIDDEN))
-def test_the_operators_lower_subpackages_do_not_import_the_controller(subpackage: str) -> None:
+def test_the_operators_lower_floors_import_nothing_above_them(subpackage: str) -> None:
     root = PACKAGES["fsdp_operator"] / subpackage
+    files = sorted(root.rglob("*.py")) if root.is_dir() else [root.with_suffix(".py")]
+    assert files and files[0].exists()
     bad = {
         str(path.relative_to(REPO)): found
-        for path in sorted(root.rglob("*.py"))
+        for path in files
         if (found := operator_subpackages(path) & OPERATOR_FORBIDDEN[subpackage])
     }
     assert bad == {}
+
+
+def module_imports(package: str) -> dict[str, set[str]]:
+    """Each module of ``package`` (dotted) and the modules of it that it imports, relative ones resolved."""
+    root = PACKAGES[package]
+    modules = {}
+    for path in root.rglob("*.py"):
+        parts = path.relative_to(root.parent).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        here = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        found = set()
+        tree = ast.parse(path.read_text(), filename=str(path))
+        # Imports for the type checker only are no cycle at run time.
+        typing_only = {
+            id(inner)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+            for inner in ast.walk(node)
+        }
+        for node in ast.walk(tree):
+            if id(node) in typing_only:
+                continue
+            if isinstance(node, ast.ImportFrom):
+                module = [node.module] if node.module else []
+                base = [*here[: len(here) - node.level + 1], *module] if node.level else module
+                dotted = ".".join(base)
+                for alias in node.names:
+                    found.add(f"{dotted}.{alias.name}" if f"{dotted}.{alias.name}" in modules else dotted)
+            elif isinstance(node, ast.Import):
+                found |= {alias.name for alias in node.names}
+        graph[name] = (found & modules.keys()) - {name}
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for other in graph[node]:
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            group = []
+            while not group or group[-1] != node:
+                group.append(stack.pop())
+            if len(group) > 1:
+                cycles.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return cycles
+
+
+@pytest.mark.parametrize("package", sorted(PACKAGES))
+def test_no_import_cycle_inside_a_package(package: str) -> None:
+    assert import_cycles(module_imports(package)) == []
+
+
+def test_the_cycle_finder_sees_a_three_module_cycle() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert import_cycles(graph) == [["a", "b", "c"]]
+    assert import_cycles({"a": {"b"}, "b": set()}) == []
 
 
 # The client stands on the operator's offline half only; only the CLI's cluster commands stand on the client.
@@ -147,9 +230,9 @@ def test_only_the_cli_imports_the_client() -> None:
 
 
 def test_the_subpackage_checker_resolves_relative_imports() -> None:
-    module = PACKAGES["fsdp_operator"] / "backends" / "pytorchjob.py"
-    # ".base" is its own package, "..render" the one beside it.
-    assert operator_subpackages(module) == {"backends", "render"}
+    module = PACKAGES["fsdp_operator"] / "render" / "command.py"
+    # "from .. import backends, launchers": the packages beside it; no import of its own package.
+    assert operator_subpackages(module) == {"backends", "launchers"}
 
 
 # Every module of a layer, imported in a fresh interpreter; then what got loaded.

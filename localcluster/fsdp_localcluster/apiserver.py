@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
-from fsdp_api.launch import free_port
+from fsdp_api.ports import free_port
 
 from .binaries import ensure_tools, tool_path, vendored_crds
 from .pki import b64, generate_pki

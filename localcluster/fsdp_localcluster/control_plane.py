@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import IO
 
 import yaml
-from fsdp_api.launch import free_port
+from fsdp_api.ports import free_port
 
 from .apiserver import TestCluster, tail
 from .binaries import ensure_tools, tool_path, training_operator_source

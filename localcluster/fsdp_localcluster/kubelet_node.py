@@ -40,7 +40,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from fsdp_api.launch import free_port
+from fsdp_api.ports import free_port
 
 from .apiserver import TestCluster, tail
 from .binaries import ensure_tools, tool_path

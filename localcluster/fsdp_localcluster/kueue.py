@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from fsdp_api.launch import free_port
+from fsdp_api.ports import free_port
 
 from .binaries import ensure_tools, kueue_source
 from .control_plane import Component, ControlPlane

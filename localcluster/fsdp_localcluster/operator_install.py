@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import yaml
-from fsdp_api.launch import free_port
+from fsdp_api.ports import free_port
 
 from .apiserver import TestCluster
 from .binaries import REPO_ROOT, tool_path

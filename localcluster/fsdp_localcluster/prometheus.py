@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from fsdp_api.launch import free_port
+from fsdp_api.ports import free_port
 
 from .processes import stop_process
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from fsdp_api.launch import free_port
+from fsdp_api.ports import free_port
 
 from .binaries import tool_path
 from .processes import stop_process

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from fsdp_api.launch import free_port
+from fsdp_api.ports import free_port
 
 from .binaries import ensure_tools, jobset_source, trainer_source
 from .control_plane import Component, ControlPlane

@@ -26,16 +26,10 @@ from fsdp_api import FSDPTraining
 from fsdp_api.checkpoint_layout import complete_checkpoints, step_dir_name
 from fsdp_api.contract import FORWARDED_SIGNALS, signal_exit_code
 from fsdp_api.documents import InputError, load_one
-from fsdp_api.launch import (
-    checked_launch,
-    free_port,
-    local_env,
-    port_is_free,
-    sigterm_when_parent_dies,
-    torchrun_standalone,
-    trainer_program,
-)
+from fsdp_api.launch import checked_launch, torchrun_standalone, trainer_program
+from fsdp_api.local_process import local_env, sigterm_when_parent_dies
 from fsdp_api.parallel_plan import ParallelPlan
+from fsdp_api.ports import free_port, port_is_free
 from fsdp_api.rules import format_errors
 from fsdp_api.trainer_config import TrainerConfig
 from pydantic import ValidationError

@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 import yaml
 from fsdp_api import FSDPTraining, FSDPTrainingStatus
-from fsdp_api.launch import free_port
+from fsdp_api.ports import free_port
 from fsdp_localcluster.apiserver import TestCluster
 from fsdp_localcluster.binaries import REPO_ROOT
 from fsdp_localcluster.control_plane import CONTROLLER_MANAGER, ControlPlane

@@ -161,7 +161,7 @@ def test_a_local_run_asks_the_s3_endpoint_its_spec_env_names(
     tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """docs/s3-checkpoints.md's S3-compatible store, locally: the check asks the spec's endpoint, not AWS."""
-    from fsdp_api.launch import free_port
+    from fsdp_api.ports import free_port
 
     closed = free_port()  # nothing listens: the check's probe fails there, naming it
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "local")

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import aiohttp
 import pytest
-from fsdp_api.launch import free_port
+from fsdp_api.ports import free_port
 from fsdp_localcluster.prometheus import PrometheusServer
 from fsdp_operator.controller.node_health import node_health
 from fsdp_operator.controller.xids import XID_SELECTOR_ENV, XID_WINDOW_ENV, new_xids, xid_evidence, xid_query

@@ -11,7 +11,7 @@ from __future__ import annotations
 import http.server
 import threading
 
-from fsdp_api.launch import free_port
+from fsdp_api.ports import free_port
 
 LINE = 'DCGM_FI_DEV_XID_ERRORS{{gpu="{gpu}",UUID="GPU-{gpu}",modelName="H100",{label}="{node}"}} {code}\n'
 

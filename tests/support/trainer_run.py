@@ -31,7 +31,9 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from fsdp_api.contract import ENV_METRICS_LINGER_SECONDS
-from fsdp_api.launch import LOOPBACK, free_port, local_env, torchrun_standalone, trainer_program
+from fsdp_api.launch import torchrun_standalone, trainer_program
+from fsdp_api.local_process import local_env
+from fsdp_api.ports import LOOPBACK, free_port
 from fsdp_api.trainer_config import TrainerConfig
 from prometheus_client.parser import text_string_to_metric_families
 

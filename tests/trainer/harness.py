@@ -25,7 +25,8 @@ from typing import Any
 import torch
 import yaml
 from fsdp_api.contract import ENV_TRAINER_FAULT
-from fsdp_api.launch import local_env, torchrun_standalone, trainer_program
+from fsdp_api.launch import torchrun_standalone, trainer_program
+from fsdp_api.local_process import local_env
 from fsdp_trainer.parallel.distributed import WorldInfo
 from fsdp_trainer.trace import read_trace
 

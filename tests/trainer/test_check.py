@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 from fsdp_api.contract import CONFIG_ERROR_EXIT_CODE
-from fsdp_api.launch import checked_launch, free_port, torchrun_standalone, trainer_program
+from fsdp_api.launch import checked_launch, torchrun_standalone, trainer_program
+from fsdp_api.ports import free_port
 from fsdp_trainer.check import check, launch_shape, node_counts, processes_per_node
 from fsdp_trainer.errors import ConfigError
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from fsdp_api.contract import ENV_TRAINER_FAULT, STALL_EXIT_CODE, STALLS_DIR
-from fsdp_api.launch import free_port
+from fsdp_api.ports import free_port
 from fsdp_trainer import flight_recorder
 from fsdp_trainer.watchdog import StepWatchdog
 

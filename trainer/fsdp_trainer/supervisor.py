@@ -22,7 +22,7 @@ from pathlib import Path
 from types import FrameType
 
 from fsdp_api.contract import FORWARDED_SIGNALS, STOPPED_EXIT_CODE, signal_exit_code
-from fsdp_api.launch import sigterm_when_parent_dies
+from fsdp_api.local_process import sigterm_when_parent_dies
 
 from .forked_torchrun import ForkedTorchrun, own_torchrun
 

@@ -7,7 +7,7 @@ from typing import Any
 from fsdp_api import FSDPTrainingSpec
 from fsdp_api.contract import KUEUE_PRIORITY_LABEL, KUEUE_QUEUE_LABEL
 
-from ..render import names
+from .. import naming
 
 
 def queue_labels(spec: FSDPTrainingSpec) -> dict[str, str]:
@@ -25,6 +25,6 @@ def job_metadata(spec: FSDPTrainingSpec, name: str, namespace: str, annotations:
     return {
         "name": name,
         "namespace": namespace,
-        "labels": {**spec.pod.labels, **queue_labels(spec), **names.labels(name, names.TRAINING_JOB)},
+        "labels": {**spec.pod.labels, **queue_labels(spec), **naming.labels(name, naming.TRAINING_JOB)},
         "annotations": {**spec.pod.annotations, **annotations},
     }

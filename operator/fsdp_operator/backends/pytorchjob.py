@@ -15,10 +15,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from fsdp_api import FSDPTrainingSpec
-from fsdp_api.contract import PYTORCHJOB, JobBackend
+from fsdp_api.contract import PYTORCHJOB, WORKER_REPLICA, JobBackend
 
-from ..render import names
-from ..render.command import max_restarts
+from .. import launchers, naming
 from .base import FAILED_CREATE_POD
 from .common import job_metadata
 
@@ -26,14 +25,14 @@ Json = dict[str, Any]
 
 
 def backoff_limit(spec: FSDPTrainingSpec) -> int:
-    """runPolicy.backoffLimit: tolerated failures (torchrun's max restarts) times the pod count.
+    """runPolicy.backoffLimit: tolerated failures (the launcher's in-pod restarts) times the pod count.
 
     The training operator sums the container restart counts of all running
     pods against backoffLimit (pkg/core/job.go PastBackoffLimit), and one
     failure that torchrun cannot absorb restarts every pod's container (the
     others fail their next collective), so the limit scales with the pods.
     """
-    return max(1, max_restarts(spec)) * spec.resources.nodes
+    return max(1, launchers.of_spec(spec).restarts(spec)) * spec.resources.nodes
 
 
 def run_policy(spec: FSDPTrainingSpec) -> dict[str, Any]:
@@ -84,7 +83,7 @@ def pytorchjob(
     if elastic is not None:
         job_spec["elasticPolicy"] = elastic
     job_spec["pytorchReplicaSpecs"] = {
-        names.REPLICA_TYPE: {
+        WORKER_REPLICA: {
             "replicas": spec.resources.nodes,
             # OnFailure: a crashed container restarts in place (same node,
             # cached image, attached PVC) and resumes from the last
@@ -121,7 +120,7 @@ class PyTorchJobBackend:
 
     def pod_host(self, name: str, index: int) -> str:
         # The pod's own headless Service, named like the pod.
-        return names.pod_name(name, index)
+        return naming.pod_name(name, index)
 
     def pod_creation_failures(self, job_name: str, job_uid: str) -> str:
         # The training operator records a refused pod (quota, admission webhook,

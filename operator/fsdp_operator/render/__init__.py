@@ -12,13 +12,12 @@ from typing import Any
 
 from fsdp_api import API_VERSION, KIND, FSDPTraining
 
-from .. import backends
-from ..backends.trainjob_runtime import cluster_training_runtime
-from . import names
+from .. import backends, naming
 from .configmap import config_map, trainer_config
 from .networkpolicy import network_policy
 from .pod import pod_template
 from .podmonitor import pod_monitor
+from .trainjob_runtime import cluster_training_runtime
 
 __all__ = ["cluster_training_runtime", "render", "trainer_config"]
 
@@ -32,12 +31,12 @@ EPHEMERAL_WARNING = (
 def checkpoint_annotations(training: FSDPTraining) -> dict[str, str]:
     claim, remote = training.spec.checkpoint.claim_name, training.spec.checkpoint.remote
     if remote:
-        return {names.CHECKPOINTS_ANNOTATION: f"{f'pvc/{claim}' if claim else 'emptyDir'}+{remote}"}
+        return {naming.CHECKPOINTS_ANNOTATION: f"{f'pvc/{claim}' if claim else 'emptyDir'}+{remote}"}
     if claim:
-        return {names.CHECKPOINTS_ANNOTATION: f"pvc/{claim}"}
+        return {naming.CHECKPOINTS_ANNOTATION: f"pvc/{claim}"}
     return {
-        names.CHECKPOINTS_ANNOTATION: "ephemeral",
-        f"{names.CHECKPOINTS_ANNOTATION}-warning": EPHEMERAL_WARNING,
+        naming.CHECKPOINTS_ANNOTATION: "ephemeral",
+        f"{naming.CHECKPOINTS_ANNOTATION}-warning": EPHEMERAL_WARNING,
     }
 
 
@@ -64,7 +63,7 @@ def render(training: FSDPTraining, *, set_owner: bool = False) -> list[dict[str,
     """
     spec = training.spec
     name = training.name
-    namespace = names.namespace_of(training)
+    namespace = naming.namespace_of(training)
     annotations = checkpoint_annotations(training)
     # A script of your own (spec.command) has no trainer config to mount.
     objects = [] if spec.runs_own_script else [config_map(spec, name, namespace, annotations)]

@@ -7,7 +7,7 @@ from typing import Any
 from fsdp_api import FSDPTrainingSpec, contract
 from fsdp_api.trainer_config import TrainerConfig
 
-from . import names
+from .. import naming
 
 
 def trainer_config(spec: FSDPTrainingSpec, name: str, namespace: str) -> TrainerConfig:
@@ -19,9 +19,9 @@ def config_map(spec: FSDPTrainingSpec, name: str, namespace: str, annotations: d
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {
-            "name": names.config_map_name(name),
+            "name": naming.config_map_name(name),
             "namespace": namespace,
-            "labels": names.labels(name, names.TRAINER_CONFIG),
+            "labels": naming.labels(name, naming.TRAINER_CONFIG),
             "annotations": dict(annotations),
         },
         "data": {contract.CONFIG_KEY: trainer_config(spec, name, namespace).to_yaml()},

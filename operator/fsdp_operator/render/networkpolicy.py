@@ -17,11 +17,11 @@ from typing import Any
 from fsdp_api import FSDPTrainingSpec
 from fsdp_api.contract import NAMESPACE_NAME_LABEL, NETWORKPOLICY_API_VERSION, NETWORKPOLICY_KIND
 
-from . import names
+from .. import naming
 
 
 def network_policy(spec: FSDPTrainingSpec, name: str, namespace: str) -> dict[str, Any]:
-    job_pods = {"podSelector": {"matchLabels": names.pod_selector(name)}}
+    job_pods = {"podSelector": {"matchLabels": naming.pod_selector(name)}}
     ingress: list[dict[str, Any]] = [{"from": [job_pods]}]
     allowed = spec.network_policy.metrics_from_namespaces
     if spec.metrics.enabled and allowed:
@@ -32,9 +32,9 @@ def network_policy(spec: FSDPTrainingSpec, name: str, namespace: str) -> dict[st
     return {
         "apiVersion": NETWORKPOLICY_API_VERSION,
         "kind": NETWORKPOLICY_KIND,
-        "metadata": {"name": name, "namespace": namespace, "labels": names.labels(name, names.NETWORK_POLICY)},
+        "metadata": {"name": name, "namespace": namespace, "labels": naming.labels(name, naming.NETWORK_POLICY)},
         "spec": {
-            "podSelector": {"matchLabels": names.pod_selector(name)},
+            "podSelector": {"matchLabels": naming.pod_selector(name)},
             "policyTypes": ["Ingress"],
             "ingress": ingress,
         },

@@ -7,7 +7,7 @@ from typing import Any
 from fsdp_api import FSDPTrainingSpec, contract
 from fsdp_api.spec import DO_NOT_DISRUPT
 
-from . import names
+from .. import naming
 from .command import pod_command
 from .env import container_env
 
@@ -66,11 +66,11 @@ def container_security(spec: FSDPTrainingSpec) -> Obj:
 def pod_security() -> Obj:
     return {
         "runAsNonRoot": True,
-        "runAsUser": names.RUN_AS_USER,
-        "runAsGroup": names.RUN_AS_GROUP,
+        "runAsUser": naming.RUN_AS_USER,
+        "runAsGroup": naming.RUN_AS_GROUP,
         # The checkpoint PVC is group-writable for the trainer; OnRootMismatch
         # skips the recursive chown of a large volume on every pod start.
-        "fsGroup": names.RUN_AS_GROUP,
+        "fsGroup": naming.RUN_AS_GROUP,
         "fsGroupChangePolicy": "OnRootMismatch",
         "seccompProfile": {"type": "RuntimeDefault"},
     }
@@ -94,14 +94,14 @@ def volumes(spec: FSDPTrainingSpec, name: str) -> tuple[list[Obj], list[Obj]]:
         {"name": "home", "emptyDir": {}},
     ]
     mounts = [
-        {"name": "dshm", "mountPath": names.SHM_DIR},
+        {"name": "dshm", "mountPath": contract.SHM_DIR},
         {"name": "checkpoints", "mountPath": spec.checkpoint.dir},
-        {"name": "tmp", "mountPath": names.TMP_DIR},
+        {"name": "tmp", "mountPath": contract.TMP_DIR},
         {"name": "home", "mountPath": contract.HOME_DIR},
     ]
     if not spec.runs_own_script:
         # The built-in trainer's config (a script of your own has none).
-        vols.insert(0, {"name": "config", "configMap": {"name": names.config_map_name(name)}})
+        vols.insert(0, {"name": "config", "configMap": {"name": naming.config_map_name(name)}})
         mounts.insert(0, {"name": "config", "mountPath": contract.CONFIG_DIR, "readOnly": True})
     user = spec.pod
     vols += [v.model_dump(by_alias=True, exclude_none=True, mode="json") for v in user.volumes]
@@ -110,7 +110,7 @@ def volumes(spec: FSDPTrainingSpec, name: str) -> tuple[list[Obj], list[Obj]]:
 
 
 def ports(spec: FSDPTrainingSpec) -> list[Obj]:
-    out: list[Obj] = [{"name": names.RDZV_PORT_NAME, "containerPort": names.RDZV_PORT, "protocol": "TCP"}]
+    out: list[Obj] = [{"name": contract.PYTORCHJOB_PORT_NAME, "containerPort": contract.RDZV_PORT, "protocol": "TCP"}]
     if spec.metrics.enabled:
         out.append({"name": "metrics", "containerPort": spec.metrics.port, "protocol": "TCP"})
     return out
@@ -121,7 +121,7 @@ def affinity(spec: FSDPTrainingSpec, name: str) -> Obj:
 
     def same_job(topology_key: str) -> Obj:
         # A fresh dict per use: shared sub-objects would become YAML anchors.
-        return {"labelSelector": {"matchLabels": names.pod_selector(name)}, "topologyKey": topology_key}
+        return {"labelSelector": {"matchLabels": naming.pod_selector(name)}, "topologyKey": topology_key}
 
     out: Obj = {
         # One pod per node, as spec.resources.nodes promises, even when a pod
@@ -220,7 +220,7 @@ def template_annotations(spec: FSDPTrainingSpec, annotations: dict[str, str]) ->
 def pod_template(spec: FSDPTrainingSpec, name: str, annotations: dict[str, str], uid: str | None = None) -> Obj:
     vols, mounts = volumes(spec, name)
     container: Obj = {
-        "name": names.container_name(spec.backend),
+        "name": naming.container_name(spec.backend),
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
         **pod_command(spec, name),
@@ -264,7 +264,7 @@ def pod_template(spec: FSDPTrainingSpec, name: str, annotations: dict[str, str],
         pod["tolerations"] = tols
     return {
         "metadata": {
-            "labels": {**spec.pod.labels, **names.labels(name, names.TRAINER)},
+            "labels": {**spec.pod.labels, **naming.labels(name, naming.TRAINER)},
             "annotations": template_annotations(spec, annotations),
         },
         "spec": pod,

@@ -7,7 +7,7 @@ from typing import Any
 from fsdp_api import FSDPTrainingSpec
 from fsdp_api.contract import MONITORING_API_VERSION, PODMONITOR_KIND
 
-from . import names
+from .. import naming
 
 API_VERSION = MONITORING_API_VERSION
 KIND = PODMONITOR_KIND
@@ -27,10 +27,10 @@ def pod_monitor(spec: FSDPTrainingSpec, name: str, namespace: str) -> dict[str, 
         "metadata": {
             "name": name,
             "namespace": namespace,
-            "labels": names.labels(name, names.METRICS),
+            "labels": naming.labels(name, naming.METRICS),
         },
         "spec": {
-            "selector": {"matchLabels": names.pod_selector(name)},
+            "selector": {"matchLabels": naming.pod_selector(name)},
             "podMetricsEndpoints": [
                 # The port is referenced by name so a spec.metrics.port change
                 # needs no PodMonitor change.

@@ -21,7 +21,8 @@ from typing import Any
 import pytest
 import yaml
 from fsdp_api.contract import ENV_SHUTDOWN_TIMEOUT, ENV_TRAINER_FAULT
-from fsdp_api.launch import free_port, trainer_program
+from fsdp_api.launch import trainer_program
+from fsdp_api.ports import free_port
 from fsdp_localcluster.s3 import S3Server
 from fsdp_trainer.check import check
 from fsdp_trainer.checkpoint import complete_checkpoints

@@ -17,7 +17,9 @@ from typing import NamedTuple
 import pytest
 import torch
 from fsdp_api.contract import exposed_series
-from fsdp_api.launch import free_port, local_env, torchrun_standalone
+from fsdp_api.launch import torchrun_standalone
+from fsdp_api.local_process import local_env
+from fsdp_api.ports import free_port
 from fsdp_api.trainer_config import TrainerConfig
 from fsdp_trainer.metrics import MetricsProcessor, StepStats
 from fsdp_trainer.metrics.flops import FlopsShape

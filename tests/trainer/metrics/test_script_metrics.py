@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 from fsdp_api.contract import ENV_JOB_NAME, ENV_METRICS_LINGER_SECONDS, ENV_METRICS_PORT, exposed_series
-from fsdp_api.launch import free_port, local_env, torchrun_standalone
+from fsdp_api.launch import torchrun_standalone
+from fsdp_api.local_process import local_env
+from fsdp_api.ports import free_port
 from fsdp_operator.controller.progress import parse_trainer_metrics
 
 from tests.support.trainer_run import parse_metrics

@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from fsdp_api.launch import free_port
+from fsdp_api.ports import free_port
 from fsdp_localcluster.wait import tail, wait_until_answers
 
 START_SECONDS = 120.0  # a fresh SQLite store is migrated first: about 15 s on the 2-core machine

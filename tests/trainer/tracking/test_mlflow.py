@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 from fsdp_api import contract
 from fsdp_api.contract import ENV_TRAINING_IMAGE, ENV_TRAINING_UID, MLFLOW_RUN_FILE
-from fsdp_api.launch import free_port, local_env
+from fsdp_api.local_process import local_env
+from fsdp_api.ports import free_port
 from fsdp_api.trainer_config import TrainerConfig
 from fsdp_trainer.tracking import Tracking
 from fsdp_trainer.tracking.mlflow import MlflowTracker, flat_params, preflight

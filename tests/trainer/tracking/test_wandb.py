@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from fsdp_api.contract import ENV_TRAINING_IMAGE, ENV_TRAINING_UID, ENV_WANDB_API_KEY, WANDB_RUN_FILE, WANDB_SUBDIR
-from fsdp_api.launch import free_port
+from fsdp_api.ports import free_port
 from fsdp_api.trainer_config import TrainerConfig
 from fsdp_trainer.tracking.wandb import WandbTracker, preflight
 from fsdp_trainer.tracking.wandb_log import history, records, run_files

@@ -26,10 +26,10 @@ from fsdp_api.contract import (
     TRAINJOB_RUNTIME,
 )
 
-from ..render import names
-from ..render.command import DEFAULT_MAX_RESTARTS
-from ..render.pod import container_security, pod_security, pod_template
-from .trainjob import RUNTIME_CONTAINER_FIELDS, RUNTIME_POD_FIELDS
+from .. import naming
+from ..backends.trainjob import RUNTIME_CONTAINER_FIELDS, RUNTIME_POD_FIELDS
+from ..launchers.torchrun import DEFAULT_MAX_RESTARTS
+from .pod import container_security, pod_security, pod_template
 
 Obj = dict[str, Any]
 
@@ -42,9 +42,6 @@ PLACEHOLDER_IMAGE = "ghcr.io/fsdp-k8s/trainer:0.1.0"
 # PyTorchJob's backoffLimit does: room for DEFAULT_MAX_RESTARTS failures on up
 # to four nodes.
 BACKOFF_LIMIT = DEFAULT_MAX_RESTARTS * 4
-# Then JobSet re-creates all of the job's pods this many times (each restart
-# resumes from the last checkpoint) before the TrainJob fails.
-MAX_RESTARTS = DEFAULT_MAX_RESTARTS
 # The scratch volumes every pod has at a fixed path; /dev/shm's size, the
 # config and the checkpoints are per job (runtimePatches).
 SCRATCH = (("tmp", TMP_DIR), ("home", HOME_DIR))
@@ -85,14 +82,16 @@ def cluster_training_runtime() -> Obj:
                 # What the Kubeflow SDK lists runtimes by.
                 "trainer.kubeflow.org/framework": "torch",
                 "app.kubernetes.io/name": TRAINJOB_RUNTIME,
-                "app.kubernetes.io/part-of": names.PART_OF,
+                "app.kubernetes.io/part-of": naming.PART_OF,
             },
         },
         "spec": {
             "mlPolicy": {"numNodes": 1, "torch": {}},
             "template": {
                 "spec": {
-                    "failurePolicy": {"maxRestarts": MAX_RESTARTS},
+                    # JobSet then re-creates all of the job's pods this many times (each
+                    # restart resumes from the last checkpoint) before the TrainJob fails.
+                    "failurePolicy": {"maxRestarts": DEFAULT_MAX_RESTARTS},
                     "replicatedJobs": [
                         {
                             "name": TRAINJOB_NODE,

@@ -1,13 +1,16 @@
-"""Names, labels and fixed paths shared by every rendered object.
+"""Names and labels shared by every rendered object and every backend.
 
-One module so that the PodMonitor's selector, the pod labels and the
-rendezvous host can never disagree about how a job's objects are named.
+One module, below both the renderer and the backends, so that the PodMonitor's
+selector, the pod labels, the job's labels and the rendezvous host can never
+disagree about how a training's objects are named. Names the API's contract
+already holds (ports, replica types, fixed paths) are used from there, not
+renamed here.
 """
 
 from __future__ import annotations
 
-from fsdp_api import FSDPTraining, contract
-from fsdp_api.contract import BACKENDS, GROUP, PYTORCHJOB_PORT_NAME, WORKER_REPLICA
+from fsdp_api import FSDPTraining
+from fsdp_api.contract import BACKENDS, GROUP, WORKER_REPLICA
 
 MANAGED_BY = "fsdp-operator"
 APP_NAME = "fsdptraining"
@@ -23,13 +26,6 @@ TRAINING_JOB = "training-job"
 METRICS = "metrics"
 NETWORK_POLICY = "network-policy"
 
-# The Kubeflow training operator's names (see fsdp_api.contract).
-RDZV_PORT_NAME = PYTORCHJOB_PORT_NAME
-RDZV_PORT = contract.RDZV_PORT
-REPLICA_TYPE = WORKER_REPLICA
-
-TMP_DIR = contract.TMP_DIR
-SHM_DIR = contract.SHM_DIR
 # A fixed non-root identity: the image needs no matching /etc/passwd entry
 # because HOME is set explicitly. fsGroup makes a block-device PVC (EBS)
 # writable, but CSI drivers of shared volumes (FSx for Lustre, EFS) do not
@@ -53,7 +49,7 @@ def container_name(backend: str) -> str:
 
 def pod_name(name: str, index: int) -> str:
     """Pod (and headless Service) name the training operator gives replica ``index``."""
-    return f"{name}-{REPLICA_TYPE.lower()}-{index}"
+    return f"{name}-{WORKER_REPLICA.lower()}-{index}"
 
 
 def labels(name: str, component: str) -> dict[str, str]:
