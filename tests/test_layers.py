@@ -235,6 +235,17 @@ def test_the_subpackage_checker_resolves_relative_imports() -> None:
     assert operator_subpackages(module) == {"backends", "launchers"}
 
 
+# The trainer speaks to object stores through one interface (fsdp_trainer/storage): only the
+# S3 store's module names boto3, so a second service is one module beside it.
+def test_only_the_s3_store_imports_boto3() -> None:
+    speakers = sorted(
+        str(path.relative_to(PACKAGES["fsdp_trainer"]))
+        for path in PACKAGES["fsdp_trainer"].rglob("*.py")
+        if imported_roots(path) & {"boto3", "botocore"}
+    )
+    assert speakers == ["storage/s3.py"]
+
+
 # Every module of a layer, imported in a fresh interpreter; then what got loaded.
 _PROBE = """
 import importlib, pkgutil, sys

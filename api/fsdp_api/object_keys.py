@@ -21,6 +21,9 @@ from __future__ import annotations
 import re
 from pathlib import Path, PurePosixPath
 
+# The object stores the trainer reads and writes (its storage registry holds exactly these);
+# each needs its URI form checked below before the spec may accept it.
+STORE_SCHEMES: tuple[str, ...] = ("s3",)
 SCHEME = "s3://"
 S3_FORM = "s3://bucket[/prefix]"
 

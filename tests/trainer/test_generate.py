@@ -83,8 +83,12 @@ def test_a_chat_template_makes_the_prompt_a_user_turn(model_dir: Path, tmp_path:
             ["--model", "{model}", "--prompt", "x", "--max-new-tokens", "0"],
             "--max-new-tokens: 0 is not a positive number of tokens",
         ),
+        (
+            ["--checkpoint", "gs://bucket/run", "--prompt", "x"],
+            "--checkpoint: 'gs://bucket/run': is not a location of a store the trainer reads (s3://)",
+        ),
     ],
-    ids=["no-prompt", "not-a-model", "no-template", "zero-tokens"],
+    ids=["no-prompt", "not-a-model", "no-template", "zero-tokens", "unknown-store"],
 )
 def test_bad_input_is_one_line_and_exit_2(
     model_dir: Path, capsys: pytest.CaptureFixture[str], args: list[str], line: str

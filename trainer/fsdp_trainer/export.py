@@ -47,6 +47,7 @@ from .model.llama import llama_config
 from .model.lora import ADAPTER, apply_lora, lora_config, lora_layers, uses_conv1d
 from .model.param_names import canonical, is_adapter
 from .model.pretrained import check_pretrained, load_pretrained
+from .storage import scheme_of
 
 log = logging.getLogger(__name__)
 
@@ -231,11 +232,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     with contextlib.ExitStack() as stack:
         checkpoint = Path(args.checkpoint)
-        if args.checkpoint.startswith("s3://"):
+        if scheme_of(args.checkpoint) is not None:
             tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fsdp-export-in-")))
             checkpoint = remote_checkpoint(args.checkpoint, tmp)
-        if args.output.startswith("s3://"):
-            print(export_to_s3(checkpoint, args.output, args.dtype, args.format))
+        if scheme_of(args.output) is not None:
+            print(export_to_store(checkpoint, args.output, args.dtype, args.format))
         else:
             print(export_checkpoint(checkpoint, Path(args.output), args.dtype, args.format))
     return 0
@@ -249,50 +250,47 @@ def remote_checkpoint(uri: str, root: Path) -> Path:
     """
     from .checkpoint.layout import STEP_DIR, step_dir_name
     from .checkpoint.remote_store import download_step, newest_committed, read_manifest
-    from .s3 import S3Error, S3Location, client, describe
+    from .storage import StoreError, open_store
 
     try:
-        loc = S3Location.parse(uri)
+        store = open_store(uri)
     except ValueError as e:
         raise ConfigError([f"--checkpoint: {e}"]) from None
-    parent, _, last = loc.prefix.rpartition("/")
+    parent, _, last = store.prefix.rpartition("/")
     named = STEP_DIR.match(last)
-    s3 = client()
     try:
         if named:
-            loc = S3Location(loc.bucket, parent)
-            step, manifest = int(named.group(1)), read_manifest(s3, loc, int(named.group(1)))
+            store = store.at(parent)
+            step, manifest = int(named.group(1)), read_manifest(store, int(named.group(1)))
             if manifest is None:
                 raise ConfigError([f"--checkpoint: {uri} is not a committed step (it has no manifest)"])
         else:
-            found = newest_committed(s3, loc)
+            found = newest_committed(store)
             if found is None:
                 raise ConfigError([f"--checkpoint: no committed step under {uri}"])
             step, manifest = found
-        local = download_step(s3, loc, step, manifest, root)
-    except S3Error as e:
+        local = download_step(store, step, manifest, root)
+    except StoreError as e:
         raise ConfigError([f"--checkpoint: {e}"]) from None
-    except ConfigError:
-        raise
-    except Exception as e:  # botocore's own errors: one line naming the location
-        raise ConfigError([f"--checkpoint: {describe(e, uri, 'GetObject')}"]) from None
-    log.info("downloaded step %d of %s", step, loc)
+    except OSError as e:  # the local side of the download (a full disk, a read-only directory)
+        raise ConfigError([f"--checkpoint: {uri}: {e}"]) from None
+    log.info("downloaded step %d of %s", step, store)
     return local if local is not None else root / step_dir_name(step)
 
 
-def export_to_s3(checkpoint: Path, output: str, dtype: str = "float32", fmt: str = "merged") -> str:
-    """Export into a temporary directory, then upload it under the new prefix ``output``."""
-    from .s3 import S3Error, S3Location, upload_tree
+def export_to_store(checkpoint: Path, output: str, dtype: str = "float32", fmt: str = "merged") -> str:
+    """Export into a temporary directory, then upload it under the new prefix ``output`` (``s3://...``)."""
+    from .storage import StoreError, open_store, upload_tree
 
     try:
-        loc = S3Location.parse(output)
+        store = open_store(output)
     except ValueError as e:
         raise ConfigError([f"--output: {e}"]) from None
     with tempfile.TemporaryDirectory(prefix="fsdp-export-") as tmp:
         local = export_checkpoint(checkpoint, Path(tmp) / "model", dtype, fmt)
         try:
-            sent = upload_tree(local, loc)
-        except S3Error as e:
+            sent = upload_tree(local, store)
+        except StoreError as e:
             raise ConfigError([f"--output: {e}"]) from None
-    log.info("uploaded the export to %s (%.1f MB)", loc, sent / 1e6)
-    return str(loc)
+    log.info("uploaded the export to %s (%.1f MB)", store, sent / 1e6)
+    return str(store)

@@ -26,6 +26,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from .errors import ConfigError, first_line
+from .storage import scheme_of
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
 
             tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fsdp-generate-")))
             checkpoint = Path(args.checkpoint)
-            if args.checkpoint.startswith("s3://"):
+            if scheme_of(args.checkpoint) is not None:
                 checkpoint = remote_checkpoint(args.checkpoint, tmp / "in")
             model_dir = export_checkpoint(checkpoint, tmp / "model")
         tokenizer = load_tokenizer(model_dir)

@@ -81,7 +81,7 @@ from .parallel.float8 import Float8Report, float8_plan
 from .parallel.parallelize import compute_context, parallelize, reshard, set_gradient_sync
 from .parallel.plan import ParallelPlan, build_mesh, context_group
 from .parallel.tensor_parallel import tensor_parallel_errors
-from .s3_inputs import localize
+from .remote_inputs import localize
 from .trace import Trace
 from .watchdog import StepWatchdog
 

@@ -69,6 +69,19 @@ def test_export_fills_an_empty_output_directory(tmp_path: Path, capsys) -> None:
     assert "--checkpoint:" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flag", ["--checkpoint", "--output"])
+def test_a_url_of_a_store_the_trainer_does_not_read_is_one_line_not_a_local_path(
+    tmp_path: Path, capsys, flag: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """gs:// is no directory named "gs:": it is refused before anything is read or written."""
+    monkeypatch.chdir(tmp_path)
+    args = {"--checkpoint": str(tmp_path / "none"), "--output": str(tmp_path / "out"), flag: "gs://bucket/run"}
+    assert cli(["export", *(part for pair in args.items() for part in pair)]) == 2
+    err = capsys.readouterr().err
+    assert f"\n  {flag}: 'gs://bucket/run': is not a location of a store the trainer reads (s3://)\n" in err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_export_skips_a_damaged_newest_checkpoint_as_resume_does(
     parity_runs: ParityRuns, tmp_path: Path, capsys
 ) -> None:

@@ -17,8 +17,8 @@ import pytest
 from fsdp_localcluster.s3 import S3Server
 from fsdp_trainer.checkpoint.remote_store import MANIFEST, download_step, fetch_newer, sha256
 from fsdp_trainer.errors import ConfigError
-from fsdp_trainer.s3 import S3Error, S3Location
-from fsdp_trainer.s3_inputs import fetch
+from fsdp_trainer.remote_inputs import fetch
+from fsdp_trainer.storage import ObjectInfo, StoreError, open_store
 
 pytestmark = pytest.mark.slow  # a versitygw server for the module
 
@@ -59,15 +59,15 @@ def test_a_committed_step_whose_manifest_names_a_key_outside_is_refused_before_a
     root = tmp_path / "deep" / "er" / "still" / "checkpoints"
     root.mkdir(parents=True)
 
-    with pytest.raises(S3Error) as refused:
+    with pytest.raises(StoreError) as refused:
         fetch_newer(f"s3://keys/{prefix}", root)
     assert str(refused.value).startswith(f"s3://keys/{prefix}/step-00000004/{MANIFEST}: key {key!r} ")
     assert "the manifest of step 4 is refused and nothing of it is downloaded" in str(refused.value)
     assert files_under(tmp_path) == ["payload"]
     assert not Path("/tmp/escaped-absolute").exists()
     # The step that is refused is not taken for a damaged download either: nothing was requested.
-    with pytest.raises(S3Error):
-        download_step(client, S3Location.parse(f"s3://keys/{prefix}"), 4, manifest, root)
+    with pytest.raises(StoreError):
+        download_step(open_store(f"s3://keys/{prefix}"), 4, manifest, root)
     assert files_under(tmp_path) == ["payload"]
 
 
@@ -82,16 +82,16 @@ def test_an_input_prefix_listing_a_key_that_leaves_it_is_refused_in_one_line(
     tmp_path: Path, s3_env: S3Server, monkeypatch: pytest.MonkeyPatch, key: str, reason: str
 ) -> None:
     """AWS S3 lists such keys verbatim; versitygw's file backend normalises them on write, so the listing adds one."""
-    import fsdp_trainer.s3_inputs as s3_inputs
+    import fsdp_trainer.remote_inputs as remote_inputs
 
     s3_env.client().put_object(Bucket="keys", Key="models/m/config.json", Body=b"{}")
-    listed = s3_inputs._objects
+    listed = remote_inputs._objects
 
-    def with_planted_key(s3, loc):  # type: ignore[no-untyped-def]
-        single, objects = listed(s3, loc)
-        return single, [*objects, {"Key": key, "Size": 1, "ETag": '"x"'}]
+    def with_planted_key(store):  # type: ignore[no-untyped-def]
+        single, objects = listed(store)
+        return single, [*objects, ObjectInfo(key, 1, '"x"')]
 
-    monkeypatch.setattr(s3_inputs, "_objects", with_planted_key)
+    monkeypatch.setattr(remote_inputs, "_objects", with_planted_key)
     with pytest.raises(ConfigError) as refused:
         fetch("s3://keys/models/m", "model.pretrained")
     assert refused.value.lines == [

@@ -49,7 +49,7 @@ from ..parallel.distributed import (
     max_over_ranks,
     true_on_every_rank,
 )
-from ..s3 import S3Error
+from ..storage import StoreError
 from . import remote as remote_tier
 from . import remote_store, unpickle
 from .compatibility import Skipped
@@ -163,7 +163,7 @@ def prepare_remote(spec: CheckpointSpec, world: WorldInfo, job: JobInfo) -> list
     if world.is_main:
         try:
             problem = remote_store.clean_remote(spec.remote, spec.resume, job)
-        except S3Error as e:
+        except StoreError as e:
             problem = str(e)
     problem = broadcast_object(problem)  # type: ignore[assignment]
     if problem:
@@ -174,7 +174,7 @@ def prepare_remote(spec: CheckpointSpec, world: WorldInfo, job: JobInfo) -> list
         if spec.resume == "auto":
             try:
                 remote_store.fetch_newer(spec.remote, root)
-            except (S3Error, OSError) as e:
+            except (StoreError, OSError) as e:
                 error = first_line(e)
                 log.error("checkpoint.remote: %s", error)
     if all_ranks(error is None, world):
@@ -403,11 +403,11 @@ class Checkpointer:
         if self.world.is_main:
             try:
                 committed = remote_store.committed_step(self.spec.remote)  # type: ignore[arg-type]
-            except S3Error as e:
+            except StoreError as e:
                 log.warning("checkpoint.remote: %s", e)
         committed = broadcast_object(committed)  # type: ignore[assignment]
         if committed is None or committed < step:
-            log.info("step %d is not committed to %s yet: uploading it", step, self.remote.loc)
+            log.info("step %d is not committed to %s yet: uploading it", step, self.remote.store)
             self.remote.enqueue(step, path)
 
     def load(self, path: Path) -> float:

@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from ..faults import maybe_fault
-from ..s3 import S3Error, S3Location, client, describe
+from ..storage import StoreError, delete_prefix, open_store
 from .layout import RANKS_DIR, step_dir_name
-from .remote_store import MANIFEST, PARTS_DIR, delete_prefix, read_manifest, remote_steps, sha256, step_prefix
+from .remote_store import MANIFEST, PARTS_DIR, read_manifest, remote_steps, sha256, step_prefix
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ STAGING_PREFIX = ".upload-"
 # DCP's FileSystemWriter names each rank's shard file __<rank>_<n>.distcp.
 _SHARD = re.compile(r"^__(\d+)_\d+\.distcp$")
 _RANK_FILE = re.compile(rf"^{RANKS_DIR}/rank-(\d+)\.pt$")
-# Files of one rank uploaded at once (each large one in 8 MiB parts by boto3, itself in parallel).
+# Files of one rank uploaded at once (the S3 store sends each large one in 8 MiB parts, itself in parallel).
 _UPLOAD_WORKERS = 4
 # Backoff between attempts of a failed upload: doubling, capped.
 RETRY_FIRST_SECONDS = 1.0
@@ -105,7 +105,7 @@ class RemoteTier:
         on_change: Callable[[UploadStats], None] | None = None,
         commit_wait_seconds: float = 600.0,
     ) -> None:
-        self.loc = S3Location.parse(remote)
+        self.store = open_store(remote)
         self.keep_last, self.root = keep_last, root
         self.rank, self.world_size = rank, world_size
         self.on_change = on_change
@@ -116,7 +116,6 @@ class RemoteTier:
         self._stop = threading.Event()
         self._cut_at = float("inf")
         self._last_enqueued: int | None = None
-        self._s3: Any = None
         self._thread = threading.Thread(target=self._run, name="checkpoint-upload", daemon=True)
         self._thread.start()
 
@@ -160,7 +159,7 @@ class RemoteTier:
                 "waiting up to %.0f s for the upload of step(s) %s to %s",
                 timeout,
                 ", ".join(map(str, pending)),
-                self.loc,
+                self.store,
             )
         self._queue.put(None)
         deadline = time.monotonic() + timeout
@@ -174,19 +173,14 @@ class RemoteTier:
             log.warning(
                 "step %s was not committed to %s within %.0f s; the local tier has it",
                 self._last_enqueued,
-                self.loc,
+                self.store,
                 timeout,
             )
         elif pending:
-            log.info("uploads to %s finished", self.loc)
+            log.info("uploads to %s finished", self.store)
         return done
 
     # -- the upload thread ------------------------------------------------------
-
-    def _client(self) -> Any:
-        if self._s3 is None:
-            self._s3 = client()
-        return self._s3
 
     def _run(self) -> None:
         while True:
@@ -226,42 +220,34 @@ class RemoteTier:
         with self._lock:
             if job.step in self.stats.queued:
                 self.stats.queued.remove(job.step)
-        log.info("skipped the upload of step %d to %s: %s", job.step, self.loc, why)
+        log.info("skipped the upload of step %d to %s: %s", job.step, self.store, why)
 
     def _failed(self, step: int, e: Exception, attempt: int) -> None:
         """Count a failed attempt and wait before the next: the backoff doubles per attempt of this call."""
         with self._lock:
             self.stats.failures += 1
         self._changed()
-        error = e if isinstance(e, S3Error) else describe(e, str(self.loc), "upload")
+        error = e if isinstance(e, StoreError) else f"{self.store}: upload: {type(e).__name__} ({e})"
         delay = min(RETRY_MAX_SECONDS, RETRY_FIRST_SECONDS * 2 ** min(attempt - 1, 10))
         log.warning("upload of step %d failed (retrying in %.0f s): %s", step, delay, error)
         self._stop.wait(delay)
 
     def _upload(self, job: _Job) -> None:
-        s3 = self._client()
-        prefix = step_prefix(self.loc, job.step)
+        prefix = step_prefix(self.store, job.step)
         files = sorted(p.relative_to(job.staging).as_posix() for p in job.staging.rglob("*") if p.is_file())
         t0 = time.perf_counter()
 
         def put(rel: str) -> dict[str, Any]:
             path = job.staging / rel
             entry = {"key": rel, "size": path.stat().st_size, "sha256": sha256(path)}
-            try:
-                s3.upload_file(str(path), self.loc.bucket, prefix + rel)
-            except Exception as e:
-                raise describe(e, f"s3://{self.loc.bucket}/{prefix}{rel}", "PutObject") from None
+            self.store.upload(path, prefix + rel)
             return entry
 
         with ThreadPoolExecutor(_UPLOAD_WORKERS) as pool:
             objects = list(pool.map(put, files))
         maybe_fault("during_upload", job.step, self.rank, self.root)
         part = {"rank": self.rank, "step": job.step, "objects": objects}
-        key = f"{prefix}{PARTS_DIR}/rank-{self.rank:05d}.json"
-        try:
-            s3.put_object(Bucket=self.loc.bucket, Key=key, Body=json.dumps(part).encode())
-        except Exception as e:
-            raise describe(e, f"s3://{self.loc.bucket}/{key}", "PutObject") from None
+        self.store.put(f"{prefix}{PARTS_DIR}/rank-{self.rank:05d}.json", json.dumps(part).encode())
         size = sum(o["size"] for o in objects)
         with self._lock:
             self.stats.bytes += size
@@ -269,7 +255,7 @@ class RemoteTier:
             "uploaded step %d of rank %d to %s (%d files, %.1f MB, %.1f s)",
             job.step,
             self.rank,
-            self.loc,
+            self.store,
             len(objects),
             size / 1e6,
             time.perf_counter() - t0,
@@ -277,13 +263,12 @@ class RemoteTier:
 
     def _commit(self, step: int) -> None:
         """Rank 0: once every rank's part of ``step`` is there, write the manifest, then prune."""
-        s3 = self._client()
-        prefix = step_prefix(self.loc, step)
+        prefix = step_prefix(self.store, step)
         deadline = time.monotonic() + self.commit_wait_seconds
         delay, attempt = 0.2, 0
         while True:
             try:
-                parts = self._parts(s3, prefix)
+                parts = self._parts(prefix)
             except Exception as e:
                 parts, attempt = None, attempt + 1
                 self._failed(step, e, attempt)
@@ -295,7 +280,7 @@ class RemoteTier:
                 log.warning(
                     "step %d not committed to %s: %d of %d ranks' parts uploaded%s",
                     step,
-                    self.loc,
+                    self.store,
                     have,
                     self.world_size,
                     f" (step {newer} is waiting)" if newer is not None else "",
@@ -308,46 +293,42 @@ class RemoteTier:
         attempt = 0
         while not self._stop.is_set():
             try:
-                s3.put_object(Bucket=self.loc.bucket, Key=prefix + MANIFEST, Body=json.dumps(manifest).encode())
+                self.store.put(prefix + MANIFEST, json.dumps(manifest).encode())
                 break
             except Exception as e:
                 attempt += 1
-                self._failed(step, describe(e, f"s3://{self.loc.bucket}/{prefix}{MANIFEST}", "PutObject"), attempt)
+                self._failed(step, e, attempt)
         else:
             return
         with self._lock:
             self.stats.committed_step = step
-        log.info("checkpoint step %d committed to %s (%d objects)", step, self.loc, len(objects))
+        log.info("checkpoint step %d committed to %s (%d objects)", step, self.store, len(objects))
         try:
-            self._prune(s3, step)
+            self._prune(step)
         except Exception as e:  # the next commit prunes again
-            log.warning("pruning %s failed: %s", self.loc, describe(e, str(self.loc), "DeleteObjects"))
+            log.warning("pruning %s failed: %s", self.store, e)
 
-    def _parts(self, s3: Any, prefix: str) -> list[dict[str, Any]]:
-        parts = []
-        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=self.loc.bucket, Prefix=prefix + PARTS_DIR):
-            for o in page.get("Contents", []):
-                body = s3.get_object(Bucket=self.loc.bucket, Key=o["Key"])["Body"].read()
-                parts.append(json.loads(body))
-        return parts
+    def _parts(self, prefix: str) -> list[dict[str, Any]]:
+        bodies = [self.store.get(o.key) for o in self.store.list(prefix + PARTS_DIR)]
+        return [json.loads(body) for body in bodies if body is not None]
 
-    def _prune(self, s3: Any, committed: int) -> None:
+    def _prune(self, committed: int) -> None:
         """Keep the newest ``keep_last`` committed steps; delete older ones and uncommitted ones up to ``committed``."""
         kept = 0
-        for step in reversed(remote_steps(s3, self.loc)):
+        for step in reversed(remote_steps(self.store)):
             if step > committed:
                 continue  # a newer step being uploaded
-            prefix = step_prefix(self.loc, step)
-            if read_manifest(s3, self.loc, step) is not None:
+            prefix = step_prefix(self.store, step)
+            if read_manifest(self.store, step) is not None:
                 kept += 1
                 if kept <= self.keep_last:
                     continue
                 # The manifest goes first: a step half deleted is then never resumed.
-                delete_prefix(s3, self.loc.bucket, prefix, first=prefix + MANIFEST)
-                log.info("removed old remote checkpoint %s%s", f"s3://{self.loc.bucket}/", prefix)
+                delete_prefix(self.store, prefix, first=prefix + MANIFEST)
+                log.info("removed old remote checkpoint %s", self.store.where(prefix))
             else:
-                delete_prefix(s3, self.loc.bucket, prefix)
-                log.info("removed uncommitted remote checkpoint %s%s", f"s3://{self.loc.bucket}/", prefix)
+                delete_prefix(self.store, prefix)
+                log.info("removed uncommitted remote checkpoint %s", self.store.where(prefix))
 
     def _changed(self) -> None:
         if self.on_change is not None:

@@ -1,12 +1,14 @@
-"""The remote tier's layout in S3 and the calls on it (``checkpoint.remote: s3://bucket/prefix``).
+"""The remote tier's layout in an object store and the calls on it (``checkpoint.remote: s3://bucket/prefix``).
 
 A step lives under ``<prefix>/step-N/``: the files of every rank, each rank's
 part list (``.parts/rank-R.json``: its objects, sizes and SHA-256), and
-``MANIFEST.json``, every object of the step, written last by rank 0: S3 has
-no rename, so the manifest is the commit point, and a step without it is
-never resumed. Here: listing the steps, reading manifests, deleting steps,
-downloading a committed step into the local tier (checked against its
-manifest), the start-up cleaning, and the config check's probe. The uploads
+``MANIFEST.json``, every object of the step, written last by rank 0: object
+stores have no rename, so the manifest is the commit point, and a step without
+it is never resumed. Every call goes through the store interface
+(``fsdp_trainer.storage``), whichever service holds the prefix. Here:
+listing the steps, reading manifests, deleting steps, downloading a
+committed step into the local tier (checked against its manifest), the
+start-up cleaning, and the config check's probe. The uploads
 themselves are ``remote.py``'s.
 """
 
@@ -25,7 +27,7 @@ from typing import Any
 from fsdp_api.object_keys import UnsafeKey, local_path
 from fsdp_api.trainer_config import JobInfo, TrainerConfig
 
-from ..s3 import S3Error, S3Location, client, describe, transient
+from ..storage import ObjectStore, StoreError, delete_prefix, open_store
 from .layout import CONFIG_FILE, STEP_DIR, latest_checkpoint, new_tmp_dir, step_dir_name
 
 log = logging.getLogger(__name__)
@@ -33,7 +35,7 @@ log = logging.getLogger(__name__)
 MANIFEST = "MANIFEST.json"
 
 
-class UnusableStep(S3Error):
+class UnusableStep(StoreError):
     """A committed remote step that cannot be resumed: damaged bytes, or a manifest naming unsafe keys."""
 
 
@@ -49,68 +51,37 @@ def sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def step_prefix(loc: S3Location, step: int) -> str:
-    return loc.key(step_dir_name(step)) + "/"
+def step_prefix(store: ObjectStore, step: int) -> str:
+    return store.dir_key(step_dir_name(step))
 
 
-def remote_steps(s3: Any, loc: S3Location) -> list[int]:
-    """Every step with objects under ``loc`` (committed or not), oldest first."""
-    steps = []
-    pages = s3.get_paginator("list_objects_v2").paginate(
-        Bucket=loc.bucket, Prefix=loc.key() + "/" if loc.prefix else "", Delimiter="/"
-    )
-    for page in pages:
-        for common in page.get("CommonPrefixes", []):
-            m = STEP_DIR.match(common["Prefix"].rstrip("/").rsplit("/", 1)[-1])
-            if m:
-                steps.append(int(m.group(1)))
-    return sorted(steps)
+def remote_steps(store: ObjectStore) -> list[int]:
+    """Every step with objects under the store's prefix (committed or not), oldest first."""
+    names = store.list_dirs(store.dir_key())
+    return sorted(int(m.group(1)) for name in names if (m := STEP_DIR.match(name)))
 
 
-def read_manifest(s3: Any, loc: S3Location, step: int) -> dict[str, Any] | None:
+def read_manifest(store: ObjectStore, step: int) -> dict[str, Any] | None:
     """The manifest of ``step``, or None when the step is not committed."""
-    from botocore.exceptions import ClientError
-
-    try:
-        body = s3.get_object(Bucket=loc.bucket, Key=step_prefix(loc, step) + MANIFEST)["Body"].read()
-    except ClientError as e:
-        if e.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
-            return None
-        raise
-    return json.loads(body)
+    body = store.get(step_prefix(store, step) + MANIFEST)
+    return json.loads(body) if body is not None else None
 
 
 def committed_step(remote: str) -> int | None:
     """The newest step committed to ``remote``, or None."""
-    loc = S3Location.parse(remote)
-    try:
-        found = newest_committed(client(), loc)
-    except Exception as e:
-        raise describe(e, str(loc), "ListObjectsV2") from None
+    found = newest_committed(open_store(remote))
     return found[0] if found is not None else None
 
 
-def newest_committed(s3: Any, loc: S3Location) -> tuple[int, dict[str, Any]] | None:
-    for step in reversed(remote_steps(s3, loc)):
-        manifest = read_manifest(s3, loc, step)
+def newest_committed(store: ObjectStore) -> tuple[int, dict[str, Any]] | None:
+    for step in reversed(remote_steps(store)):
+        manifest = read_manifest(store, step)
         if manifest is not None:
             return step, manifest
     return None
 
 
-def delete_prefix(s3: Any, bucket: str, prefix: str, first: str | None = None) -> int:
-    """Delete every object under ``prefix`` (``first``, a key, before the rest); the count deleted."""
-    if first is not None:
-        s3.delete_object(Bucket=bucket, Key=first)
-    keys = []
-    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
-        keys += [o["Key"] for o in page.get("Contents", [])]
-    for i in range(0, len(keys), 1000):
-        s3.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": k} for k in keys[i : i + 1000]], "Quiet": True})
-    return len(keys) + (first is not None)
-
-
-def download_step(s3: Any, loc: S3Location, step: int, manifest: dict[str, Any], root: Path) -> Path | None:
+def download_step(store: ObjectStore, step: int, manifest: dict[str, Any], root: Path) -> Path | None:
     """Copy committed ``step`` into ``root`` (checked against its manifest); the local path, or None if taken.
 
     Downloads into a ``.tmp-`` directory (start-up deletes it if this is
@@ -119,20 +90,17 @@ def download_step(s3: Any, loc: S3Location, step: int, manifest: dict[str, Any],
     """
     final = root / step_dir_name(step)
     tmp = new_tmp_dir(final)
-    prefix = step_prefix(loc, step)
-    targets = manifest_targets(loc, step, manifest, tmp)
+    prefix = step_prefix(store, step)
+    targets = manifest_targets(store, step, manifest, tmp)
 
     def fetch(entry: dict[str, Any]) -> None:
         target = targets[entry["key"]]
         target.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            s3.download_file(loc.bucket, prefix + entry["key"], str(target))
-        except Exception as e:
-            raise describe(e, f"s3://{loc.bucket}/{prefix}{entry['key']}", "GetObject") from None
+        store.download(prefix + entry["key"], target)
         size = target.stat().st_size
         if size != entry["size"] or sha256(target) != entry["sha256"]:
             raise UnusableStep(
-                f"s3://{loc.bucket}/{prefix}{entry['key']}: {size} bytes whose SHA-256 does not match the manifest "
+                f"{store.where(prefix + entry['key'])}: {size} bytes whose SHA-256 does not match the manifest "
                 f"({entry['size']} bytes): the remote copy of step {step} is damaged"
             )
 
@@ -153,8 +121,8 @@ def download_step(s3: Any, loc: S3Location, step: int, manifest: dict[str, Any],
     return final
 
 
-def manifest_targets(loc: S3Location, step: int, manifest: dict[str, Any], tmp: Path) -> dict[str, Path]:
-    """Each manifest key's path under ``tmp``; S3Error, before anything is written, for a key that leaves it.
+def manifest_targets(store: ObjectStore, step: int, manifest: dict[str, Any], tmp: Path) -> dict[str, Path]:
+    """Each manifest key's path under ``tmp``; StoreError, before anything is written, for a key that leaves it.
 
     The manifest is read from the bucket, so anyone who can write there names
     the keys: ``../../x`` or ``/etc/x`` must not become a path.
@@ -168,7 +136,7 @@ def manifest_targets(loc: S3Location, step: int, manifest: dict[str, Any], tmp: 
             targets[key] = local_path(tmp, key)
         except UnsafeKey as e:
             raise UnusableStep(
-                f"s3://{loc.bucket}/{step_prefix(loc, step)}{MANIFEST}: {e}: the manifest of step {step} is refused "
+                f"{store.where(step_prefix(store, step) + MANIFEST)}: {e}: the manifest of step {step} is refused "
                 "and nothing of it is downloaded"
             ) from None
     return targets
@@ -179,14 +147,8 @@ def fetch_newer(remote: str, root: Path) -> int | None:
 
     Run by one process per node; returns the step downloaded, or None.
     """
-    loc = S3Location.parse(remote)
-    s3 = client()
-    try:
-        found = newest_committed(s3, loc)
-    except S3Error:
-        raise
-    except Exception as e:
-        raise describe(e, str(loc), "ListObjectsV2") from None
+    store = open_store(remote)
+    found = newest_committed(store)
     if found is None:
         return None
     step, manifest = found
@@ -196,7 +158,7 @@ def fetch_newer(remote: str, root: Path) -> int | None:
     t0 = time.perf_counter()
     root.mkdir(parents=True, exist_ok=True)
     try:
-        path = download_step(s3, loc, step, manifest, root)
+        path = download_step(store, step, manifest, root)
     except UnusableStep as e:
         if local is None:
             raise  # nothing else to resume from: a fresh start would train over the steps in S3
@@ -210,7 +172,7 @@ def fetch_newer(remote: str, root: Path) -> int | None:
         log.info(
             "downloaded step %d from %s (%.1f MB in %.1f s): newer than the local tier (%s)",
             step,
-            loc,
+            store,
             size / 1e6,
             seconds,
             f"step {local[0]}" if local else "empty",
@@ -218,32 +180,28 @@ def fetch_newer(remote: str, root: Path) -> int | None:
     return step
 
 
-def owner_problem(s3: Any, loc: S3Location, job: JobInfo) -> str | None:
-    """Why ``job`` may not use ``loc``: its newest committed step is another training's (None: it may).
+def owner_problem(store: ObjectStore, job: JobInfo) -> str | None:
+    """Why ``job`` may not use the store's prefix: its newest committed step is another training's (None: it may).
 
     Asked before anything under the prefix is deleted or downloaded: the other
     training's uploads in flight look uncommitted, and its steps would be
     resumed and pruned as this one's (the local tier's rule, ``ownership.py``).
     """
-    from botocore.exceptions import ClientError
-
-    found = newest_committed(s3, loc)
+    found = newest_committed(store)
     if found is None:
         return None
     step = found[0]
+    body = store.get(step_prefix(store, step) + CONFIG_FILE)
+    if body is None:
+        return None  # a step without its config makes no claim either way
     try:
-        body = s3.get_object(Bucket=loc.bucket, Key=step_prefix(loc, step) + CONFIG_FILE)["Body"].read()
         owner = TrainerConfig.from_yaml(body.decode()).job
-    except ClientError as e:
-        if e.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
-            return None  # a step without its config makes no claim either way
-        raise
     except ValueError:
         return None
     if (owner.namespace, owner.name) == (job.namespace, job.name):
         return None
     return (
-        f"{loc} holds the checkpoints of training {owner.namespace}/{owner.name} (newest committed step {step}); "
+        f"{store} holds the checkpoints of training {owner.namespace}/{owner.name} (newest committed step {step}); "
         f"this is {job.namespace}/{job.name}. Two trainings on one prefix resume from and prune each other's "
         "steps: give each its own checkpoint.remote"
     )
@@ -251,9 +209,8 @@ def owner_problem(s3: Any, loc: S3Location, job: JobInfo) -> str | None:
 
 def prefix_taken(remote: str, job: JobInfo) -> str | None:
     """The config check's ``owner_problem``: one line before torchrun; None when it cannot ask (rank 0 asks again)."""
-    loc = S3Location.parse(remote)
     try:
-        return owner_problem(client(), loc, job)
+        return owner_problem(open_store(remote), job)
     except Exception:  # the probe has just listed and written: a hiccup here is not this check's to report
         return None
 
@@ -265,53 +222,24 @@ def clean_remote(remote: str, resume: str, job: JobInfo) -> str | None:
     run's saves would overwrite them, step by step. A prefix of another
     training's is refused before anything is deleted (``owner_problem``).
     """
-    loc = S3Location.parse(remote)
-    s3 = client()
-    try:
-        problem = owner_problem(s3, loc, job)
-        if problem is not None:
-            return problem
-        steps = remote_steps(s3, loc)
-        committed = [step for step in steps if read_manifest(s3, loc, step) is not None]
-        if resume == "never" and committed:
-            return (
-                f"{loc} already holds committed checkpoints (steps {', '.join(map(str, committed))}) and "
-                "checkpoint.resume is never: this run would overwrite them; use another prefix, or delete them first"
-            )
-        for step in steps:
-            if step not in committed:
-                delete_prefix(s3, loc.bucket, step_prefix(loc, step))
-                log.warning("removed uncommitted remote checkpoint %s/%s", loc, step_dir_name(step))
-    except Exception as e:
-        raise describe(e, str(loc), "ListObjectsV2") from None
+    store = open_store(remote)
+    problem = owner_problem(store, job)
+    if problem is not None:
+        return problem
+    steps = remote_steps(store)
+    committed = [step for step in steps if read_manifest(store, step) is not None]
+    if resume == "never" and committed:
+        return (
+            f"{store} already holds committed checkpoints (steps {', '.join(map(str, committed))}) and "
+            "checkpoint.resume is never: this run would overwrite them; use another prefix, or delete them first"
+        )
+    for step in steps:
+        if step not in committed:
+            delete_prefix(store, step_prefix(store, step))
+            log.warning("removed uncommitted remote checkpoint %s/%s", store, step_dir_name(step))
     return None
 
 
 def probe(remote: str) -> tuple[list[str], list[str]]:
-    """What ``fsdp-train check`` asks of the remote tier: list it, write and delete an object; (errors, warnings).
-
-    A wrong bucket, address or credentials stay wrong: an error. A store that
-    answers it cannot serve now (HTTP 5xx, 429, SlowDown) after botocore's
-    retries may be back before the first upload, which retries too: a warning.
-    """
-    import uuid
-
-    loc = S3Location.parse(remote)
-    key = loc.key(f".fsdp-probe-{uuid.uuid4().hex[:12]}")
-    steps = [
-        ("ListObjectsV2", str(loc), lambda s3: s3.list_objects_v2(Bucket=loc.bucket, Prefix=loc.key(), MaxKeys=1)),
-        ("PutObject", f"s3://{loc.bucket}/{key}", lambda s3: s3.put_object(Bucket=loc.bucket, Key=key, Body=b"")),
-        ("DeleteObject", f"s3://{loc.bucket}/{key}", lambda s3: s3.delete_object(Bucket=loc.bucket, Key=key)),
-    ]
-    try:
-        s3 = client()
-    except Exception as e:
-        return [str(describe(e, str(loc), "client"))], []
-    for operation, where, call in steps:
-        try:
-            call(s3)
-        except Exception as e:
-            if transient(e):
-                return [], [f"{describe(e, where, operation)} now: training starts, and its uploads retry"]
-            return [str(describe(e, where, operation))], []
-    return [], []
+    """What ``fsdp-train check`` asks of the remote tier (``ObjectStore.probe``): (errors, warnings)."""
+    return open_store(remote).probe()
