@@ -165,7 +165,7 @@ class Workload:
     reference_params: int = 0  # objective dpo without LoRA: the frozen reference copy's parameters
     tp: int = 1  # parallelism.tensor: each block's projections split over this many ranks
     cp: int = 1  # parallelism.context: each row split over this many ranks
-    packed: bool = False  # rows packed from documents (data.format other than text): attention needs a mask
+    packed: bool = False  # whole rows packed into sequences (DataSpec.packs_rows): attention needs a mask
     float8_recipe: Float8Recipe | None = None  # training.precision float8: tensorwise or rowwise; None otherwise
 
     @property
@@ -213,7 +213,7 @@ def workload(spec: FSDPTrainingSpec, dims: ModelDims) -> Workload:
         reference_params=dims.num_params() if spec.training.needs_reference and spec.peft is None else 0,
         tp=plan.tp,
         cp=plan.cp,
-        packed=spec.data.format != "text",
+        packed=spec.data.packs_rows,
         float8_recipe=spec.training.effective_float8_recipe() if spec.training.precision == "float8" else None,
     )
 

@@ -1,10 +1,12 @@
 """A whole Kubernetes cluster on one machine, for tests, the demo and benchmarks.
 
-Every component is the real one, run as a local process on loopback, except
-the kubelet and the container runtime, which the node agent stands in for:
+Every component is the real one, run as a local process on loopback; the
+node agent stands in for the kubelet and the container runtime where a test
+needs many nodes cheaply, and a real kubelet runs where it needs the real one:
 
 - ``binaries``: where the Go-built binaries (etcd, kube-apiserver, kubectl,
-  helm, kube-scheduler, kube-controller-manager, training-operator) come from;
+  helm, kube-scheduler, kube-controller-manager, kubelet, the Kubeflow
+  training operator, Kueue, Trainer v2, JobSet, versitygw) come from;
 - ``pki``: the certificates, made with the openssl CLI;
 - ``apiserver``: ``TestCluster``, etcd + kube-apiserver (RBAC on) with kubectl helpers;
 - ``control_plane``: ``ControlPlane``, kube-scheduler, kube-controller-manager
@@ -12,6 +14,10 @@ the kubelet and the container runtime, which the node agent stands in for:
 - ``kueue``: ``Kueue``, and ``trainer_v2``: ``TrainerV2`` (Kubeflow Trainer v2
   with JobSet), controllers added next to a running ControlPlane;
 - ``node_agent``: ``NodeAgent``, Karpenter-shaped nodes whose pods run as processes;
+- ``kubelet_node``: a real kubelet on containerd, running the built images;
+- ``images``: the images `make images` builds from the Dockerfile, by their local names;
+- ``s3``: ``S3Server``, versitygw on loopback (a real S3 API for the remote tier);
+- ``webhooks``: the controllers' admission webhooks, registered by URL on loopback;
 - ``operator_install``: the fsdp-operator from kustomize/default, as a pod or
   as a child process (``OperatorProcess``);
 - ``prometheus``: a real Prometheus server;

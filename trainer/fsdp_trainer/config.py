@@ -1,7 +1,8 @@
 """Loading the trainer's config and checking it against the launch, before any process group.
 
-The config is the operator's ``TrainerConfig`` (train.yaml in the job's
-ConfigMap). Command-line overrides use the YAML field names in kebab case,
+The config is the API package's ``TrainerConfig`` (``fsdp_api.trainer_config``):
+train.yaml, which the operator renders into the job's ConfigMap and
+``run-local`` writes beside the run. Command-line overrides use the YAML field names in kebab case,
 ``--training.max-steps 20`` for ``training.maxSteps``, and go through the same
 pydantic validation, so an override is checked exactly like ``kubectl apply``.
 

@@ -45,6 +45,12 @@ class DataSpec(ApiModel):
             "across rows."
         ),
     )
+
+    @property
+    def packs_rows(self) -> bool:
+        """Whether whole rows are packed into padded sequences (attention kept within a row), not windows."""
+        return self.format in ROW_FORMATS
+
     messages_field: str = Field(
         "messages", min_length=1, description="format chat: column holding the list of {role, content} messages."
     )
@@ -111,6 +117,12 @@ class DataSpec(ApiModel):
             check=lambda d: d.format == "text" or bool(d.dataset or d.path),
         ),
     )
+
+
+# The formats that pack whole rows into padded sequences whose rows never attend to each other
+# (the trainer's DataFormat.packs_documents; tests/trainer/data/test_formats.py holds the two equal).
+# The rest ("text") cut one stream of documents into full windows.
+ROW_FORMATS = frozenset({"chat", "prompt-completion", "preference"})
 
 
 # The columns each row format reads: two of them naming one column would train on the

@@ -59,6 +59,12 @@ def test_each_format_names_its_columns_and_the_settings_that_name_them() -> None
 
 def test_only_the_row_formats_pack_documents_and_the_text_format_has_no_row_encoder() -> None:
     assert {name for name, f in FORMATS.items() if f.packs_documents} == {"chat", "prompt-completion", "preference"}
+    # The API's reading of the same fact (the memory plan's mask estimate), for every format the spec takes.
+    spec_formats = typing.get_args(DataSpec.model_fields["format"].annotation)
+    assert sorted(spec_formats) == sorted(FORMATS)
+    assert {f: DataSpec(format=f, path="/d").packs_rows for f in spec_formats} == {
+        name: fmt.packs_documents for name, fmt in FORMATS.items()
+    }
     with pytest.raises(ValueError, match=r"data\.format text has no row encoder"):
         data_format("text").encoder(DataSpec(), object())  # type: ignore[arg-type]
 
