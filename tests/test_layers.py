@@ -192,6 +192,34 @@ def test_the_cycle_finder_sees_a_three_module_cycle() -> None:
     assert import_cycles({"a": {"b"}, "b": set()}) == []
 
 
+# The controller's rooms: status/ computes (no API client, no kopf), nodes/ and stall/ beside it;
+# the flat floor keeps the handlers, state, sync and the loops.
+CONTROLLER = PACKAGES["fsdp_operator"] / "controller"
+MAX_FLAT_CONTROLLER_MODULES = 20
+
+
+def test_the_controller_keeps_its_rooms_and_a_small_flat_floor() -> None:
+    rooms = sorted(p.name for p in CONTROLLER.iterdir() if (p / "__init__.py").is_file())
+    assert rooms == ["nodes", "stall", "status"]
+    flat = sorted(p.name for p in CONTROLLER.glob("*.py"))
+    assert len(flat) <= MAX_FLAT_CONTROLLER_MODULES, flat
+
+
+def test_the_status_room_calls_no_api_server() -> None:
+    calls = {}
+    for path in sorted((CONTROLLER / "status").glob("*.py")):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        found = imported_roots(path) & {"kopf", "aiohttp"}
+        found |= {
+            f"{node.module}"
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and node.level and (node.module or "").split(".")[-1] == "kube"
+        }
+        if found:
+            calls[path.name] = found
+    assert calls == {}
+
+
 # The client stands on the operator's offline half only; only the CLI's cluster commands stand on the client.
 CLIENT_MAY_USE = {"render", "local"}
 

@@ -14,7 +14,12 @@ from fsdp_api.memory_plan import dims_from_config, plan_memory
 from fsdp_api.presets import PRESETS
 from fsdp_api.spec import FSDPTrainingSpec
 from fsdp_operator.cli import EXIT_INVALID, EXIT_OK, main
-from fsdp_operator.controller.status import TrainingFacts, compute_status, status_document, transition_events
+from fsdp_operator.controller.status.compute import (
+    TrainingFacts,
+    compute_status,
+    status_document,
+    transition_events,
+)
 
 from tests.operator.status_fixtures import training
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from fsdp_api.status import FSDPTrainingStatus
-from fsdp_operator.controller.status import GENERATION_ANNOTATION, TrainingFacts
+from fsdp_operator.controller.status.compute import GENERATION_ANNOTATION, TrainingFacts
 
 NOW = "2026-01-02T03:04:05Z"
 

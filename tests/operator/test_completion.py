@@ -1,9 +1,9 @@
-"""Progress and time left for the status and kubectl get (controller/completion.py)."""
+"""Progress and time left for the status and kubectl get (controller/status/completion.py)."""
 
 from __future__ import annotations
 
 import pytest
-from fsdp_operator.controller.completion import MAX_REMAINING_SECONDS, completion_fields
+from fsdp_operator.controller.status.completion import MAX_REMAINING_SECONDS, completion_fields
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""Repeated failures and stalls on one node across restarts (controller/incidents.py) and their verdict.
+"""Repeated failures and stalls on one node across restarts (controller/nodes/incidents.py) and their verdict.
 
 Against a real API server: tests/operator/test_operator_e2e.py, ``test_a_node_where_the_trainer_keeps_failing…``;
 a stall's node on the local cluster: tests/e2e/test_stall.py::test_a_hung_rank_is_flagged_stalled_restarted_and_resumes.
@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from fsdp_operator.controller.incidents import (
+from fsdp_operator.controller.nodes.health import node_health
+from fsdp_operator.controller.nodes.incidents import (
     REPEATED,
     new_failures,
     repeated,
@@ -16,7 +17,6 @@ from fsdp_operator.controller.incidents import (
     with_stall,
     without,
 )
-from fsdp_operator.controller.node_health import node_health
 
 NOW = "2026-11-29T04:00:00Z"
 

@@ -8,8 +8,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from fsdp_operator.controller.node_health import SUSPECT_CONDITIONS, node_health
-from fsdp_operator.controller.status import NODES_HEALTHY, compute_status, status_document, transition_events
+from fsdp_operator.controller.nodes.health import SUSPECT_CONDITIONS, node_health
+from fsdp_operator.controller.status.compute import (
+    NODES_HEALTHY,
+    compute_status,
+    status_document,
+    transition_events,
+)
 
 from tests.operator.status_fixtures import NOW, conditions_of, facts, job
 

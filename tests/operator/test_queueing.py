@@ -20,7 +20,7 @@ from fsdp_operator.controller.queueing import (
     queue_state,
     trim_workload,
 )
-from fsdp_operator.controller.status import compute_status, transition_events
+from fsdp_operator.controller.status.compute import compute_status, transition_events
 
 from tests.operator.render_fixtures import job_of, objects
 from tests.operator.status_fixtures import NOW, conditions_of, facts, job

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from fsdp_api.spec import StallSpec
 from fsdp_operator.controller.stall import StallRules, StepClock, observe, observe_unreachable, start_clock, verdict
-from fsdp_operator.controller.status import compute_status, transition_events
+from fsdp_operator.controller.status.compute import compute_status, transition_events
 
 from tests.operator.status_fixtures import facts
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from fsdp_api.status import Condition
-from fsdp_operator.controller.condition_builders import CONDITIONS, EARLY_CONDITIONS
-from fsdp_operator.controller.status import MESSAGE_PRECEDENCE, status_message
+from fsdp_operator.controller.status.compute import MESSAGE_PRECEDENCE, status_message
+from fsdp_operator.controller.status.condition_builders import CONDITIONS, EARLY_CONDITIONS
 
 NOW = "2026-01-01T00:00:00Z"
 

@@ -7,8 +7,8 @@ tests/e2e/test_stall.py::test_a_straggler_node_is_excluded_and_the_training_resu
 from __future__ import annotations
 
 import pytest
-from fsdp_operator.controller.node_health import node_health
-from fsdp_operator.controller.stragglers import MARGIN, RankCounters, StragglerWatch, rank_counters
+from fsdp_operator.controller.nodes.health import node_health
+from fsdp_operator.controller.nodes.stragglers import MARGIN, RankCounters, StragglerWatch, rank_counters
 
 EXPOSITION = """\
 # TYPE fsdp_train_rank_lateness_seconds counter

@@ -18,7 +18,7 @@ from fsdp_api.status import ReplicaStatus
 from fsdp_operator.backends.trainjob_view import trainjob_status
 from fsdp_operator.controller.queueing import QueueState
 from fsdp_operator.controller.reconcile import trim_job
-from fsdp_operator.controller.status import (
+from fsdp_operator.controller.status.compute import (
     GENERATION_ANNOTATION,
     ReconcileOutcome,
     TrainingFacts,

@@ -15,8 +15,8 @@ import aiohttp
 import pytest
 from fsdp_api.ports import free_port
 from fsdp_localcluster.prometheus import PrometheusServer
-from fsdp_operator.controller.node_health import node_health
-from fsdp_operator.controller.xids import XID_SELECTOR_ENV, XID_WINDOW_ENV, new_xids, xid_evidence, xid_query
+from fsdp_operator.controller.nodes.health import node_health
+from fsdp_operator.controller.nodes.xids import XID_SELECTOR_ENV, XID_WINDOW_ENV, new_xids, xid_evidence, xid_query
 
 from tests.support.dcgm import StandInExporter
 

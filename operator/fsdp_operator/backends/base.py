@@ -3,7 +3,7 @@
 A backend is one kind of job an FSDPTraining can run as (spec.backend). The
 renderer gives it the pod template and gets the job back; the controller asks
 it how its pods are named and found, what its status says in the Kubeflow v1
-vocabulary ``status.py`` reads, and where the refusal to create a pod shows.
+vocabulary ``status/compute.py`` reads, and where the refusal to create a pod shows.
 Nothing outside this package asks which backend it is talking to.
 """
 

@@ -1,6 +1,6 @@
 """A TrainJob, seen as the status code sees a PyTorchJob: one mapping at the boundary (backend: trainjob).
 
-``controller/status.py`` reads a job's conditions (Created, Running, Restarting,
+``controller/status/compute.py`` reads a job's conditions (Created, Running, Restarting,
 Suspended, Succeeded, Failed), ``spec.runPolicy.suspend``, replica counts and
 start/completion times in the Kubeflow v1 vocabulary. A TrainJob (Trainer v2.3.0,
 pkg/apis/trainer/v1alpha1/trainjob_types.go) says less: conditions Suspended,

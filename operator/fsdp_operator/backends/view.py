@@ -2,7 +2,7 @@
 
 Every backend's ``kubeflow_v1_view`` says its job in the Kubeflow v1
 vocabulary (``reconcile.trim_job`` keeps that form in memory); ``JobView.of``
-reads it once, so ``controller/status.py`` deals with fields instead of
+reads it once, so ``controller/status/compute.py`` deals with fields instead of
 ``.get`` chains.
 """
 

@@ -24,7 +24,7 @@ from . import bodies
 from .kube import NETWORK_ERRORS, ApiError
 from .queueing import hold_for_kueue, is_active, let_through, not_managed_message, set_active
 from .state import Runtime, newest_job, owner_of, trim
-from .status import (
+from .status.compute import (
     APPLY_FAILED,
     FOREIGN_OBJECT,
     GENERATION_ANNOTATION,

@@ -17,7 +17,7 @@ from fsdp_api import API_VERSION, KIND
 
 from .kube import NETWORK_ERRORS, ApiError, KubeClient
 from .settings import EVENT_NAME_PREFIX, REPORTING_COMPONENT, reporting_instance
-from .status import EventSpec, bounded
+from .status.compute import EventSpec, bounded
 
 log = logging.getLogger(__name__)
 

@@ -17,11 +17,7 @@ from .applies import apply_training
 from .events import post_events
 from .kube import NETWORK_ERRORS, ApiError
 from .state import Runtime, owner_body, owner_of, trim_job
-from .status import (
-    JOB_RECREATE_FAILED,
-    EventSpec,
-    ReconcileOutcome,
-)
+from .status.compute import JOB_RECREATE_FAILED, EventSpec, ReconcileOutcome
 from .sync import sync_locked, sync_status
 
 log = logging.getLogger(__name__)

@@ -3,7 +3,7 @@
 Apply is server-side apply of objects with deterministic names, so running
 it twice (a retry, a restart mid-reconcile, a resume) converges on the same
 objects and never duplicates them. The status is a pure function of the
-training, its job and the previous status (``status.py``); the sync only
+training, its job and the previous status (``status/compute.py``); the sync only
 serialises its computation per training and writes it when it changed.
 
 The parts, one module each: the in-memory ``state``, the status ``sync``,

@@ -8,10 +8,10 @@ from typing import Any
 from fsdp_api import API_VERSION, KIND
 
 from . import bodies
-from .node_health import NodeHealth
+from .nodes.health import NodeHealth
 from .stall import StallVerdict
 from .state import Runtime
-from .status import (
+from .status.compute import (
     CONFIG_VALID,
     NODES_HEALTHY,
     PODS_STARTED,

@@ -37,19 +37,19 @@ from fsdp_api.contract import EXCLUDED_NODE_LABEL, JobBackend
 
 from .. import backends
 from .bodies import MetricsView, live_pods, uid_of
-from .completion import completion_fields
-from .exclusion import TaintLedger, exclude_suspects, lift_expired
-from .incidents import new_failures, repeated, with_failures, without
 from .kube import NETWORK_ERRORS, ApiError
-from .node_health import node_health
+from .nodes.exclusion import TaintLedger, exclude_suspects, lift_expired
+from .nodes.health import node_health
+from .nodes.incidents import new_failures, repeated, with_failures, without
+from .nodes.stragglers import RankCounters, RankKey, StragglerWatch, rank_counters
+from .nodes.xids import new_xids
 from .peering import we_are_active
 from .progress import TrainerProgress, Unreadable, rank0_pod, read_pods, scrape
 from .records import record_nodes, record_pods, record_progress
 from .stall.check import check_stall
 from .state import Runtime
-from .status import FAILED_CREATE_POD, SCHEDULABLE, TrainingFacts, pods_report, rfc3339
-from .stragglers import RankCounters, RankKey, StragglerWatch, rank_counters
-from .xids import new_xids
+from .status.completion import completion_fields
+from .status.compute import FAILED_CREATE_POD, SCHEDULABLE, TrainingFacts, pods_report, rfc3339
 
 log = logging.getLogger(__name__)
 

@@ -18,11 +18,9 @@ from .. import backends
 from . import bodies
 from .kube import KubeClient
 from .metrics import OperatorMetrics
+from .nodes.stragglers import StragglerWatch
 from .stall import StepClock
-from .status import (
-    declared_subset,
-)
-from .stragglers import StragglerWatch
+from .status.compute import declared_subset
 
 Json = dict[str, Any]
 Key = tuple[str, str]  # (namespace, name)
@@ -45,7 +43,7 @@ class Runtime:
     workloads: dict[str, Json] = field(default_factory=dict)
     # training uid -> its stall check's clock (controller/stall/), while it runs.
     step_clocks: dict[str, StepClock] = field(default_factory=dict)
-    # training uid -> its ranks' lateness at the last node check (controller/stragglers.py), while it runs.
+    # training uid -> its ranks' lateness at the last node check (controller/nodes/stragglers.py), while it runs.
     stragglers: dict[str, StragglerWatch] = field(default_factory=dict)
     # training uids with an apply in flight.
     applying: set[str] = field(default_factory=set)

@@ -16,11 +16,11 @@ from pydantic import ValidationError
 
 from . import bodies
 from .events import create_events, post_events
-from .node_health import NodeHealth
+from .nodes.health import NodeHealth
 from .queueing import queue_state
 from .stall import StallVerdict
 from .state import Runtime
-from .status import (
+from .status.compute import (
     EventSpec,
     PodsReport,
     ReconcileOutcome,

@@ -22,12 +22,12 @@ from pydantic import ValidationError
 
 from ... import backends
 from ..bodies import MetricsView, live_pods
-from ..incidents import with_stall
 from ..kube import NETWORK_ERRORS, ApiError
+from ..nodes.incidents import with_stall
 from ..progress import TrainerProgress, Unreadable, read_pods
 from ..records import record_stall
 from ..state import Runtime
-from ..status import STALLED, EventSpec, now_rfc3339, stall_state
+from ..status.compute import STALLED, EventSpec, now_rfc3339, stall_state
 from .ranks import culprit_node, rank_states, ranks_clause
 from .rules import StallRules, observe, observe_unreachable, start_clock, verdict
 

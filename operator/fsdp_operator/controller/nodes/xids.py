@@ -25,8 +25,8 @@ from typing import Any
 import aiohttp
 from fsdp_api.contract import DCGM_XID_ERRORS
 
-from .kube import NETWORK_ERRORS
-from .settings import env_int
+from ..kube import NETWORK_ERRORS
+from ..settings import env_int
 
 log = logging.getLogger(__name__)
 

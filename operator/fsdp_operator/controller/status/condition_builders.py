@@ -14,7 +14,9 @@ from typing import Any
 from fsdp_api.memory_plan import MemoryPlan
 from fsdp_api.status import Condition, MemoryStatus, Phase
 
-from ..backends import JobView
+from ...backends import JobView
+from ..queueing import ADMITTED, EVICTED, QueueState
+from ..stall import StallVerdict
 from .conditions import (
     CHECKPOINTS_PERSISTENT,
     CONFIG_VALID,
@@ -35,10 +37,8 @@ from .conditions import (
     TRAINER_REJECTED_CONFIG,
     condition,
 )
+from .inputs import PODLESS, Inputs, TrainingFacts
 from .pod_report import Scheduling, Start
-from .queueing import ADMITTED, EVICTED, QueueState
-from .stall import StallVerdict
-from .status_inputs import PODLESS, Inputs, TrainingFacts
 
 Json = Mapping[str, Any]
 Builder = Callable[[Inputs], list[Condition]]

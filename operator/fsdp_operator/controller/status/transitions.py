@@ -8,6 +8,7 @@ from typing import Any
 
 from fsdp_api.status import Condition, FSDPTrainingStatus
 
+from ..queueing import EVICTED
 from .conditions import (
     CHECKPOINTS_PERSISTENT,
     CONFIG_VALID,
@@ -19,7 +20,6 @@ from .conditions import (
     STALLED,
     previous_conditions,
 )
-from .queueing import EVICTED
 
 Json = Mapping[str, Any]
 

@@ -32,12 +32,12 @@ from fsdp_api.contract import (
 from fsdp_api.spec import HealthSpec
 from pydantic import ValidationError
 
-from .kube import ApiError
-from .node_health import NodeHealth, SuspectNode
-from .settings import env_int
-from .stall.check import restart_pods
-from .state import Runtime
-from .status import EventSpec, rfc3339
+from ..kube import ApiError
+from ..settings import env_int
+from ..stall.check import restart_pods
+from ..state import Runtime
+from ..status.compute import EventSpec, rfc3339
+from .health import NodeHealth, SuspectNode
 
 log = logging.getLogger(__name__)
 

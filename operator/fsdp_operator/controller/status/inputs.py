@@ -10,11 +10,11 @@ from fsdp_api.memory_plan import MemoryPlan
 from fsdp_api.spec import CheckpointSpec, ResourcesSpec
 from fsdp_api.status import Phase
 
-from ..backends import JobView
-from .node_health import NodeHealth
+from ...backends import JobView
+from ..nodes.health import NodeHealth
+from ..queueing import QueueState
+from ..stall import StallVerdict
 from .pod_report import Scheduling, Start
-from .queueing import QueueState
-from .stall import StallVerdict
 
 Json = Mapping[str, Any]
 

@@ -4,9 +4,9 @@ Nothing here talks to the API server, so every mapping rule is unit-tested
 (tests/operator/test_status.py) and the handlers only fetch, call and patch.
 The status is a list of condition builders (``EARLY_CONDITIONS``, then the
 phase, then ``CONDITIONS``) and one precedence table for status.message
-(``MESSAGE_PRECEDENCE``). The condition names are in ``conditions.py``, what
-the pods say in ``pod_report.py``, the stored form and its patch in
-``status_patch.py``, the Events of a change in ``transitions.py``; their names
+(``MESSAGE_PRECEDENCE``). The condition names are in ``status/conditions.py``, what
+the pods say in ``status/pod_report.py``, the stored form and its patch in
+``status/patch.py``, the Events of a change in ``status/transitions.py``; their names
 are re-exported here for the handlers.
 """
 
@@ -21,7 +21,10 @@ from fsdp_api.durations import format_duration
 from fsdp_api.memory_plan import MemoryPlan
 from fsdp_api.status import CheckpointStatus, Condition, FSDPTrainingStatus, Phase, TopologyStatus
 
-from ..backends import FAILED_CREATE_POD, JobView, job_view
+from ...backends import FAILED_CREATE_POD, JobView, job_view
+from ..nodes.health import NodeHealth
+from ..queueing import ADMITTED, QueueState
+from ..stall import StallVerdict
 from .condition_builders import CONDITIONS, EARLY_CONDITIONS, fits_memory, stall_state
 from .conditions import (
     APPLY_FAILED,
@@ -39,12 +42,9 @@ from .conditions import (
     bounded,
     previous_conditions,
 )
-from .node_health import NodeHealth
+from .inputs import ACTIVE, TERMINAL, WAITING, Inputs, ReconcileOutcome, TrainingFacts
+from .patch import declared_subset, merge_patch, status_document, status_patch
 from .pod_report import PodsReport, Scheduling, Start, config_rejection, pod_scheduling, pod_start, pods_report
-from .queueing import ADMITTED, QueueState
-from .stall import StallVerdict
-from .status_inputs import ACTIVE, TERMINAL, WAITING, Inputs, ReconcileOutcome, TrainingFacts
-from .status_patch import declared_subset, merge_patch, status_document, status_patch
 from .transitions import EventSpec, transition_events
 
 Json = Mapping[str, Any]

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from fsdp_api.contract import RANK_LATENESS, STEP_DURATION
 
-from .progress import RankKey, per_rank
+from ..progress import RankKey, per_rank
 
 # The share of the step time the peers wait for one rank before it counts as straggling.
 MARGIN = 0.2

@@ -1,7 +1,7 @@
 """What a job's pods say: placement (Schedulable), start (PodsStarted), a configuration the trainer rejected.
 
 Pure functions over pod bodies the pod loop (``scraper.py``) lists; the
-status turns their answers into conditions (``status.py``).
+status turns their answers into conditions (``status/compute.py``).
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import Any
 
 from fsdp_api.contract import CONFIG_ERROR_EXIT_CODE, CONFIG_ERROR_HEADER, TRAINER_CONTAINERS
 
-from ..backends import FAILED_CREATE_POD
-from . import bodies
+from ...backends import FAILED_CREATE_POD
+from .. import bodies
 from .conditions import SCHEDULED, STARTED
 
 Json = Mapping[str, Any]

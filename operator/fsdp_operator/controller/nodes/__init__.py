@@ -1,0 +1,8 @@
+"""The health of the nodes under a training: evidence against a node, and what the operator does about it.
+
+``health`` reads a node's own conditions, ``xids`` new GPU XIDs from
+dcgm-exporter's series in Prometheus, ``incidents`` repeated trainer failures
+and stalls on one node, ``stragglers`` the rank its peers keep waiting for;
+``exclusion`` taints a suspect node for trainings and restarts the pods
+elsewhere (spec.health.onSuspectNode exclude), within the admin's caps.
+"""
