@@ -13,10 +13,10 @@ import pytest
 import torch.distributed as dist
 import yaml
 from fsdp_api.launch import trainer_program
+from fsdp_trainer.build import prepare
 from fsdp_trainer.config import load_config, parse_overrides
 from fsdp_trainer.errors import ConfigError
 from fsdp_trainer.parallel.distributed import WorldInfo
-from fsdp_trainer.train import prepare
 
 from tests.trainer.harness import SMALL_MODEL, base_config, cpu_world, offline_env
 

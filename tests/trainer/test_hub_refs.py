@@ -20,11 +20,11 @@ import pytest
 import torch
 import yaml
 from fsdp_api.spec import DataSpec
+from fsdp_trainer.build import prepare
 from fsdp_trainer.config import load_config
 from fsdp_trainer.data.loader import TrainData, validation_batches
 from fsdp_trainer.errors import ConfigError
 from fsdp_trainer.model.hub import local_path
-from fsdp_trainer.train import prepare
 from transformers import AutoTokenizer
 
 from tests.trainer.harness import SEQ_LEN, base_config, cpu_world

@@ -99,6 +99,7 @@ def too_few_documents(cfg: TrainerConfig, data_ranks: int) -> list[str]:
 
 def check(config: str, nnodes: str, nproc_per_node: int) -> str:
     """Check ``config`` for every world size the launch allows; the one-line summary, or ConfigError."""
+    from .build import prepare
     from .checkpoint.compatibility import resume_problems
     from .checkpoint.ownership import directory_conflicts
     from .config import load_config
@@ -107,7 +108,6 @@ def check(config: str, nnodes: str, nproc_per_node: int) -> str:
     from .parallel.distributed import world_from_env
     from .parallel.plan import ParallelPlan
     from .tracking import tracker_problems
-    from .train import prepare
 
     counts = node_counts(nnodes)
     armed_fault()  # a malformed value: one line here, not a traceback in every rank at every step

@@ -20,16 +20,14 @@ fetched together).
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import hashlib
 import logging
 import math
 import os
 import signal
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -37,21 +35,18 @@ import torch.distributed as dist
 from fsdp_api.contract import ENV_SHUTDOWN_TIMEOUT, FORWARDED_SIGNALS, STALLS_DIR
 from fsdp_api.trainer_config import TrainerConfig
 from torch import nn
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from . import flight_recorder
+from .build import Prepared, build_model, build_reference, prepare
 from .checkpoint import CONFIG_FILE as CHECKPOINT_CONFIG_FILE
 from .checkpoint import MODEL_CONFIG_DIR as CHECKPOINT_MODEL_CONFIG_DIR
 from .checkpoint import Checkpointer, check_candidates, resume_candidates
-from .config import check_config
 from .data.attention import PackedAttention
-from .data.context_split import ContextBatch, split_rows
 from .data.formats import data_format
 from .data.loader import TrainData, row_counts, validation_batches
 from .data.packing import Batch
 from .data.prefetch import PrefetchedData
-from .data.tokenizer import check_vocabulary, load_tokenizer
-from .errors import CheckpointSaveError, ConfigError
+from .errors import CheckpointSaveError
 from .faults import maybe_fault
 from .loss import ChunkedHead, FullLogits, OutputLoss, output_loss
 from .loss.preference import STATS, PreferenceLoss, PreferenceStats, count_pairs, lora_reference, model_reference
@@ -59,29 +54,16 @@ from .metrics import MetricsProcessor
 from .metrics.flops import shape_of
 from .metrics.stats import StepStats
 from .model.architecture import (
-    build_meta_model,
-    check_tied,
     count_parameters,
-    decoder_units,
-    materialize,
-    max_positions,
-    model_config,
-    model_dir,
 )
-from .model.init import init_weights, reset_buffers
-from .model.lora import apply_lora, count_trainable, init_adapters
-from .model.param_names import unique_parameters
-from .model.pretrained import LoadPlan, check_pretrained, load_pretrained
-from .model.shards import local_tensor
+from .model.footprint import frozen_digest, state_bytes
+from .model.lora import count_trainable
 from .optim import build_optimizer, build_scheduler, clip_gradients, restore_schedule
-from .parallel.compile import MODE_INDUCTOR, CompileReport, compile_report
-from .parallel.context_parallel import ContextParallel, context_parallel_errors
-from .parallel.distributed import WorldInfo, destroy_distributed, init_distributed, world_from_env
-from .parallel.float8 import Float8Report, float8_plan
-from .parallel.parallelize import compute_context, parallelize, reshard, set_gradient_sync
-from .parallel.plan import ParallelPlan, build_mesh, context_group
-from .parallel.tensor_parallel import tensor_parallel_errors
-from .remote_inputs import localize
+from .parallel.compile import MODE_INDUCTOR
+from .parallel.context_parallel import build_context_parallel
+from .parallel.distributed import destroy_distributed, init_distributed
+from .parallel.parallelize import compute_context, reshard
+from .step import StepReductions, step_strategy
 from .trace import Trace
 from .watchdog import StepWatchdog
 
@@ -99,150 +81,6 @@ class Stopped(Exception):
     def __init__(self, step: int) -> None:
         self.step = step
         super().__init__(f"stopped on SIGTERM after step {step}; a checkpoint of it was saved")
-
-
-@dataclass
-class Prepared:
-    """Everything checked before the process group exists."""
-
-    cfg: TrainerConfig
-    world: WorldInfo
-    plan: ParallelPlan
-    tokenizer: PreTrainedTokenizerBase
-    model: PreTrainedModel  # on the meta device: shapes only
-    seq_len: int
-    pretrained: LoadPlan | None
-    adapted: list[str]  # LoRA's target modules (spec.peft); empty: every weight trains
-    compile: CompileReport  # training.compile's decision for this device; filled in by the first step
-    float8: Float8Report = field(default_factory=Float8Report)  # filled in when float8 converts the model
-    mesh: object = None  # the device mesh, once built (the dpo reference is sharded on the same one)
-
-
-def prepare(cfg: TrainerConfig, world: WorldInfo | None = None) -> Prepared:
-    """Resolve and check the model, tokenizer and data; ConfigError (exit 2) on anything wrong.
-
-    The model is built on the meta device here (seconds, no memory), so an
-    architecture transformers cannot build, a block FSDP cannot find or a
-    checkpoint that does not match fails before any process group exists.
-    """
-    world = world or world_from_env()
-    plan = ParallelPlan.of(cfg.fsdp, cfg.parallelism, world.world_size, world.local_world_size)
-    cfg = localize(cfg)  # model.pretrained and data.path on S3: checked and read as their local copies
-    check_config(cfg, plan, world.device.type)
-    found = model_dir(cfg)
-    path = found[0] if found else None
-    tokenizer = load_tokenizer(cfg, path)
-    tokens = {
-        "bos_token_id": tokenizer.bos_token_id,
-        "eos_token_id": tokenizer.eos_token_id,
-        "pad_token_id": tokenizer.pad_token_id,
-    }
-    config = model_config(cfg, path, tokens)
-    check_vocabulary(tokenizer, config.get_text_config().vocab_size, cfg, path)
-    limit = max_positions(config)
-    seq_len = cfg.seq_len(limit)
-    if limit is not None and seq_len > limit:
-        raise ConfigError(
-            [
-                f"training.seqLen: {seq_len} exceeds the model's maximum sequence length {limit} "
-                "(max_position_embeddings)"
-            ]
-        )
-    try:
-        model = build_meta_model(config)
-    except (ValueError, TypeError, AttributeError) as e:
-        raise ConfigError([f"model: transformers cannot build {type(config).__name__} as configured: {e}"]) from None
-    decoder_units(model)
-    if errors := tensor_parallel_errors(model, plan.tp) + context_parallel_errors(model, plan.cp, seq_len):
-        raise ConfigError(errors)
-    if cfg.training.precision == "float8" and not (float8 := float8_plan(model)).converted:
-        raise ConfigError(
-            [
-                f"training.precision: float8: no Linear layer of {type(model).__name__}'s decoder blocks can run in "
-                f"float8 ({float8.summary()}); use bf16"
-            ]
-        )
-    adapted = apply_lora(model, cfg.peft) if cfg.peft is not None else []
-    pretrained = check_pretrained(model, path) if cfg.model.pretrained and path is not None else None
-    compiled = compile_report(cfg, world.device)
-    return Prepared(cfg, world, plan, tokenizer, model, seq_len, pretrained, adapted, compiled)
-
-
-def build_model(p: Prepared, *, resuming: bool = False) -> nn.Module:
-    """The sharded, initialised model (collective: every rank calls it).
-
-    When a checkpoint will be loaded anyway, pretrained weights are not read
-    (for a large model that is minutes of I/O); the quick random init still
-    runs so no parameter is ever garbage. With LoRA the checkpoint holds only
-    the adapters, so the pretrained base is always read.
-    """
-    cfg, world, plan = p.cfg, p.world, p.plan
-    model = p.model
-    parallelize(model, cfg, plan, _mesh(p), world.device, p.compile, p.float8)
-    _initialise(model, p, pretrained=p.pretrained is not None and (not resuming or bool(p.adapted)))
-    if p.adapted:
-        init_adapters(model, cfg.training.seed, world.device)
-    check_tied(model)
-    model.train()
-    return model
-
-
-def _mesh(p: Prepared) -> object:
-    if p.mesh is None and p.plan.uses_fsdp:
-        p.mesh = build_mesh(p.world, p.plan)
-    return p.mesh
-
-
-def _initialise(model: nn.Module, p: Prepared, *, pretrained: bool) -> None:
-    materialize(model, "cpu" if p.plan.fsdp.cpu_offload else p.world.device)
-    if pretrained:
-        assert p.pretrained is not None
-        reset_buffers(model)
-        load_pretrained(model, p.pretrained, p.world.device)
-    else:
-        init_weights(model, p.cfg.training.seed, p.world.device)
-
-
-def build_reference(p: Prepared, meta: nn.Module) -> nn.Module:
-    """dpo without LoRA: the frozen reference, sharded like the policy (collective).
-
-    It is the policy as it started: the pretrained weights, or the seeded
-    init (the same on every world size), rebuilt at every start and never
-    checkpointed. No gradients, no optimizer state, no activation
-    checkpointing or compile (nothing is kept for a backward).
-    """
-    cfg = p.cfg.model_copy(update={"training": p.cfg.training.model_copy(update={"activation_checkpointing": "none"})})
-    for param in meta.parameters():
-        param.requires_grad_(False)
-    parallelize(meta, cfg, p.plan, _mesh(p), p.world.device, None)
-    _initialise(meta, p, pretrained=p.pretrained is not None)
-    check_tied(meta)
-    meta.eval()
-    return meta
-
-
-def state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[int, int]:
-    """Bytes of this rank's parameter shards and optimizer state."""
-    params = sum(local_tensor(p).numel() * local_tensor(p).element_size() for _, p in unique_parameters(model))
-    optim = 0
-    for state in optimizer.state.values():
-        for value in state.values():
-            if isinstance(value, torch.Tensor):
-                t = local_tensor(value)
-                optim += t.numel() * t.element_size()
-    return params, optim
-
-
-def frozen_digest(model: nn.Module) -> str | None:
-    """SHA-256 of this rank's shards of the frozen parameters (None: nothing is frozen); for the trace."""
-    frozen = [(n, p) for n, p in model.named_parameters() if not p.requires_grad]
-    if not frozen:
-        return None
-    digest = hashlib.sha256()
-    for name, param in frozen:
-        digest.update(name.encode())
-        digest.update(local_tensor(param).detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
 
 
 class Trainer:
@@ -265,7 +103,7 @@ class Trainer:
         needs_copy = cfg.training.needs_reference and not p.adapted
         reference_meta = copy.deepcopy(p.model) if needs_copy else None
         self.model = build_model(p, resuming=bool(found))
-        self.context = self._context_parallel(p)
+        self.context = build_context_parallel(self.model, world, p.plan, self.seq_len, cfg.training.precision)
         self.compile = p.compile
         self.float8 = p.float8
         self.num_params = count_parameters(self.model)
@@ -279,6 +117,8 @@ class Trainer:
         if self.packed is not None:
             how = "the context-parallel attention's mask" if self.context is not None else self.packed.describe()
             log.info("data.format %s: documents kept apart by %s", cfg.data.format, how)
+        # How each step's micro-batches run forward and backward: the parallel plan's strategy.
+        self.steps = step_strategy(self.model, cfg.training.precision, self.device, self.packed, self.context)
         self.optimizer = build_optimizer(self.model, cfg.training, self.device)
         self.scheduler = build_scheduler(self.optimizer, cfg.training)
         self.data = PrefetchedData(
@@ -328,42 +168,6 @@ class Trainer:
             self.seq_len,
             cfg.training.micro_batch_size * accum * self.dp_size,
         )
-
-    def _context_parallel(self, p: Prepared) -> ContextParallel | None:
-        """With parallelism.context: this rank's part of every row, and the attention over whole rows (collective)."""
-        if p.plan.cp == 1:
-            return None
-        group, index = context_group(self.world, p.plan)
-        context = ContextParallel(self.model, group, p.plan.cp, index, self.seq_len)
-        # A probe forward (no layout: no collectives in attention) shows whether the attention layers
-        # go through transformers' interface at all; one that does not would silently see only its chunk.
-        inputs = torch.zeros(1, 8, dtype=torch.long, device=self.device)
-        with (
-            torch.no_grad(),
-            compute_context(self.model, self.cfg.training.precision, self.device),
-            torch.compiler.set_stance("force_eager"),
-        ):
-            self.model(input_ids=inputs, use_cache=False)
-        reshard(self.model)
-        if context.calls == 0:
-            raise ConfigError(
-                [
-                    f"parallelism.context: {type(self.model).__name__}'s attention layers do not call transformers' "
-                    "attention interface, so their rows cannot be split; use parallelism.context: 1"
-                ]
-            )
-        return context
-
-    def _within(self, batch: Batch) -> contextlib.AbstractContextManager[None]:
-        """Where a batch's forward and backward run: inside its context-parallel layout, if any."""
-        if self.context is None:
-            return contextlib.nullcontext()
-        assert isinstance(batch, ContextBatch)
-        return self.context.active(batch.row_documents, batch.inputs.device)
-
-    def _local(self, batch: Batch) -> Batch:
-        """This rank's tokens of a batch: all of them, or its context-parallel part."""
-        return batch if self.context is None else split_rows(batch, self.context.positions)
 
     def _output_loss(self) -> OutputLoss:
         """How the loss is computed (``training.logits``), decided on a probe forward (collective)."""
@@ -532,11 +336,9 @@ class Trainer:
         """One optimizer step; also returns whether any rank was asked to stop."""
         t0 = time.perf_counter()
         accum = self.cfg.training.grad_accum_steps
-        loss_sum = torch.zeros((), device=self.device, dtype=torch.float32)
-        pair_sums = torch.zeros(len(STATS) if self.preference else 0, device=self.device, dtype=torch.float32)
         batches = [self.data.next_batch() for _ in range(accum)]
         samples = [s for b in batches for s in b.sample_ids]
-        batches = [self._local(b) for b in batches]
+        batches = [self.steps.local(b) for b in batches]
         # Counted on the host batches: no device sync per micro-batch.
         local_count = float(sum(self._count(b) for b in batches)) if self.packed is not None else 0.0
         # Trained tokens, for the metrics: the same count but for a preference objective's (its pairs).
@@ -545,38 +347,31 @@ class Trainer:
         data_seconds = time.perf_counter() - t0
         waited = self._wait_for_peers()
         divisor, trained = self._loss_divisor(local_count, local_trained)
-        for micro, batch in enumerate(batches):
-            set_gradient_sync(self.model, micro == accum - 1)
-            with self._within(batch):
-                with compute_context(self.model, self.cfg.training.precision, self.device):
-                    loss, pairs = self._micro_loss(batch)
-                loss = loss / divisor
-                loss.backward()
-            loss_sum += loss.detach()
-            if pairs is not None:
-                pair_sums += pairs
+        pair_stats = len(STATS) if self.preference else 0
+        loss_sum, pair_sums = self.steps.forward_backward(batches, self._objective, divisor, pair_stats)
         grad_norm = clip_gradients(self.model, self.cfg.training.grad_clip_norm)
         self.optimizer.step()
         lr = self.scheduler.get_last_lr()[0]
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        # One all-reduce carries the loss (gloo has no AVG: sum the per-rank
-        # means, then divide) and the stop votes, so every rank stops at the
-        # same step whichever of them got the signal first.
-        # It also carries each rank's wait at the step's start, in that rank's slot.
-        stop_vote = torch.full((), float(self.stop_signal is not None), device=self.device)
+        # One all-reduce carries the loss (each rank's mean, summed), the stop votes (every rank
+        # stops at the same step, whichever of them got the signal first), the pairs' sums and
+        # each rank's wait at the step's start, in that rank's place.
+        slots = StepReductions(self.device)
+        slots.sum("loss", loss_sum)
+        slots.sum("stop", float(self.stop_signal is not None))
+        slots.sum("pairs", pair_sums)
         waits = torch.zeros(self.world.world_size, device=self.device, dtype=torch.float32)
         waits[self.world.rank] = waited
-        reduced = torch.cat([torch.stack([loss_sum, stop_vote]), pair_sums, waits])
-        dist.all_reduce(reduced)
-        fetched = [reduced, grad_norm.float().reshape(1)] + ([] if trained is None else [trained.float().reshape(1)])
-        values = torch.cat(fetched).tolist()
-        loss_total, stop_votes = values[:2]
-        pair_values = values[2 : 2 + len(pair_sums)]
-        all_waits = values[2 + len(pair_sums) : 2 + len(pair_sums) + len(waits)]
-        norm_value, *trained_value = values[2 + len(pair_sums) + len(waits) :]
+        slots.sum("waits", waits)
+        slots.read("grad_norm", grad_norm)
+        if trained is not None:
+            slots.read("trained", trained)
+        values = slots.exchange()
+        stop_votes, pair_values, all_waits = values["stop"][0], values["pairs"], values["waits"]
+        (norm_value,), trained_value = values["grad_norm"], values.get("trained", [])
         # The all-reduce summed every rank's mean (a rank's model-parallel peers repeat its value).
-        loss_value = loss_total / self.world.world_size
+        loss_value = values["loss"][0] / self.world.world_size
         tokens = self.tokens_per_rank_step * self.dp_size
         if not math.isfinite(loss_value):
             raise FloatingPointError(self._non_finite_loss(loss_value, step))
@@ -660,20 +455,14 @@ class Trainer:
             return count_pairs(batch.labels, batch.position_ids)
         return batch.num_trained
 
-    def _micro_loss(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _objective(self, batch: Batch, attention: dict[str, object]) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The summed loss of a micro-batch; with a preference objective also its pairs' stats sums."""
         if self.preference is not None:
             assert batch.position_ids is not None
             return self.preference.loss_sum(
-                self.model, batch.labels, batch.position_ids, input_ids=batch.inputs, **self._attention(batch)
+                self.model, batch.labels, batch.position_ids, input_ids=batch.inputs, **attention
             )
-        return self.loss.loss_sum(self.model, batch.labels, input_ids=batch.inputs, **self._attention(batch)), None
-
-    def _attention(self, batch: Batch) -> dict[str, object]:
-        if self.context is not None:
-            assert isinstance(batch, ContextBatch)
-            return batch.model_inputs()
-        return {} if self.packed is None else self.packed.kwargs(batch.position_ids)
+        return self.loss.loss_sum(self.model, batch.labels, input_ids=batch.inputs, **attention), None
 
     def _data_record(self, stats: StepStats) -> dict[str, object]:
         """Trace fields of the supervised formats: trained tokens, and what happened to this rank's rows."""
@@ -726,9 +515,8 @@ class Trainer:
         self.model.eval()
         totals = torch.zeros(2, device=self.device, dtype=torch.float64)
         for batch in batches:
-            batch = self._local(batch).to(self.device)
-            with self._within(batch), compute_context(self.model, self.cfg.training.precision, self.device):
-                loss, _ = self._micro_loss(batch)
+            batch = self.steps.local(batch).to(self.device)
+            loss, _ = self.steps.forward(batch, self._objective)
             totals[0] += loss.double()
             totals[1] += self._count(batch)
         self.model.train()

@@ -17,6 +17,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 import yaml
 from fsdp_api.spec import DataSpec
+from fsdp_trainer.build import prepare
 from fsdp_trainer.config import load_config
 from fsdp_trainer.data.formats import ChatEncoder, PromptCompletionEncoder
 from fsdp_trainer.data.loader import TrainData, row_counts, validation_batches
@@ -25,7 +26,6 @@ from fsdp_trainer.data.sft import Document, DocumentPacker, stack_sequences
 from fsdp_trainer.data.sources import holdout_mask
 from fsdp_trainer.errors import ConfigError
 from fsdp_trainer.loss import token_loss_sum
-from fsdp_trainer.train import prepare
 from transformers import AutoTokenizer
 
 from tests.trainer.data.chat_inputs import (

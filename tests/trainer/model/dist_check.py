@@ -11,11 +11,11 @@ import sys
 from pathlib import Path
 
 import torch
+from fsdp_trainer.build import build_model, prepare
 from fsdp_trainer.config import load_config
 from fsdp_trainer.model.param_names import unique_parameters
 from fsdp_trainer.model.shards import full_tensor
 from fsdp_trainer.parallel.distributed import destroy_distributed, init_distributed
-from fsdp_trainer.train import build_model, prepare
 
 
 def main() -> None:

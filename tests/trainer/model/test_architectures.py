@@ -16,11 +16,11 @@ import pytest
 import torch
 import yaml
 from fsdp_api.trainer_config import TrainerConfig
+from fsdp_trainer.build import build_model, prepare
 from fsdp_trainer.errors import ConfigError
 from fsdp_trainer.export import export_checkpoint
 from fsdp_trainer.model.architecture import decoder_units
 from fsdp_trainer.model.param_names import unique_parameters
-from fsdp_trainer.train import build_model, prepare
 from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import AutoModelForCausalLM

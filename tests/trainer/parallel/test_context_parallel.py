@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 import torch
 from fsdp_api.trainer_config import TrainerConfig
+from fsdp_trainer.build import prepare
 from fsdp_trainer.errors import ConfigError
 from fsdp_trainer.parallel.context_parallel import chunk_positions
-from fsdp_trainer.train import prepare
 
 from tests.trainer.data.chat_inputs import build_chat_tokenizer, write_half_window_chats
 from tests.trainer.harness import cpu_world, launch

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 from fsdp_api.trainer_config import TrainerConfig
+from fsdp_trainer.build import prepare
 from fsdp_trainer.errors import ConfigError
 from fsdp_trainer.parallel.float8 import apply_float8, float8_plan
-from fsdp_trainer.train import prepare
 from peft import LoraConfig, inject_adapter_in_model
 from transformers import AutoConfig, AutoModelForCausalLM
 

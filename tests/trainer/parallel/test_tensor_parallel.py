@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 import torch
 from fsdp_api.trainer_config import TrainerConfig
+from fsdp_trainer.build import prepare
 from fsdp_trainer.errors import ConfigError
-from fsdp_trainer.train import prepare
 
 from tests.trainer.harness import cpu_world, launch, write_aligned_jsonl
 from tests.trainer.model.architectures import build_checkpoint

@@ -53,6 +53,11 @@ from torch import nn
 from torch.nn.attention.bias import causal_lower_right
 from transformers import AttentionInterface
 
+from ..errors import ConfigError
+from .distributed import WorldInfo
+from .parallelize import compute_context, reshard
+from .plan import ParallelPlan, context_group
+
 log = logging.getLogger(__name__)
 
 IMPLEMENTATION = "fsdp_context_parallel"
@@ -256,3 +261,34 @@ class ContextParallel:
             bias = causal_lower_right(size, end)
             outs.append(F.scaled_dot_product_attention(q, key[:, :, :end], value[:, :, :end], attn_mask=bias, **sdpa))
         return torch.cat(outs, dim=2).transpose(1, 2).contiguous()
+
+
+def build_context_parallel(
+    model: nn.Module, world: WorldInfo, plan: ParallelPlan, seq_len: int, precision: str
+) -> ContextParallel | None:
+    """With parallelism.context: this rank's part of every row, and the attention over whole rows (collective).
+
+    A probe forward (no layout: no collectives in attention) shows whether the
+    attention layers go through transformers' interface at all; one that does
+    not would silently see only its chunk, so it is refused in one line.
+    """
+    if plan.cp == 1:
+        return None
+    group, index = context_group(world, plan)
+    context = ContextParallel(model, group, plan.cp, index, seq_len)
+    inputs = torch.zeros(1, 8, dtype=torch.long, device=world.device)
+    with (
+        torch.no_grad(),
+        compute_context(model, precision, world.device),
+        torch.compiler.set_stance("force_eager"),
+    ):
+        model(input_ids=inputs, use_cache=False)
+    reshard(model)
+    if context.calls == 0:
+        raise ConfigError(
+            [
+                f"parallelism.context: {type(model).__name__}'s attention layers do not call transformers' "
+                "attention interface, so their rows cannot be split; use parallelism.context: 1"
+            ]
+        )
+    return context
