@@ -3,7 +3,7 @@
 Starts a throwaway etcd + kube-apiserver (fsdp_localcluster.apiserver), installs
 kustomize/default but its Deployment, runs the operator as a child process with
 the Deployment's command line and its ServiceAccount's token
-(fsdp_localcluster.operator_install, as in tests/operator/test_operator_e2e.py), then:
+(fsdp_localcluster.operator_install, as in tests/operator/controller/test_operator_e2e.py), then:
 
 - ``single``: N trainings one after the other, each waiting for its job;
 - ``burst``: M trainings created at once (concurrent POSTs).

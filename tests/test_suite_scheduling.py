@@ -13,7 +13,7 @@ def test_the_whole_cluster_and_image_tests_are_serial_groups_and_the_rest_is_not
     assert serial_group("tests/e2e/test_faults.py::test_killed_worker") == "whole-cluster"
     assert serial_group("tests/e2e/test_kueue.py::test_a_second_training[x]") == "whole-cluster"
     assert serial_group("tests/images/test_kubelet.py::test_sigterm") == "images"
-    assert serial_group("tests/operator/test_operator_e2e.py::test_x") is None
+    assert serial_group("tests/operator/controller/test_operator_e2e.py::test_x") is None
     assert serial_group("tests/e2etrick/test_x.py::t") is None
 
 

@@ -13,7 +13,7 @@ memory-backed ``/dev/shm`` has a bound. The numbers (docs/renderer.md):
   ``VM_MEMORY_OVERHEAD_PERCENT`` defaults to 0.075; commit
   1d927085dd81a9df9301e613f371dac5b4d16bfe). It reproduces the allocatable
   CPU and memory that Karpenter's reference lists for every type of
-  ``HOST_RESOURCES`` (tests/operator/test_render_qos.py checks them).
+  ``HOST_RESOURCES`` (tests/operator/render/test_render_qos.py checks them).
 - From that, a fixed allowance for the node's DaemonSets (``DAEMONSET_*``).
 - CPU is rounded down to whole cores, memory to whole GiB.
 

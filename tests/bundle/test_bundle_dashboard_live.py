@@ -143,7 +143,8 @@ def dashboard_cases() -> list[Any]:
         elif absent := [CPU_ABSENT[m] for m in q.metrics if m in CPU_ABSENT]:
             marks.append(pytest.mark.skip(reason=absent[0]))
         elif q.metrics & OPERATOR_SERIES:
-            # Its series is exported by the operator: tests/operator/test_operator_e2e.py reads it after an exclusion.
+            # Its series is exported by the operator: tests/operator/controller/test_operator_e2e.py
+            # reads it after an exclusion.
             marks.append(pytest.mark.skip(reason="the operator's series: this live run has a trainer and no operator"))
         cases.append(pytest.param(q, id=f"{q.panel}/{q.ref}", marks=marks))
     return cases

@@ -44,7 +44,7 @@ def operator(whole: WholeCluster) -> WholeCluster:
     """The fsdp-operator installed from kustomize/overlays/clusterwide (CRDs, RBAC, Deployment) and Ready.
 
     Cluster-wide: every test uses a namespace of its own. The namespaced
-    default is tested on its own (tests/operator/test_operator_e2e.py).
+    default is tested on its own (tests/operator/controller/test_operator_e2e.py).
     """
     try:
         # Progress (step, loss) every 2 s instead of 30: the test runs last under a minute.

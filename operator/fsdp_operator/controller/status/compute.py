@@ -1,7 +1,7 @@
 """A job (+ the FSDPTraining's own facts) → FSDPTraining status, as pure functions.
 
 Nothing here talks to the API server, so every mapping rule is unit-tested
-(tests/operator/test_status.py) and the handlers only fetch, call and patch.
+(tests/operator/status/test_status.py) and the handlers only fetch, call and patch.
 The status is a list of condition builders (``EARLY_CONDITIONS``, then the
 phase, then ``CONDITIONS``) and one precedence table for status.message
 (``MESSAGE_PRECEDENCE``). The condition names are in ``status/conditions.py``, what

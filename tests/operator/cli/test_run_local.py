@@ -20,7 +20,7 @@ from fsdp_operator.local import local_config, run_local, run_lock
 from fsdp_operator.render import render
 from fsdp_trainer.checkpoint import latest_checkpoint
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 EXAMPLE = REPO / "examples" / "fsdptraining-tiny.yaml"
 STEP_LINE = re.compile(r"^step (\d+)/(\d+) \| loss ([\d.]+)", re.MULTILINE)
 

@@ -6,7 +6,7 @@ setSuspendedCondition), Complete and Failed (copied from the JobSet's Completed
 and Failed, pkg/runtime/framework/plugins/jobset/jobset.go Status) and
 ``jobsStatus`` (JobSet's ReplicatedJobStatus: counts of child Jobs). They go
 through ``reconcile.trim_job`` as the job watch delivers them, then
-``status.compute_status`` as in tests/operator/test_status.py.
+``status.compute_status`` as in tests/operator/status/test_status.py.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """onSuspectNode exclude: which suspects are excluded under the caps, and the node patches that do it.
 
-Against the real API server: tests/operator/test_operator_e2e.py::
+Against the real API server: tests/operator/controller/test_operator_e2e.py::
 test_a_suspect_node_is_excluded_its_pods_restarted_and_the_taint_lifted_when_due and
 test_the_cluster_cap_holds_across_trainings_judged_in_the_same_node_check; the whole
 flow on the local cluster (a straggler's node excluded, the job resumed elsewhere):

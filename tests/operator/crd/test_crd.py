@@ -10,7 +10,7 @@ import yaml
 from fsdp_api.spec import IMMUTABLE_FIELDS, ROOT_RULES, FSDPTrainingSpec
 from fsdp_operator.crd import crd, crd_yaml
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 COMMITTED = REPO / "kustomize" / "crd" / "training.fsdp.dev_fsdptrainings.yaml"
 
 Schema = dict[str, Any]

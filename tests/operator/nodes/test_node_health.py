@@ -1,6 +1,6 @@
 """NodesHealthy: what the nodes under a training's pods say of themselves (the EKS node monitoring agent's conditions).
 
-Against the real API server: tests/operator/test_operator_e2e.py::
+Against the real API server: tests/operator/controller/test_operator_e2e.py::
 test_a_node_whose_own_conditions_report_a_problem_is_named_in_the_status.
 """
 

@@ -21,7 +21,7 @@ from pydantic import ValidationError
 
 Obj = dict[str, Any]
 
-CRD_FILE = Path(__file__).resolve().parents[2] / "kustomize" / "crd" / "training.fsdp.dev_fsdptrainings.yaml"
+CRD_FILE = Path(__file__).resolve().parents[3] / "kustomize" / "crd" / "training.fsdp.dev_fsdptrainings.yaml"
 
 
 def body(**resources: Any) -> Obj:

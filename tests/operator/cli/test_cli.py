@@ -17,7 +17,7 @@ from fsdp_operator.crd import crd_yaml
 from fsdp_operator.docs import api_reference
 from fsdp_operator.render import render
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 TINY = REPO / "examples" / "fsdptraining-tiny.yaml"
 LLAMA = REPO / "examples" / "fsdptraining-llama3.2-1b.yaml"
 CONSOLE_SCRIPT = Path(sys.executable).parent / "fsdp-operator"

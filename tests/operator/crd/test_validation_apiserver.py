@@ -22,7 +22,7 @@ from pydantic import ValidationError
 
 pytestmark = pytest.mark.cluster
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 CRD_FILE = REPO / "kustomize" / "crd" / "training.fsdp.dev_fsdptrainings.yaml"
 TINY = REPO / "examples" / "fsdptraining-tiny.yaml"
 LLAMA = REPO / "examples" / "fsdptraining-llama3.2-1b.yaml"

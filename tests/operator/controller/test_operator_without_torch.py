@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "fsdptraining-llama3.2-1b.yaml"
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "fsdptraining-llama3.2-1b.yaml"
 
 MODULES = [
     "fsdp_operator.cli",

@@ -1,6 +1,7 @@
 """Repeated failures and stalls on one node across restarts (controller/nodes/incidents.py) and their verdict.
 
-Against a real API server: tests/operator/test_operator_e2e.py, ``test_a_node_where_the_trainer_keeps_failing…``;
+Against a real API server: tests/operator/controller/test_operator_e2e.py,
+``test_a_node_where_the_trainer_keeps_failing…``;
 a stall's node on the local cluster: tests/e2e/test_stall.py::test_a_hung_rank_is_flagged_stalled_restarted_and_resumes.
 """
 
