@@ -16,6 +16,7 @@ from typing import Any
 import kopf
 from fsdp_api import API_VERSION, KIND, FSDPTraining, format_errors
 from fsdp_api.contract import NETWORKPOLICY_KIND, NOT_MANAGED_BY_KUEUE, PODMONITOR_KIND
+from fsdp_api.memory_plan import MemoryPlan, plan_memory
 from pydantic import ValidationError
 
 from .. import backends
@@ -60,9 +61,12 @@ def training_model(body: Mapping[str, Any]) -> FSDPTraining:
     )
 
 
-def rendered_objects(body: Mapping[str, Any]) -> list[Json]:
-    """The objects to apply, stamped with the generation they come from (for observedGeneration)."""
-    objects = render(training_model(body), set_owner=True)
+def rendered_objects(body: Mapping[str, Any], model: FSDPTraining | None = None) -> list[Json]:
+    """The objects to apply, stamped with the generation they come from (for observedGeneration).
+
+    ``model``: the body already validated (``training_model``); validated here otherwise.
+    """
+    objects = render(model if model is not None else training_model(body), set_owner=True)
     generation = str((body.get("metadata") or {}).get("generation") or 0)
     for obj in objects:
         obj.setdefault("metadata", {}).setdefault("annotations", {})[GENERATION_ANNOTATION] = generation
@@ -88,8 +92,11 @@ async def apply_training(rt: Runtime, body: Mapping[str, Any], *, prune: bool = 
     """
     started = time.perf_counter()
     meta = body.get("metadata") or {}
+    # The spec is validated once per apply: the model renders the objects, plans the memory
+    # for the status, and names the optional objects a prune looks for.
     try:
-        objects = rendered_objects(body)
+        model = training_model(body)
+        objects = rendered_objects(body, model)
     except ValidationError as e:
         message = "; ".join(format_errors(e, model=FSDPTraining))
         rt.metrics.reconciles.labels("invalid").inc()
@@ -102,7 +109,7 @@ async def apply_training(rt: Runtime, body: Mapping[str, Any], *, prune: bool = 
     # this path writes the status once, from the freshest job it knows.
     rt.applying.add(uid)
     try:
-        await _apply_objects(rt, body, objects, events, prune=prune, retry=retry)
+        await _apply_objects(rt, body, model, objects, events, prune=prune, retry=retry)
     finally:
         rt.applying.discard(uid)
         # Also when the apply failed: stopping a queued training must not wait for its job to apply.
@@ -168,8 +175,16 @@ def _keep_immutable(obj: Json, existing: Json, generation: str) -> tuple[Json, s
 
 
 async def _apply_objects(
-    rt: Runtime, body: Mapping[str, Any], objects: list[Json], events: list[EventSpec], *, prune: bool, retry: int
+    rt: Runtime,
+    body: Mapping[str, Any],
+    model: FSDPTraining,
+    objects: list[Json],
+    events: list[EventSpec],
+    *,
+    prune: bool,
+    retry: int,
 ) -> None:
+    memory = plan_memory(model.spec)
     meta = body.get("metadata") or {}
     uid = meta.get("uid", "")
     job: Json | None = None
@@ -183,7 +198,7 @@ async def _apply_objects(
                 f"refusing to take over {'; '.join(foreign)}: delete or rename it, or rename this FSDPTraining; "
                 f"checking again in {delay:g} s"
             )
-            await record_failure(rt, body, ReconcileOutcome(False, FOREIGN_OBJECT, message))
+            await record_failure(rt, body, ReconcileOutcome(False, FOREIGN_OBJECT, message), memory=memory)
             raise kopf.TemporaryError(message, delay=delay)
         for obj in objects:
             is_job = obj["kind"] in backends.BY_KIND
@@ -208,10 +223,10 @@ async def _apply_objects(
             rendered = {o["kind"] for o in objects}
             for kind in OPTIONAL_KINDS:
                 if kind not in rendered:
-                    await _delete_stale(rt, body, kind)
+                    await _delete_stale(rt, body, kind, model)
     except ApiError as e:
         rt.metrics.reconciles.labels("error").inc()
-        await record_failure(rt, body, ReconcileOutcome(False, APPLY_FAILED, e.message), job=job)
+        await record_failure(rt, body, ReconcileOutcome(False, APPLY_FAILED, e.message), job=job, memory=memory)
         delay = retry_delay(retry, 5 if e.retryable else 30)
         raise kopf.TemporaryError(f"applying the rendered objects failed: {e}", delay=delay) from e
     except NETWORK_ERRORS as e:
@@ -222,7 +237,7 @@ async def _apply_objects(
         async with rt.lock(uid):
             rt.applying.discard(uid)  # under the lock: a job event now waits for this sync, then runs its own
             job = newest_job(job, rt.jobs.get(uid))
-            await sync_locked(rt, body, job, outcome=outcome, source="apply", events=events)
+            await sync_locked(rt, body, job, outcome=outcome, source="apply", events=events, memory=memory)
     except (ApiError, *NETWORK_ERRORS) as e:
         # The objects are applied; only the status lags. Retrying re-applies (a no-op) and writes it.
         rt.metrics.reconciles.labels("error").inc()
@@ -254,7 +269,11 @@ async def keep_suspend_intent(rt: Runtime, body: Mapping[str, Any]) -> None:
 
 
 async def record_failure(
-    rt: Runtime, body: Mapping[str, Any], outcome: ReconcileOutcome, job: Json | None = None
+    rt: Runtime,
+    body: Mapping[str, Any],
+    outcome: ReconcileOutcome,
+    job: Json | None = None,
+    memory: MemoryPlan | None = None,
 ) -> None:
     """Best effort: the failure goes to the status and an Event, unless the API itself is what fails."""
     meta = body.get("metadata") or {}
@@ -267,7 +286,7 @@ async def record_failure(
         except (ApiError, *NETWORK_ERRORS):
             job = None
     try:
-        await sync_status(rt, body, job, outcome=outcome, source="apply")
+        await sync_status(rt, body, job, outcome=outcome, source="apply", memory=memory)
     except (ApiError, *NETWORK_ERRORS) as e:
         log.warning("could not record %s on %s/%s: %s", outcome.reason, meta.get("namespace"), meta.get("name"), e)
 
@@ -284,11 +303,11 @@ def _enable_network_policy(model: FSDPTraining) -> None:
 OPTIONAL_KINDS = {PODMONITOR_KIND: _enable_metrics, NETWORKPOLICY_KIND: _enable_network_policy}
 
 
-async def _delete_stale(rt: Runtime, body: Mapping[str, Any], kind: str) -> None:
+async def _delete_stale(rt: Runtime, body: Mapping[str, Any], kind: str, applied: FSDPTraining) -> None:
     """Delete the optional object of ``kind`` an earlier generation rendered, if it is this training's."""
     meta = body.get("metadata") or {}
-    # The renderer decides the name: ask it for the object it renders with the option on.
-    model = training_model(body)
+    # The renderer decides the name: ask it for the object it renders with the option on (on a copy).
+    model = applied.model_copy(deep=True)
     OPTIONAL_KINDS[kind](model)
     candidate = next((o for o in render(model) if o["kind"] == kind), None)
     if candidate is None:

@@ -57,18 +57,21 @@ async def sync_locked(
     excluded_nodes: list[dict[str, Any]] | None = None,
     node_incidents: list[dict[str, Any]] | None = None,
     in_handler: bool = True,
+    memory: MemoryPlan | None = None,
 ) -> tuple[str | None, str]:
     """Compute the status from ``body`` and ``job``; patch it if it changed; record transitions.
 
     ``in_handler``: called from a kopf handler, whose Event queue posts the
     transitions in the background; otherwise they are posted here. Returns
-    the phase before and after.
+    the phase before and after. ``memory``: the plan of the spec the apply validated (an
+    apply outcome without it plans from the body; a sync without an outcome keeps the previous one).
     """
     meta = body.get("metadata") or {}
     uid = meta.get("uid", "")
     previous = rt.previous_status(body)
     # The plan depends on the spec only: made when it is applied, kept in between.
-    plan = memory_plan_of(body) if outcome is not None else None
+    if memory is None:
+        memory = memory_plan_of(body) if outcome is not None else None
     facts = TrainingFacts.from_body(body)
     queue = queue_state(rt.workloads.get(uid), facts.queue, job) if facts.queue is not None else None
     new = compute_status(
@@ -81,7 +84,7 @@ async def sync_locked(
         start=pods.start if pods else None,
         stall=stall,
         stall_restarts=stall_restarts,
-        memory=plan,
+        memory=memory,
         queue=queue,
         nodes=nodes,
         excluded_nodes=excluded_nodes,
@@ -109,7 +112,8 @@ async def sync_status(
     outcome: ReconcileOutcome | None,
     source: str,
     events: list[EventSpec] | None = None,
+    memory: MemoryPlan | None = None,
 ) -> None:
     """The status sync, serialised per training: every writer starts from what the previous one wrote."""
     async with rt.lock(bodies.uid_of(body)):
-        await sync_locked(rt, body, job, outcome=outcome, source=source, events=events)
+        await sync_locked(rt, body, job, outcome=outcome, source=source, events=events, memory=memory)

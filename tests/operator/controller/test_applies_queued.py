@@ -149,3 +149,27 @@ def test_a_running_trainjob_is_applied_with_what_trainer_refuses_to_change_kept(
     applied = api.bodies["TrainJob"]
     assert applied["spec"]["runtimePatches"] == rendered["spec"]["runtimePatches"]
     assert applied["spec"]["trainer"] == running["spec"]["trainer"]
+
+
+@pytest.mark.parametrize("prune", [False, True])
+def test_one_apply_validates_the_spec_once(monkeypatch: pytest.MonkeyPatch, prune: bool) -> None:
+    """The model that renders the objects also plans the memory and names what a prune looks for."""
+    from fsdp_api import FSDPTraining, FSDPTrainingSpec
+
+    validated: list[str] = []
+    for model in (FSDPTraining, FSDPTrainingSpec):
+        original = model.model_validate
+
+        def counting(data: Any, *args: Any, _original: Any = original, _name: str = model.__name__, **kw: Any) -> Any:
+            validated.append(_name)
+            return _original(data, *args, **kw)
+
+        monkeypatch.setattr(model, "model_validate", counting)
+    body = training(metrics={"enabled": False}, networkPolicy={"enabled": False})
+    rt = Runtime(client=FakeApi(), metrics=OperatorMetrics())  # type: ignore[arg-type]
+    rt.remember(body)
+    asyncio.run(apply_training(rt, body, prune=prune))
+    assert validated == ["FSDPTraining"]
+    status = rt.previous_status(body) or {}
+    fits = [c for c in status.get("conditions", []) if c["type"] == "FitsMemory"]
+    assert fits and fits[0]["reason"], "the memory plan still reaches the status"
