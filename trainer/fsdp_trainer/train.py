@@ -53,9 +53,7 @@ from .loss.preference import STATS, PreferenceLoss, PreferenceStats, count_pairs
 from .metrics import MetricsProcessor
 from .metrics.flops import shape_of
 from .metrics.stats import StepStats
-from .model.architecture import (
-    count_parameters,
-)
+from .model.architecture import count_parameters
 from .model.footprint import frozen_digest, state_bytes
 from .model.lora import count_trainable
 from .optim import build_optimizer, build_scheduler, clip_gradients, restore_schedule
