@@ -55,11 +55,12 @@ from typing import Any, Literal
 
 from .instance_types import GIB, INSTANCE_TYPES, InstanceType
 from .loss_chunks import loss_chunk_tokens
+from .memory_suggest import suggest
 from .model_files import local_model_dir
 from .parallel_plan import ParallelPlan
 from .precision import Float8Recipe, compute_dtype, float8_fits, gathers_in_float8
 from .presets import HUB_MODEL_PRESETS, PRESETS, ModelDims
-from .spec import MAX_NODES, FSDPTrainingSpec, ModelOverrides, PeftSpec, effective_seq_len
+from .spec import FSDPTrainingSpec, ModelOverrides, PeftSpec, effective_seq_len
 
 Device = Literal["cuda", "cpu"]
 
@@ -638,117 +639,6 @@ def plan_memory(spec: FSDPTrainingSpec, dims: ModelDims | None = None) -> Memory
         return MemoryPlan(spec.world_size(), None, why, gpu, note, None)
     est = estimate(workload(spec, dims))
     fits = gpu is None or est.total_bytes <= gpu.gpu_memory_bytes
-    suggestion = None if fits else suggest(spec, dims, gpu.gpu_memory_bytes)
+    capacity = gpu.gpu_memory_bytes if gpu is not None else 0
+    suggestion = None if fits else suggest(spec, lambda s: estimate(workload(s, dims)).total_bytes <= capacity)
     return MemoryPlan(spec.world_size(), est, None, gpu, note, suggestion)
-
-
-# --- what to change -------------------------------------------------------------------------
-
-
-def _fits(spec: FSDPTrainingSpec, dims: ModelDims, capacity: int) -> bool:
-    return estimate(workload(spec, dims)).total_bytes <= capacity
-
-
-def _training(spec: FSDPTrainingSpec, **changes: Any) -> FSDPTrainingSpec:
-    return spec.model_copy(update={"training": spec.training.model_copy(update=changes)})
-
-
-def _fsdp(spec: FSDPTrainingSpec, **changes: Any) -> FSDPTrainingSpec:
-    return spec.model_copy(update={"fsdp": spec.fsdp.model_copy(update=changes)})
-
-
-def _nodes(spec: FSDPTrainingSpec, nodes: int) -> FSDPTrainingSpec:
-    return spec.model_copy(update={"resources": spec.resources.model_copy(update={"nodes": nodes})})
-
-
-def _parallelism(spec: FSDPTrainingSpec, **degrees: int) -> FSDPTrainingSpec:
-    return spec.model_copy(update={"parallelism": spec.parallelism.model_copy(update=degrees)})
-
-
-def context_degrees(spec: FSDPTrainingSpec) -> list[int]:
-    """Context-parallel degrees above the current one that the spec's rules would accept (powers of 2)."""
-    seq = spec.training.seq_len
-    if seq is None or spec.training.trains_preferences or spec.fsdp.sharding_strategy == "no_shard":
-        return []
-    world, tp = spec.world_size(), spec.parallelism.tensor
-    out, degree = [], spec.parallelism.context * 2
-    while degree <= world // tp:
-        if world % (tp * degree) == 0 and seq % (2 * degree) == 0:
-            out.append(degree)
-        degree *= 2
-    return out
-
-
-def tensor_degrees(spec: FSDPTrainingSpec) -> list[int]:
-    """Tensor-parallel degrees above the current one that the spec's rules would accept."""
-    dims = spec.model.dims() if spec.model is not None else None
-    gpus = spec.resources.gpus_per_node
-    if dims is None or spec.peft is not None or spec.fsdp.cpu_offload or spec.training.precision == "float8":
-        return []
-    sizes = (dims.num_heads, dims.num_key_value_heads, dims.intermediate_size)
-    return [t for t in range(spec.parallelism.tensor + 1, gpus + 1) if gpus % t == 0 and all(n % t == 0 for n in sizes)]
-
-
-def _candidates(spec: FSDPTrainingSpec) -> list[tuple[str, FSDPTrainingSpec]]:
-    """Single changes, in the order they are preferred (cheapest in speed and cost first)."""
-    t, f = spec.training, spec.fsdp
-    out: list[tuple[str, FSDPTrainingSpec]] = []
-    # First: the loss's buffers, which cost no recompute and keep the batch.
-    if t.logits == "full":
-        out.append(("set training.logits: chunked", _training(spec, logits="chunked")))
-    order = ("none", "selective", "full")
-    for mode in order[order.index(t.activation_checkpointing) + 1 :]:
-        out.append((f"set training.activationCheckpointing: {mode}", _training(spec, activation_checkpointing=mode)))
-    if f.sharding_strategy != "full" and spec.world_size() > 1:
-        out.append(("set fsdp.shardingStrategy: full", _fsdp(spec, sharding_strategy="full", shard_group_size=None)))
-    mbs = t.micro_batch_size // 2
-    while mbs >= 1:
-        factor = t.micro_batch_size // mbs
-        out.append(
-            (
-                f"set training.microBatchSize: {mbs} (and gradAccumSteps: {t.grad_accum_steps * factor} "
-                "to keep the global batch)",
-                _training(spec, micro_batch_size=mbs, grad_accum_steps=t.grad_accum_steps * factor),
-            )
-        )
-        out.append((f"set training.microBatchSize: {mbs}", _training(spec, micro_batch_size=mbs)))
-        mbs //= 2
-    for degree in context_degrees(spec):
-        out.append((f"set parallelism.context: {degree}", _parallelism(spec, context=degree)))
-    for degree in tensor_degrees(spec):
-        out.append((f"set parallelism.tensor: {degree}", _parallelism(spec, tensor=degree)))
-    if ParallelPlan.for_spec(spec).shards_over_all_dp_ranks:
-        for nodes in range(spec.resources.nodes + 1, MAX_NODES + 1):
-            out.append((f"set resources.nodes: {nodes}", _nodes(spec, nodes)))
-    if not f.cpu_offload and spec.resources.gpus_per_node > 0:
-        out.append(("set fsdp.cpuOffload: true", _fsdp(spec, cpu_offload=True)))
-    return out
-
-
-def _combined(spec: FSDPTrainingSpec) -> list[tuple[str, FSDPTrainingSpec]]:
-    """The same changes applied one on top of the other, strongest of each kind."""
-    steps = [
-        ("training.logits: chunked", lambda s: _training(s, logits="chunked")),
-        ("training.activationCheckpointing: full", lambda s: _training(s, activation_checkpointing="full")),
-        ("fsdp.shardingStrategy: full", lambda s: _fsdp(s, sharding_strategy="full", shard_group_size=None)),
-        ("training.microBatchSize: 1", lambda s: _training(s, micro_batch_size=1)),
-    ]
-    out, current, names = [], spec, []
-    for name, change in steps:
-        current = change(current)
-        names.append(name)
-        out.append((", ".join(names), current))
-    for nodes in range(spec.resources.nodes + 1, MAX_NODES + 1):
-        out.append((", ".join([*names, f"resources.nodes: {nodes}"]), _nodes(current, nodes)))
-    return out
-
-
-def suggest(spec: FSDPTrainingSpec, dims: ModelDims, capacity: int) -> str:
-    """The first single change that makes ``spec`` fit ``capacity`` bytes per GPU (else the fewest together)."""
-    for text, candidate in _candidates(spec):
-        if _fits(candidate, dims, capacity):
-            return text
-    for text, candidate in _combined(spec):
-        if _fits(candidate, dims, capacity):
-            return f"no single change fits; together: set {text}"
-    return "no combination of these changes fits: use GPUs with more memory"
