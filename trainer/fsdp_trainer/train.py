@@ -34,22 +34,20 @@ import torch
 import torch.distributed as dist
 from fsdp_api.contract import ENV_SHUTDOWN_TIMEOUT, FORWARDED_SIGNALS, STALLS_DIR
 from fsdp_api.trainer_config import TrainerConfig
-from torch import nn
 
 from . import flight_recorder
-from .build import Prepared, build_model, build_reference, prepare
+from .build import Prepared, build_model, prepare
 from .checkpoint import CONFIG_FILE as CHECKPOINT_CONFIG_FILE
 from .checkpoint import MODEL_CONFIG_DIR as CHECKPOINT_MODEL_CONFIG_DIR
 from .checkpoint import Checkpointer, check_candidates, resume_candidates
 from .data.attention import PackedAttention
 from .data.formats import data_format
-from .data.loader import TrainData, row_counts, validation_batches
-from .data.packing import Batch
+from .data.loader import TrainData, row_counts
 from .data.prefetch import PrefetchedData
 from .errors import CheckpointSaveError
+from .evaluation import Validation
 from .faults import maybe_fault
-from .loss import ChunkedHead, FullLogits, OutputLoss, output_loss
-from .loss.preference import STATS, PreferenceLoss, PreferenceStats, count_pairs, lora_reference, model_reference
+from .loss.preference import PreferenceStats
 from .metrics import MetricsProcessor
 from .metrics.flops import shape_of
 from .metrics.stats import StepStats
@@ -61,7 +59,7 @@ from .parallel.compile import MODE_INDUCTOR
 from .parallel.context_parallel import build_context_parallel
 from .parallel.distributed import destroy_distributed, init_distributed
 from .parallel.parallelize import compute_context, reshard
-from .step import StepReductions, step_strategy
+from .step import StepReductions, build_objective, step_strategy
 from .trace import Trace
 from .watchdog import StepWatchdog
 
@@ -87,8 +85,8 @@ class Trainer:
         cfg, world = self.cfg, self.world
         # The data and the token counts are per data-parallel rank (world rank: logs, traces, faults).
         self.dp_size, self.dp_rank = p.plan.dp_size, p.plan.dp_rank(world.rank)
-        # FSDP averages gradients over the data-parallel ranks and their context peers (each computes its tokens').
-        self.cp, self.reduce_size = p.plan.cp, p.plan.dp_size * p.plan.cp
+        # Context peers each compute their own tokens of a row (the plain-text loss divisor).
+        self.cp = p.plan.cp
         self.mesh_shape = p.plan.describe() if p.plan.uses_fsdp else {}
         self.seq_len = p.seq_len
         self.device = world.device
@@ -106,12 +104,10 @@ class Trainer:
         self.float8 = p.float8
         self.num_params = count_parameters(self.model)
         self.num_trainable = count_trainable(self.model)
-        self.loss = self._output_loss()
-        self.preference = self._preference_loss(p, reference_meta) if cfg.training.trains_preferences else None
+        packs_rows = data_format(cfg.data.format).packs_documents
+        self.objective = build_objective(p, self.model, reference_meta, counts_rows=packs_rows)
         # Packed rows of the supervised formats attend only within their row.
-        self.packed = (
-            PackedAttention(self.model, self.seq_len) if data_format(cfg.data.format).packs_documents else None
-        )
+        self.packed = PackedAttention(self.model, self.seq_len) if packs_rows else None
         if self.packed is not None:
             how = "the context-parallel attention's mask" if self.context is not None else self.packed.describe()
             log.info("data.format %s: documents kept apart by %s", cfg.data.format, how)
@@ -141,9 +137,19 @@ class Trainer:
             seq_len=self.seq_len,
             flops=shape_of(self.model),
             num_trainable=self.num_trainable,
-            logits=self.loss.mode,
+            logits=self.objective.mode,
         )
-        self._validation: list[Batch] | None = None
+        self.validation = Validation(
+            cfg,
+            self.tokenizer,
+            seq_len=self.seq_len,
+            dp_rank=self.dp_rank,
+            dp_size=self.dp_size,
+            model=self.model,
+            steps=self.steps,
+            objective=self.objective,
+            device=self.device,
+        )
         self.stop_signal: int | None = None
         self.stop_time: float | None = None
         if self.checkpointer.remote is not None:
@@ -166,35 +172,6 @@ class Trainer:
             self.seq_len,
             cfg.training.micro_batch_size * accum * self.dp_size,
         )
-
-    def _output_loss(self) -> OutputLoss:
-        """How the loss is computed (``training.logits``), decided on a probe forward (collective)."""
-        if self.cfg.training.logits == "full":
-            return FullLogits(reason="training.logits: full")
-        # Eager for the probe: a compiled layer would trace a no-grad variant at the
-        # probe's shape, and a second shape makes dynamo compile for dynamic shapes.
-        with (
-            compute_context(self.model, self.cfg.training.precision, self.device),
-            torch.compiler.set_stance("force_eager"),
-        ):
-            loss = output_loss(self.model, self.cfg.training.logits, self.device)
-        self._reshard()
-        if isinstance(loss, ChunkedHead):
-            log.info("logits: chunked, %d tokens per chunk (%s)", loss.chunk_tokens, loss.transform)
-        return loss
-
-    def _preference_loss(self, p: Prepared, reference_meta: nn.Module | None) -> PreferenceLoss:
-        training = self.cfg.training
-        reference = None
-        if training.needs_reference:
-            if reference_meta is None:
-                reference = lora_reference(self.model)
-                log.info("dpo: the reference is the base model with the LoRA adapters off (no second copy)")
-            else:
-                frozen = build_reference(p, reference_meta)
-                reference = model_reference(frozen, lambda: reshard(frozen))
-                log.info("dpo: the reference is a frozen copy of the model as loaded, sharded like it")
-        return PreferenceLoss(training.objective, training.effective_preference(), reference)
 
     def _report_compile(self) -> None:
         """After the first step, when inductor has compiled (or failed on) the layers: the mode that ran."""
@@ -255,7 +232,7 @@ class Trainer:
         self.metrics.start()
         self.metrics.set_float8(len(self.float8.converted), len(self.float8.skipped))
         if cfg.training.eval_interval_steps:
-            self.validation()  # tokenized now: the prefetch thread owns the tokenizer once it runs
+            self.validation.batches()  # tokenized now: the prefetch thread owns the tokenizer once it runs
         stall = cfg.stall
         timeout = stall.trainer_step_timeout_seconds
         if self.resume_candidates or self.unreadable:
@@ -270,7 +247,7 @@ class Trainer:
             mesh=self.mesh_shape,
             num_params=self.num_params,
             trainable_params=self.num_trainable,
-            logits=self.loss.mode,
+            logits=self.objective.mode,
             float8_linears=len(self.float8.converted),
             **({"frozen_sha256": frozen_digest(self.model)} if self.trace.enabled else {}),
         )
@@ -337,16 +314,12 @@ class Trainer:
         batches = [self.data.next_batch() for _ in range(accum)]
         samples = [s for b in batches for s in b.sample_ids]
         batches = [self.steps.local(b) for b in batches]
-        # Counted on the host batches: no device sync per micro-batch.
-        local_count = float(sum(self._count(b) for b in batches)) if self.packed is not None else 0.0
-        # Trained tokens, for the metrics: the same count but for a preference objective's (its pairs).
-        local_trained = float(sum(b.num_trained for b in batches)) if self.preference is not None else local_count
+        local_count, local_trained = self.objective.local_counts(batches)
         batches = [b.to(self.device) for b in batches]
         data_seconds = time.perf_counter() - t0
         waited = self._wait_for_peers()
-        divisor, trained = self._loss_divisor(local_count, local_trained)
-        pair_stats = len(STATS) if self.preference else 0
-        loss_sum, pair_sums = self.steps.forward_backward(batches, self._objective, divisor, pair_stats)
+        divisor, trained = self.objective.divisor(local_count, local_trained, self.tokens_per_rank_step, self.cp)
+        loss_sum, pair_sums = self.steps.forward_backward(batches, self.objective, divisor, self.objective.pair_stats)
         grad_norm = clip_gradients(self.model, self.cfg.training.grad_clip_norm)
         self.optimizer.step()
         lr = self.scheduler.get_last_lr()[0]
@@ -426,42 +399,6 @@ class Trainer:
             )
         return f"loss is {loss_value} at step {step}; stopping (lower training.learningRate?)"
 
-    def _loss_divisor(self, local: float, local_trained: float) -> tuple[float | torch.Tensor, torch.Tensor | None]:
-        """What each micro-batch's token-loss sum is divided by; and the global trained tokens (None: all).
-
-        With G trained tokens over D data-parallel ranks the divisor is G / D:
-        FSDP's average of their gradients is then the gradient of the mean
-        over all G. Plain text trains every token on every rank alike, so
-        G / D is this rank's token count, known without communication.
-        ``local``: what this rank's loss sums over in the step (its trained tokens; its pairs for a
-        preference objective); ``local_trained``: its trained tokens, which the metrics count.
-        """
-        if self.packed is None:
-            return self.tokens_per_rank_step / self.cp, None
-        counts = torch.tensor([local, local_trained], dtype=torch.float64, device=self.device)
-        # Summed over every rank: context peers count their own tokens, tensor-parallel peers repeat
-        # them, so the sum is tp x G, and the divisor G / (D x cp) (FSDP averages over D x cp ranks)
-        # is that sum over the world size.
-        dist.all_reduce(counts)
-        count, trained = counts[0], counts[1]
-        return (count.clamp(min=1) / self.world.world_size).float(), trained * self.reduce_size / self.world.world_size
-
-    def _count(self, batch: Batch) -> int:
-        """What the loss of a batch is a sum over: its pairs (preference objectives) or its trained tokens."""
-        if self.preference is not None:
-            assert batch.position_ids is not None
-            return count_pairs(batch.labels, batch.position_ids)
-        return batch.num_trained
-
-    def _objective(self, batch: Batch, attention: dict[str, object]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The summed loss of a micro-batch; with a preference objective also its pairs' stats sums."""
-        if self.preference is not None:
-            assert batch.position_ids is not None
-            return self.preference.loss_sum(
-                self.model, batch.labels, batch.position_ids, input_ids=batch.inputs, **attention
-            )
-        return self.loss.loss_sum(self.model, batch.labels, input_ids=batch.inputs, **attention), None
-
     def _data_record(self, stats: StepStats) -> dict[str, object]:
         """Trace fields of the supervised formats: trained tokens, and what happened to this rank's rows."""
         if self.packed is None:
@@ -489,41 +426,13 @@ class Trainer:
 
     # -- validation -------------------------------------------------------------
 
-    def validation(self) -> list[Batch]:
-        if self._validation is None:
-            t = self.cfg.training
-            self._validation = validation_batches(
-                self.cfg.data,
-                self.tokenizer,
-                seq_len=self.seq_len,
-                micro_batch_size=t.micro_batch_size,
-                eval_steps=t.eval_steps,
-                rank=self.dp_rank,
-                world_size=self.dp_size,
-            )
-            if not self._validation:
-                log.warning("no validation data (the held-out slice is shorter than one sequence); skipping eval")
-        return self._validation
-
-    @torch.no_grad()
     def evaluate(self, step: int) -> float | None:
-        batches = self.validation()
-        if not batches:
+        loss = self.validation.loss()
+        if loss is None:
             return None
-        self.model.eval()
-        totals = torch.zeros(2, device=self.device, dtype=torch.float64)
-        for batch in batches:
-            batch = self.steps.local(batch).to(self.device)
-            loss, _ = self.steps.forward(batch, self._objective)
-            totals[0] += loss.double()
-            totals[1] += self._count(batch)
-        self.model.train()
-        self._reshard()
-        dist.all_reduce(totals)
-        loss = (totals[0] / totals[1]).item()
         self.metrics.on_eval(step, loss)
-        perplexity = {} if self.preference else {"perplexity": math.exp(min(loss, 700.0))}
-        self.trace.write("eval", step=step, loss=loss, batches=len(batches), **perplexity)
+        perplexity = {} if self.objective.preference else {"perplexity": math.exp(min(loss, 700.0))}
+        self.trace.write("eval", step=step, loss=loss, batches=len(self.validation.batches()), **perplexity)
         return loss
 
     def _reshard(self) -> None:

@@ -4,11 +4,22 @@
 in this process, or each row split over the context-parallel peers); a
 schedule that runs the model in stages (pipelining) is a third. ``reductions``:
 the step's values that cross ranks, each in a named slot of one collective.
+``objective``: what a micro-batch's loss is and what it is divided by.
 torchtitan splits its trainer the same way (``forward_backward_step`` beside
 the loop, and a pipelined variant of it).
 """
 
 from .forward_backward import ContextParallelStep, ForwardBackward, Objective, PlainStep, step_strategy
+from .objective import StepObjective, build_objective
 from .reductions import StepReductions
 
-__all__ = ["ContextParallelStep", "ForwardBackward", "Objective", "PlainStep", "StepReductions", "step_strategy"]
+__all__ = [
+    "ContextParallelStep",
+    "ForwardBackward",
+    "Objective",
+    "PlainStep",
+    "StepObjective",
+    "StepReductions",
+    "build_objective",
+    "step_strategy",
+]
