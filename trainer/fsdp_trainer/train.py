@@ -27,11 +27,9 @@ import os
 import signal
 import threading
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from fsdp_api.contract import ENV_SHUTDOWN_TIMEOUT, FORWARDED_SIGNALS, STALLS_DIR
 from fsdp_api.trainer_config import TrainerConfig
 
@@ -42,8 +40,9 @@ from .checkpoint import MODEL_CONFIG_DIR as CHECKPOINT_MODEL_CONFIG_DIR
 from .checkpoint import Checkpointer, check_candidates, resume_candidates
 from .data.attention import PackedAttention
 from .data.formats import data_format
-from .data.loader import TrainData, row_counts
+from .data.loader import TrainData
 from .data.prefetch import PrefetchedData
+from .data.row_report import log_rows, step_rows
 from .errors import CheckpointSaveError
 from .evaluation import Validation
 from .faults import maybe_fault
@@ -52,14 +51,13 @@ from .metrics import MetricsProcessor
 from .metrics.flops import shape_of
 from .metrics.stats import StepStats
 from .model.architecture import count_parameters
-from .model.footprint import frozen_digest, state_bytes
-from .model.lora import count_trainable
+from .model.footprint import frozen_digest, state_bytes, write_probe
+from .model.lora import count_trainable, lora_summary
 from .optim import build_optimizer, build_scheduler, clip_gradients, restore_schedule
 from .parallel.compile import MODE_INDUCTOR
 from .parallel.context_parallel import build_context_parallel
 from .parallel.distributed import destroy_distributed, init_distributed
-from .parallel.parallelize import compute_context, reshard
-from .step import StepReductions, build_objective, step_strategy
+from .step import StepReductions, build_objective, non_finite_loss, step_strategy, wait_for_peers
 from .trace import Trace
 from .watchdog import StepWatchdog
 
@@ -168,7 +166,7 @@ class Trainer:
             cfg.model.source(),
             type(self.model).__name__,
             self.num_params / 1e6,
-            self._lora_summary(p.adapted),
+            lora_summary(p.adapted, self.num_trainable, self.num_params),
             self.seq_len,
             cfg.training.micro_batch_size * accum * self.dp_size,
         )
@@ -180,12 +178,6 @@ class Trainer:
         self.trace.write("compile", step=self.step, **report.record())
         if report.enabled and not report.fallbacks:
             log.info("compile: %d graphs compiled by inductor", report.compiled)
-
-    def _lora_summary(self, adapted: list[str]) -> str:
-        if not adapted:
-            return ""
-        share = 100 * self.num_trainable / max(1, self.num_params)
-        return f" ({self.num_trainable / 1e6:.2f}M trainable, {share:.2f}%: LoRA on {len(adapted)} modules)"
 
     def _write_assets(self, directory: Path) -> None:
         """Files export needs besides the weights (rank 0, inside the checkpoint)."""
@@ -271,7 +263,7 @@ class Trainer:
                 samples=samples,
                 wait=round(stats.wait_seconds, 4),
                 lateness=round(stats.lateness_seconds, 4),
-                **self._data_record(stats),
+                **(step_rows(stats, self.data.state_dict()) if self.packed is not None else {}),
             )
             if self.step == self.first_step:
                 self._report_compile()
@@ -293,7 +285,7 @@ class Trainer:
         self.watchdog.arm(f"the checkpoint save of step {self.step}", timeout + stall.checkpoint_seconds)
         self.checkpointer.finalize()
         self.watchdog.disarm()
-        self._log_rows()
+        log_rows(self.data.state_dict(), self.world.rank, self.seq_len)
         if self.trace.enabled:
             params, optim = state_bytes(self.model, self.optimizer)
             self.trace.write(
@@ -303,7 +295,7 @@ class Trainer:
                 checkpoint_bytes=self.checkpointer.last_size_bytes,
                 trainable_params=self.num_trainable,
             )
-            self._write_probe()
+            write_probe(self.model, self.cfg.training.precision, self.device, self.trace.directory, self.world.is_main)
         if self.trace.enabled:  # hashing the frozen base is a test aid, not for production runs
             self.trace.write("end", step=self.step, frozen_sha256=frozen_digest(self.model))
 
@@ -317,7 +309,7 @@ class Trainer:
         local_count, local_trained = self.objective.local_counts(batches)
         batches = [b.to(self.device) for b in batches]
         data_seconds = time.perf_counter() - t0
-        waited = self._wait_for_peers()
+        waited = wait_for_peers(self.world.world_size, self.device, self.metrics)
         divisor, trained = self.objective.divisor(local_count, local_trained, self.tokens_per_rank_step, self.cp)
         loss_sum, pair_sums = self.steps.forward_backward(batches, self.objective, divisor, self.objective.pair_stats)
         grad_norm = clip_gradients(self.model, self.cfg.training.grad_clip_norm)
@@ -345,7 +337,7 @@ class Trainer:
         loss_value = values["loss"][0] / self.world.world_size
         tokens = self.tokens_per_rank_step * self.dp_size
         if not math.isfinite(loss_value):
-            raise FloatingPointError(self._non_finite_loss(loss_value, step))
+            raise FloatingPointError(non_finite_loss(loss_value, step, first=step == self.first_step))
         stats = StepStats(
             step=step,
             loss=loss_value,
@@ -366,64 +358,6 @@ class Trainer:
         )
         return stats, samples, stop_votes > 0
 
-    def _wait_for_peers(self) -> float:
-        """Seconds this rank waited at the step's start for the last rank to arrive (the straggler signal).
-
-        A tiny all-reduce that every rank enters once its batch is ready: the
-        rank that arrives last waits least, and the difference to the first is
-        how long its peers waited for it (docs/operator.md, "Stragglers").
-        ``item()`` makes the host wait for it, so the time is the peers' and
-        not a queue on the device; the device is idle here anyway, having
-        finished the previous step before its loss was read.
-        """
-        if self.world.world_size == 1:
-            return 0.0
-        # While it waits, the endpoint says since when: a hang elsewhere leaves this rank here, and the
-        # operator's Stalled message tells the waiting ranks from the one they wait for.
-        self.metrics.set_waiting(time.time())
-        started = time.perf_counter()
-        arrived = torch.ones((), device=self.device)
-        dist.all_reduce(arrived)
-        arrived.item()
-        waited = time.perf_counter() - started
-        self.metrics.set_waiting(None)
-        return waited
-
-    def _non_finite_loss(self, loss_value: float, step: int) -> str:
-        """Why training stops on a NaN/inf loss; the first step of a run was computed before any update."""
-        if step == self.first_step:
-            return (
-                f"loss is {loss_value} at step {step}, before this run's first update: the model as loaded or "
-                "initialised gives it, not the learning rate (non-finite weights in the checkpoint, or state "
-                "the architecture computes that did not survive the meta-device build); stopping"
-            )
-        return f"loss is {loss_value} at step {step}; stopping (lower training.learningRate?)"
-
-    def _data_record(self, stats: StepStats) -> dict[str, object]:
-        """Trace fields of the supervised formats: trained tokens, and what happened to this rank's rows."""
-        if self.packed is None:
-            return {}
-        record: dict[str, object] = {"trained_tokens": stats.trained_tokens, "rows": row_counts(self.data.state_dict())}
-        if stats.preference is not None:
-            record["preference"] = asdict(stats.preference)
-        return record
-
-    def _log_rows(self) -> None:
-        counts = row_counts(self.data.state_dict())
-        if counts:
-            # A warning when rows were cut or skipped: every rank's line shows, not only rank 0's.
-            log.log(
-                logging.WARNING if counts["truncated"] or counts["dropped"] else logging.INFO,
-                "rank %d rows: %d read, %d truncated and %d dropped (longer than seqLen + 1 = %d tokens), "
-                "%d with nothing to train on",
-                self.world.rank,
-                counts["rows"],
-                counts["truncated"],
-                counts["dropped"],
-                self.seq_len + 1,
-                counts["untrained"],
-            )
-
     # -- validation -------------------------------------------------------------
 
     def evaluate(self, step: int) -> float | None:
@@ -434,22 +368,6 @@ class Trainer:
         perplexity = {} if self.objective.preference else {"perplexity": math.exp(min(loss, 700.0))}
         self.trace.write("eval", step=step, loss=loss, batches=len(self.validation.batches()), **perplexity)
         return loss
-
-    def _reshard(self) -> None:
-        reshard(self.model)
-
-    @torch.no_grad()
-    def _write_probe(self) -> None:
-        """Logits of a fixed input (rank 0 saves them): export must reproduce them."""
-        vocab = self.model.config.get_text_config().vocab_size  # multimodal configs keep it in the text part
-        inputs = (torch.arange(2 * 16, device=self.device).view(2, 16) * 37 + 11) % vocab
-        self.model.eval()
-        with compute_context(self.model, self.cfg.training.precision, self.device):
-            logits = self.model(input_ids=inputs).logits.float().cpu()
-        self.model.train()
-        self._reshard()
-        if self.world.is_main:
-            torch.save({"input_ids": inputs.cpu(), "logits": logits}, self.trace.directory / "probe.pt")
 
     def close(self, *, clean: bool = True, remote_wait_seconds: float | None = None) -> bool:
         """Release everything; ``clean=False`` after an error skips the collectives of

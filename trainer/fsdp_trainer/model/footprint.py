@@ -1,15 +1,18 @@
-"""What a rank holds: the bytes of its parameter shards and optimizer state, and a digest of its frozen part.
+"""What a rank holds: the bytes of its parameter shards and optimizer state, a digest of its frozen part,
+and the logits of a fixed probe input.
 
-For the run record (``trace.py``) and the memory probe of the tests: not read by the step.
+For the run record (``trace.py``), export's check and the memory probe of the tests: not read by the step.
 """
 
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 
 import torch
 from torch import nn
 
+from ..parallel.parallelize import compute_context, reshard
 from .param_names import unique_parameters
 from .shards import local_tensor
 
@@ -36,3 +39,17 @@ def frozen_digest(model: nn.Module) -> str | None:
         digest.update(name.encode())
         digest.update(local_tensor(param).detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
+
+
+@torch.no_grad()
+def write_probe(model: nn.Module, precision: str, device: torch.device, directory: Path, is_main: bool) -> None:
+    """Logits of a fixed input (rank 0 saves them as ``probe.pt``): export must reproduce them (collective)."""
+    vocab = model.config.get_text_config().vocab_size  # multimodal configs keep it in the text part
+    inputs = (torch.arange(2 * 16, device=device).view(2, 16) * 37 + 11) % vocab
+    model.eval()
+    with compute_context(model, precision, device):
+        logits = model(input_ids=inputs).logits.float().cpu()
+    model.train()
+    reshard(model)
+    if is_main:
+        torch.save({"input_ids": inputs.cpu(), "logits": logits}, directory / "probe.pt")

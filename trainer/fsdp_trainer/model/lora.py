@@ -173,3 +173,11 @@ def init_adapters(model: nn.Module, seed: int, device: torch.device) -> None:
 
 def count_trainable(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def lora_summary(adapted: list[str], trainable: int, params: int) -> str:
+    """The start-up line's note on LoRA: trainable parameters and their share ("" without LoRA)."""
+    if not adapted:
+        return ""
+    share = 100 * trainable / max(1, params)
+    return f" ({trainable / 1e6:.2f}M trainable, {share:.2f}%: LoRA on {len(adapted)} modules)"

@@ -11,6 +11,7 @@ the loop, and a pipelined variant of it).
 
 from .forward_backward import ContextParallelStep, ForwardBackward, Objective, PlainStep, step_strategy
 from .objective import StepObjective, build_objective
+from .peers import non_finite_loss, wait_for_peers
 from .reductions import StepReductions
 
 __all__ = [
@@ -21,5 +22,7 @@ __all__ = [
     "StepObjective",
     "StepReductions",
     "build_objective",
+    "non_finite_loss",
     "step_strategy",
+    "wait_for_peers",
 ]
