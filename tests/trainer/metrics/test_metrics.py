@@ -29,6 +29,7 @@ from fsdp_trainer.metrics.prometheus import (
     remove_dead_agents,
     remove_stale_generations,
     scrape_order,
+    serve,
 )
 
 from tests.support.trainer_run import Sample, TrainerRun, parse_metrics
@@ -377,6 +378,37 @@ def test_a_scrape_reads_the_gauge_files_last() -> None:
     ordered = scrape_order(files)
     assert sorted(ordered) == sorted(files)
     assert [Path(f).name.split("_")[0] for f in ordered] == ["counter"] * 2 + ["histogram"] * 2 + ["gauge"] * 2
+
+
+def test_a_scrape_passes_over_a_value_file_a_rank_has_only_just_created(tmp_path: Path) -> None:
+    """A rank's file, listed before its header is written, failed the scrape with a struct.error traceback."""
+    import urllib.request
+
+    from prometheus_client import CollectorRegistry, Counter
+    from prometheus_client.values import MultiProcessValue
+
+    os_env = {"PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    old = {k: os.environ.get(k) for k in os_env}
+    os.environ.update(os_env)
+    import prometheus_client.metrics as metrics_module
+
+    single_process = metrics_module.values.ValueClass
+    try:
+        # As a rank writes its values (this process as pid 4242), then back to this process's own kind.
+        metrics_module.values.ValueClass = MultiProcessValue(lambda: 4242)
+        Counter("fsdp_test_ready_total", "a counter of a rank that has written", registry=CollectorRegistry()).inc(3)
+    finally:
+        metrics_module.values.ValueClass = single_process
+        for k, v in old.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    (tmp_path / "counter_4243.db").touch()  # the other rank's, created this instant
+    server = serve(free_port(), tmp_path, addr="127.0.0.1")
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=10) as answer:
+            text = answer.read().decode()
+    finally:
+        server.stop()
+    assert [s.value for s in parse_metrics(text) if s.name == "fsdp_test_ready_total"] == [3.0]
 
 
 def test_metrics_directory_is_per_agent_instance_and_restart(tmp_path: Path) -> None:

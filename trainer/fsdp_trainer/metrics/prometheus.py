@@ -145,6 +145,28 @@ def scrape_order(files: list[str]) -> list[str]:
     return sorted(files, key=lambda f: (Path(f).name.startswith("gauge_"), f))
 
 
+# prometheus_client's value files begin with a 4-byte used-length and 4 bytes of padding; a
+# process that has just opened its file has not written them yet.
+_VALUE_FILE_HEADER = 8
+
+
+def ready_files(paths: list[Path]) -> list[str]:
+    """The value files a scrape can read now: a rank's file created a moment ago (still empty) waits.
+
+    A scrape lists the directory while the ranks start; reading a file before
+    its header is written failed the whole scrape with a struct.error traceback.
+    Its values are none yet, so leaving it for the next scrape loses nothing.
+    """
+    ready = []
+    for path in paths:
+        try:
+            if path.stat().st_size >= _VALUE_FILE_HEADER:
+                ready.append(str(path))
+        except FileNotFoundError:  # a finished process's file removed meanwhile
+            continue
+    return ready
+
+
 class _OrderedCollector(MultiProcessCollector):
     """MultiProcessCollector reading the files in ``scrape_order``."""
 
@@ -153,7 +175,7 @@ class _OrderedCollector(MultiProcessCollector):
         self._files_dir = path
 
     def collect(self):  # type: ignore[no-untyped-def]  # the base class is untyped
-        return self.merge(scrape_order([str(f) for f in self._files_dir.glob("*.db")]), accumulate=True)
+        return self.merge(scrape_order(ready_files(list(self._files_dir.glob("*.db")))), accumulate=True)
 
 
 def serve(port: int, path: Path, addr: str = "0.0.0.0") -> MetricsServer:
