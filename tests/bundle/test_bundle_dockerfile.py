@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 from fsdp_api import contract
-from fsdp_operator.render import names
+from fsdp_operator import naming
 from fsdp_operator.render.command import pod_command
 
 from tests.bundle.manifests import FSDP_SOURCE, REPO_ROOT
@@ -199,7 +199,7 @@ def test_trainer_image_matches_the_rendered_pod() -> None:
 
     _, stages = parse()
     trainer = stages["trainer"]
-    assert trainer.values("USER") == [f"{names.RUN_AS_USER}:{names.RUN_AS_GROUP}"]
+    assert trainer.values("USER") == [f"{naming.RUN_AS_USER}:{naming.RUN_AS_GROUP}"]
     env = " ".join(trainer.values("ENV"))
     assert f"HOME={contract.HOME_DIR}" in env and f"HF_HOME={contract.HF_HOME}" in env
     assert f"--home-dir {contract.HOME_DIR}" in " ".join(trainer.values("RUN"))
