@@ -15,6 +15,7 @@ from fsdp_api.presets import PRESETS
 from fsdp_api.spec import FSDPTrainingSpec
 from fsdp_operator.cli import EXIT_INVALID, EXIT_OK, main
 from fsdp_operator.controller.status.compute import (
+    Observations,
     TrainingFacts,
     compute_status,
     status_document,
@@ -287,7 +288,7 @@ def test_validate_memory_warns_by_default_and_can_be_off(tmp_path: Path, capsys:
 def test_the_plan_becomes_the_fits_memory_condition_and_status_memory() -> None:
     facts = TrainingFacts.from_body(training(generation=3))
     plan = plan_memory(spec(resources={"nodes": 1, "gpusPerNode": 1, "instanceTypes": ["g5.xlarge"]}))
-    status = compute_status(facts, None, None, memory=plan, now="2026-01-01T00:00:00Z")
+    status = compute_status(facts, None, None, Observations(memory=plan, now="2026-01-01T00:00:00Z"))
     cond = {c.type: c for c in status.conditions}["FitsMemory"]
     assert (cond.status, cond.reason, cond.observed_generation) == ("False", "DoesNotFit", 3)
     assert cond.message == plan.summary()
@@ -296,12 +297,12 @@ def test_the_plan_becomes_the_fits_memory_condition_and_status_memory() -> None:
     assert ("Warning", "DoesNotFit") in [(e.type, e.reason) for e in transition_events(None, status)]
     # A status write without a new plan (a job event) keeps both.
     stored = status_document(status)
-    kept = compute_status(facts, None, stored, now="2026-01-01T00:01:00Z")
+    kept = compute_status(facts, None, stored, Observations(now="2026-01-01T00:01:00Z"))
     assert {c.type: c.reason for c in kept.conditions}["FitsMemory"] == "DoesNotFit"
     assert kept.memory == status.memory
     assert transition_events(stored, kept) == []
     unknown = plan_memory(spec(model={"preset": None, "pretrained": "Qwen/Qwen2.5-1.5B"}))
-    cond = {c.type: c for c in compute_status(facts, None, None, memory=unknown).conditions}["FitsMemory"]
+    cond = {c.type: c for c in compute_status(facts, None, None, Observations(memory=unknown)).conditions}["FitsMemory"]
     assert (cond.status, cond.reason) == ("Unknown", "NoEstimate")
 
 

@@ -31,6 +31,7 @@ from .status.compute import (
     GENERATION_ANNOTATION,
     INVALID_SPEC,
     EventSpec,
+    Observations,
     ReconcileOutcome,
 )
 from .sync import sync_locked, sync_status
@@ -237,7 +238,8 @@ async def _apply_objects(
         async with rt.lock(uid):
             rt.applying.discard(uid)  # under the lock: a job event now waits for this sync, then runs its own
             job = newest_job(job, rt.jobs.get(uid))
-            await sync_locked(rt, body, job, outcome=outcome, source="apply", events=events, memory=memory)
+            seen = Observations(outcome=outcome, memory=memory)
+            await sync_locked(rt, body, job, seen, source="apply", events=events)
     except (ApiError, *NETWORK_ERRORS) as e:
         # The objects are applied; only the status lags. Retrying re-applies (a no-op) and writes it.
         rt.metrics.reconciles.labels("error").inc()

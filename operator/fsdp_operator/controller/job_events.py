@@ -17,7 +17,7 @@ from .applies import apply_training
 from .events import post_events
 from .kube import NETWORK_ERRORS, ApiError
 from .state import Runtime, owner_body, owner_of, trim_job
-from .status.compute import JOB_RECREATE_FAILED, EventSpec, ReconcileOutcome
+from .status.compute import JOB_RECREATE_FAILED, EventSpec, Observations, ReconcileOutcome
 from .sync import sync_locked, sync_status
 
 log = logging.getLogger(__name__)
@@ -53,7 +53,7 @@ async def handle_job_event(rt: Runtime, event_type: str | None, job: Mapping[str
     async with rt.lock(uid):
         if uid in rt.applying:
             return None  # the apply in flight syncs the status with this job when it finishes
-        before, after = await sync_locked(rt, training, rt.jobs[uid], outcome=None, source="job")
+        before, after = await sync_locked(rt, training, rt.jobs[uid], Observations(), source="job")
     return training if after in TERMINAL_PHASES and before not in TERMINAL_PHASES else None
 
 

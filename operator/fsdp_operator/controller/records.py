@@ -18,6 +18,7 @@ from .status.compute import (
     SCHEDULABLE,
     STALLED,
     EventSpec,
+    Observations,
     PodsReport,
     declared_subset,
     merge_patch,
@@ -32,7 +33,8 @@ async def _record(
     training: Mapping[str, Any],
     watched: Callable[[Mapping[str, Any]], Any],
     source: str,
-    **inputs: Any,
+    seen: Observations,
+    events: list[EventSpec] | None = None,
 ) -> bool:
     """Recompute the status with one more input from the pod loop; True if what ``watched`` reads changed.
 
@@ -47,7 +49,7 @@ async def _record(
         if job is None or uid in rt.applying:
             return False
         before = watched(rt.previous_status(training))
-        await sync_locked(rt, training, job, outcome=None, source=source, in_handler=False, **inputs)
+        await sync_locked(rt, training, job, seen, source=source, events=events, in_handler=False)
         return before != watched(rt.previous_status(training))
 
 
@@ -64,7 +66,7 @@ def _conditions(types: tuple[str, ...], *fields: str) -> Callable[[Mapping[str, 
 async def record_pods(rt: Runtime, training: Mapping[str, Any], report: PodsReport) -> bool:
     """Write what the pods say (placement, start, a rejected config); True if one of those conditions changed."""
     watched = _conditions((SCHEDULABLE, PODS_STARTED, CONFIG_VALID))
-    return await _record(rt, training, watched, "pods", pods=report)
+    return await _record(rt, training, watched, "pods", Observations.of_pods(report))
 
 
 async def record_nodes(
@@ -78,9 +80,8 @@ async def record_nodes(
 ) -> bool:
     """Write what the nodes under the pods say (the nodes excluded, the incidents); True if NodesHealthy changed."""
     watched = _conditions((NODES_HEALTHY,), "status", "message")
-    return await _record(
-        rt, training, watched, "nodes", nodes=health, excluded_nodes=excluded, node_incidents=incidents, events=events
-    )
+    seen = Observations(nodes=health, excluded_nodes=excluded, node_incidents=incidents)
+    return await _record(rt, training, watched, "nodes", seen, events)
 
 
 async def record_stall(
@@ -94,9 +95,8 @@ async def record_stall(
 ) -> bool:
     """Write the stall check's verdict (a new restart count, the node it blames); True if Stalled changed."""
     watched = _conditions((STALLED,), "status", "reason")
-    return await _record(
-        rt, training, watched, "stall", stall=stall, stall_restarts=restarts, events=events, node_incidents=incidents
-    )
+    seen = Observations(stall=stall, stall_restarts=restarts, node_incidents=incidents)
+    return await _record(rt, training, watched, "stall", seen, events)
 
 
 async def record_progress(

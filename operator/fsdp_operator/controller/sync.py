@@ -7,6 +7,7 @@ the previous one wrote.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from fsdp_api import API_VERSION, KIND
@@ -16,13 +17,11 @@ from pydantic import ValidationError
 
 from . import bodies
 from .events import create_events, post_events
-from .nodes.health import NodeHealth
 from .queueing import queue_state
-from .stall import StallVerdict
 from .state import Runtime
 from .status.compute import (
     EventSpec,
-    PodsReport,
+    Observations,
     ReconcileOutcome,
     TrainingFacts,
     compute_status,
@@ -46,50 +45,30 @@ async def sync_locked(
     rt: Runtime,
     body: Mapping[str, Any],
     job: Mapping[str, Any] | None,
+    seen: Observations,
     *,
-    outcome: ReconcileOutcome | None,
     source: str,
     events: list[EventSpec] | None = None,
-    pods: PodsReport | None = None,
-    stall: StallVerdict | None = None,
-    stall_restarts: int | None = None,
-    nodes: NodeHealth | None = None,
-    excluded_nodes: list[dict[str, Any]] | None = None,
-    node_incidents: list[dict[str, Any]] | None = None,
     in_handler: bool = True,
-    memory: MemoryPlan | None = None,
 ) -> tuple[str | None, str]:
-    """Compute the status from ``body`` and ``job``; patch it if it changed; record transitions.
+    """Compute the status from ``body``, ``job`` and what was ``seen``; patch it if it changed; record transitions.
 
     ``in_handler``: called from a kopf handler, whose Event queue posts the
     transitions in the background; otherwise they are posted here. Returns
-    the phase before and after. ``memory``: the plan of the spec the apply validated (an
+    the phase before and after. ``seen.memory``: the plan of the spec the apply validated (an
     apply outcome without it plans from the body; a sync without an outcome keeps the previous one).
+    ``seen.queue`` is read here, from the training's Workload.
     """
     meta = body.get("metadata") or {}
     uid = meta.get("uid", "")
     previous = rt.previous_status(body)
     # The plan depends on the spec only: made when it is applied, kept in between.
-    if memory is None:
-        memory = memory_plan_of(body) if outcome is not None else None
+    if seen.memory is None and seen.outcome is not None:
+        seen = replace(seen, memory=memory_plan_of(body))
     facts = TrainingFacts.from_body(body)
-    queue = queue_state(rt.workloads.get(uid), facts.queue, job) if facts.queue is not None else None
-    new = compute_status(
-        facts,
-        job,
-        previous,
-        outcome=outcome,
-        scheduling=pods.scheduling if pods else None,
-        rejection=pods.rejection if pods else None,
-        start=pods.start if pods else None,
-        stall=stall,
-        stall_restarts=stall_restarts,
-        memory=memory,
-        queue=queue,
-        nodes=nodes,
-        excluded_nodes=excluded_nodes,
-        node_incidents=node_incidents,
-    )
+    if facts.queue is not None:
+        seen = replace(seen, queue=queue_state(rt.workloads.get(uid), facts.queue, job))
+    new = compute_status(facts, job, previous, seen)
     patch = status_patch(previous, new)
     to_post = list(events or []) + transition_events(previous, new)
     if patch:
@@ -116,4 +95,4 @@ async def sync_status(
 ) -> None:
     """The status sync, serialised per training: every writer starts from what the previous one wrote."""
     async with rt.lock(bodies.uid_of(body)):
-        await sync_locked(rt, body, job, outcome=outcome, source=source, events=events, memory=memory)
+        await sync_locked(rt, body, job, Observations(outcome=outcome, memory=memory), source=source, events=events)

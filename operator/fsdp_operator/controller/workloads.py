@@ -10,6 +10,7 @@ from .applies import keep_suspend_intent
 from .kube import ApiError
 from .queueing import NODE_LEVELS, nodes_to_resolve, owning_job, trim_workload
 from .state import Runtime, owner_body, owner_of, trim_job
+from .status.compute import Observations
 from .sync import sync_locked
 
 Json = dict[str, Any]
@@ -85,4 +86,4 @@ async def handle_workload_event(rt: Runtime, event_type: str | None, workload: M
         job = rt.jobs.get(uid)
         if job is None or uid in rt.applying:
             return  # the job is gone (its DELETED event re-creates it), or the apply in flight writes the status
-        await sync_locked(rt, training, job, outcome=None, source="workload")
+        await sync_locked(rt, training, job, Observations(), source="workload")

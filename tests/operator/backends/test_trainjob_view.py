@@ -20,6 +20,7 @@ from fsdp_operator.controller.queueing import QueueState
 from fsdp_operator.controller.reconcile import trim_job
 from fsdp_operator.controller.status.compute import (
     GENERATION_ANNOTATION,
+    Observations,
     ReconcileOutcome,
     TrainingFacts,
     compute_status,
@@ -109,7 +110,7 @@ def trainjob(*conditions: dict[str, Any], suspend: bool = False, jobs: list[Any]
 
 def status_of(job: dict[str, Any], **kw: Any) -> Any:
     f = kw.pop("training_facts", None) or facts()
-    return compute_status(f, trim_job(job), None, outcome=APPLIED, now=NOW, **kw)
+    return compute_status(f, trim_job(job), None, Observations(outcome=APPLIED, now=NOW, **kw))
 
 
 def types(status: dict[str, Any]) -> dict[str, dict[str, Any]]:

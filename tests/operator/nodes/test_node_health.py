@@ -11,6 +11,7 @@ from typing import Any
 from fsdp_operator.controller.nodes.health import SUSPECT_CONDITIONS, node_health
 from fsdp_operator.controller.status.compute import (
     NODES_HEALTHY,
+    Observations,
     compute_status,
     status_document,
     transition_events,
@@ -70,7 +71,7 @@ def test_a_message_names_three_nodes_and_counts_the_rest() -> None:
 
 def test_the_condition_speaks_for_a_running_training_posts_an_event_and_is_kept_between_looks() -> None:
     health = node_health([pod("llama-worker-0", "n1")], {"n1": node("n1", XID)})
-    status = compute_status(facts(), job(RUNNING), None, nodes=health, now=NOW)
+    status = compute_status(facts(), job(RUNNING), None, Observations(nodes=health, now=NOW))
     cond = conditions_of(status)[NODES_HEALTHY]
     assert (cond.status, cond.reason) == ("False", "SuspectNode")
     assert status.message == cond.message == health.message()  # the status' message while Running
@@ -78,13 +79,15 @@ def test_the_condition_speaks_for_a_running_training_posts_an_event_and_is_kept_
     assert (event.type, event.message) == ("Warning", health.message())
 
     stored = status_document(status)
-    kept = compute_status(facts(), job(RUNNING), stored, now=NOW)  # another writer: no look at the nodes
+    kept = compute_status(facts(), job(RUNNING), stored, Observations(now=NOW))  # another writer: no look at the nodes
     assert conditions_of(kept)[NODES_HEALTHY].message == health.message()
     assert not [e for e in transition_events(stored, kept) if e.reason == "SuspectNode"]  # said once
 
     repaired = node_health([pod("llama-worker-0", "n1")], {"n1": node("n1")})
-    fixed = compute_status(facts(), job(RUNNING), stored, nodes=repaired, now=NOW)
+    fixed = compute_status(facts(), job(RUNNING), stored, Observations(nodes=repaired, now=NOW))
     assert (conditions_of(fixed)[NODES_HEALTHY].status, fixed.message) == ("True", "job is running")
 
-    done = compute_status(facts(), job({"type": "Succeeded", "status": "True", "reason": "Done"}), stored, now=NOW)
+    done = compute_status(
+        facts(), job({"type": "Succeeded", "status": "True", "reason": "Done"}), stored, Observations(now=NOW)
+    )
     assert NODES_HEALTHY not in conditions_of(done)  # no pods, nothing to say of their nodes

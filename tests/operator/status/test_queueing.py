@@ -20,7 +20,7 @@ from fsdp_operator.controller.queueing import (
     queue_state,
     trim_workload,
 )
-from fsdp_operator.controller.status.compute import compute_status, transition_events
+from fsdp_operator.controller.status.compute import Observations, compute_status, transition_events
 
 from tests.operator.render_fixtures import job_of, objects
 from tests.operator.status_fixtures import NOW, conditions_of, facts, job
@@ -123,7 +123,7 @@ def test_a_held_job_without_a_workload_says_kueue_does_not_manage_it_and_what_to
     assert queue_state(PENDING, "team-a", held).reason == "Pending"
     # An unmarked job without a Workload only waits for Kueue to make one.
     assert queue_state(None, "team-a", job(suspend=True)).reason == "NoWorkload"
-    st = compute_status(facts(**QUEUED), held, None, queue=state, now=NOW)
+    st = compute_status(facts(**QUEUED), held, None, Observations(queue=state, now=NOW))
     assert conditions_of(st)["Admitted"].reason == NOT_MANAGED_BY_KUEUE
     assert st.phase == "Queued" and st.message == state.message
 
@@ -139,7 +139,9 @@ def test_a_workload_is_tied_to_its_job_and_trimmed() -> None:
 
 
 def test_a_job_kueue_holds_is_queued_with_kueues_reason() -> None:
-    st = compute_status(facts(**QUEUED), job(suspend=True), None, queue=queue_state(PENDING, "team-a"), now=NOW)
+    st = compute_status(
+        facts(**QUEUED), job(suspend=True), None, Observations(queue=queue_state(PENDING, "team-a"), now=NOW)
+    )
     assert st.phase == "Queued"
     assert st.message == PENDING_MESSAGE
     admitted = conditions_of(st)["Admitted"]
@@ -151,15 +153,17 @@ def test_a_job_kueue_holds_is_queued_with_kueues_reason() -> None:
 
 def test_an_admitted_job_runs_and_says_so() -> None:
     running = job({"type": "Running", "status": "True", "reason": "PyTorchJobRunning", "message": "running"})
-    st = compute_status(facts(**QUEUED), running, None, queue=queue_state(ADMITTED, "team-a"), now=NOW)
+    st = compute_status(facts(**QUEUED), running, None, Observations(queue=queue_state(ADMITTED, "team-a"), now=NOW))
     assert st.phase == "Running"
     assert conditions_of(st)["Admitted"].status == "True"
 
 
 def test_a_preempted_job_is_queued_again_with_a_warning() -> None:
-    before = compute_status(facts(**QUEUED), job(), None, queue=queue_state(ADMITTED, "team-a"), now=NOW)
+    before = compute_status(facts(**QUEUED), job(), None, Observations(queue=queue_state(ADMITTED, "team-a"), now=NOW))
     previous = before.model_dump(by_alias=True, exclude_none=True, mode="json")
-    st = compute_status(facts(**QUEUED), job(suspend=True), previous, queue=queue_state(PREEMPTED, "team-a"), now=NOW)
+    st = compute_status(
+        facts(**QUEUED), job(suspend=True), previous, Observations(queue=queue_state(PREEMPTED, "team-a"), now=NOW)
+    )
     assert st.phase == "Queued"
     assert st.message == f"Preempted: {PREEMPTED_MESSAGE}"
     evicted = conditions_of(st)["Evicted"]
@@ -171,13 +175,16 @@ def test_a_preempted_job_is_queued_again_with_a_warning() -> None:
 def test_the_users_suspend_on_a_queued_training_is_suspended_not_queued() -> None:
     deactivated = workload(wl_cond("Evicted", "True", "Deactivated", "The workload is deactivated"), active=False)
     st = compute_status(
-        facts(suspend=True, **QUEUED), job(suspend=True), None, queue=queue_state(deactivated, "team-a"), now=NOW
+        facts(suspend=True, **QUEUED),
+        job(suspend=True),
+        None,
+        Observations(queue=queue_state(deactivated, "team-a"), now=NOW),
     )
     assert st.phase == "Suspended"
 
 
 def test_a_training_without_a_queue_has_no_kueue_conditions() -> None:
-    st = compute_status(facts(), job(suspend=True), None, queue=None, now=NOW)
+    st = compute_status(facts(), job(suspend=True), None, Observations(queue=None, now=NOW))
     assert st.phase == "Suspended"
     assert "Admitted" not in conditions_of(st) and "Evicted" not in conditions_of(st)
 
@@ -239,7 +246,9 @@ def test_the_status_names_the_domain_kueue_assigned_at_the_requested_level() -> 
         ONE_DOMAIN, {"required": LAYER.format(2), "podIndexLabel": "training.kubeflow.org/replica-index"}
     )
     assert placement(trim_workload(wl)) == Placement(LAYER.format(2), ("nn-mid",))
-    st = compute_status(facts(**TOPOLOGY), job(), None, queue=queue_state(trim_workload(wl), "team-a"), now=NOW)
+    st = compute_status(
+        facts(**TOPOLOGY), job(), None, Observations(queue=queue_state(trim_workload(wl), "team-a"), now=NOW)
+    )
     assert st.topology is not None
     assert (st.topology.level, st.topology.domains) == (LAYER.format(2), ["nn-mid"])
     # A level below shows each pod's domain; one Kueue spread over several is listed as such.
@@ -259,7 +268,9 @@ def test_a_preferred_request_that_fit_nowhere_is_shown_at_the_top_level() -> Non
 
 def test_no_placement_before_admission_or_after_an_eviction() -> None:
     assert placement(PENDING) is None
-    st = compute_status(facts(**TOPOLOGY), job(suspend=True), None, queue=queue_state(PREEMPTED, "team-a"), now=NOW)
+    st = compute_status(
+        facts(**TOPOLOGY), job(suspend=True), None, Observations(queue=queue_state(PREEMPTED, "team-a"), now=NOW)
+    )
     assert st.topology is None
     assert queue_state(PENDING, "team-a").placement is None
 

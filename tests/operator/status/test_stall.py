@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from fsdp_api.spec import StallSpec
 from fsdp_operator.controller.stall import StallRules, StepClock, observe, observe_unreachable, start_clock, verdict
-from fsdp_operator.controller.status.compute import compute_status, transition_events
+from fsdp_operator.controller.status.compute import Observations, compute_status, transition_events
 
 from tests.operator.status_fixtures import facts
 
@@ -124,8 +124,12 @@ RUNNING_JOB = {
 def test_stalled_condition_message_and_events() -> None:
     clock = run_steps([(0, None), (100, 1), (110, 6), (120, 11)])
     stalled = verdict(clock, RULES, 200)
-    before = compute_status(FACTS, RUNNING_JOB, None, now="2026-01-01T00:00:00Z").model_dump(by_alias=True)
-    status = compute_status(FACTS, RUNNING_JOB, before, stall=stalled, stall_restarts=1, now="2026-01-01T00:01:00Z")
+    before = compute_status(FACTS, RUNNING_JOB, None, Observations(now="2026-01-01T00:00:00Z")).model_dump(
+        by_alias=True
+    )
+    status = compute_status(
+        FACTS, RUNNING_JOB, before, Observations(stall=stalled, stall_restarts=1, now="2026-01-01T00:01:00Z")
+    )
     cond = {c.type: c for c in status.conditions}["Stalled"]
     assert (cond.status, cond.reason) == ("True", "NoProgress")
     assert status.message == cond.message == "no new step since step 11 for 80 s (limit 30 s)"
@@ -134,10 +138,10 @@ def test_stalled_condition_message_and_events() -> None:
     assert [(e.type, e.reason) for e in events] == [("Warning", "Stalled")]
     # Kept by a status write that does not know (a job event), cleared by progress.
     stored = status.model_dump(by_alias=True, mode="json", exclude_none=True)
-    again = compute_status(FACTS, RUNNING_JOB, stored, now="2026-01-01T00:02:00Z")
+    again = compute_status(FACTS, RUNNING_JOB, stored, Observations(now="2026-01-01T00:02:00Z"))
     assert {c.type: c.status for c in again.conditions}["Stalled"] == "True" and again.stall_restarts == 1
     moving = verdict(observe(clock, 12, 300, RULES), RULES, 301)
-    cleared = compute_status(FACTS, RUNNING_JOB, stored, stall=moving, now="2026-01-01T00:03:00Z")
+    cleared = compute_status(FACTS, RUNNING_JOB, stored, Observations(stall=moving, now="2026-01-01T00:03:00Z"))
     assert {c.type: (c.status, c.reason) for c in cleared.conditions}["Stalled"] == ("False", "Progressing")
     assert [(e.type, e.reason) for e in transition_events(stored, cleared)] == [("Normal", "StallCleared")]
     # A finished job has no Stalled condition.

@@ -30,6 +30,7 @@ from fsdp_operator.controller.stall.check import check_stall
 from fsdp_operator.controller.status.compute import (
     MAX_MESSAGE,
     EventSpec,
+    Observations,
     PodsReport,
     ReconcileOutcome,
     Scheduling,
@@ -79,7 +80,7 @@ def test_facts_multiply_nodes_by_gpus_per_node() -> None:
 
 
 def test_no_job_yet_is_pending() -> None:
-    s = compute_status(facts(), None, None, outcome=APPLIED, now=NOW)
+    s = compute_status(facts(), None, None, Observations(outcome=APPLIED, now=NOW))
     assert s.phase == "Pending"
     assert s.job_name == "llama"
     assert s.replica_statuses == {}
@@ -89,7 +90,7 @@ def test_invalid_spec_without_job_is_failed_with_the_validation_message() -> Non
     outcome = ReconcileOutcome(
         False, "InvalidSpec", "spec.fsdp.shardingStrategy: hybrid sharding needs at least 2 nodes"
     )
-    s = compute_status(facts(), None, None, outcome=outcome, now=NOW)
+    s = compute_status(facts(), None, None, Observations(outcome=outcome, now=NOW))
     assert s.phase == "Failed"
     assert s.message == outcome.message
     rec = conditions_of(s)["Reconciled"]
@@ -98,13 +99,13 @@ def test_invalid_spec_without_job_is_failed_with_the_validation_message() -> Non
 
 def test_invalid_update_keeps_mirroring_the_running_job() -> None:
     outcome = ReconcileOutcome(False, "InvalidSpec", "bad")
-    s = compute_status(facts(), job(cond("Created"), cond("Running")), None, outcome=outcome, now=NOW)
+    s = compute_status(facts(), job(cond("Created"), cond("Running")), None, Observations(outcome=outcome, now=NOW))
     assert s.phase == "Running"
     assert conditions_of(s)["Reconciled"].status == "False"
 
 
 def test_job_without_conditions_is_created() -> None:
-    s = compute_status(facts(), job(), None, outcome=APPLIED, now=NOW)
+    s = compute_status(facts(), job(), None, Observations(outcome=APPLIED, now=NOW))
     assert s.phase == "Created"
     assert "waiting for its pods" in s.message
 
@@ -126,19 +127,21 @@ def test_job_without_conditions_is_created() -> None:
     ],
 )
 def test_kubeflow_conditions_map_to_phases(conditions: list[dict[str, Any]], phase: str) -> None:
-    assert compute_status(facts(), job(*conditions), None, now=NOW).phase == phase
+    assert compute_status(facts(), job(*conditions), None, Observations(now=NOW)).phase == phase
 
 
 def test_phase_message_comes_from_the_deciding_condition() -> None:
     j = job(cond("Created"), cond("Failed", message="PyTorchJob llama has failed because 1 Worker replica(s) failed."))
     assert (
-        compute_status(facts(), j, None, now=NOW).message
+        compute_status(facts(), j, None, Observations(now=NOW)).message
         == "PyTorchJob llama has failed because 1 Worker replica(s) failed."
     )
 
 
 def test_suspend_in_the_job_spec_is_suspended_before_kubeflow_acknowledges() -> None:
-    s = compute_status(facts(suspend=True), job(cond("Created"), cond("Running"), suspend=True), None, now=NOW)
+    s = compute_status(
+        facts(suspend=True), job(cond("Created"), cond("Running"), suspend=True), None, Observations(now=NOW)
+    )
     assert s.phase == "Suspended"
     c = conditions_of(s)["Suspended"]
     assert (c.status, c.reason) == ("True", "SuspendRequested")
@@ -150,12 +153,14 @@ def test_kubeflow_suspended_condition_is_mirrored_with_its_reason() -> None:
         cond("Suspended", reason="JobSuspended", message="PyTorchJob llama is suspended."),
         suspend=True,
     )
-    c = conditions_of(compute_status(facts(suspend=True), j, None, now=NOW))["Suspended"]
+    c = conditions_of(compute_status(facts(suspend=True), j, None, Observations(now=NOW)))["Suspended"]
     assert (c.status, c.reason, c.message) == ("True", "JobSuspended", "PyTorchJob llama is suspended.")
 
 
 def test_suspended_job_that_succeeded_is_succeeded() -> None:
-    assert compute_status(facts(), job(cond("Succeeded"), suspend=True), None, now=NOW).phase == "Succeeded"
+    assert (
+        compute_status(facts(), job(cond("Succeeded"), suspend=True), None, Observations(now=NOW)).phase == "Succeeded"
+    )
 
 
 # --- mirrored fields ------------------------------------------------------------------
@@ -172,14 +177,16 @@ def test_times_replicas_and_sizes_are_mirrored() -> None:
             "Worker": {"active": 0, "succeeded": 4, "selector": "x=y", "labelSelector": {"matchLabels": {}}}
         },
     )
-    s = compute_status(facts(resources={"nodes": 4, "gpusPerNode": 8}), j, None, now=NOW)
+    s = compute_status(facts(resources={"nodes": 4, "gpusPerNode": 8}), j, None, Observations(now=NOW))
     assert (s.start_time, s.completion_time) == ("2026-01-02T03:00:00Z", "2026-01-02T05:00:00Z")
     assert s.replica_statuses["Worker"].model_dump() == {"active": 0, "succeeded": 4, "failed": 0}
     assert (s.nodes, s.gpus, s.job_name) == (4, 32, "llama")
 
 
 def test_observed_generation_is_the_generation_rendered_into_the_job() -> None:
-    s = compute_status(facts(generation=3), job(cond("Running"), generation=2), None, outcome=APPLIED, now=NOW)
+    s = compute_status(
+        facts(generation=3), job(cond("Running"), generation=2), None, Observations(outcome=APPLIED, now=NOW)
+    )
     assert s.observed_generation == 2
     by_type = conditions_of(s)
     assert by_type["Running"].observed_generation == 2
@@ -189,28 +196,30 @@ def test_observed_generation_is_the_generation_rendered_into_the_job() -> None:
 
 
 def test_kubeflow_conditions_keep_the_jobs_transition_time() -> None:
-    s = compute_status(facts(), job(cond("Running", time="2025-12-31T00:00:00Z")), None, now=NOW)
+    s = compute_status(facts(), job(cond("Running", time="2025-12-31T00:00:00Z")), None, Observations(now=NOW))
     assert conditions_of(s)["Running"].last_transition_time == "2025-12-31T00:00:00Z"
 
 
 def test_own_conditions_move_their_transition_time_only_when_status_flips() -> None:
-    first = status_document(compute_status(facts(), job(), None, outcome=APPLIED, now=NOW))
-    same = compute_status(facts(), job(), first, outcome=APPLIED, now=LATER)
+    first = status_document(compute_status(facts(), job(), None, Observations(outcome=APPLIED, now=NOW)))
+    same = compute_status(facts(), job(), first, Observations(outcome=APPLIED, now=LATER))
     assert conditions_of(same)["Reconciled"].last_transition_time == NOW
-    failed = compute_status(facts(), job(), first, outcome=ReconcileOutcome(False, "ApplyFailed", "boom"), now=LATER)
+    failed = compute_status(
+        facts(), job(), first, Observations(outcome=ReconcileOutcome(False, "ApplyFailed", "boom"), now=LATER)
+    )
     assert conditions_of(failed)["Reconciled"].last_transition_time == LATER
 
 
 def test_job_event_keeps_the_last_reconcile_outcome() -> None:
     failed = ReconcileOutcome(False, "ApplyFailed", "forbidden")
-    first = status_document(compute_status(facts(), job(), None, outcome=failed, now=NOW))
-    s = compute_status(facts(), job(cond("Running")), first, outcome=None, now=LATER)
+    first = status_document(compute_status(facts(), job(), None, Observations(outcome=failed, now=NOW)))
+    s = compute_status(facts(), job(cond("Running")), first, Observations(outcome=None, now=LATER))
     rec = conditions_of(s)["Reconciled"]
     assert (rec.status, rec.message, rec.last_transition_time) == ("False", "forbidden", NOW)
 
 
 def test_checkpoints_without_pvc_are_ephemeral() -> None:
-    s = compute_status(facts(), job(), None, now=NOW)
+    s = compute_status(facts(), job(), None, Observations(now=NOW))
     assert s.checkpoint.ephemeral is True
     c = conditions_of(s)["CheckpointsPersistent"]
     assert (c.status, c.reason) == ("False", "EphemeralStorage")
@@ -218,7 +227,7 @@ def test_checkpoints_without_pvc_are_ephemeral() -> None:
 
 
 def test_checkpoints_with_a_remote_tier_are_persistent_even_in_an_emptydir() -> None:
-    s = compute_status(facts(checkpoint={"remote": "s3://ckpt/llama"}), job(), None, now=NOW)
+    s = compute_status(facts(checkpoint={"remote": "s3://ckpt/llama"}), job(), None, Observations(now=NOW))
     assert (s.checkpoint.ephemeral, s.checkpoint.remote) == (False, "s3://ckpt/llama")
     c = conditions_of(s)["CheckpointsPersistent"]
     assert (c.status, c.reason) == ("True", "RemoteTier")
@@ -251,7 +260,7 @@ def test_the_remote_tier_step_comes_from_rank_zero() -> None:
 
 
 def test_checkpoints_on_a_pvc_are_persistent() -> None:
-    s = compute_status(facts(checkpoint={"claimName": "ckpt", "dir": "/data/ckpt"}), job(), None, now=NOW)
+    s = compute_status(facts(checkpoint={"claimName": "ckpt", "dir": "/data/ckpt"}), job(), None, Observations(now=NOW))
     assert (s.checkpoint.ephemeral, s.checkpoint.dir) == (False, "/data/ckpt")
     assert conditions_of(s)["CheckpointsPersistent"].status == "True"
 
@@ -265,17 +274,17 @@ def test_scraped_progress_is_carried_over() -> None:
         "checkpoint": {"lastStep": 100},
         "trackerRuns": {"mlflow": "http://mlflow:5000/#/experiments/1/runs/abc"},
     }
-    s = compute_status(facts(), job(cond("Running")), previous, now=NOW)
+    s = compute_status(facts(), job(cond("Running")), previous, Observations(now=NOW))
     assert (s.step, s.loss, s.tokens_per_second, s.checkpoint.last_step) == (120, 2.5, 9000.0, 100)
     assert s.tracker_runs == {"mlflow": "http://mlflow:5000/#/experiments/1/runs/abc"}
     # A finished training still links to its run.
-    done = compute_status(facts(), job(cond("Succeeded")), previous, now=NOW)
+    done = compute_status(facts(), job(cond("Succeeded")), previous, Observations(now=NOW))
     assert done.tracker_runs == previous["trackerRuns"]
 
 
 def test_conditions_have_a_stable_order() -> None:
     j = job(cond("Succeeded"), cond("Running", "False"), cond("Created"))
-    types = [c.type for c in compute_status(facts(), j, None, outcome=APPLIED, now=NOW).conditions]
+    types = [c.type for c in compute_status(facts(), j, None, Observations(outcome=APPLIED, now=NOW)).conditions]
     assert types == ["Reconciled", "CheckpointsPersistent", "Created", "Running", "Succeeded"]
 
 
@@ -294,7 +303,7 @@ SCRAPED_MID_RUN = {
 
 
 def test_succeeded_job_reports_max_steps_however_late_the_last_scrape() -> None:
-    s = compute_status(facts(), job(cond("Succeeded")), SCRAPED_MID_RUN, now=NOW)  # maxSteps 10
+    s = compute_status(facts(), job(cond("Succeeded")), SCRAPED_MID_RUN, Observations(now=NOW))  # maxSteps 10
     assert (s.phase, s.step, s.checkpoint.last_step) == ("Succeeded", 10, 10)
     # Loss and throughput cannot be derived: the last figures read stay.
     assert (s.loss, s.tokens_per_second) == (3.5, 800.0)
@@ -302,30 +311,34 @@ def test_succeeded_job_reports_max_steps_however_late_the_last_scrape() -> None:
 
 
 def test_running_job_keeps_its_progress_and_time_left() -> None:
-    s = compute_status(facts(), job(cond("Running")), SCRAPED_MID_RUN, now=NOW)
+    s = compute_status(facts(), job(cond("Running")), SCRAPED_MID_RUN, Observations(now=NOW))
     assert (s.progress_percentage, s.estimated_remaining_seconds, s.remaining) == (60, 8, "8s")
 
 
 @pytest.mark.parametrize("phase_condition", ["Failed", "Suspended", "Restarting"])
 def test_a_job_that_is_not_running_keeps_its_progress_but_has_no_time_left(phase_condition: str) -> None:
-    s = compute_status(facts(), job(cond("Running"), cond(phase_condition)), SCRAPED_MID_RUN, now=NOW)
+    s = compute_status(facts(), job(cond("Running"), cond(phase_condition)), SCRAPED_MID_RUN, Observations(now=NOW))
     assert s.phase == phase_condition
     assert (s.progress_percentage, s.estimated_remaining_seconds, s.remaining) == (60, None, None)
 
 
 def test_failed_job_keeps_the_last_scraped_step() -> None:
-    s = compute_status(facts(), job(cond("Failed")), SCRAPED_MID_RUN, now=NOW)
+    s = compute_status(facts(), job(cond("Failed")), SCRAPED_MID_RUN, Observations(now=NOW))
     assert (s.phase, s.step, s.checkpoint.last_step) == ("Failed", 6, 5)
 
 
 def test_succeeded_job_of_an_older_spec_is_not_called_complete() -> None:
-    s = compute_status(facts(generation=2), job(cond("Succeeded"), generation=1), SCRAPED_MID_RUN, now=NOW)
+    s = compute_status(
+        facts(generation=2), job(cond("Succeeded"), generation=1), SCRAPED_MID_RUN, Observations(now=NOW)
+    )
     assert (s.progress_percentage, s.estimated_remaining_seconds) == (60, None)
 
 
 def test_succeeded_job_of_an_older_spec_keeps_the_scraped_step() -> None:
     # The job ran generation 1; the spec (maybe maxSteps) changed since and is not applied yet.
-    s = compute_status(facts(generation=2), job(cond("Succeeded"), generation=1), SCRAPED_MID_RUN, now=NOW)
+    s = compute_status(
+        facts(generation=2), job(cond("Succeeded"), generation=1), SCRAPED_MID_RUN, Observations(now=NOW)
+    )
     assert (s.step, s.checkpoint.last_step) == (6, 5)
 
 
@@ -411,7 +424,7 @@ def test_other_failures_and_other_containers_are_not_a_rejection() -> None:
 
 
 def test_a_rejected_config_is_a_condition_and_the_message_until_the_spec_changes() -> None:
-    running = compute_status(facts(), job(cond("Running")), None, rejection=REJECTED, now=NOW)
+    running = compute_status(facts(), job(cond("Running")), None, Observations(rejection=REJECTED, now=NOW))
     config = conditions_of(running)["ConfigValid"]
     assert (config.status, config.reason, config.message) == ("False", "TrainerRejectedConfig", REJECTED)
     assert running.phase == "Running" and running.message == REJECTED
@@ -419,12 +432,14 @@ def test_a_rejected_config_is_a_condition_and_the_message_until_the_spec_changes
     assert EventSpec("Warning", "TrainerRejectedConfig", REJECTED) in events
     # The backoff limit then fails the job; the reason stays the check's lines.
     stored = status_document(running)
-    failed = compute_status(facts(), job(cond("Failed", message="backoff limit exceeded")), stored, now=LATER)
+    failed = compute_status(
+        facts(), job(cond("Failed", message="backoff limit exceeded")), stored, Observations(now=LATER)
+    )
     assert failed.phase == "Failed" and failed.message == REJECTED
     assert conditions_of(failed)["ConfigValid"].last_transition_time == NOW
     assert not [e for e in transition_events(stored, failed) if e.reason == "TrainerRejectedConfig"]
     # A new generation is a new config: the old verdict goes.
-    fixed = compute_status(facts(generation=2), job(cond("Running"), generation=2), stored, now=LATER)
+    fixed = compute_status(facts(generation=2), job(cond("Running"), generation=2), stored, Observations(now=LATER))
     assert "ConfigValid" not in conditions_of(fixed)
     assert fixed.message != REJECTED
 
@@ -472,25 +487,30 @@ def test_a_pod_the_api_server_refuses_is_the_reason_while_pods_are_missing() -> 
 
 def test_pods_started_is_a_condition_the_message_and_one_event_per_reason() -> None:
     stuck = Start(False, "ImagePullBackOff", f"the pod cannot start: w0: container pytorch: {PULL}")
-    s = compute_status(facts(), job(cond("Created")), None, outcome=APPLIED, start=stuck, now=NOW)
+    s = compute_status(facts(), job(cond("Created")), None, Observations(outcome=APPLIED, start=stuck, now=NOW))
     c = conditions_of(s)["PodsStarted"]
     assert (c.status, c.reason, c.message) == ("False", "ImagePullBackOff", stuck.message)
     assert s.message == stuck.message
     assert EventSpec("Warning", "ImagePullBackOff", stuck.message) in transition_events(None, s)
     stored = status_document(s)
     # The next look says the same: kept, no new Event; no look (a job event): kept as well.
-    again = compute_status(facts(), job(cond("Created")), stored, start=stuck, now=LATER)
+    again = compute_status(facts(), job(cond("Created")), stored, Observations(start=stuck, now=LATER))
     assert conditions_of(again)["PodsStarted"].last_transition_time == NOW
     assert not [e for e in transition_events(stored, again) if e.reason == "ImagePullBackOff"]
     assert (
-        conditions_of(compute_status(facts(), job(cond("Created")), stored, now=LATER))["PodsStarted"].status == "False"
+        conditions_of(compute_status(facts(), job(cond("Created")), stored, Observations(now=LATER)))[
+            "PodsStarted"
+        ].status
+        == "False"
     )
     # Fixed (the image exists now): True, and the message is the job's again.
     ok = Start(True, "Started", "the trainer containers of all 1 pods have started")
-    fixed = compute_status(facts(), job(cond("Running")), stored, start=ok, now=LATER)
+    fixed = compute_status(facts(), job(cond("Running")), stored, Observations(start=ok, now=LATER))
     assert conditions_of(fixed)["PodsStarted"].status == "True" and fixed.message != stuck.message
     # Suspended: no pods, no condition.
-    assert "PodsStarted" not in conditions_of(compute_status(facts(), job(cond("Suspended")), stored, now=LATER))
+    assert "PodsStarted" not in conditions_of(
+        compute_status(facts(), job(cond("Suspended")), stored, Observations(now=LATER))
+    )
 
 
 UNSCHEDULABLE = Scheduling(False, "Unschedulable", f"2 of 2 pods cannot be scheduled: llama-worker-0: {NO_FIT}")
@@ -498,7 +518,9 @@ SCHEDULED = Scheduling(True, "Scheduled", "all 2 pods are scheduled")
 
 
 def test_unschedulable_pods_are_the_message_of_a_waiting_training() -> None:
-    s = compute_status(facts(), job(cond("Created")), None, outcome=APPLIED, scheduling=UNSCHEDULABLE, now=NOW)
+    s = compute_status(
+        facts(), job(cond("Created")), None, Observations(outcome=APPLIED, scheduling=UNSCHEDULABLE, now=NOW)
+    )
     assert s.phase == "Created"
     assert s.message == UNSCHEDULABLE.message
     c = conditions_of(s)["Schedulable"]
@@ -506,36 +528,46 @@ def test_unschedulable_pods_are_the_message_of_a_waiting_training() -> None:
     types = [c.type for c in s.conditions]
     assert types == ["Reconciled", "CheckpointsPersistent", "Schedulable", "Created"]
     # A job event (no pod information) keeps it, and the explanation.
-    again = compute_status(facts(), job(cond("Created")), status_document(s), now=LATER)
+    again = compute_status(facts(), job(cond("Created")), status_document(s), Observations(now=LATER))
     assert again.message == UNSCHEDULABLE.message
     assert conditions_of(again)["Schedulable"].model_dump() == c.model_dump()
 
 
 def test_schedulable_clears_once_the_pods_are_placed() -> None:
-    stuck = status_document(compute_status(facts(), job(cond("Created")), None, scheduling=UNSCHEDULABLE, now=NOW))
-    s = compute_status(facts(), job(cond("Created")), stuck, scheduling=SCHEDULED, now=LATER)
+    stuck = status_document(
+        compute_status(facts(), job(cond("Created")), None, Observations(scheduling=UNSCHEDULABLE, now=NOW))
+    )
+    s = compute_status(facts(), job(cond("Created")), stuck, Observations(scheduling=SCHEDULED, now=LATER))
     c = conditions_of(s)["Schedulable"]
     assert (c.status, c.reason, c.last_transition_time) == ("True", "Scheduled", LATER)
     assert s.message == "PyTorchJob llama created; waiting for its pods"
 
 
 def test_schedulable_after_the_job_ends_or_pauses() -> None:
-    stuck = status_document(compute_status(facts(), job(cond("Created")), None, scheduling=UNSCHEDULABLE, now=NOW))
-    done = compute_status(facts(), job(cond("Succeeded", message="done")), stuck, now=LATER)
+    stuck = status_document(
+        compute_status(facts(), job(cond("Created")), None, Observations(scheduling=UNSCHEDULABLE, now=NOW))
+    )
+    done = compute_status(facts(), job(cond("Succeeded", message="done")), stuck, Observations(now=LATER))
     assert (conditions_of(done)["Schedulable"].status, done.message) == ("True", "done")
     # Failing while unschedulable: that may well be why, so it stays.
-    failed = compute_status(facts(), job(cond("Failed", message="deadline")), stuck, now=LATER)
+    failed = compute_status(facts(), job(cond("Failed", message="deadline")), stuck, Observations(now=LATER))
     assert (conditions_of(failed)["Schedulable"].status, failed.message) == ("False", "deadline")
     # Suspended: no pods, nothing to schedule.
-    assert "Schedulable" not in conditions_of(compute_status(facts(), job(suspend=True), stuck, now=LATER))
+    assert "Schedulable" not in conditions_of(
+        compute_status(facts(), job(suspend=True), stuck, Observations(now=LATER))
+    )
     # Never looked at: no condition at all.
-    assert "Schedulable" not in conditions_of(compute_status(facts(), job(cond("Running")), None, now=NOW))
+    assert "Schedulable" not in conditions_of(
+        compute_status(facts(), job(cond("Running")), None, Observations(now=NOW))
+    )
 
 
 def test_unschedulable_is_a_warning_event_once() -> None:
-    first = compute_status(facts(), job(cond("Created")), None, scheduling=UNSCHEDULABLE, now=NOW)
+    first = compute_status(facts(), job(cond("Created")), None, Observations(scheduling=UNSCHEDULABLE, now=NOW))
     assert EventSpec("Warning", "Unschedulable", UNSCHEDULABLE.message) in transition_events(None, first)
-    later = compute_status(facts(), job(cond("Created")), status_document(first), scheduling=UNSCHEDULABLE, now=LATER)
+    later = compute_status(
+        facts(), job(cond("Created")), status_document(first), Observations(scheduling=UNSCHEDULABLE, now=LATER)
+    )
     assert [e.reason for e in transition_events(status_document(first), later)] == []
 
 
@@ -543,9 +575,9 @@ def test_unschedulable_is_a_warning_event_once() -> None:
 
 
 def test_status_patch_is_empty_when_nothing_changed() -> None:
-    s = compute_status(facts(), job(cond("Running")), None, outcome=APPLIED, now=NOW)
+    s = compute_status(facts(), job(cond("Running")), None, Observations(outcome=APPLIED, now=NOW))
     stored = status_document(s)
-    again = compute_status(facts(), job(cond("Running")), stored, outcome=APPLIED, now=LATER)
+    again = compute_status(facts(), job(cond("Running")), stored, Observations(outcome=APPLIED, now=LATER))
     assert status_patch(stored, again) == {}
 
 
@@ -554,15 +586,15 @@ def test_status_patch_deletes_what_disappeared() -> None:
         cond("Running"), replicaStatuses={"Master": {"active": 1}, "Worker": {"active": 3}}, completionTime=NOW
     )
     after = job(cond("Running"), replicaStatuses={"Worker": {"active": 3}})
-    stored = status_document(compute_status(facts(), before, None, now=NOW))
-    patch = status_patch(stored, compute_status(facts(), after, stored, now=NOW))
+    stored = status_document(compute_status(facts(), before, None, Observations(now=NOW)))
+    patch = status_patch(stored, compute_status(facts(), after, stored, Observations(now=NOW)))
     assert patch == {"replicaStatuses": {"Master": None}, "completionTime": None}
 
 
 def test_status_patch_ignores_undeclared_fields() -> None:
-    stored = status_document(compute_status(facts(), job(), None, now=NOW))
+    stored = status_document(compute_status(facts(), job(), None, Observations(now=NOW)))
     stored_with_junk = {**stored, "kopf": {"progress": {}}}
-    assert status_patch(stored_with_junk, compute_status(facts(), job(), stored_with_junk, now=NOW)) == {}
+    assert status_patch(stored_with_junk, compute_status(facts(), job(), stored_with_junk, Observations(now=NOW))) == {}
 
 
 def test_merge_patch_replaces_lists_and_recurses_into_maps() -> None:
@@ -574,7 +606,7 @@ def test_merge_patch_replaces_lists_and_recurses_into_maps() -> None:
 
 def test_status_documents_validate_against_the_api_model() -> None:
     doc = status_document(
-        compute_status(facts(), job(cond("Created"), cond("Running")), None, outcome=APPLIED, now=NOW)
+        compute_status(facts(), job(cond("Created"), cond("Running")), None, Observations(outcome=APPLIED, now=NOW))
     )
     assert FSDPTrainingStatus.model_validate(doc).phase == "Running"
 
@@ -587,14 +619,17 @@ def reasons(previous: dict[str, Any] | None, new: FSDPTrainingStatus) -> list[st
 
 
 def test_first_status_warns_about_ephemeral_checkpoints_once() -> None:
-    first = compute_status(facts(), job(), None, outcome=APPLIED, now=NOW)
+    first = compute_status(facts(), job(), None, Observations(outcome=APPLIED, now=NOW))
     events = transition_events(None, first)
     assert [(e.type, e.reason) for e in events] == [("Warning", "EphemeralCheckpoints")]
-    assert reasons(status_document(first), compute_status(facts(), job(), status_document(first), now=NOW)) == []
+    assert (
+        reasons(status_document(first), compute_status(facts(), job(), status_document(first), Observations(now=NOW)))
+        == []
+    )
 
 
 def test_pvc_backed_training_gets_no_checkpoint_warning() -> None:
-    s = compute_status(facts(checkpoint={"claimName": "c"}), job(), None, now=NOW)
+    s = compute_status(facts(checkpoint={"claimName": "c"}), job(), None, Observations(now=NOW))
     assert reasons(None, s) == []
 
 
@@ -611,29 +646,31 @@ def test_pvc_backed_training_gets_no_checkpoint_warning() -> None:
 def test_phase_transitions_record_events(
     before: list[dict[str, Any]], after: list[dict[str, Any]], expected: list[str]
 ) -> None:
-    prev = status_document(compute_status(facts(), job(*before), None, now=NOW))
-    assert reasons(prev, compute_status(facts(), job(*after), prev, now=NOW)) == expected
+    prev = status_document(compute_status(facts(), job(*before), None, Observations(now=NOW)))
+    assert reasons(prev, compute_status(facts(), job(*after), prev, Observations(now=NOW))) == expected
 
 
 def test_failed_is_a_warning_event() -> None:
-    prev = status_document(compute_status(facts(), job(cond("Running")), None, now=NOW))
-    (event,) = transition_events(prev, compute_status(facts(), job(cond("Failed", message="OOM")), prev, now=NOW))
+    prev = status_document(compute_status(facts(), job(cond("Running")), None, Observations(now=NOW)))
+    (event,) = transition_events(
+        prev, compute_status(facts(), job(cond("Failed", message="OOM")), prev, Observations(now=NOW))
+    )
     assert (event.type, event.reason, event.message) == ("Warning", "Failed", "OOM")
 
 
 def test_suspend_then_resume_records_both() -> None:
-    running = status_document(compute_status(facts(), job(cond("Running")), None, now=NOW))
-    suspended = compute_status(facts(suspend=True), job(cond("Running"), suspend=True), running, now=NOW)
+    running = status_document(compute_status(facts(), job(cond("Running")), None, Observations(now=NOW)))
+    suspended = compute_status(facts(suspend=True), job(cond("Running"), suspend=True), running, Observations(now=NOW))
     assert reasons(running, suspended) == ["Suspended"]
-    resumed = compute_status(facts(), job(cond("Running")), status_document(suspended), now=NOW)
+    resumed = compute_status(facts(), job(cond("Running")), status_document(suspended), Observations(now=NOW))
     assert reasons(status_document(suspended), resumed) == ["Resumed", "Running"]
 
 
 def test_reconcile_failure_is_a_warning_event_once_per_message() -> None:
     outcome = ReconcileOutcome(False, "ApplyFailed", "forbidden")
-    first = compute_status(facts(), job(), None, outcome=outcome, now=NOW)
+    first = compute_status(facts(), job(), None, Observations(outcome=outcome, now=NOW))
     assert ("Warning", "ApplyFailed") in [(e.type, e.reason) for e in transition_events(None, first)]
-    again = compute_status(facts(), job(), status_document(first), outcome=outcome, now=NOW)
+    again = compute_status(facts(), job(), status_document(first), Observations(outcome=outcome, now=NOW))
     assert "ApplyFailed" not in reasons(status_document(first), again)
 
 
@@ -855,7 +892,9 @@ def test_periodic_scrape_never_overwrites_a_finished_job() -> None:
 
 
 def test_scheduling_is_written_into_the_status_from_the_last_job_seen() -> None:
-    created = status_document(compute_status(facts(resources={"nodes": 2}), job(cond("Created")), None, now=NOW))
+    created = status_document(
+        compute_status(facts(resources={"nodes": 2}), job(cond("Created")), None, Observations(now=NOW))
+    )
     rt, client, body = fake_runtime(created, job(cond("Created")))
     assert asyncio.run(record_pods(rt, body, PodsReport(UNSCHEDULABLE))) is True
     (patch,) = client.patches
@@ -911,14 +950,14 @@ def test_pod_loop_checks_only_trainings_whose_pods_may_be_waiting() -> None:
 
 def test_without_a_job_a_failed_apply_is_the_status_message() -> None:
     outcome = ReconcileOutcome(False, "ForeignObject", "refusing to take over ConfigMap x-trainer (no owner)")
-    s = compute_status(facts(), None, None, outcome=outcome, now=NOW)
+    s = compute_status(facts(), None, None, Observations(outcome=outcome, now=NOW))
     assert (s.phase, s.message) == ("Pending", "refusing to take over ConfigMap x-trainer (no owner)")
     assert conditions_of(s)["Reconciled"].reason == "ForeignObject"
 
 
 def test_messages_from_outside_are_bounded() -> None:
     huge = "x" * 50_000
-    s = compute_status(facts(), None, None, outcome=ReconcileOutcome(False, "ApplyFailed", huge), now=NOW)
+    s = compute_status(facts(), None, None, Observations(outcome=ReconcileOutcome(False, "ApplyFailed", huge), now=NOW))
     assert len(s.message) == MAX_MESSAGE and s.message.endswith("...")
     assert len(conditions_of(s)["Reconciled"].message) == MAX_MESSAGE
 

@@ -18,13 +18,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 from fsdp_api.durations import format_duration
-from fsdp_api.memory_plan import MemoryPlan
 from fsdp_api.status import CheckpointStatus, Condition, FSDPTrainingStatus, Phase, TopologyStatus
 
 from ...backends import FAILED_CREATE_POD, JobView, job_view
-from ..nodes.health import NodeHealth
 from ..queueing import ADMITTED, QueueState
-from ..stall import StallVerdict
 from .condition_builders import CONDITIONS, EARLY_CONDITIONS, fits_memory, stall_state
 from .conditions import (
     APPLY_FAILED,
@@ -42,7 +39,7 @@ from .conditions import (
     bounded,
     previous_conditions,
 )
-from .inputs import ACTIVE, TERMINAL, WAITING, Inputs, ReconcileOutcome, TrainingFacts
+from .inputs import ACTIVE, TERMINAL, WAITING, Inputs, Observations, ReconcileOutcome, TrainingFacts
 from .patch import declared_subset, merge_patch, status_document, status_patch
 from .pod_report import PodsReport, Scheduling, Start, config_rejection, pod_scheduling, pod_start, pods_report
 from .transitions import EventSpec, transition_events
@@ -134,42 +131,17 @@ def compute_status(
     training: TrainingFacts,
     job: Json | JobView | None,
     previous: Json | None,
-    *,
-    outcome: ReconcileOutcome | None = None,
-    scheduling: Scheduling | None = None,
-    rejection: str | None = None,
-    start: Start | None = None,
-    stall: StallVerdict | None = None,
-    stall_restarts: int | None = None,
-    memory: MemoryPlan | None = None,
-    queue: QueueState | None = None,
-    nodes: NodeHealth | None = None,
-    excluded_nodes: list[dict[str, Any]] | None = None,
-    node_incidents: list[dict[str, Any]] | None = None,
-    now: str | None = None,
+    seen: Observations | None = None,
 ) -> FSDPTrainingStatus:
-    """The whole declared status, from the training, its PyTorchJob (None if absent) and the previous status.
+    """The whole declared status, from the training, its job (None if absent), the previous status and the news.
 
-    ``outcome`` is the result of an apply attempt; None (a job event) keeps
-    the previous Reconciled condition. ``scheduling`` is what the pods say
-    about their placement; None keeps the previous Schedulable condition.
-    ``rejection`` is the trainer's verdict on its config, read from the
-    pods; None keeps a previous ConfigValid=False of the same generation.
-    ``start`` is whether the pods exist and their containers started; None
-    keeps the previous PodsStarted condition. ``stall`` is the stall check's
-    verdict; None keeps the previous Stalled condition. ``stall_restarts``
-    replaces the count of restarts for stalls (None keeps it). ``memory`` is
-    the spec's memory plan, made when it is applied; None keeps the previous
-    FitsMemory condition and status.memory. ``queue`` is what Kueue's Workload
-    says of a queued training; None keeps its previous Admitted and Evicted.
-    ``nodes`` is what the nodes under the pods say of themselves; None keeps
-    the previous NodesHealthy condition. ``excluded_nodes`` replaces the nodes
-    the training excluded, ``node_incidents`` the failures and stalls counted
-    per node (incidents.py); None keeps them.
+    ``seen`` is what the controller saw or decided since the previous status
+    (``Observations``: each part left None keeps what the previous status says of it).
     Metric-derived fields (step, loss, tokens/s, last checkpoint step) are
     carried over: only the scraper sets them, except that a Succeeded job
     has by construction trained and checkpointed its last step (below).
     """
+    seen = seen or Observations()
     view = job_view(job) if job is not None else None
     prev = previous or {}
     inp = Inputs(
@@ -178,15 +150,8 @@ def compute_status(
         previous=prev,
         prev_conds=previous_conditions(previous),
         generation=observed_generation(view, previous),
-        now=now or now_rfc3339(),
-        outcome=outcome,
-        scheduling=scheduling,
-        rejection=rejection,
-        start=start,
-        stall=stall,
-        memory=memory,
-        queue=queue,
-        nodes=nodes,
+        now=seen.now or now_rfc3339(),
+        seen=seen,
     )
     early = [c for build in EARLY_CONDITIONS for c in build(inp)]
     phase, message = _phase(inp, early)
@@ -218,9 +183,9 @@ def compute_status(
         tokens_per_second=prev.get("tokensPerSecond"),
         **completion,
         tracker_runs=prev.get("trackerRuns"),  # the scraper's, like step and loss: a run's page stays its page
-        stall_restarts=stall_restarts if stall_restarts is not None else prev.get("stallRestarts"),
-        excluded_nodes=excluded_nodes if excluded_nodes is not None else prev.get("excludedNodes"),
-        node_incidents=node_incidents if node_incidents is not None else prev.get("nodeIncidents"),
+        stall_restarts=seen.stall_restarts if seen.stall_restarts is not None else prev.get("stallRestarts"),
+        excluded_nodes=seen.excluded_nodes if seen.excluded_nodes is not None else prev.get("excludedNodes"),
+        node_incidents=seen.node_incidents if seen.node_incidents is not None else prev.get("nodeIncidents"),
         checkpoint=CheckpointStatus(
             dir=training.checkpoint_dir,
             ephemeral=training.checkpoint_claim is None and training.checkpoint_remote is None,
@@ -228,8 +193,8 @@ def compute_status(
             remote=training.checkpoint_remote,
             last_uploaded_step=prev_ckpt.get("lastUploadedStep"),
         ),
-        memory=fits_memory(memory, prev, inp.prev_conds, training.generation, inp.now)[1],
-        topology=_topology(queue),
+        memory=fits_memory(seen.memory, prev, inp.prev_conds, training.generation, inp.now)[1],
+        topology=_topology(seen.queue),
     )
 
 
@@ -267,6 +232,7 @@ __all__ = [
     "STALLED",
     "EventSpec",
     "Inputs",
+    "Observations",
     "PodsReport",
     "ReconcileOutcome",
     "Scheduling",

@@ -50,7 +50,7 @@ def _one(cond: Condition | None) -> list[Condition]:
 
 def _reconciled(inp: Inputs) -> list[Condition]:
     """Reconciled: the last apply's outcome; a job event (no outcome) keeps the previous one."""
-    outcome, training = inp.outcome, inp.training
+    outcome, training = inp.seen.outcome, inp.training
     if outcome is not None:
         status = "True" if outcome.ok else "False"
         return [
@@ -130,7 +130,7 @@ def _queue_conditions(
 
 
 def _queue(inp: Inputs) -> list[Condition]:
-    return _queue_conditions(inp.training, inp.queue, inp.prev_conds, inp.now)
+    return _queue_conditions(inp.training, inp.seen.queue, inp.prev_conds, inp.now)
 
 
 def _schedulable_condition(
@@ -235,23 +235,24 @@ def fits_memory(
 
 
 def _schedulable(inp: Inputs) -> list[Condition]:
-    return _one(_schedulable_condition(inp.phase, inp.scheduling, inp.prev_conds, inp.training.generation, inp.now))
+    scheduling = inp.seen.scheduling
+    return _one(_schedulable_condition(inp.phase, scheduling, inp.prev_conds, inp.training.generation, inp.now))
 
 
 def _started(inp: Inputs) -> list[Condition]:
-    return _one(_start_condition(inp.phase, inp.start, inp.prev_conds, inp.training.generation, inp.now))
+    return _one(_start_condition(inp.phase, inp.seen.start, inp.prev_conds, inp.training.generation, inp.now))
 
 
 def _config_valid(inp: Inputs) -> list[Condition]:
-    return _one(_config_condition(inp.rejection, inp.prev_conds, inp.training.generation, inp.now))
+    return _one(_config_condition(inp.seen.rejection, inp.prev_conds, inp.training.generation, inp.now))
 
 
 def _fits_memory(inp: Inputs) -> list[Condition]:
-    return _one(fits_memory(inp.memory, inp.previous, inp.prev_conds, inp.training.generation, inp.now)[0])
+    return _one(fits_memory(inp.seen.memory, inp.previous, inp.prev_conds, inp.training.generation, inp.now)[0])
 
 
 def _stalled(inp: Inputs) -> list[Condition]:
-    return _one(_stall_condition(inp.phase, inp.stall, inp.prev_conds, inp.training.generation, inp.now))
+    return _one(_stall_condition(inp.phase, inp.seen.stall, inp.prev_conds, inp.training.generation, inp.now))
 
 
 def _job_conditions(job: JobView, generation: int | None, previous: Mapping[str, Json], now: str) -> list[Condition]:
@@ -293,7 +294,7 @@ def _nodes_healthy(inp: Inputs) -> list[Condition]:
     """NodesHealthy: what the nodes under the pods say of themselves; kept between looks, gone without pods."""
     if inp.phase in PODLESS or inp.phase in ("Succeeded", "Failed"):
         return []
-    health = inp.nodes
+    health = inp.seen.nodes
     if health is None:
         kept = inp.prev_conds.get(NODES_HEALTHY)
         return _one(Condition.model_validate(kept) if kept is not None else None)

@@ -14,7 +14,7 @@ from ...backends import JobView
 from ..nodes.health import NodeHealth
 from ..queueing import QueueState
 from ..stall import StallVerdict
-from .pod_report import Scheduling, Start
+from .pod_report import PodsReport, Scheduling, Start
 
 Json = Mapping[str, Any]
 
@@ -85,8 +85,46 @@ PODLESS: tuple[Phase, ...] = ("Suspended", "Queued")
 
 
 @dataclass(frozen=True)
+class Observations:
+    """What the controller saw or decided since the status was last written: one status computation's news.
+
+    Each part left None keeps what the previous status says of it: ``outcome``, the
+    result of an apply attempt (the Reconciled condition); ``scheduling``, ``start``
+    and ``rejection``, what the pods say of their placement, their containers and the
+    trainer's verdict on its config (Schedulable, PodsStarted, ConfigValid); ``stall``,
+    the stall check's verdict and ``stall_restarts`` its restart count; ``memory``, the
+    spec's memory plan, made when it is applied (FitsMemory, status.memory); ``queue``,
+    what Kueue's Workload says of a queued training (Admitted, Evicted); ``nodes``,
+    what the nodes under the pods say of themselves (NodesHealthy); ``excluded_nodes``
+    and ``node_incidents``, the nodes the training excluded and the failures and stalls
+    counted per node. ``now`` is the time the conditions are stamped with (the clock
+    when None).
+    """
+
+    outcome: ReconcileOutcome | None = None
+    scheduling: Scheduling | None = None
+    rejection: str | None = None
+    start: Start | None = None
+    stall: StallVerdict | None = None
+    stall_restarts: int | None = None
+    memory: MemoryPlan | None = None
+    queue: QueueState | None = None
+    nodes: NodeHealth | None = None
+    excluded_nodes: list[dict[str, Any]] | None = None
+    node_incidents: list[dict[str, Any]] | None = None
+    now: str | None = None
+
+    @classmethod
+    def of_pods(cls, report: PodsReport | None, **others: Any) -> Observations:
+        """What one look at the pods says, with ``others`` beside it."""
+        if report is None:
+            return cls(**others)
+        return cls(scheduling=report.scheduling, rejection=report.rejection, start=report.start, **others)
+
+
+@dataclass(frozen=True)
 class Inputs:
-    """What one status computation reads: compute_status's arguments, read once."""
+    """What one status computation reads: the training, its job, the previous status and the news, read once."""
 
     training: TrainingFacts
     job: JobView | None
@@ -94,13 +132,6 @@ class Inputs:
     prev_conds: Mapping[str, Json]
     generation: int | None  # the generation the job was rendered from (else the previous status')
     now: str
-    outcome: ReconcileOutcome | None = None
-    scheduling: Scheduling | None = None
-    rejection: str | None = None
-    start: Start | None = None
-    stall: StallVerdict | None = None
-    memory: MemoryPlan | None = None
-    queue: QueueState | None = None
-    nodes: NodeHealth | None = None
+    seen: Observations
     # Known once the early conditions are built (the phase depends on them).
     phase: Phase = "Pending"
