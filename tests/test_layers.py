@@ -274,6 +274,36 @@ def test_only_the_s3_store_imports_boto3() -> None:
     assert speakers == ["storage/s3.py"]
 
 
+def module_calls(path: Path) -> set[str]:
+    """The names called in a module as ``name(...)`` or ``obj.name(...)`` (their last part)."""
+    called = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call):
+            func = node.func
+            called.add(func.id if isinstance(func, ast.Name) else getattr(func, "attr", ""))
+    return called
+
+
+# The step's seam (issue 47): a strategy builds the one call of the model on a micro-batch
+# (loss/model_call.py) and the losses make it; no loss or strategy calls a model itself.
+def test_the_training_model_is_called_only_through_the_model_call() -> None:
+    roots = [PACKAGES["fsdp_trainer"] / "loss", PACKAGES["fsdp_trainer"] / "step"]
+    callers = sorted(
+        str(path.relative_to(PACKAGES["fsdp_trainer"]))
+        for root in roots
+        for path in root.rglob("*.py")
+        if "model" in module_calls(path)
+    )
+    # head.py's one other call is the loss probe at start (eval mode, no step): it decides the loss.
+    assert callers == ["loss/head.py", "loss/model_call.py"]
+
+
+def test_the_call_finder_sees_a_method_and_a_plain_call(tmp_path: Path) -> None:
+    module = tmp_path / "m.py"
+    module.write_text("def f(self, batch):\n    return self.model(**batch), model(batch)\n")
+    assert {"model", "f"} - module_calls(module) == {"f"}
+
+
 # Every module of a layer, imported in a fresh interpreter; then what got loaded.
 _PROBE = """
 import importlib, pkgutil, sys

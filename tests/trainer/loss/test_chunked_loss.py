@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from fsdp_api.loss_chunks import loss_chunk_tokens
-from fsdp_trainer.loss import ChunkedHead, FullLogits, LogitTransform, linear_cross_entropy_sum, output_loss
+from fsdp_trainer.loss import ChunkedHead, FullLogits, LogitTransform, ModelCall, linear_cross_entropy_sum, output_loss
 from fsdp_trainer.loss.transform import logit_transform
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM
@@ -131,8 +131,8 @@ def test_a_model_trains_on_the_chunked_head_with_the_full_logits_loss_and_gradie
     ids = torch.randint(0, vocab, (2, 24), generator=torch.Generator().manual_seed(1))
     labels = ids.roll(-1, 1)
     labels[:, -1] = -100
-    want = FullLogits().loss_sum(full, labels, input_ids=ids)
-    got = loss.loss_sum(chunked, labels, input_ids=ids)
+    want = FullLogits().loss_sum(ModelCall(full, {"input_ids": ids}), labels)
+    got = loss.loss_sum(ModelCall(chunked, {"input_ids": ids}), labels)
     assert got.item() == pytest.approx(want.item(), rel=1e-5)
     want.backward()
     got.backward()

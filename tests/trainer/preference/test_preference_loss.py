@@ -10,12 +10,14 @@ import torch.nn.functional as F
 from fsdp_api.spec import PreferenceSpec
 from fsdp_api.spec.training import PREFERENCE_OBJECTIVES, REFERENCE_OBJECTIVES
 from fsdp_trainer.data.packing import IGNORE_INDEX
+from fsdp_trainer.loss import ModelCall
 from fsdp_trainer.loss.preference import (
     OBJECTIVES,
     PairIndex,
     PreferenceLoss,
     PreferenceStats,
     count_pairs,
+    model_reference,
     token_logps,
 )
 from torch import nn
@@ -77,8 +79,8 @@ def test_token_logps_are_zero_where_ignored() -> None:
 def test_dpo_is_the_sigmoid_loss_of_the_log_ratio_margins() -> None:
     policy, reference = Logits(1), Logits(2)
     beta = 0.3
-    loss = PreferenceLoss("dpo", PreferenceSpec(beta=beta), lambda **kw: reference(**kw).logits)
-    total, stats = loss.loss_sum(policy, LABELS, POSITIONS, input_ids=INPUTS)
+    loss = PreferenceLoss("dpo", PreferenceSpec(beta=beta), model_reference(reference, after=lambda: None))
+    total, stats = loss.loss_sum(ModelCall(policy, {"input_ids": INPUTS}), LABELS, POSITIONS)
     want, chosen, rejected, correct = 0.0, 0.0, 0.0, 0
     for (pc, pr, _, _), (rc, rr, _, _) in zip(_hand_logps(policy), _hand_logps(reference), strict=True):
         rc_, rr_ = beta * (pc - rc), beta * (pr - rr)
@@ -92,8 +94,8 @@ def test_dpo_is_the_sigmoid_loss_of_the_log_ratio_margins() -> None:
 
 def test_dpo_against_itself_is_ln2_per_pair_and_ranks_nothing_right() -> None:
     model = Logits(4)
-    loss = PreferenceLoss("dpo", PreferenceSpec(), lambda **kw: model(**kw).logits)
-    total, stats = loss.loss_sum(model, LABELS, POSITIONS, input_ids=INPUTS)
+    loss = PreferenceLoss("dpo", PreferenceSpec(), model_reference(model, after=lambda: None))
+    total, stats = loss.loss_sum(ModelCall(model, {"input_ids": INPUTS}), LABELS, POSITIONS)
     assert total.item() == pytest.approx(3 * math.log(2), abs=1e-6)
     assert PreferenceStats.from_sums(stats.tolist()) == PreferenceStats(3, 0.0, 0.0, 0.0)
 
@@ -102,7 +104,7 @@ def test_simpo_uses_mean_log_probs_and_the_margin_gamma_without_a_reference() ->
     model = Logits(5)
     beta, gamma = 2.0, 0.7
     total, stats = PreferenceLoss("simpo", PreferenceSpec(beta=beta, gamma=gamma)).loss_sum(
-        model, LABELS, POSITIONS, input_ids=INPUTS
+        ModelCall(model, {"input_ids": INPUTS}), LABELS, POSITIONS
     )
     want = 0.0
     for pc, pr, nc, nr in _hand_logps(model):

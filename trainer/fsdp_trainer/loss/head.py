@@ -23,7 +23,7 @@ import contextlib
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
@@ -33,6 +33,7 @@ from torch import nn
 
 from ..data.packing import IGNORE_INDEX
 from .chunked import LogitTransform, linear_cross_entropy_sum
+from .model_call import ModelCall
 from .transform import logit_transform
 
 log = logging.getLogger(__name__)
@@ -52,8 +53,8 @@ class OutputLoss(Protocol):
     mode: str
     reason: str
 
-    def loss_sum(self, model: nn.Module, labels: torch.Tensor, **inputs: Any) -> torch.Tensor:
-        """Summed cross-entropy of ``model(**inputs)`` against ``labels`` (a differentiable scalar)."""
+    def loss_sum(self, call: ModelCall, labels: torch.Tensor) -> torch.Tensor:
+        """Summed cross-entropy of the model's output on ``call`` against ``labels`` (a differentiable scalar)."""
         ...
 
 
@@ -62,8 +63,8 @@ class FullLogits:
     mode: str = "full"
     reason: str = ""
 
-    def loss_sum(self, model: nn.Module, labels: torch.Tensor, **inputs: Any) -> torch.Tensor:
-        return token_loss_sum(model(**inputs).logits, labels)
+    def loss_sum(self, call: ModelCall, labels: torch.Tensor) -> torch.Tensor:
+        return token_loss_sum(call().logits, labels)
 
 
 def _compute_dtype(hidden: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
@@ -118,9 +119,9 @@ class ChunkedHead:
         finally:
             self._labels = None
 
-    def loss_sum(self, model: nn.Module, labels: torch.Tensor, **inputs: Any) -> torch.Tensor:
+    def loss_sum(self, call: ModelCall, labels: torch.Tensor) -> torch.Tensor:
         with self.targets(labels) as losses:
-            model(**inputs)
+            call()
         if len(losses) != 1:
             raise RuntimeError(f"the model called its output head {len(losses)} times in one forward, expected once")
         return losses[0]

@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -33,6 +32,11 @@ from torch import nn
 
 from ..data.attention import document_ids
 from ..data.packing import IGNORE_INDEX
+from .model_call import ModelCall
+
+# The reference's logits on the micro-batch of the policy's call (dpo): the base with the adapters
+# off, or a frozen copy of the model as loaded.
+Reference = Callable[[ModelCall], torch.Tensor]
 
 # Per step, summed over micro-batches and ranks: pairs, reward chosen, reward rejected, pairs ranked right.
 STATS = ("pairs", "reward_chosen", "reward_rejected", "correct")
@@ -133,16 +137,16 @@ class PreferenceLoss:
 
     objective: str
     spec: PreferenceSpec
-    reference: Callable[..., torch.Tensor] | None = None  # model inputs -> the reference's logits
+    reference: Reference | None = None  # the policy's call -> the reference's logits on its inputs
 
     def loss_sum(
-        self, model: nn.Module, labels: torch.Tensor, positions: torch.Tensor, **inputs: Any
+        self, call: ModelCall, labels: torch.Tensor, positions: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The summed loss over the micro-batch's pairs (differentiable) and its STATS sums (detached).
 
         ``positions`` (per-sequence position ids) tell the sequences apart;
-        ``inputs`` are the model's keyword arguments (input ids and the packed
-        attention's).
+        ``call`` is the policy's forward on the micro-batch (input ids and the
+        packed attention's).
         """
         objective = OBJECTIVES[self.objective]
         index = PairIndex.of(labels, positions)
@@ -151,8 +155,8 @@ class PreferenceLoss:
             assert self.reference is not None, f"objective {self.objective} needs a reference model"
             # First, so its logits are gone before the policy's activations exist: the peak stays the policy's.
             with torch.no_grad():
-                reference = index.sums(token_logps(self.reference(**inputs), labels))
-        logits = model(**inputs).logits
+                reference = index.sums(token_logps(self.reference(call), labels))
+        logits = call().logits
         policy = index.sums(token_logps(logits, labels))
         del logits
         tokens = index.counts()
@@ -192,22 +196,22 @@ def adapters_off(model: nn.Module) -> Iterator[None]:
             layer._disable_adapters = False
 
 
-def lora_reference(model: nn.Module) -> Callable[..., torch.Tensor]:
-    """dpo with LoRA: the reference is the policy's own base, adapters off (no second copy of the model)."""
+def lora_reference(model: nn.Module) -> Reference:
+    """dpo with LoRA: the reference is the policy's own call with its adapters off (no second copy of the model)."""
 
-    def logits(**inputs: Any) -> torch.Tensor:
+    def logits(call: ModelCall) -> torch.Tensor:
         with adapters_off(model):
-            return model(**inputs).logits
+            return call().logits
 
     return logits
 
 
-def model_reference(reference: nn.Module, after: Callable[[], None]) -> Callable[..., torch.Tensor]:
-    """dpo without LoRA: a frozen copy; ``after`` frees what its no-grad forward left gathered."""
+def model_reference(reference: nn.Module, after: Callable[[], None]) -> Reference:
+    """dpo without LoRA: a frozen copy, called on the policy's inputs; ``after`` frees what its forward gathered."""
 
-    def logits(**inputs: Any) -> torch.Tensor:
+    def logits(call: ModelCall) -> torch.Tensor:
         try:
-            return reference(**inputs).logits
+            return ModelCall(reference, call.inputs)().logits
         finally:
             after()
 

@@ -2,10 +2,12 @@
 
 A strategy says what part of a batch this rank computes (``local``), the
 layout its forward and backward run inside (``layout``) and the model's
-attention inputs (``attention``); ``forward_backward`` runs the micro-batches
-on those, with gradient sync on the last one only. The loss itself is the
-objective's (``Objective``: a token loss, or a preference objective's pairs),
-so every strategy serves every objective.
+attention inputs (``attention``); ``call`` is the one call of the model on a
+micro-batch, and ``forward_backward`` runs the micro-batches on those, with
+gradient sync on the last one only. The loss itself is the objective's
+(``Objective``: a token loss, or a preference objective's pairs), made from the
+strategy's call, so every strategy serves every objective and no objective
+holds the model.
 """
 
 from __future__ import annotations
@@ -20,11 +22,12 @@ from torch import nn
 from ..data.attention import PackedAttention
 from ..data.context_split import ContextBatch, split_rows
 from ..data.packing import Batch
+from ..loss import ModelCall
 from ..parallel.context_parallel import ContextParallel
 from ..parallel.parallelize import compute_context, set_gradient_sync
 
-# The summed loss of a micro-batch given its attention inputs; and, for a preference objective, its pairs' sums.
-Objective = Callable[[Batch, dict[str, object]], tuple[torch.Tensor, torch.Tensor | None]]
+# The summed loss of a micro-batch from the model's call on it; and, for a preference objective, its pairs' sums.
+Objective = Callable[[Batch, ModelCall], tuple[torch.Tensor, torch.Tensor | None]]
 
 
 class ForwardBackward(Protocol):
@@ -33,6 +36,8 @@ class ForwardBackward(Protocol):
     def layout(self, batch: Batch) -> contextlib.AbstractContextManager[None]: ...
 
     def attention(self, batch: Batch) -> dict[str, object]: ...
+
+    def call(self, batch: Batch) -> ModelCall: ...
 
     def forward_backward(
         self, batches: Sequence[Batch], objective: Objective, divisor: float | torch.Tensor, pair_stats: int
@@ -57,10 +62,14 @@ class PlainStep:
         # Packed rows of the supervised formats attend only within their row.
         return {} if self.packed is None else self.packed.kwargs(batch.position_ids)
 
+    def call(self, batch: Batch) -> ModelCall:
+        """The model on this micro-batch: its input ids and the attention inputs of this strategy."""
+        return ModelCall(self.model, {"input_ids": batch.inputs, **self.attention(batch)})
+
     def forward(self, batch: Batch, objective: Objective) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One micro-batch's summed loss (no backward): validation's, and the step's before its backward."""
         with self.layout(batch), compute_context(self.model, self.precision, self.device):
-            return objective(batch, self.attention(batch))
+            return objective(batch, self.call(batch))
 
     def forward_backward(
         self, batches: Sequence[Batch], objective: Objective, divisor: float | torch.Tensor, pair_stats: int
@@ -74,7 +83,7 @@ class PlainStep:
             set_gradient_sync(self.model, micro == last)
             with self.layout(batch):
                 with compute_context(self.model, self.precision, self.device):
-                    loss, pairs = objective(batch, self.attention(batch))
+                    loss, pairs = objective(batch, self.call(batch))
                 loss = loss / divisor
                 loss.backward()
             loss_sum += loss.detach()

@@ -17,7 +17,7 @@ from torch import nn
 
 from ..build import Prepared, build_reference
 from ..data.packing import Batch
-from ..loss import ChunkedHead, FullLogits, OutputLoss, output_loss
+from ..loss import ChunkedHead, FullLogits, ModelCall, OutputLoss, output_loss
 from ..loss.preference import STATS, PreferenceLoss, count_pairs, lora_reference, model_reference
 from ..parallel.parallelize import compute_context, reshard
 
@@ -51,14 +51,13 @@ class StepObjective:
         """How many sums of pair statistics a micro-batch gives (0 without a preference objective)."""
         return len(STATS) if self.preference is not None else 0
 
-    def __call__(self, batch: Batch, attention: dict[str, object]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The summed loss of a micro-batch; with a preference objective also its pairs' stats sums."""
+    def __call__(self, batch: Batch, call: ModelCall) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The summed loss of a micro-batch, from the strategy's call of the model on it; with a preference
+        objective also its pairs' stats sums."""
         if self.preference is not None:
             assert batch.position_ids is not None
-            return self.preference.loss_sum(
-                self.model, batch.labels, batch.position_ids, input_ids=batch.inputs, **attention
-            )
-        return self.token_loss.loss_sum(self.model, batch.labels, input_ids=batch.inputs, **attention), None
+            return self.preference.loss_sum(call, batch.labels, batch.position_ids)
+        return self.token_loss.loss_sum(call, batch.labels), None
 
     def count(self, batch: Batch) -> int:
         """What the loss of a batch is a sum over: its pairs (preference objectives) or its trained tokens."""
