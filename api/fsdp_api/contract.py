@@ -11,14 +11,17 @@ from __future__ import annotations
 
 import signal
 from dataclasses import dataclass
-from typing import Literal
+from typing import Final, Literal
 
 # --- our API group -----------------------------------------------------------
 
 GROUP = "training.fsdp.dev"
 VERSION = "v1alpha1"
-API_VERSION = f"{GROUP}/{VERSION}"
-KIND = "FSDPTraining"
+# Final and spelled out, not f"{GROUP}/{VERSION}": type checkers then read both as the Literals that
+# FSDPTraining's apiVersion and kind declare.
+API_VERSION: Final = "training.fsdp.dev/v1alpha1"
+assert f"{GROUP}/{VERSION}" == API_VERSION
+KIND: Final = "FSDPTraining"
 PLURAL = "fsdptrainings"
 
 # --- Kubeflow training operator v1 (pkg/apis/kubeflow.org/v1/pytorch_types.go) -

@@ -46,7 +46,7 @@ class KubeLoader(yaml.SafeLoader):
             if self._depth > MAX_DEPTH:
                 mark = self.peek_event().start_mark
                 raise yaml.composer.ComposerError(None, None, f"nested deeper than {MAX_DEPTH} levels", mark)
-            return super().compose_node(parent, index)  # type: ignore[no-any-return]
+            return super().compose_node(parent, index)
         finally:
             self._depth -= 1
 

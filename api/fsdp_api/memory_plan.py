@@ -92,7 +92,8 @@ def dims_from_config(config: dict[str, Any]) -> tuple[ModelDims | None, str | No
     """The numbers of a config.json, or (None, why) when they are not those of a dense decoder."""
     if any(config.get(k) for k in _MOE_KEYS):
         return None, "mixture-of-experts models are not modelled"
-    values: dict[str, int] = {}
+    # ints; Any, since a type checker matches **values against every ModelDims field, the bool ones too.
+    values: dict[str, Any] = {}
     for field, keys in _CONFIG_KEYS.items():
         value = next((config[k] for k in keys if isinstance(config.get(k), int)), None)
         if value is None:
@@ -194,13 +195,14 @@ class Workload:
 
 def workload(spec: FSDPTrainingSpec, dims: ModelDims) -> Workload:
     plan = ParallelPlan.for_spec(spec)
+    training = spec.builtin_training
     return Workload(
         dims=dims,
-        seq_len=effective_seq_len(spec.training, spec.model, dims.max_seq_len),
-        micro_batch=spec.training.micro_batch_size,
-        grad_accum=spec.training.grad_accum_steps,
-        precision=spec.training.precision,
-        checkpointing=spec.training.activation_checkpointing,
+        seq_len=effective_seq_len(training, spec.builtin_model, dims.max_seq_len),
+        micro_batch=training.micro_batch_size,
+        grad_accum=training.grad_accum_steps,
+        precision=training.precision,
+        checkpointing=training.activation_checkpointing,
         reshard_after_forward=plan.reshard_after_forward,
         world_size=plan.world_size,
         shard_size=plan.shard_size,
@@ -209,13 +211,13 @@ def workload(spec: FSDPTrainingSpec, dims: ModelDims) -> Workload:
         prefetch=spec.fsdp.prefetch,
         device="cuda" if spec.resources.gpus_per_node > 0 else "cpu",
         adapter_params=lora_params(dims, spec.peft) if spec.peft is not None else 0,
-        logits=spec.training.logits,
+        logits=training.logits,
         # dpo with LoRA uses the base with the adapters off as its reference: no copy.
-        reference_params=dims.num_params() if spec.training.needs_reference and spec.peft is None else 0,
+        reference_params=dims.num_params() if training.needs_reference and spec.peft is None else 0,
         tp=plan.tp,
         cp=plan.cp,
         packed=spec.data.packs_rows,
-        float8_recipe=spec.training.effective_float8_recipe() if spec.training.precision == "float8" else None,
+        float8_recipe=training.effective_float8_recipe() if training.precision == "float8" else None,
     )
 
 

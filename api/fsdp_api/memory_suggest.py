@@ -17,7 +17,7 @@ from .spec import MAX_NODES, FSDPTrainingSpec
 
 
 def _training(spec: FSDPTrainingSpec, **changes: Any) -> FSDPTrainingSpec:
-    return spec.model_copy(update={"training": spec.training.model_copy(update=changes)})
+    return spec.model_copy(update={"training": spec.builtin_training.model_copy(update=changes)})
 
 
 def _fsdp(spec: FSDPTrainingSpec, **changes: Any) -> FSDPTrainingSpec:
@@ -34,8 +34,9 @@ def _parallelism(spec: FSDPTrainingSpec, **degrees: int) -> FSDPTrainingSpec:
 
 def context_degrees(spec: FSDPTrainingSpec) -> list[int]:
     """Context-parallel degrees above the current one that the spec's rules would accept (powers of 2)."""
-    seq = spec.training.seq_len
-    if seq is None or spec.training.trains_preferences or spec.fsdp.sharding_strategy == "no_shard":
+    training = spec.builtin_training
+    seq = training.seq_len
+    if seq is None or training.trains_preferences or spec.fsdp.sharding_strategy == "no_shard":
         return []
     world, tp = spec.world_size(), spec.parallelism.tensor
     out, degree = [], spec.parallelism.context * 2
@@ -50,7 +51,7 @@ def tensor_degrees(spec: FSDPTrainingSpec) -> list[int]:
     """Tensor-parallel degrees above the current one that the spec's rules would accept."""
     dims = spec.model.dims() if spec.model is not None else None
     gpus = spec.resources.gpus_per_node
-    if dims is None or spec.peft is not None or spec.fsdp.cpu_offload or spec.training.precision == "float8":
+    if dims is None or spec.peft is not None or spec.fsdp.cpu_offload or spec.builtin_training.precision == "float8":
         return []
     sizes = (dims.num_heads, dims.num_key_value_heads, dims.intermediate_size)
     return [t for t in range(spec.parallelism.tensor + 1, gpus + 1) if gpus % t == 0 and all(n % t == 0 for n in sizes)]
@@ -58,7 +59,7 @@ def tensor_degrees(spec: FSDPTrainingSpec) -> list[int]:
 
 def _candidates(spec: FSDPTrainingSpec) -> list[tuple[str, FSDPTrainingSpec]]:
     """Single changes, in the order they are preferred (cheapest in speed and cost first)."""
-    t, f = spec.training, spec.fsdp
+    t, f = spec.builtin_training, spec.fsdp
     out: list[tuple[str, FSDPTrainingSpec]] = []
     # First: the loss's buffers, which cost no recompute and keep the batch.
     if t.logits == "full":

@@ -8,7 +8,7 @@ the table) and for status columns, the trainer uses them to build a
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Any, Literal
 
 PresetName = Literal["tiny", "llama3.2-1b", "llama3.2-3b", "llama3.1-8b", "llama3.1-70b"]
 
@@ -44,7 +44,9 @@ class ModelDims:
         return self.num_layers * per_layer + embed + head + h
 
     def with_overrides(self, **overrides: int | None) -> ModelDims:
-        return replace(self, **{k: v for k, v in overrides.items() if v is not None})
+        # Any, since a type checker matches **changes against every field, the bool ones too.
+        changes: dict[str, Any] = {k: v for k, v in overrides.items() if v is not None}
+        return replace(self, **changes)
 
 
 # tiny is sized for the embedded default: a few hundred steps on 2 CPU cores

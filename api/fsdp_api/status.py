@@ -26,36 +26,40 @@ class Condition(ApiModel):
     type: str = Field(min_length=1, description="Condition type, e.g. Created, Running, Succeeded, Failed, Suspended.")
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     observed_generation: int | None = Field(
-        None, ge=0, description="metadata.generation of the FSDPTraining this condition was computed from."
+        default=None, ge=0, description="metadata.generation of the FSDPTraining this condition was computed from."
     )
     last_transition_time: str = Field(description="When the condition last changed status (RFC 3339).")
     reason: str = Field(min_length=1, description="CamelCase machine-readable reason.")
-    message: str = Field("", description="Human-readable details.")
+    message: str = Field(default="", description="Human-readable details.")
 
 
 class ReplicaStatus(ApiModel):
     """Pod counts of one PyTorchJob replica type; a TrainJob's child-Job counts of one replicated job."""
 
-    active: int = Field(0, ge=0, description="Running pods.")
-    succeeded: int = Field(0, ge=0, description="Pods that completed successfully.")
-    failed: int = Field(0, ge=0, description="Pods that failed.")
+    active: int = Field(default=0, ge=0, description="Running pods.")
+    succeeded: int = Field(default=0, ge=0, description="Pods that completed successfully.")
+    failed: int = Field(default=0, ge=0, description="Pods that failed.")
 
 
 class CheckpointStatus(ApiModel):
     """Where checkpoints go and whether they survive the pods."""
 
-    dir: str | None = Field(None, description="Checkpoint directory in the pods.")
+    dir: str | None = Field(default=None, description="Checkpoint directory in the pods.")
     ephemeral: bool = Field(
-        True,
+        default=True,
         description=(
             "True when neither a PVC nor a remote tier is set: checkpoints are lost with the pods and resume "
             "cannot work."
         ),
     )
-    last_step: int | None = Field(None, ge=0, description="Step of the newest complete checkpoint seen in metrics.")
-    remote: str | None = Field(None, description="spec.checkpoint.remote: the S3 location checkpoints are copied to.")
+    last_step: int | None = Field(
+        default=None, ge=0, description="Step of the newest complete checkpoint seen in metrics."
+    )
+    remote: str | None = Field(
+        default=None, description="spec.checkpoint.remote: the S3 location checkpoints are copied to."
+    )
     last_uploaded_step: int | None = Field(
-        None, ge=0, description="Step of the newest checkpoint committed to the remote tier, seen in metrics."
+        default=None, ge=0, description="Step of the newest checkpoint committed to the remote tier, seen in metrics."
     )
 
 
@@ -73,11 +77,11 @@ class NodeIncidents(ApiModel):
 
     node: str = Field(max_length=253, description="The node's name.")
     failures: int = Field(
-        0, ge=0, description="Times the trainer container of the training's pod on this node ended in an error."
+        default=0, ge=0, description="Times the trainer container of the training's pod on this node ended in an error."
     )
-    stalls: int = Field(0, ge=0, description="Stalls whose stuck or lagging rank ran on this node.")
+    stalls: int = Field(default=0, ge=0, description="Stalls whose stuck or lagging rank ran on this node.")
     last_failure_at: str | None = Field(
-        None, description="When the newest counted failure ended (the container's finishedAt, RFC 3339)."
+        default=None, description="When the newest counted failure ended (the container's finishedAt, RFC 3339)."
     )
     last: str = Field(max_length=1024, description="The newest incident, in words.")
     time: str = Field(description="When the newest incident was recorded (RFC 3339).")
@@ -97,25 +101,27 @@ class TopologyStatus(ApiModel):
 class MemoryStatus(ApiModel):
     """The spec's memory plan (``fsdp-operator plan``): estimated bytes per GPU against the GPU's memory."""
 
-    estimated_bytes_per_gpu: int | None = Field(None, ge=0, description="Estimated peak memory per GPU, in bytes.")
-    gpu_memory_bytes: int | None = Field(
-        None, ge=0, description="Memory of one GPU of the smallest requested instance type, in bytes."
+    estimated_bytes_per_gpu: int | None = Field(
+        default=None, ge=0, description="Estimated peak memory per GPU, in bytes."
     )
-    instance_type: str | None = Field(None, description="The instance type the estimate was compared with.")
+    gpu_memory_bytes: int | None = Field(
+        default=None, ge=0, description="Memory of one GPU of the smallest requested instance type, in bytes."
+    )
+    instance_type: str | None = Field(default=None, description="The instance type the estimate was compared with.")
 
 
 class FSDPTrainingStatus(ApiModel):
     """Observed state of the job, mirrored from its PyTorchJob and its metrics."""
 
-    phase: Phase = Field("Pending", description="Summary of the job's state.")
-    message: str = Field("", description="Human-readable explanation of the phase.")
+    phase: Phase = Field(default="Pending", description="Summary of the job's state.")
+    message: str = Field(default="", description="Human-readable explanation of the phase.")
     observed_generation: int | None = Field(
-        None, ge=0, description="metadata.generation of the spec last reconciled into the PyTorchJob."
+        default=None, ge=0, description="metadata.generation of the spec last reconciled into the PyTorchJob."
     )
     conditions: list[Condition] = Field(default_factory=list, description="Conditions in the metav1.Condition shape.")
-    job_name: str | None = Field(None, description="Name of the PyTorchJob running this training.")
-    nodes: int | None = Field(None, ge=0, description="Nodes (pods) requested.")
-    gpus: int | None = Field(None, ge=0, description="GPUs requested in total.")
+    job_name: str | None = Field(default=None, description="Name of the PyTorchJob running this training.")
+    nodes: int | None = Field(default=None, ge=0, description="Nodes (pods) requested.")
+    gpus: int | None = Field(default=None, ge=0, description="GPUs requested in total.")
     replica_statuses: dict[str, ReplicaStatus] = Field(
         default_factory=dict,
         description=(
@@ -124,18 +130,20 @@ class FSDPTrainingStatus(ApiModel):
         ),
     )
     start_time: str | None = Field(
-        None, description="When the job started running (RFC 3339); a TrainJob: created or last resumed."
+        default=None, description="When the job started running (RFC 3339); a TrainJob: created or last resumed."
     )
-    completion_time: str | None = Field(None, description="When the job finished (RFC 3339).")
-    step: int | None = Field(None, ge=0, description="Latest optimizer step reported by the trainer's metrics.")
-    loss: float | None = Field(None, description="Latest training loss reported by the trainer's metrics.")
-    tokens_per_second: float | None = Field(None, ge=0, description="Latest global training throughput in tokens/s.")
+    completion_time: str | None = Field(default=None, description="When the job finished (RFC 3339).")
+    step: int | None = Field(default=None, ge=0, description="Latest optimizer step reported by the trainer's metrics.")
+    loss: float | None = Field(default=None, description="Latest training loss reported by the trainer's metrics.")
+    tokens_per_second: float | None = Field(
+        default=None, ge=0, description="Latest global training throughput in tokens/s."
+    )
     # Named as Kubeflow Trainer v2.3 names them in TrainJob.status.trainerStatus, so one reading serves both.
     progress_percentage: int | None = Field(
-        None, ge=0, le=100, description="Share of spec.training.maxSteps trained, in percent (rounded down)."
+        default=None, ge=0, le=100, description="Share of spec.training.maxSteps trained, in percent (rounded down)."
     )
     estimated_remaining_seconds: int | None = Field(
-        None,
+        default=None,
         ge=0,
         le=2**31 - 1,
         description=(
@@ -144,20 +152,24 @@ class FSDPTrainingStatus(ApiModel):
         ),
     )
     remaining: str | None = Field(
-        None, max_length=16, description="estimatedRemainingSeconds for people, e.g. 3h05m (kubectl get's column)."
+        default=None,
+        max_length=16,
+        description="estimatedRemainingSeconds for people, e.g. 3h05m (kubectl get's column).",
     )
     tracker_runs: dict[str, RunPage] | None = Field(
-        None,
+        default=None,
         description=(
             "Where each experiment tracker (spec.tracking) shows this training's run, by tracker "
             "(mlflow: the run's page), once rank 0 has opened it."
         ),
     )
     stall_restarts: int | None = Field(
-        None, ge=0, description="Times the operator restarted the job's pods because it stalled (spec.stall.onStall)."
+        default=None,
+        ge=0,
+        description="Times the operator restarted the job's pods because it stalled (spec.stall.onStall).",
     )
     excluded_nodes: list[ExcludedNode] | None = Field(
-        None,
+        default=None,
         max_length=64,
         description=(
             "The nodes this training excluded as suspects, oldest first (spec.health.onSuspectNode exclude); "
@@ -165,7 +177,7 @@ class FSDPTrainingStatus(ApiModel):
         ),
     )
     node_incidents: list[NodeIncidents] | None = Field(
-        None,
+        default=None,
         max_length=64,
         description=(
             "Per node, the trainer failures and stalls seen there across the training's restarts, newest "
@@ -176,10 +188,10 @@ class FSDPTrainingStatus(ApiModel):
         default_factory=CheckpointStatus, description="Checkpoint location and durability."
     )
     topology: TopologyStatus | None = Field(
-        None,
+        default=None,
         description="The topology domains Kueue admitted the pods into, while admitted (spec.scheduling.topology).",
     )
     memory: MemoryStatus | None = Field(
-        None,
+        default=None,
         description="The memory plan of the spec (docs/memory-plan.md); the FitsMemory condition gives the verdict.",
     )

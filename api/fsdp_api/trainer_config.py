@@ -40,8 +40,8 @@ _DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 class JobInfo(ApiModel):
     """Identity of the job, used in metric labels and log lines."""
 
-    name: str = Field("local", min_length=1, description="FSDPTraining name.")
-    namespace: str = Field("default", min_length=1, description="Namespace of the FSDPTraining.")
+    name: str = Field(default="local", min_length=1, description="FSDPTraining name.")
+    namespace: str = Field(default="default", min_length=1, description="Namespace of the FSDPTraining.")
 
 
 # The spec's sections that the built-in trainer reads, in train.yaml's order (after job).
@@ -55,7 +55,9 @@ def _section(name: str) -> Any:
     field = FSDPTrainingSpec.model_fields[name]
     if name in REQUIRED_SECTIONS:
         return Field(description=field.description)
-    return Field(field.default, default_factory=field.default_factory, description=field.description)
+    if field.default_factory is not None:
+        return Field(default_factory=field.default_factory, description=field.description)
+    return Field(default=field.default, description=field.description)
 
 
 class TrainerConfig(ApiModel):

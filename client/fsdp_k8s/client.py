@@ -8,6 +8,7 @@ into the status, the trainer's log and its metrics.
 
 from __future__ import annotations
 
+import builtins
 import os
 import sys
 import tempfile
@@ -203,6 +204,7 @@ class Client:
                 raise ClientError(f"{KIND} {self.namespace}/{name} not found") from None
             raise
 
+    # From here on, ``list`` in the class body names this method: later annotations say builtins.list.
     def list(self) -> list[Training]:
         return [Training.of(body) for body in self.api.list(self._path())]
 
@@ -273,7 +275,7 @@ class Client:
 
     # --- what its pods say ------------------------------------------------------------------
 
-    def pods(self, name: str) -> list[Json]:
+    def pods(self, name: str) -> builtins.list[Json]:
         """The training's trainer pods, by node rank (several of one rank while a restarted one replaces another)."""
         return self._pods(self.get(name))
 
@@ -281,7 +283,7 @@ class Client:
         """The newest pod of node rank ``rank``; ``ClientError`` saying where the training stands when it has none."""
         return self._pod(self.get(name), rank)
 
-    def _pods(self, training: Training) -> list[Json]:
+    def _pods(self, training: Training) -> builtins.list[Json]:
         backend = training.backend
         pods = self.api.list(
             core_path("pods", training.namespace), label_selector=f"{backend.job_label}={training.job_name}"
@@ -352,7 +354,7 @@ class Client:
                     f"from {ip}:{port}: {direct}"
                 ) from None
 
-    def events(self, name: str) -> list[Event]:
+    def events(self, name: str) -> builtins.list[Event]:
         """The Events about the training and its job, oldest first: what ``kubectl describe`` lists."""
         training = self.get(name)
         out = []

@@ -136,8 +136,8 @@ def load_connection(kubeconfig: str | os.PathLike[str] | None = None, context: s
         base = path.resolve().parent
         # The first file that sets a name wins it, as kubectl merges $KUBECONFIG.
         for target, key in ((clusters, "clusters"), (users, "users"), (contexts, "contexts")):
-            for name, value in _named(config, key, base).items():
-                target.setdefault(name, value)
+            for entry_name, value in _named(config, key, base).items():
+                target.setdefault(entry_name, value)
         current = current or config.get("current-context")
     name = context or current
     where = ", ".join(str(p) for p in paths)
@@ -150,7 +150,7 @@ def load_connection(kubeconfig: str | os.PathLike[str] | None = None, context: s
     if cluster_name not in clusters:
         raise ClientError(f"context {name!r} names cluster {cluster_name!r}, which is not in {where}")
     cluster, cluster_base = clusters[cluster_name]
-    user, user_base = users.get(user_name, ({}, cluster_base))
+    user, user_base = ({}, cluster_base) if user_name is None else users.get(user_name, ({}, cluster_base))
     server = cluster.get("server")
     if not server:
         raise ClientError(f"cluster {cluster_name!r} in {where} has no server")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import subprocess
 from pathlib import Path
+from typing import Any
 
 from fsdp_api.ports import free_port
 
@@ -82,7 +83,7 @@ class S3Server:
             "AWS_EC2_METADATA_DISABLED": "true",
         }
 
-    def client(self, access_key: str = ROOT_ACCESS_KEY, secret_key: str = ROOT_SECRET_KEY):  # type: ignore[no-untyped-def]
+    def client(self, access_key: str = ROOT_ACCESS_KEY, secret_key: str = ROOT_SECRET_KEY) -> Any:
         """A boto3 client of this server (boto3 comes with the trainer's dependencies)."""
         import boto3
         from botocore.config import Config

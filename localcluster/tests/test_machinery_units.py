@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import sys
 from pathlib import Path
+from typing import cast
 
 import pytest
 from fsdp_localcluster.operator_install import OperatorProcess
@@ -106,6 +107,7 @@ def test_a_pod_worker_depends_on_its_context_not_on_the_agent() -> None:
 
 def test_upstream_webhook_patches_apply_and_only_kept_webhooks_are_registered_by_url(tmp_path: Path) -> None:
     """JobSet's kustomize patch (replace /webhooks/1) and Trainer's (object selectors), as trainer_v2 applies them."""
+    from fsdp_localcluster.apiserver import TestCluster
     from fsdp_localcluster.trainer_v2 import MUTATING
     from fsdp_localcluster.webhooks import json_patch, register_webhooks
 
@@ -131,7 +133,7 @@ def test_upstream_webhook_patches_apply_and_only_kept_webhooks_are_registered_by
             applied.append(obj)
 
     register_webhooks(
-        Cluster(),  # type: ignore[arg-type]
+        cast(TestCluster, Cluster()),  # register_webhooks only calls apply()
         manifests,
         {MUTATING: patch},
         {MUTATING: "jobset-mutating-webhook-configuration"},

@@ -13,7 +13,7 @@ import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from fsdp_localcluster.node_agent import (
@@ -27,6 +27,7 @@ from fsdp_localcluster.node_agent import (
     karpenter_node,
     rewrite_paths,
 )
+from fsdp_localcluster.node_agent.client import KubeAPI
 
 
 def test_expand_follows_kubelet_rules() -> None:
@@ -148,7 +149,7 @@ def test_a_withheld_record_is_not_served_and_a_start_does_not_wait_for_it(tmp_pa
 def pod_worker(tmp_path: Path, pod: dict[str, Any], net: PodNetwork, peers: Sequence[dict[str, Any]]) -> PodWorker:
     """A PodWorker with no API server behind it: enough for its translation rules."""
     ctx = PodContext(
-        api=None,  # type: ignore[arg-type]
+        api=cast(KubeAPI, None),  # never called by the translation rules
         network=net,
         pods_dir=tmp_path,
         agent_id="test",

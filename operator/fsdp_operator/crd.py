@@ -92,7 +92,9 @@ def _presence_rules(owner: type[BaseModel] | None, node: Schema) -> list[dict[st
     object both have the field, so for a field without a default (which may be
     absent) the parent object also checks that presence did not change.
     """
-    prefix, fields = IMMUTABLE_FIELDS.get(owner, ("", ()))  # type: ignore[arg-type]
+    if owner not in IMMUTABLE_FIELDS:
+        return []
+    prefix, fields = IMMUTABLE_FIELDS[owner]
     out = []
     for field in fields:
         prop = node["properties"].get(field, {})
@@ -173,7 +175,7 @@ class _Converter:
             prop = self.convert(value)
             field = fields_by_alias.get(key)
             if field is not None and field.default_factory is not None:
-                produced = field.default_factory()  # type: ignore[call-arg]
+                produced = field.get_default(call_default_factory=True)
                 # Nested defaults only apply when the parent object exists, so
                 # a section the user omits defaults to {} and is filled in.
                 if isinstance(produced, BaseModel):

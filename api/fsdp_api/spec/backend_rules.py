@@ -9,7 +9,7 @@ the tuples and functions at the end.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, get_args
 
 from ..contract import BACKENDS, METRICS_PORT, TRAINJOB, TRAINJOB_RUNTIME
 from ..rules import Rule, TransitionRule
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from .fsdp_training import FSDPTrainingSpec
 
 Backend = Literal["pytorchjob", "trainjob"]
-assert set(Backend.__args__) == set(BACKENDS)  # type: ignore[attr-defined]
+assert set(get_args(Backend)) == set(BACKENDS)
 
 
 # --- pytorchjob ------------------------------------------------------------------

@@ -17,15 +17,19 @@ class CheckpointSpec(ApiModel):
     """Distributed checkpoints (torch.distributed.checkpoint) and resume."""
 
     dir: str = Field(
-        "/checkpoints",
+        default="/checkpoints",
         max_length=4096,
         pattern=r"^(/[^/]+)+$",
         description="Absolute directory for checkpoints inside the pod (no trailing slash).",
     )
-    interval_steps: int = Field(500, ge=1, description="Steps between checkpoints (one is always written at the end).")
-    keep_last: int = Field(3, ge=1, le=1000, description="Complete checkpoints to keep; older ones are deleted.")
+    interval_steps: int = Field(
+        default=500, ge=1, description="Steps between checkpoints (one is always written at the end)."
+    )
+    keep_last: int = Field(
+        default=3, ge=1, le=1000, description="Complete checkpoints to keep; older ones are deleted."
+    )
     claim_name: str | None = Field(
-        None,
+        default=None,
         pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
         description=(
             "PersistentVolumeClaim mounted at dir. Unset: checkpoints live in an emptyDir and are lost "
@@ -33,11 +37,12 @@ class CheckpointSpec(ApiModel):
         ),
     )
     resume: Literal["auto", "never"] = Field(
-        "auto", description="auto: resume from the newest complete checkpoint in dir; never: always start fresh."
+        default="auto",
+        description="auto: resume from the newest complete checkpoint in dir; never: always start fresh.",
     )
-    async_save: bool = Field(False, description="Save checkpoints asynchronously, overlapping the next steps.")
+    async_save: bool = Field(default=False, description="Save checkpoints asynchronously, overlapping the next steps.")
     remote: str | None = Field(
-        None,
+        default=None,
         max_length=1024,
         pattern=r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$",
         description=(
@@ -48,10 +53,10 @@ class CheckpointSpec(ApiModel):
         ),
     )
     remote_keep_last: int = Field(
-        3, ge=1, le=1000, description="Committed checkpoints to keep in remote; older ones are deleted there."
+        default=3, ge=1, le=1000, description="Committed checkpoints to keep in remote; older ones are deleted there."
     )
     remote_wait_seconds: int = Field(
-        600,
+        default=600,
         ge=0,
         le=86400,
         description=(

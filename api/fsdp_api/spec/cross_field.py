@@ -36,7 +36,6 @@ _NO_FLOAT8_TYPES = tuple(
 )
 _NO_FLOAT8_CEL = "[" + ", ".join(f"'{t}'" for t in _NO_FLOAT8_TYPES) + "]"
 
-
 _FLOAT8_PREFIX = "training.precision float8 needs GPUs with float8 tensor cores"
 _FLOAT8_CHOICES = f"list resources.instanceTypes, each one of {', '.join(FLOAT8_INSTANCE_TYPES)} (H100, H200)"
 _FLOAT8_TYPES_MESSAGE = f"{_FLOAT8_PREFIX}: {_FLOAT8_CHOICES}; A100 (p4d) and A10G (g5) have none"
@@ -170,6 +169,15 @@ def _all_fields(owner: type[BaseModel]) -> tuple[str, ...]:
     return tuple(owner.model_fields)
 
 
+def _unset_with_command(section: str) -> Rule:
+    return Rule(
+        cel=f"!has(self.command) || !has(self.{section})",
+        message=_replaced_message([section]),
+        field_path=f".{section}",
+        check=lambda s: s.command is None or getattr(s, section) is None,
+    )
+
+
 COMMAND_RULES: tuple[Rule, ...] = (
     Rule(
         cel="has(self.command) || has(self.model)",
@@ -201,15 +209,7 @@ COMMAND_RULES: tuple[Rule, ...] = (
             s.command is None or (len(s.command) >= 2 if s.command[0] == "-m" else not s.command[0].startswith("-"))
         ),
     ),
-    *(
-        Rule(
-            cel=f"!has(self.command) || !has(self.{section})",
-            message=_replaced_message([section]),
-            field_path=f".{section}",
-            check=lambda s, attr=attr: s.command is None or getattr(s, attr) is None,
-        )
-        for section, attr in (("model", "model"), ("training", "training"), ("peft", "peft"))
-    ),
+    *(_unset_with_command(section) for section in ("model", "training", "peft")),
     _left_alone("data", DataSpec, _all_fields(DataSpec)),
     _left_alone("fsdp", FSDPSpec, _all_fields(FSDPSpec)),
     _left_alone("parallelism", ParallelismSpec, _all_fields(ParallelismSpec)),

@@ -15,15 +15,17 @@ class DataSpec(ApiModel):
     """Training data: a Hugging Face dataset, local files, or the embedded corpus."""
 
     dataset: str | None = Field(
-        None,
+        default=None,
         min_length=1,
         max_length=MAX_REFERENCE_LENGTH,
         description="Hugging Face dataset id (e.g. allenai/c4). Mutually exclusive with path.",
     )
-    config: str | None = Field(None, min_length=1, description="Dataset configuration name (e.g. en for allenai/c4).")
-    split: str = Field("train", min_length=1, description="Split to train on.")
+    config: str | None = Field(
+        default=None, min_length=1, description="Dataset configuration name (e.g. en for allenai/c4)."
+    )
+    split: str = Field(default="train", min_length=1, description="Split to train on.")
     path: str | None = Field(
-        None,
+        default=None,
         min_length=1,
         max_length=MAX_REFERENCE_LENGTH,
         description=(
@@ -32,9 +34,9 @@ class DataSpec(ApiModel):
             "dataset nor path, the corpus embedded in the trainer is used."
         ),
     )
-    text_field: str = Field("text", min_length=1, description="Name of the column holding the text.")
+    text_field: str = Field(default="text", min_length=1, description="Name of the column holding the text.")
     format: Literal["text", "chat", "prompt-completion", "preference"] = Field(
-        "text",
+        default="text",
         description=(
             "text: documents concatenated into full windows, every token trained (pre-training); "
             "chat: rows of messages rendered with the tokenizer's chat template, loss on assistant turns only; "
@@ -52,26 +54,28 @@ class DataSpec(ApiModel):
         return self.format in ROW_FORMATS
 
     messages_field: str = Field(
-        "messages", min_length=1, description="format chat: column holding the list of {role, content} messages."
+        default="messages",
+        min_length=1,
+        description="format chat: column holding the list of {role, content} messages.",
     )
     prompt_field: str = Field(
-        "prompt", min_length=1, description="format prompt-completion and preference: column of the prompt."
+        default="prompt", min_length=1, description="format prompt-completion and preference: column of the prompt."
     )
     completion_field: str = Field(
-        "completion", min_length=1, description="format prompt-completion: column of the completion."
+        default="completion", min_length=1, description="format prompt-completion: column of the completion."
     )
     chosen_field: str = Field(
-        "chosen",
+        default="chosen",
         min_length=1,
         description="format preference: column of the preferred answer (text, or a list of chat messages).",
     )
     rejected_field: str = Field(
-        "rejected",
+        default="rejected",
         min_length=1,
         description="format preference: column of the dispreferred answer (text, or a list of chat messages).",
     )
     overlong: Literal["truncate", "drop"] = Field(
-        "truncate",
+        default="truncate",
         description=(
             "chat and prompt-completion: a row longer than seqLen + 1 tokens is cut to its first seqLen + 1 "
             "tokens (truncate) or skipped (drop); preference: a pair whose two sequences together fill more "
@@ -79,9 +83,9 @@ class DataSpec(ApiModel):
             "is counted and logged."
         ),
     )
-    streaming: bool = Field(False, description="Stream the dataset instead of downloading it whole first.")
+    streaming: bool = Field(default=False, description="Stream the dataset instead of downloading it whole first.")
     tokenizer: str | None = Field(
-        None,
+        default=None,
         min_length=1,
         description=(
             "Hugging Face tokenizer id or local path (AutoTokenizer). "
@@ -89,7 +93,7 @@ class DataSpec(ApiModel):
         ),
     )
     validation_split: str | None = Field(
-        None,
+        default=None,
         min_length=1,
         description=(
             "Split used for validation. Unset: a deterministic held-out slice of the training "

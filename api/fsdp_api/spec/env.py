@@ -29,7 +29,7 @@ class KeySelector(ApiModel):
 
     name: str = Field(min_length=1, description="Name of the Secret or ConfigMap.")
     key: str = Field(min_length=1, description="Key to read.")
-    optional: bool | None = Field(None, description="Whether the reference may be missing.")
+    optional: bool | None = Field(default=None, description="Whether the reference may be missing.")
 
 
 class FieldSelector(ApiModel):
@@ -49,9 +49,9 @@ class FieldSelector(ApiModel):
 class EnvVarSource(ApiModel):
     """Where the value of an environment variable comes from."""
 
-    secret_key_ref: KeySelector | None = Field(None, description="A key of a Secret (use this for tokens).")
-    config_map_key_ref: KeySelector | None = Field(None, description="A key of a ConfigMap.")
-    field_ref: FieldSelector | None = Field(None, description="A field of the pod.")
+    secret_key_ref: KeySelector | None = Field(default=None, description="A key of a Secret (use this for tokens).")
+    config_map_key_ref: KeySelector | None = Field(default=None, description="A key of a ConfigMap.")
+    field_ref: FieldSelector | None = Field(default=None, description="A field of the pod.")
 
     rules: ClassVar[tuple[Rule, ...]] = (
         Rule(
@@ -70,9 +70,9 @@ class EnvVar(ApiModel):
     # maxLength bounds the CEL cost of the fault-hook rule's regex (an unbounded string is
     # costed at the request's size limit); 8 KiB is far beyond any literal a training needs.
     value: str | None = Field(
-        None, max_length=8192, description="Literal value (not allowed for credentials: use valueFrom)."
+        default=None, max_length=8192, description="Literal value (not allowed for credentials: use valueFrom)."
     )
-    value_from: EnvVarSource | None = Field(None, description="Source of the value, e.g. a Secret key.")
+    value_from: EnvVarSource | None = Field(default=None, description="Source of the value, e.g. a Secret key.")
 
     rules: ClassVar[tuple[Rule, ...]] = (
         Rule(

@@ -13,7 +13,7 @@ class FSDPSpec(ApiModel):
     """How FSDP2 shards the model."""
 
     sharding_strategy: Literal["full", "shard_grad_op", "no_shard", "hybrid"] = Field(
-        "full",
+        default="full",
         description=(
             "full: shard parameters, gradients and optimizer state, reshard after forward (ZeRO-3); "
             "shard_grad_op: keep parameters unsharded between forward and backward (ZeRO-2); "
@@ -21,16 +21,16 @@ class FSDPSpec(ApiModel):
         ),
     )
     cpu_offload: bool = Field(
-        False, description="Keep sharded parameters, gradients and optimizer state in CPU memory."
+        default=False, description="Keep sharded parameters, gradients and optimizer state in CPU memory."
     )
     prefetch: int = Field(
-        0,
+        default=0,
         ge=0,
         le=8,
         description="Explicit forward/backward prefetch depth in layers; 0 leaves FSDP's implicit prefetch.",
     )
     shard_group_size: int | None = Field(
-        None,
+        default=None,
         ge=1,
         le=16384,
         description=(

@@ -37,7 +37,7 @@ class FSDPTrainingSpec(ApiModel):
     """Desired state of an FSDP training job."""
 
     backend: Backend = Field(
-        "pytorchjob",
+        default="pytorchjob",
         description=(
             "What runs the pods: pytorchjob (a Kubeflow PyTorchJob, training operator v1) or trainjob "
             f"(a Kubeflow Trainer v2 TrainJob on the ClusterTrainingRuntime {TRAINJOB_RUNTIME}, which the bundle "
@@ -54,13 +54,15 @@ class FSDPTrainingSpec(ApiModel):
         description="Trainer container image, pinned by tag or digest (':latest' is rejected).",
     )
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
-        "IfNotPresent", description="Image pull policy of the trainer container."
+        default="IfNotPresent", description="Image pull policy of the trainer container."
     )
-    model: ModelSpec | None = Field(None, description="The model to train (required unless command is set).")
+    model: ModelSpec | None = Field(default=None, description="The model to train (required unless command is set).")
     data: DataSpec = Field(default_factory=DataSpec, description="Training data and tokenizer.")
-    training: TrainingSpec | None = Field(None, description="Optimisation settings (required unless command is set).")
+    training: TrainingSpec | None = Field(
+        default=None, description="Optimisation settings (required unless command is set)."
+    )
     command: list[ScriptWord] | None = Field(
-        None,
+        default=None,
         min_length=1,
         max_length=16,
         description=(
@@ -71,7 +73,7 @@ class FSDPTrainingSpec(ApiModel):
         ),
     )
     args: list[ScriptWord] | None = Field(
-        None,
+        default=None,
         min_length=1,
         max_length=256,
         description="Arguments of command, after it on torchrun's command line (immutable).",
@@ -83,9 +85,10 @@ class FSDPTrainingSpec(ApiModel):
     )
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="Nodes, GPUs, EFA and capacity.")
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpointing and resume.")
-    elastic: ElasticSpec | None = Field(None, description="Elastic training bounds; unset: a fixed node count.")
+    elastic: ElasticSpec | None = Field(default=None, description="Elastic training bounds; unset: a fixed node count.")
     peft: PeftSpec | None = Field(
-        None, description="LoRA fine-tuning: train adapters on the frozen base model; unset: train every weight."
+        default=None,
+        description="LoRA fine-tuning: train adapters on the frozen base model; unset: train every weight.",
     )
     metrics: MetricsSpec = Field(default_factory=MetricsSpec, description="Prometheus metrics of the trainer.")
     stall: StallSpec = Field(
@@ -106,10 +109,10 @@ class FSDPTrainingSpec(ApiModel):
         default_factory=list, max_length=64, description="Extra environment variables of the trainer container."
     )
     service_account_name: str | None = Field(
-        None, pattern=DNS_LABEL, description="ServiceAccount of the training pods (e.g. for IRSA access to S3)."
+        default=None, pattern=DNS_LABEL, description="ServiceAccount of the training pods (e.g. for IRSA access to S3)."
     )
     suspend: bool = Field(
-        False, description="Suspend the job: its pods are deleted; unsuspending resumes from checkpoint."
+        default=False, description="Suspend the job: its pods are deleted; unsuspending resumes from checkpoint."
     )
     pod: PodSettings = Field(
         default_factory=PodSettings,
@@ -129,13 +132,26 @@ class FSDPTrainingSpec(ApiModel):
     rules: ClassVar[tuple[Rule, ...]] = SPEC_RULES
 
     def seq_len(self) -> int:
-        assert self.model is not None and self.training is not None, "a job of the built-in trainer"
-        return effective_seq_len(self.training, self.model)
+        return effective_seq_len(self.builtin_training, self.builtin_model)
 
     @property
     def runs_own_script(self) -> bool:
         """Whether the pods run the user's command instead of the built-in trainer."""
         return self.command is not None
+
+    # model and training are Optional only because command can replace the built-in trainer
+    # (COMMAND_RULES require both unless command is set, and refuse them with it).
+    @property
+    def builtin_model(self) -> ModelSpec:
+        """``model`` of a job of the built-in trainer."""
+        assert self.model is not None, "a job of the built-in trainer"
+        return self.model
+
+    @property
+    def builtin_training(self) -> TrainingSpec:
+        """``training`` of a job of the built-in trainer."""
+        assert self.training is not None, "a job of the built-in trainer"
+        return self.training
 
     def procs_per_node(self) -> int:
         return max(1, self.resources.gpus_per_node)
@@ -149,7 +165,7 @@ class ObjectMeta(BaseModel):
 
     model_config = ConfigDict(extra="allow")
     name: str | None = None
-    generate_name: str | None = Field(None, alias="generateName")
+    generate_name: str | None = Field(default=None, alias="generateName")
     namespace: str | None = None
     uid: str | None = None
 
@@ -195,7 +211,7 @@ class FSDPTraining(BaseModel):
     """An FSDPTraining resource as read from YAML or from the API server."""
 
     model_config = ConfigDict(extra="allow", populate_by_name=True)
-    api_version: Literal["training.fsdp.dev/v1alpha1"] = Field(API_VERSION, alias="apiVersion")
+    api_version: Literal["training.fsdp.dev/v1alpha1"] = Field(default=API_VERSION, alias="apiVersion")
     kind: Literal["FSDPTraining"] = KIND
     metadata: ObjectMeta = Field(default_factory=ObjectMeta)
     spec: FSDPTrainingSpec

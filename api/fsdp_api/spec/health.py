@@ -19,7 +19,7 @@ class HealthSpec(ApiModel):
     """
 
     on_suspect_node: Literal["alert", "exclude"] = Field(
-        "alert",
+        default="alert",
         description=(
             "alert: say so in NodesHealthy and an Event; exclude: also taint the node for trainings "
             "(training.fsdp.dev/excluded:NoSchedule, lifted after excludeSeconds) and delete the job's pods, so "
@@ -28,7 +28,7 @@ class HealthSpec(ApiModel):
         ),
     )
     max_excluded_nodes: int = Field(
-        2,
+        default=2,
         ge=1,
         le=64,
         description=(
@@ -37,7 +37,7 @@ class HealthSpec(ApiModel):
         ),
     )
     exclude_seconds: int = Field(
-        3600,
+        default=3600,
         ge=60,
         le=604800,
         description=(

@@ -12,15 +12,15 @@ from .values import NamespaceName
 class MetricsSpec(ApiModel):
     """The trainer's Prometheus endpoint (one per pod, covering all local ranks)."""
 
-    enabled: bool = Field(True, description="Serve Prometheus metrics and emit a PodMonitor.")
-    port: int = Field(METRICS_PORT, ge=1024, le=65535, description="Port of the metrics endpoint in each pod.")
+    enabled: bool = Field(default=True, description="Serve Prometheus metrics and emit a PodMonitor.")
+    port: int = Field(default=METRICS_PORT, ge=1024, le=65535, description="Port of the metrics endpoint in each pod.")
 
 
 class NetworkPolicySpec(ApiModel):
     """A NetworkPolicy around the job's pods: only the job's pods and, on the metrics port, listed namespaces."""
 
     enabled: bool = Field(
-        True,
+        default=True,
         description=(
             "Emit the NetworkPolicy. It is enforced only where the cluster's network plugin implements "
             "NetworkPolicy (on EKS: the VPC CNI with network policy enabled, or Calico/Cilium)."

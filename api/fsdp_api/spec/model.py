@@ -15,20 +15,25 @@ from .object_refs import MAX_REFERENCE_LENGTH, no_bucket_root_rule, no_other_sch
 class ModelOverrides(ApiModel):
     """Architecture overrides applied on top of the preset or the architecture's config.json."""
 
-    hidden_size: int | None = Field(None, ge=64, le=65536, description="Width of the residual stream (d_model).")
-    num_layers: int | None = Field(None, ge=1, le=512, description="Number of decoder layers.")
-    num_heads: int | None = Field(None, ge=1, le=1024, description="Number of attention (query) heads.")
+    hidden_size: int | None = Field(
+        default=None, ge=64, le=65536, description="Width of the residual stream (d_model)."
+    )
+    num_layers: int | None = Field(default=None, ge=1, le=512, description="Number of decoder layers.")
+    num_heads: int | None = Field(default=None, ge=1, le=1024, description="Number of attention (query) heads.")
     num_key_value_heads: int | None = Field(
-        None, ge=1, le=1024, description="Number of key/value heads (grouped-query attention); divides numHeads."
+        default=None,
+        ge=1,
+        le=1024,
+        description="Number of key/value heads (grouped-query attention); divides numHeads.",
     )
     intermediate_size: int | None = Field(
-        None, ge=64, le=262144, description="Hidden width of the MLP (per expert for mixture-of-experts)."
+        default=None, ge=64, le=262144, description="Hidden width of the MLP (per expert for mixture-of-experts)."
     )
     vocab_size: int | None = Field(
-        None, ge=256, le=1048576, description="Vocabulary size; must cover the tokenizer's vocabulary."
+        default=None, ge=256, le=1048576, description="Vocabulary size; must cover the tokenizer's vocabulary."
     )
     max_seq_len: int | None = Field(
-        None, ge=16, le=1048576, description="Longest sequence the model supports (max_position_embeddings)."
+        default=None, ge=16, le=1048576, description="Longest sequence the model supports (max_position_embeddings)."
     )
 
 
@@ -55,14 +60,14 @@ class ModelSpec(ApiModel):
     """
 
     preset: PresetName | None = Field(
-        None,
+        default=None,
         description=(
             "Llama architecture preset, randomly initialised: tiny (smoke tests, CPU), llama3.2-1b, "
             "llama3.2-3b, llama3.1-8b, llama3.1-70b."
         ),
     )
     architecture: str | None = Field(
-        None,
+        default=None,
         min_length=1,
         max_length=MAX_REFERENCE_LENGTH,
         description=(
@@ -72,10 +77,10 @@ class ModelSpec(ApiModel):
         ),
     )
     config: ModelOverrides | None = Field(
-        None, description="Overrides of the preset's or architecture's numbers (not with pretrained)."
+        default=None, description="Overrides of the preset's or architecture's numbers (not with pretrained)."
     )
     pretrained: str | None = Field(
-        None,
+        default=None,
         min_length=1,
         max_length=MAX_REFERENCE_LENGTH,
         description=(

@@ -16,7 +16,7 @@ class ParallelismSpec(ApiModel):
     """How each layer's work is split beside FSDP's data parallelism (docs/parallelism.md)."""
 
     tensor: int = Field(
-        1,
+        default=1,
         ge=1,
         le=MAX_TENSOR,
         description=(
@@ -28,7 +28,7 @@ class ParallelismSpec(ApiModel):
         ),
     )
     context: int = Field(
-        1,
+        default=1,
         ge=1,
         le=MAX_CONTEXT,
         description=(

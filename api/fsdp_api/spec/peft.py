@@ -32,19 +32,19 @@ class PeftSpec(ApiModel):
     """
 
     method: Literal["lora", "qlora"] = Field(
-        "lora",
+        default="lora",
         description="lora: low-rank adapters on the frozen base (qlora, a 4-bit base, is not supported).",
     )
-    rank: int = Field(16, ge=1, le=1024, description="Rank r of each adapter (A is r x in, B is out x r).")
+    rank: int = Field(default=16, ge=1, le=1024, description="Rank r of each adapter (A is r x in, B is out x r).")
     alpha: float | None = Field(
-        None,
+        default=None,
         gt=0,
         le=65536,
         description="LoRA alpha: the adapter's output is scaled by alpha / rank. Unset: twice the rank.",
     )
-    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapters' input while training.")
+    dropout: float = Field(default=0.0, ge=0, lt=1, description="Dropout on the adapters' input while training.")
     target_modules: list[ModuleName] | None = Field(
-        None,
+        default=None,
         min_length=1,
         max_length=64,
         description=(

@@ -26,23 +26,26 @@ class Toleration(ApiModel):
     """A toleration of a node taint, added to the pods' own (the nvidia.com/gpu taint for GPU jobs)."""
 
     key: str | None = Field(
-        None,
+        default=None,
         min_length=1,
         max_length=QUALIFIED_NAME_MAX,
         pattern=QUALIFIED_NAME_PATTERN,
         description="Taint key to tolerate; unset (with Exists): every taint.",
     )
     operator: Literal["Exists", "Equal"] | None = Field(
-        None, description="Equal (default): the taint's value must equal value; Exists: any value."
+        default=None, description="Equal (default): the taint's value must equal value; Exists: any value."
     )
     value: str | None = Field(
-        None, max_length=63, pattern=LABEL_VALUE_PATTERN, description="Taint value to match (operator Equal)."
+        default=None, max_length=63, pattern=LABEL_VALUE_PATTERN, description="Taint value to match (operator Equal)."
     )
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
-        None, description="Taint effect to tolerate; unset: every effect."
+        default=None, description="Taint effect to tolerate; unset: every effect."
     )
     toleration_seconds: int | None = Field(
-        None, ge=0, le=2**31 - 1, description="NoExecute only: how long the pod stays bound after the taint appears."
+        default=None,
+        ge=0,
+        le=2**31 - 1,
+        description="NoExecute only: how long the pod stays bound after the taint appears.",
     )
 
     rules: ClassVar[tuple[Rule, ...]] = (
@@ -94,7 +97,7 @@ class NodeSelectorRequirement(ApiModel):
         description="How the label relates to values."
     )
     values: list[LabelValue] | None = Field(
-        None, max_length=64, description="Values (In, NotIn: one or more; Gt, Lt: one integer; else none)."
+        default=None, max_length=64, description="Values (In, NotIn: one or more; Gt, Lt: one integer; else none)."
     )
 
     rules: ClassVar[tuple[Rule, ...]] = (
@@ -129,10 +132,10 @@ class NodeAffinity(ApiModel):
     """Node affinity, combined with the pods' own (resources.instanceTypes)."""
 
     required_during_scheduling_ignored_during_execution: NodeSelector | None = Field(
-        None, description="Nodes the pods must run on; each term is ANDed with resources.instanceTypes."
+        default=None, description="Nodes the pods must run on; each term is ANDed with resources.instanceTypes."
     )
     preferred_during_scheduling_ignored_during_execution: list[PreferredSchedulingTerm] | None = Field(
-        None, max_length=8, description="Nodes the pods prefer."
+        default=None, max_length=8, description="Nodes the pods prefer."
     )
 
 
@@ -142,7 +145,7 @@ class LabelSelectorRequirement(ApiModel):
     key: str = qualified_name("Pod label key.")
     operator: Literal["In", "NotIn", "Exists", "DoesNotExist"] = Field(description="How the label relates to values.")
     values: list[LabelValue] | None = Field(
-        None, max_length=64, description="Values (In, NotIn: one or more; else none)."
+        default=None, max_length=64, description="Values (In, NotIn: one or more; else none)."
     )
 
     rules: ClassVar[tuple[Rule, ...]] = (
@@ -153,18 +156,18 @@ class LabelSelectorRequirement(ApiModel):
 class LabelSelector(ApiModel):
     """A pod label selector."""
 
-    match_labels: dict[str, LabelValue] | None = Field(None, max_length=16, description="Labels to match.")
+    match_labels: dict[str, LabelValue] | None = Field(default=None, max_length=16, description="Labels to match.")
     match_expressions: list[LabelSelectorRequirement] | None = Field(
-        None, max_length=8, description="Requirements on pod labels."
+        default=None, max_length=8, description="Requirements on pod labels."
     )
 
 
 class PodAffinityTerm(ApiModel):
     """Pods (by label) in whose topology domain the pods must, or must not, run."""
 
-    label_selector: LabelSelector | None = Field(None, description="Pods this term is about.")
+    label_selector: LabelSelector | None = Field(default=None, description="Pods this term is about.")
     namespaces: list[Annotated[str, Field(pattern=DNS_LABEL, max_length=63, description="A namespace.")]] | None = (
-        Field(None, max_length=16, description="Namespaces of those pods; unset: the training's namespace.")
+        Field(default=None, max_length=16, description="Namespaces of those pods; unset: the training's namespace.")
     )
     topology_key: str = qualified_name("Node label of the domain (e.g. topology.kubernetes.io/zone).")
 
@@ -180,18 +183,18 @@ class PodAffinity(ApiModel):
     """Pod affinity or anti-affinity terms, added to the pods' own."""
 
     required_during_scheduling_ignored_during_execution: list[PodAffinityTerm] | None = Field(
-        None, max_length=8, description="Terms the pods must meet."
+        default=None, max_length=8, description="Terms the pods must meet."
     )
     preferred_during_scheduling_ignored_during_execution: list[WeightedPodAffinityTerm] | None = Field(
-        None, max_length=8, description="Terms the pods prefer."
+        default=None, max_length=8, description="Terms the pods prefer."
     )
 
 
 class Affinity(ApiModel):
     """Extra affinity: a typed subset of the pod's affinity, merged with the renderer's (docs/renderer.md)."""
 
-    node_affinity: NodeAffinity | None = Field(None, description="Node affinity.")
-    pod_affinity: PodAffinity | None = Field(None, description="Pod affinity (added to the EFA zone affinity).")
+    node_affinity: NodeAffinity | None = Field(default=None, description="Node affinity.")
+    pod_affinity: PodAffinity | None = Field(default=None, description="Pod affinity (added to the EFA zone affinity).")
     pod_anti_affinity: PodAffinity | None = Field(
-        None, description="Pod anti-affinity (added to the one-pod-per-node term)."
+        default=None, description="Pod anti-affinity (added to the one-pod-per-node term)."
     )

@@ -69,7 +69,7 @@ class PodSettings(ApiModel):
         ),
     )
     priority_class_name: str | None = Field(
-        None, pattern=DNS_SUBDOMAIN, max_length=253, description="PriorityClass of the pods."
+        default=None, pattern=DNS_SUBDOMAIN, max_length=253, description="PriorityClass of the pods."
     )
     node_selector: dict[str, LabelValue] = Field(
         default_factory=dict,
@@ -82,7 +82,9 @@ class PodSettings(ApiModel):
     tolerations: list[Toleration] = Field(
         default_factory=list, max_length=16, description="Tolerations added to the pods' own."
     )
-    affinity: Affinity | None = Field(None, description="Affinity merged with the pods' own (docs/renderer.md).")
+    affinity: Affinity | None = Field(
+        default=None, description="Affinity merged with the pods' own (docs/renderer.md)."
+    )
     volumes: list[Volume] = Field(
         default_factory=list, max_length=16, description="Extra volumes (a data PVC, FSx for Lustre, a Secret)."
     )
@@ -90,7 +92,7 @@ class PodSettings(ApiModel):
         default_factory=list, max_length=16, description="Mounts of the extra volumes in the trainer container."
     )
     termination_grace_period_seconds: int = Field(
-        DEFAULT_GRACE_SECONDS,
+        default=DEFAULT_GRACE_SECONDS,
         ge=0,
         le=86400,
         description=(

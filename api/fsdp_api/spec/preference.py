@@ -15,7 +15,7 @@ class PreferenceSpec(ApiModel):
     """Strength of the preference losses; the defaults are TRL's (DPOConfig.beta, CPOConfig.simpo_gamma)."""
 
     beta: float = Field(
-        0.1,
+        default=0.1,
         ge=BETA_FLOOR,
         le=1000,
         description=(
@@ -25,7 +25,7 @@ class PreferenceSpec(ApiModel):
         ),
     )
     gamma: float = Field(
-        0.5,
+        default=0.5,
         ge=0,
         le=1000,
         description=(

@@ -79,9 +79,12 @@ def _gpus_fit(r: ResourcesSpec) -> bool:
 class ResourcesSpec(ApiModel):
     """Where the job runs: node count, GPUs, EFA and Karpenter capacity."""
 
-    nodes: int = Field(1, ge=1, le=MAX_NODES, description="Number of nodes (pods); one pod per node.")
+    nodes: int = Field(default=1, ge=1, le=MAX_NODES, description="Number of nodes (pods); one pod per node.")
     gpus_per_node: int = Field(
-        8, ge=0, le=16, description="GPUs per node; one training process per GPU. 0 runs one CPU process per node."
+        default=8,
+        ge=0,
+        le=16,
+        description="GPUs per node; one training process per GPU. 0 runs one CPU process per node.",
     )
     instance_types: list[Annotated[str, Field(min_length=1, max_length=64, description="An EC2 instance type.")]] = (
         Field(
@@ -91,20 +94,24 @@ class ResourcesSpec(ApiModel):
         )
     )
     capacity_type: Literal["on-demand", "spot", "reserved"] = Field(
-        "on-demand", description="Karpenter capacity type to run on."
+        default="on-demand", description="Karpenter capacity type to run on."
     )
-    node_pool: str = Field("gpu", pattern=DNS_LABEL, description="Karpenter NodePool that provisions the nodes.")
+    node_pool: str = Field(
+        default="gpu", pattern=DNS_LABEL, description="Karpenter NodePool that provisions the nodes."
+    )
     placement: Literal["karpenter", "none"] = Field(
-        "karpenter",
+        default="karpenter",
         description=(
             "karpenter: select nodes of nodePool with capacityType (Karpenter's labels) and ask Karpenter not to "
             "disrupt them; none: no Karpenter label, selector or annotation at all (SageMaker HyperPod, managed "
             "node groups): nodePool and capacityType are ignored, pod.nodeSelector and pod.affinity choose the nodes."
         ),
     )
-    efa_per_node: int = Field(0, ge=0, le=32, description="EFA interfaces (vpc.amazonaws.com/efa) per node; 0: no EFA.")
+    efa_per_node: int = Field(
+        default=0, ge=0, le=32, description="EFA interfaces (vpc.amazonaws.com/efa) per node; 0: no EFA."
+    )
     cpu: Quantity | None = Field(
-        None,
+        default=None,
         description=(
             "CPU request per pod (e.g. 90); no limit. Unset: derived from instanceTypes, the smallest "
             "type's allocatable vCPUs as Karpenter computes them less room for DaemonSets "
@@ -112,14 +119,14 @@ class ResourcesSpec(ApiModel):
         ),
     )
     memory: Quantity | None = Field(
-        None,
+        default=None,
         description=(
             "Memory request and limit per pod (e.g. 1800Gi). Unset: derived from instanceTypes like cpu "
             "(docs/renderer.md); none when none is listed or one has no known size."
         ),
     )
     shared_memory: Quantity | None = Field(
-        None,
+        default=None,
         description=(
             "Size limit of the memory-backed /dev/shm, whose pages count against the memory limit "
             "(at most that limit). Unset: a quarter of the memory limit; no limit when the pod has none."
@@ -218,7 +225,9 @@ class ElasticSpec(ApiModel):
 
     min_nodes: int = Field(ge=1, le=MAX_NODES, description="Fewest nodes to keep training with.")
     max_nodes: int = Field(ge=1, le=MAX_NODES, description="Most nodes to train with.")
-    max_restarts: int = Field(3, ge=0, le=1000, description="Times torchrun restarts the workers before failing.")
+    max_restarts: int = Field(
+        default=3, ge=0, le=1000, description="Times torchrun restarts the workers before failing."
+    )
 
     rules: ClassVar[tuple[Rule, ...]] = (
         Rule(

@@ -28,7 +28,7 @@ class TopologySpec(ApiModel):
         ),
     )
     mode: Literal["required", "preferred"] = Field(
-        "required",
+        default="required",
         description=(
             "required: the job waits until one domain has room for every pod; preferred: as few domains as "
             "Kueue can find, going up the Topology's levels, spread if nothing else fits."
@@ -44,7 +44,7 @@ class SchedulingSpec(ApiModel):
     """Queueing on a shared cluster with Kueue (docs/kueue.md)."""
 
     queue: str | None = Field(
-        None,
+        default=None,
         # "" matches the label-value pattern, but Kueue reads an empty queue name as no queue: the job
         # would run at once while the training waits for a LocalQueue "".
         min_length=1,
@@ -56,7 +56,7 @@ class SchedulingSpec(ApiModel):
         ),
     )
     priority_class: str | None = Field(
-        None,
+        default=None,
         min_length=1,
         max_length=63,
         pattern=LABEL_VALUE_PATTERN,
@@ -66,7 +66,7 @@ class SchedulingSpec(ApiModel):
         ),
     )
     topology: TopologySpec | None = Field(
-        None,
+        default=None,
         description=(
             "Kueue's topology-aware scheduling: the pods in one domain (an EKS network layer, a zone, a "
             "rack), placed in pod-index order. Needs queue, a ResourceFlavor "
@@ -94,7 +94,7 @@ class RunPolicySpec(ApiModel):
     """Deadlines of the whole job (the PyTorchJob's runPolicy)."""
 
     active_deadline_seconds: int | None = Field(
-        None,
+        default=None,
         ge=1,
         le=2**31 - 1,
         description=(
@@ -103,7 +103,7 @@ class RunPolicySpec(ApiModel):
         ),
     )
     ttl_seconds_after_finished: int | None = Field(
-        None,
+        default=None,
         ge=0,
         le=2**31 - 1,
         description=(

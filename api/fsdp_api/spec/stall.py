@@ -17,36 +17,36 @@ class StallSpec(ApiModel):
     """
 
     on_stall: Literal["alert", "restart"] = Field(
-        "alert",
+        default="alert",
         description=(
             "alert: set the Stalled condition and post an Event; restart: also delete the job's pods "
             "so that they are re-created and resume from the last checkpoint (at most maxRestarts times)."
         ),
     )
     step_time_factor: float = Field(
-        10.0,
+        default=10.0,
         ge=2,
         le=1000,
         description="Stalled when no new step for this many times the recent step time (and at least minSeconds).",
     )
-    min_seconds: int = Field(300, ge=5, le=86400, description="Floor of the no-new-step limit, in seconds.")
+    min_seconds: int = Field(default=300, ge=5, le=86400, description="Floor of the no-new-step limit, in seconds.")
     startup_seconds: int = Field(
-        1800,
+        default=1800,
         ge=5,
         le=86400,
         description="Allowance for the first steps after a start or restart (model and checkpoint loading).",
     )
     checkpoint_seconds: int = Field(
-        1800,
+        default=1800,
         ge=0,
         le=86400,
         description="Extra allowance after a step that saves a checkpoint or runs validation.",
     )
     max_restarts: int = Field(
-        3, ge=0, le=100, description="onStall restart: restarts for stalls before the operator only alerts."
+        default=3, ge=0, le=100, description="onStall restart: restarts for stalls before the operator only alerts."
     )
     trainer_step_timeout_seconds: int = Field(
-        1800,
+        default=1800,
         ge=0,
         le=604800,
         description=(

@@ -68,7 +68,7 @@ class TensorBoardSpec(ApiModel):
     """TensorBoard event files, written by rank 0 under the checkpoint directory, so they persist with it."""
 
     flush_seconds: int = Field(
-        30,
+        default=30,
         ge=1,
         le=600,
         description=(
@@ -96,13 +96,13 @@ class MlflowSpec(ApiModel):
         description="The experiment the run belongs to; created when the server has none of that name.",
     )
     run_name: str | None = Field(
-        None,
+        default=None,
         min_length=1,
         max_length=250,
         description="The run's display name (default: the FSDPTraining's name).",
     )
     flush_seconds: int = Field(
-        10,
+        default=10,
         ge=1,
         le=600,
         description="How often the points gathered since the last request are sent, in one request.",
@@ -129,31 +129,34 @@ class WandbSpec(ApiModel):
         min_length=1, max_length=128, pattern=WANDB_NAME_PATTERN, description="The W&B project the run belongs to."
     )
     entity: str | None = Field(
-        None,
+        default=None,
         min_length=1,
         max_length=128,
         pattern=WANDB_NAME_PATTERN,
         description="The W&B team or user that owns the project (default: the API key's own).",
     )
     run_name: str | None = Field(
-        None, min_length=1, max_length=128, description="The run's display name (default: the FSDPTraining's name)."
+        default=None,
+        min_length=1,
+        max_length=128,
+        description="The run's display name (default: the FSDPTraining's name).",
     )
     mode: Literal["online", "offline"] = Field(
-        "online",
+        default="online",
         description=(
             "online: log to the W&B server. offline: write the run to "
             f"<checkpoint.dir>/{WANDB_SUBDIR} only, to upload later with `wandb sync` (no key, no network)."
         ),
     )
     api_key_secret: KeySelector | None = Field(
-        None,
+        default=None,
         description=(
             f"The Secret key holding the W&B API key, given to the trainer as {ENV_WANDB_API_KEY}; "
             "required online. A missing Secret or key is one line from the pod's check, before training starts."
         ),
     )
     base_url: str | None = Field(
-        None,
+        default=None,
         min_length=8,
         max_length=2048,
         description="A self-hosted W&B server's address, http:// or https:// (default: W&B's cloud).",
@@ -179,28 +182,28 @@ class TrackingSpec(ApiModel):
     """Experiment trackers (docs/tracking.md); none by default."""
 
     tensorboard: TensorBoardSpec | None = Field(
-        None,
+        default=None,
         description=(
             f"Write TensorBoard event files to <checkpoint.dir>/{TENSORBOARD_SUBDIR}; a resumed training "
             "continues the same run, each step once."
         ),
     )
     mlflow: MlflowSpec | None = Field(
-        None,
+        default=None,
         description=(
             "Log to an MLflow tracking server: one run per training, which a resumed training continues, "
             "each step once (docs/tracking.md)."
         ),
     )
     wandb: WandbSpec | None = Field(
-        None,
+        default=None,
         description=(
             "Log to Weights & Biases: one run per training, which a resumed training continues, each step once "
             "(docs/tracking.md)."
         ),
     )
     queue_points: int = Field(
-        10_000,
+        default=10_000,
         ge=100,
         le=1_000_000,
         description=(

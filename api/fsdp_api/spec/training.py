@@ -25,49 +25,53 @@ class TrainingSpec(ApiModel):
 
     max_steps: int = Field(ge=1, le=100_000_000, description="Number of optimizer steps to train for.")
     seq_len: int | None = Field(
-        None,
+        default=None,
         ge=16,
         le=1048576,
         description="Tokens per sequence. Unset: min(2048, the model's maximum sequence length).",
     )
-    micro_batch_size: int = Field(1, ge=1, le=4096, description="Sequences per GPU (per rank) per forward pass.")
-    grad_accum_steps: int = Field(1, ge=1, le=4096, description="Micro-batches accumulated per optimizer step.")
-    learning_rate: float = Field(3e-4, gt=0, le=1, description="Peak learning rate of AdamW.")
+    micro_batch_size: int = Field(
+        default=1, ge=1, le=4096, description="Sequences per GPU (per rank) per forward pass."
+    )
+    grad_accum_steps: int = Field(default=1, ge=1, le=4096, description="Micro-batches accumulated per optimizer step.")
+    learning_rate: float = Field(default=3e-4, gt=0, le=1, description="Peak learning rate of AdamW.")
     min_learning_rate_ratio: float = Field(
-        0.1, ge=0, le=1, description="Final learning rate of the cosine schedule, as a fraction of the peak."
+        default=0.1, ge=0, le=1, description="Final learning rate of the cosine schedule, as a fraction of the peak."
     )
     warmup_steps: int | None = Field(
-        None, ge=0, description="Linear warm-up steps before the cosine decay. Unset: min(100, maxSteps/10)."
+        default=None, ge=0, description="Linear warm-up steps before the cosine decay. Unset: min(100, maxSteps/10)."
     )
-    weight_decay: float = Field(0.1, ge=0, le=10, description="AdamW weight decay.")
-    grad_clip_norm: float = Field(1.0, ge=0, description="Clip the global gradient norm to this value; 0 disables.")
+    weight_decay: float = Field(default=0.1, ge=0, le=10, description="AdamW weight decay.")
+    grad_clip_norm: float = Field(
+        default=1.0, ge=0, description="Clip the global gradient norm to this value; 0 disables."
+    )
     precision: Precision = Field(
-        "bf16",
+        default="bf16",
         description=(
             "bf16: bf16 parameters and compute with fp32 gradient reduction; float8: the same, with the decoder "
             "blocks' matmuls in float8 (torchao; GPUs with float8 tensor cores: H100, H200); fp32: full precision."
         ),
     )
     float8_recipe: Float8Recipe | None = Field(
-        None,
+        default=None,
         description=(
             "With precision float8: tensorwise (one scale per tensor, float8 all-gather of the weights) or "
             "rowwise (one scale per row: more accurate, slower). Unset: tensorwise."
         ),
     )
     activation_checkpointing: Literal["none", "selective", "full"] = Field(
-        "none",
+        default="none",
         description="Recompute activations in backward: none, selective (every other layer) or full (every layer).",
     )
     compile: bool | None = Field(
-        None,
+        default=None,
         description=(
             "torch.compile each decoder layer (inductor). Unset: on for GPU ranks, off for CPU ranks. A layer that "
             "inductor cannot compile runs eager, with one warning line naming the reason; false: always eager."
         ),
     )
     logits: Literal["full", "chunked"] = Field(
-        "full",
+        default="full",
         description=(
             "full: the model's logits, then the loss. chunked: the output head and the cross-entropy run a chunk of "
             "tokens at a time, so the fp32 logits of a whole micro-batch never exist: less memory (about 12 bytes "
@@ -76,7 +80,7 @@ class TrainingSpec(ApiModel):
         ),
     )
     objective: Literal["lm", "dpo", "simpo"] = Field(
-        "lm",
+        default="lm",
         description=(
             "lm: next-token cross-entropy (pre-training and supervised fine-tuning, per data.format). "
             "dpo: direct preference optimisation against a frozen reference (the model as loaded; with peft, the "
@@ -85,12 +89,14 @@ class TrainingSpec(ApiModel):
         ),
     )
     preference: PreferenceSpec | None = Field(
-        None, description="objective dpo or simpo: beta (and gamma for simpo). Unset: TRL's defaults."
+        default=None, description="objective dpo or simpo: beta (and gamma for simpo). Unset: TRL's defaults."
     )
-    seed: int = Field(42, ge=0, le=2**31 - 1, description="Random seed for weight init and data order.")
-    log_interval_steps: int = Field(10, ge=1, description="Steps between log lines on rank 0.")
-    eval_interval_steps: int = Field(0, ge=0, description="Steps between validation runs; 0 disables validation.")
-    eval_steps: int = Field(10, ge=1, description="Micro-batches per validation run.")
+    seed: int = Field(default=42, ge=0, le=2**31 - 1, description="Random seed for weight init and data order.")
+    log_interval_steps: int = Field(default=10, ge=1, description="Steps between log lines on rank 0.")
+    eval_interval_steps: int = Field(
+        default=0, ge=0, description="Steps between validation runs; 0 disables validation."
+    )
+    eval_steps: int = Field(default=10, ge=1, description="Micro-batches per validation run.")
 
     rules: ClassVar[tuple[Rule, ...]] = (
         Rule(

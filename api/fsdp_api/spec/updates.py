@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from ..base import ApiModel
 from ..rules import TransitionRule, immutable
 from .backend_rules import backend_update_errors
 from .checkpoint import CheckpointSpec
@@ -14,7 +13,7 @@ from .training import TrainingSpec
 # Changing these on a live job would silently invalidate its checkpoints, its
 # data position or its pods' placement, so the API server refuses the update
 # (a `self == oldSelf` rule on the field) and check_update() mirrors it.
-IMMUTABLE_FIELDS: dict[type[ApiModel], tuple[str, tuple[str, ...]]] = {
+IMMUTABLE_FIELDS: dict[type[BaseModel], tuple[str, tuple[str, ...]]] = {
     FSDPTrainingSpec: (
         "spec",
         (
@@ -37,7 +36,7 @@ IMMUTABLE_FIELDS: dict[type[ApiModel], tuple[str, tuple[str, ...]]] = {
 
 
 def immutable_rule(owner: type[BaseModel], field: str) -> TransitionRule | None:
-    prefix, fields = IMMUTABLE_FIELDS.get(owner, ("", ()))  # type: ignore[arg-type]
+    prefix, fields = IMMUTABLE_FIELDS.get(owner, ("", ()))
     return immutable(f"{prefix}.{field}") if field in fields else None
 
 

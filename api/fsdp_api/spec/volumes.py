@@ -23,28 +23,28 @@ class PersistentVolumeClaimSource(ApiModel):
     """A PersistentVolumeClaim in the training's namespace (e.g. a data set on EBS or FSx for Lustre)."""
 
     claim_name: str = Field(pattern=DNS_SUBDOMAIN, max_length=253, description="Name of the claim.")
-    read_only: bool | None = Field(None, description="Mount read-only.")
+    read_only: bool | None = Field(default=None, description="Mount read-only.")
 
 
 class ConfigMapSource(ApiModel):
     """A ConfigMap's keys as files."""
 
     name: str = Field(pattern=DNS_SUBDOMAIN, max_length=253, description="Name of the ConfigMap.")
-    optional: bool | None = Field(None, description="Whether the ConfigMap may be missing.")
+    optional: bool | None = Field(default=None, description="Whether the ConfigMap may be missing.")
 
 
 class SecretSource(ApiModel):
     """A Secret's keys as files."""
 
     secret_name: str = Field(pattern=DNS_SUBDOMAIN, max_length=253, description="Name of the Secret.")
-    optional: bool | None = Field(None, description="Whether the Secret may be missing.")
+    optional: bool | None = Field(default=None, description="Whether the Secret may be missing.")
 
 
 class EmptyDirSource(ApiModel):
     """Scratch space that lives as long as the pod."""
 
-    medium: Literal["", "Memory"] | None = Field(None, description="Memory: a tmpfs counted against memory.")
-    size_limit: Quantity | None = Field(None, description="Size limit (e.g. 100Gi).")
+    medium: Literal["", "Memory"] | None = Field(default=None, description="Memory: a tmpfs counted against memory.")
+    size_limit: Quantity | None = Field(default=None, description="Size limit (e.g. 100Gi).")
 
     @field_validator("size_limit")
     @classmethod
@@ -58,9 +58,9 @@ class CSISource(ApiModel):
     """An inline CSI volume (drivers that support ephemeral inline volumes, e.g. the Mountpoint for S3 driver)."""
 
     driver: str = Field(pattern=DNS_SUBDOMAIN, max_length=63, description="CSI driver name.")
-    read_only: bool | None = Field(None, description="Mount read-only.")
+    read_only: bool | None = Field(default=None, description="Mount read-only.")
     volume_attributes: dict[str, Annotated[str, Field(max_length=1024, description="An attribute value.")]] | None = (
-        Field(None, max_length=32, description="Driver-specific attributes.")
+        Field(default=None, max_length=32, description="Driver-specific attributes.")
     )
 
 
@@ -69,19 +69,19 @@ class NFSSource(ApiModel):
 
     server: str = Field(min_length=1, max_length=253, description="NFS server host name or IP.")
     path: str = Field(min_length=1, max_length=4096, pattern=r"^/", description="Exported path.")
-    read_only: bool | None = Field(None, description="Mount read-only.")
+    read_only: bool | None = Field(default=None, description="Mount read-only.")
 
 
 class Volume(ApiModel):
     """An extra volume of the training pods: exactly one source."""
 
     name: str = Field(pattern=DNS_LABEL, max_length=63, description="Volume name, referenced by volumeMounts.")
-    persistent_volume_claim: PersistentVolumeClaimSource | None = Field(None, description="A PVC.")
-    config_map: ConfigMapSource | None = Field(None, description="A ConfigMap.")
-    secret: SecretSource | None = Field(None, description="A Secret.")
-    empty_dir: EmptyDirSource | None = Field(None, description="An emptyDir.")
-    csi: CSISource | None = Field(None, description="An inline CSI volume.")
-    nfs: NFSSource | None = Field(None, description="An NFS export.")
+    persistent_volume_claim: PersistentVolumeClaimSource | None = Field(default=None, description="A PVC.")
+    config_map: ConfigMapSource | None = Field(default=None, description="A ConfigMap.")
+    secret: SecretSource | None = Field(default=None, description="A Secret.")
+    empty_dir: EmptyDirSource | None = Field(default=None, description="An emptyDir.")
+    csi: CSISource | None = Field(default=None, description="An inline CSI volume.")
+    nfs: NFSSource | None = Field(default=None, description="An NFS export.")
 
     rules: ClassVar[tuple[Rule, ...]] = (
         Rule(
@@ -111,9 +111,9 @@ class VolumeMount(ApiModel):
             "not inside /etc/fsdp, /dev/shm or checkpoint.dir."
         ),
     )
-    read_only: bool | None = Field(None, description="Mount read-only.")
+    read_only: bool | None = Field(default=None, description="Mount read-only.")
     sub_path: str | None = Field(
-        None, min_length=1, max_length=1024, pattern=r"^[^/]", description="Path inside the volume to mount."
+        default=None, min_length=1, max_length=1024, pattern=r"^[^/]", description="Path inside the volume to mount."
     )
 
     rules: ClassVar[tuple[Rule, ...]] = (

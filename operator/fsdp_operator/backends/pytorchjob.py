@@ -111,7 +111,7 @@ class PyTorchJobBackend:
     # The training operator counts the pods of each replica type.
     counts_pods = True
     # Node 0's rendezvous name is its pod's hostname (pod_host).
-    node_index_env = None
+    node_index_env: str | None = None
 
     def render_job(
         self, spec: FSDPTrainingSpec, name: str, namespace: str, annotations: dict[str, str], template: Json

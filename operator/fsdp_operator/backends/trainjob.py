@@ -139,7 +139,7 @@ class TrainJobBackend:
     # jobsStatus counts JobSet's child Jobs, not pods.
     counts_pods = False
     # Node 0's rendezvous name is <hostname>.<subdomain>, which only cluster DNS resolves.
-    node_index_env = JOB_COMPLETION_INDEX_ENV
+    node_index_env: str | None = JOB_COMPLETION_INDEX_ENV
 
     def render_job(
         self, spec: FSDPTrainingSpec, name: str, namespace: str, annotations: dict[str, str], template: Json

@@ -85,7 +85,7 @@ def volumes(spec: FSDPTrainingSpec, name: str) -> tuple[list[Obj], list[Obj]]:
         shm["sizeLimit"] = shm_size
     claim = spec.checkpoint.claim_name
     checkpoints: Obj = {"persistentVolumeClaim": {"claimName": claim}} if claim else {"emptyDir": {}}
-    vols = [
+    vols: list[Obj] = [
         # NCCL and DataLoader workers exchange tensors through /dev/shm; the
         # runtime's default 64Mi is far too small for either.
         {"name": "dshm", "emptyDir": shm},
@@ -93,7 +93,7 @@ def volumes(spec: FSDPTrainingSpec, name: str) -> tuple[list[Obj], list[Obj]]:
         {"name": "tmp", "emptyDir": {}},
         {"name": "home", "emptyDir": {}},
     ]
-    mounts = [
+    mounts: list[Obj] = [
         {"name": "dshm", "mountPath": contract.SHM_DIR},
         {"name": "checkpoints", "mountPath": spec.checkpoint.dir},
         {"name": "tmp", "mountPath": contract.TMP_DIR},

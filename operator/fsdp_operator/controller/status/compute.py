@@ -15,10 +15,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from fsdp_api.durations import format_duration
-from fsdp_api.status import CheckpointStatus, Condition, FSDPTrainingStatus, Phase, TopologyStatus
+from fsdp_api.status import (
+    CheckpointStatus,
+    Condition,
+    ExcludedNode,
+    FSDPTrainingStatus,
+    NodeIncidents,
+    Phase,
+    TopologyStatus,
+)
 
 from ...backends import FAILED_CREATE_POD, JobView, job_view
 from ..queueing import ADMITTED, QueueState
@@ -45,6 +53,7 @@ from .pod_report import PodsReport, Scheduling, Start, config_rejection, pod_sch
 from .transitions import EventSpec, transition_events
 
 Json = Mapping[str, Any]
+Entry = TypeVar("Entry", ExcludedNode, NodeIncidents)
 
 
 def rfc3339(t: datetime) -> str:
@@ -184,8 +193,8 @@ def compute_status(
         **completion,
         tracker_runs=prev.get("trackerRuns"),  # the scraper's, like step and loss: a run's page stays its page
         stall_restarts=seen.stall_restarts if seen.stall_restarts is not None else prev.get("stallRestarts"),
-        excluded_nodes=seen.excluded_nodes if seen.excluded_nodes is not None else prev.get("excludedNodes"),
-        node_incidents=seen.node_incidents if seen.node_incidents is not None else prev.get("nodeIncidents"),
+        excluded_nodes=_entries(ExcludedNode, seen.excluded_nodes, prev.get("excludedNodes")),
+        node_incidents=_entries(NodeIncidents, seen.node_incidents, prev.get("nodeIncidents")),
         checkpoint=CheckpointStatus(
             dir=training.checkpoint_dir,
             ephemeral=training.checkpoint_claim is None and training.checkpoint_remote is None,
@@ -196,6 +205,12 @@ def compute_status(
         memory=fits_memory(seen.memory, prev, inp.prev_conds, training.generation, inp.now)[1],
         topology=_topology(seen.queue),
     )
+
+
+def _entries(model: type[Entry], new: list[dict[str, Any]] | None, kept: Any) -> list[Entry] | None:
+    """A list of the status (the nodes excluded, the incidents): the new one, else the previous status' own."""
+    entries = new if new is not None else kept
+    return None if entries is None else [model.model_validate(e) for e in entries]
 
 
 def _topology(queue: QueueState | None) -> TopologyStatus | None:

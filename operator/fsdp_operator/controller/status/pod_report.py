@@ -144,10 +144,10 @@ def pod_start(pods: Iterable[Json], expected: int, create_failure: str | None = 
             if waiting.get("reason") in START_FAILURES:
                 stuck.append((bodies.name_of(pod), cs.get("name", ""), waiting))
     if stuck:
-        pod, container, waiting = stuck[0]
+        name, container, waiting = stuck[0]
         count = f"{len({s[0] for s in stuck})} of {len(live)} pods" if len(live) > 1 else "the pod"
         detail = waiting.get("message") or waiting["reason"]
-        return Start(False, str(waiting["reason"]), f"{count} cannot start: {pod}: container {container}: {detail}")
+        return Start(False, str(waiting["reason"]), f"{count} cannot start: {name}: container {container}: {detail}")
     if create_failure and len(live) < expected:
         return Start(False, FAILED_CREATE_POD, f"the training operator cannot create the pods: {create_failure}")
 
