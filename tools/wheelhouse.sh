@@ -10,8 +10,9 @@
 # build backend, bench/torchtitan-requirements.txt and the Python
 # version, under the tools cache (${FSDP_TOOLS_CACHE:-~/.cache/fsdp-k8s}/wheels/KEY).
 # A folder with its .complete stamp is a fast no-op; an interrupted download is
-# finished by the next run. The images' Python is the local base's (Debian
-# bookworm's 3.11, tools/versions.env) and so takes the same cp311 wheels.
+# finished by the next run; a new key starts from the last complete folder. The
+# images' Python is the local base's (Debian bookworm's 3.11, tools/versions.env)
+# and so takes the same cp311 wheels.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -36,6 +37,16 @@ if [ "${1:-}" = --path ]; then echo "$DIR"; exit 0; fi
 [ -f "$DIR/.complete" ] && exit 0
 
 mkdir -p "$DIR"
+# A new key (a pin added or changed) starts from the newest complete wheelhouse beside it,
+# hardlinked: pip download keeps a file already in --dest, so only what changed comes over
+# the network, not torch and the CUDA wheels again. The installs take pinned versions from
+# it, so a wheel left over from the old pins is never picked.
+previous=$(ls -td "$CACHE_ROOT"/wheels/*/.complete 2>/dev/null | head -1 || true)
+if [ -n "$previous" ] && [ -z "$(ls -A "$DIR")" ]; then
+  from=$(dirname "$previous")
+  echo "[wheelhouse] starting from $from" >&2
+  cp -l "$from"/* "$DIR"/ 2>/dev/null || cp "$from"/* "$DIR"/
+fi
 # The build backend too (pyproject.toml's [build-system] requires): installs from the
 # wheelhouse alone (--no-index) build the project itself with it.
 mapfile -t build_requires < <(cd "$ROOT" && "$PYTHON" -c '
