@@ -68,10 +68,11 @@ def rendered_objects(body: Mapping[str, Any], model: FSDPTraining | None = None)
     ``model``: the body already validated (``training_model``); validated here otherwise.
     """
     objects = render(model if model is not None else training_model(body), set_owner=True)
-    generation = str((body.get("metadata") or {}).get("generation") or 0)
+    meta = bodies.ObjectMeta.of(body)
+    generation = str(meta.generation)
     for obj in objects:
         obj.setdefault("metadata", {}).setdefault("annotations", {})[GENERATION_ANNOTATION] = generation
-        obj["metadata"].setdefault("namespace", (body.get("metadata") or {}).get("namespace"))
+        obj["metadata"].setdefault("namespace", meta.namespace or None)
     return objects
 
 
@@ -92,7 +93,6 @@ async def apply_training(rt: Runtime, body: Mapping[str, Any], *, prune: bool = 
     the PodMonitor once spec.metrics.enabled is off.
     """
     started = time.perf_counter()
-    meta = body.get("metadata") or {}
     # The spec is validated once per apply: the model renders the objects, plans the memory
     # for the status, and names the optional objects a prune looks for.
     try:
@@ -105,7 +105,7 @@ async def apply_training(rt: Runtime, body: Mapping[str, Any], *, prune: bool = 
         return
 
     events: list[EventSpec] = []
-    uid = meta.get("uid", "")
+    uid = bodies.uid_of(body)
     # While this apply runs, job events only record the job (see handle_job_event):
     # this path writes the status once, from the freshest job it knows.
     rt.applying.add(uid)
@@ -124,10 +124,7 @@ def _queue(body: Mapping[str, Any]) -> str:
 
 
 def _owned_by(obj: Mapping[str, Any], uid: str) -> bool:
-    return any(
-        ref.get("uid") == uid and ref.get("controller")
-        for ref in (obj.get("metadata") or {}).get("ownerReferences") or []
-    )
+    return any(ref.uid == uid and ref.controller for ref in bodies.ObjectMeta.of(obj).owner_references)
 
 
 async def _existing_objects(rt: Runtime, objects: list[Json], uid: str) -> tuple[list[str], Json | None]:
@@ -143,7 +140,7 @@ async def _existing_objects(rt: Runtime, objects: list[Json], uid: str) -> tuple
         meta = obj["metadata"]
         found = await rt.client.get(obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"])
         if found is not None and not _owned_by(found, uid):
-            owners = [f"{r.get('kind')}/{r.get('name')}" for r in found["metadata"].get("ownerReferences") or []]
+            owners = [f"{r.kind}/{r.name}" for r in bodies.ObjectMeta.of(found).owner_references]
             foreign.append(
                 f"{obj['kind']} {meta['name']} ({'owned by ' + ', '.join(owners) if owners else 'no owner'})"
             )
@@ -161,7 +158,7 @@ def _keep_immutable(obj: Json, existing: Json, generation: str) -> tuple[Json, s
     meta = existing["metadata"]
     where = f"{existing['kind']} {meta.get('namespace')}/{meta['name']}"
     log.info("%s keeps %s as it is on the server", where, " and ".join(kept))
-    applied = (meta.get("annotations") or {}).get(GENERATION_ANNOTATION)
+    applied = bodies.ObjectMeta.of(existing).annotations.get(GENERATION_ANNOTATION)
     if applied == generation:
         # Only the rendering differs (a newer operator, or Kueue's rewrite on admission):
         # nothing the user asked for is held back.
@@ -186,8 +183,8 @@ async def _apply_objects(
     retry: int,
 ) -> None:
     memory = plan_memory(model.spec)
-    meta = body.get("metadata") or {}
-    uid = meta.get("uid", "")
+    meta = bodies.ObjectMeta.of(body)
+    uid = meta.uid
     job: Json | None = None
     outcome = ReconcileOutcome(True, "Applied")
     try:
@@ -204,13 +201,13 @@ async def _apply_objects(
         for obj in objects:
             is_job = obj["kind"] in backends.BY_KIND
             if is_job and existing is not None:
-                obj, held_back = _keep_immutable(obj, existing, str(meta.get("generation") or 0))
+                obj, held_back = _keep_immutable(obj, existing, str(meta.generation))
                 outcome = ReconcileOutcome(True, "Applied", held_back)
             result = await rt.client.apply(obj)
             if is_job:
                 job = result.body
                 if result.created:
-                    latency = _seconds_since(meta.get("creationTimestamp"))
+                    latency = _seconds_since(meta.creation_timestamp)
                     if latency is not None:
                         rt.metrics.create_to_job.observe(latency)
                     events.append(
@@ -264,7 +261,7 @@ async def keep_suspend_intent(rt: Runtime, body: Mapping[str, Any]) -> None:
         patched = await set_active(rt.client, workload, want)
     except (ApiError, *NETWORK_ERRORS) as e:
         # The next Workload event (or apply) tries again.
-        log.warning("could not set spec.active=%s on Workload %s: %s", want, workload["metadata"].get("name"), e)
+        log.warning("could not set spec.active=%s on Workload %s: %s", want, bodies.name_of(workload), e)
         return
     rt.workloads[uid] = {**workload, "spec": {**workload.get("spec", {}), "active": want}}
     log.info("Workload %s: spec.active=%s (spec.suspend=%s)", patched["metadata"]["name"], want, not want)
@@ -278,19 +275,19 @@ async def record_failure(
     memory: MemoryPlan | None = None,
 ) -> None:
     """Best effort: the failure goes to the status and an Event, unless the API itself is what fails."""
-    meta = body.get("metadata") or {}
+    meta = bodies.ObjectMeta.of(body)
     # An update that fails leaves the previous job in place: keep mirroring it.
-    job = newest_job(job, rt.jobs.get(meta.get("uid", "")))
+    job = newest_job(job, rt.jobs.get(meta.uid))
     if job is None:
         try:
             ref = backends.of_training(body).ref
-            job = await rt.client.get(ref.api_version, ref.kind, meta.get("namespace"), meta["name"])
+            job = await rt.client.get(ref.api_version, ref.kind, meta.namespace, meta.name)
         except (ApiError, *NETWORK_ERRORS):
             job = None
     try:
         await sync_status(rt, body, job, outcome=outcome, source="apply", memory=memory)
     except (ApiError, *NETWORK_ERRORS) as e:
-        log.warning("could not record %s on %s/%s: %s", outcome.reason, meta.get("namespace"), meta.get("name"), e)
+        log.warning("could not record %s on %s/%s: %s", outcome.reason, meta.namespace, meta.name, e)
 
 
 def _enable_metrics(model: FSDPTraining) -> None:
@@ -307,7 +304,7 @@ OPTIONAL_KINDS = {PODMONITOR_KIND: _enable_metrics, NETWORKPOLICY_KIND: _enable_
 
 async def _delete_stale(rt: Runtime, body: Mapping[str, Any], kind: str, applied: FSDPTraining) -> None:
     """Delete the optional object of ``kind`` an earlier generation rendered, if it is this training's."""
-    meta = body.get("metadata") or {}
+    meta = bodies.ObjectMeta.of(body)
     # The renderer decides the name: ask it for the object it renders with the option on (on a copy).
     model = applied.model_copy(deep=True)
     OPTIONAL_KINDS[kind](model)
@@ -315,8 +312,8 @@ async def _delete_stale(rt: Runtime, body: Mapping[str, Any], kind: str, applied
     if candidate is None:
         return
     api_version, name = candidate["apiVersion"], candidate["metadata"]["name"]
-    found = await rt.client.get(api_version, kind, meta.get("namespace"), name)
+    found = await rt.client.get(api_version, kind, meta.namespace, name)
     ref = owner_of(found) if found is not None else None
-    if found is None or ref is None or ref.get("uid") != meta.get("uid"):
+    if found is None or ref is None or ref.get("uid") != meta.uid:
         return
-    await rt.client.delete(api_version, kind, meta.get("namespace"), name, uid=found["metadata"]["uid"])
+    await rt.client.delete(api_version, kind, meta.namespace, name, uid=found["metadata"]["uid"])

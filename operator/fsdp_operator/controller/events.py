@@ -39,7 +39,8 @@ def post_events(body: Mapping[str, Any], events: list[EventSpec]) -> None:
     meta = target["metadata"]
     for e in events:
         log.info("%s/%s: %s: %s", meta["namespace"], meta["name"], e.reason, e.message)
-        kopf.event(target, type=e.type, reason=e.reason, message=e.message)
+        # kopf types objs as its own Body view, but reads any mapping (bodies.build_object_reference).
+        kopf.event(target, type=e.type, reason=e.reason, message=e.message)  # type: ignore[arg-type]
 
 
 def event_object(body: Mapping[str, Any], event: EventSpec, now: datetime | None = None) -> Json:

@@ -62,7 +62,7 @@ def _forget(tasks: list[asyncio.Task[Any]]) -> Any:
 
 def build_registry(rt: Runtime, options: Options) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
-    background: list[asyncio.Task[None]] = []
+    background: list[asyncio.Task[Any]] = []
 
     @kopf.on.login(id="login", registry=registry)
     def login(settings: kopf.OperatorSettings, **_: Any) -> kopf.ConnectionInfo:
@@ -114,7 +114,7 @@ def build_registry(rt: Runtime, options: Options) -> kopf.OperatorRegistry:
     @kopf.on.resume(GROUP, VERSION, PLURAL, id="apply", registry=registry)
     @kopf.on.create(GROUP, VERSION, PLURAL, id="apply", registry=registry)
     @kopf.on.update(GROUP, VERSION, PLURAL, id="apply", registry=registry)
-    async def apply(body: kopf.Body, reason: kopf.Reason, retry: int, **_: Any) -> None:
+    async def apply(body: kopf.Body, reason: str, retry: int, **_: Any) -> None:
         phase = (body.get("status") or {}).get("phase")
         if reason == kopf.Reason.RESUME and phase in TERMINAL_PHASES:
             # A finished training's job may be gone (its TTL, a person, a cleanup): applying

@@ -14,6 +14,7 @@ from fsdp_api import API_VERSION, KIND
 
 from .. import backends
 from .applies import apply_training
+from .bodies import ObjectMeta
 from .events import post_events
 from .kube import NETWORK_ERRORS, ApiError
 from .state import Runtime, owner_body, owner_of, trim_job
@@ -40,7 +41,7 @@ async def handle_job_event(rt: Runtime, event_type: str | None, job: Mapping[str
     ref = owner_of(job)
     if ref is None:
         return None
-    namespace = (job.get("metadata") or {}).get("namespace", "")
+    namespace = ObjectMeta.of(job).namespace
     training = await owner_body(rt, namespace, ref)
     if training is None:
         return None
@@ -64,7 +65,10 @@ RECREATE_BACKOFF = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 async def _live_training(rt: Runtime, namespace: str, name: str, uid: str) -> Json | None:
     """The training, freshly read, if it still is the one with ``uid`` and is not being deleted."""
     fresh = await rt.client.get(API_VERSION, KIND, namespace, name)
-    if fresh is None or fresh["metadata"].get("uid") != uid or fresh["metadata"].get("deletionTimestamp"):
+    if fresh is None:
+        return None
+    meta = ObjectMeta.of(fresh)
+    if meta.uid != uid or meta.deleting:
         return None
     return fresh
 

@@ -50,8 +50,9 @@ CLUSTER_SCOPED = {"ClusterKopfPeering"}
 
 Json = dict[str, Any]
 
-# What a lost connection or an API server restart raises (TimeoutError is an OSError).
-NETWORK_ERRORS: tuple[type[BaseException], ...] = (aiohttp.ClientError, OSError)
+# What a lost connection or an API server restart raises (TimeoutError is an OSError). A tuple of
+# known length, so that ``except (ApiError, *NETWORK_ERRORS)`` type-checks.
+NETWORK_ERRORS = (aiohttp.ClientError, OSError)
 
 
 class ApiError(Exception):

@@ -38,6 +38,7 @@ from fsdp_api.contract import (
 from fsdp_api.status import MAX_RUN_PAGE_LENGTH
 from prometheus_client.parser import text_string_to_metric_families
 
+from .bodies import PodView
 from .kube import NETWORK_ERRORS
 
 STEP_SERIES, LOSS_SERIES = STEP.name, LOSS.name
@@ -179,11 +180,10 @@ def rank0_pod(pods: Iterable[Mapping[str, Any]], *, running_only: bool = True) -
     """
     candidates = []
     for pod in pods:
-        status = pod.get("status") or {}
-        terminating = bool((pod.get("metadata") or {}).get("deletionTimestamp"))
-        if (running_only and (status.get("phase") != "Running" or terminating)) or not status.get("podIP"):
+        view = PodView.of(pod)
+        if (running_only and (view.phase != "Running" or view.deleting)) or not view.pod_ip:
             continue
-        labels = (pod.get("metadata") or {}).get("labels") or {}
+        labels = view.labels
         rtype = str(labels.get(REPLICA_TYPE_LABEL, "")).lower()
         try:
             # A PyTorchJob's replica index, or a TrainJob's completion index (its node rank).
@@ -221,9 +221,7 @@ def metrics_url(pod_ip: str, port: int) -> str:
 
 def running_with_ip(pods: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     """The pods whose endpoint can be asked now: Running, with an address."""
-    return [
-        p for p in pods if (p.get("status") or {}).get("phase") == "Running" and (p.get("status") or {}).get("podIP")
-    ]
+    return [p for p in pods if (view := PodView.of(p)).phase == "Running" and view.pod_ip]
 
 
 async def read_pods(
@@ -239,13 +237,14 @@ async def read_pods(
     """
 
     async def one(pod: Mapping[str, Any]) -> tuple[str, T | None]:
-        name = pod["metadata"]["name"]
+        view = PodView.of(pod)
+        name = view.name
         async with gate or contextlib.nullcontext():
-            text = await fetch_metrics(session, pod["status"]["podIP"], port)
+            text = await fetch_metrics(session, view.pod_ip, port)
         if isinstance(text, Unreadable):
             return name, None
         try:
-            return name, parse(text, name, (pod.get("spec") or {}).get("nodeName") or "")
+            return name, parse(text, name, view.node_name)
         except ValueError:
             return name, None
 

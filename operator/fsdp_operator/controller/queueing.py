@@ -21,7 +21,6 @@ suspended job, makes its Workload and admits it as any other.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +35,9 @@ from fsdp_api.contract import (
 )
 
 from .. import backends
+from .bodies import NODE_LEVELS as NODE_LEVELS
+from .bodies import ObjectMeta, TopologyAssignment, WorkloadView, by_type
+from .bodies.workloads import trimmed
 from .kube import KubeClient
 
 Json = dict[str, Any]
@@ -51,33 +53,15 @@ EVICTED = "Evicted"
 
 def owning_job(workload: Mapping[str, Any]) -> Mapping[str, Any] | None:
     """The job ownerReference of a Workload, if it is a job of one of our backends."""
-    for ref in (workload.get("metadata") or {}).get("ownerReferences") or []:
-        if ref.get("kind") in backends.BY_KIND and ref.get("controller"):
-            return ref
+    for ref in ObjectMeta.of(workload).owner_references:
+        if ref.kind in backends.BY_KIND and ref.controller:
+            return ref.body
     return None
 
 
 def trim_workload(workload: Mapping[str, Any]) -> Json:
     """The parts of a Workload the status and the suspend intent need."""
-    meta = workload.get("metadata") or {}
-    spec = workload.get("spec") or {}
-    status = workload.get("status") or {}
-    out: Json = {
-        "metadata": {k: copy.deepcopy(meta[k]) for k in ("name", "namespace", "uid", "resourceVersion") if k in meta},
-        "spec": {k: v for k, v in spec.items() if k in ("active", "queueName")},
-        "status": {"conditions": copy.deepcopy(status.get("conditions") or [])},
-    }
-    requests = [ps.get("topologyRequest") for ps in spec.get("podSets") or []]
-    if any(requests):
-        out["spec"]["podSets"] = [{"topologyRequest": copy.deepcopy(r or {})} for r in requests]
-    assignments = (status.get("admission") or {}).get("podSetAssignments") or []
-    if any(a.get("topologyAssignment") for a in assignments):
-        out["status"]["admission"] = {
-            "podSetAssignments": [
-                {"topologyAssignment": copy.deepcopy(a.get("topologyAssignment"))} for a in assignments
-            ]
-        }
-    return out
+    return trimmed(workload)
 
 
 @dataclass(frozen=True)
@@ -88,55 +72,21 @@ class Placement:
     domains: tuple[str, ...]
 
 
-def _slice_values(piece: Mapping[str, Any], index: int) -> list[str]:
-    """One level's values of a TopologyAssignmentSlice: one value for all its domains, or one each."""
-    count = int(piece.get("domainCount") or 0)
-    level = (piece.get("valuesPerLevel") or [])[index]
-    if level.get("universal") is not None:
-        return [str(level["universal"])] * count
-    each = level.get("individual") or {}
-    prefix, suffix = each.get("prefix") or "", each.get("suffix") or ""
-    return [f"{prefix}{root}{suffix}" for root in each.get("roots") or []]
-
-
-# Our own key in a trimmed Workload: the requested level's value on each assigned node, for a
-# TopologyAssignment that names the nodes only (resolve_node_levels).
-NODE_LEVELS = "nodeLevels"
-
-
-def _topology_requests(workload: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
-    """(requested level, TopologyAssignment) of each PodSet that asked for a level and was assigned."""
-    requests = [ps.get("topologyRequest") or {} for ps in (workload.get("spec") or {}).get("podSets") or []]
-    assignments = ((workload.get("status") or {}).get("admission") or {}).get("podSetAssignments") or []
-    out = []
-    for request, assignment in zip(requests, assignments, strict=False):
-        wanted = request.get("required") or request.get("preferred")
-        if wanted and assignment.get("topologyAssignment"):
-            out.append((str(wanted), assignment["topologyAssignment"]))
-    return out
-
-
-def _level_values(topo: Mapping[str, Any], level: str) -> list[str]:
-    index = list(topo.get("levels") or []).index(level)
-    return [v for piece in topo.get("slices") or [] for v in _slice_values(piece, index)]
-
-
-def _nodes_only(wanted: str, topo: Mapping[str, Any]) -> list[str]:
+def _nodes_only(wanted: str, topo: TopologyAssignment) -> list[str]:
     """The assigned nodes, when the assignment names nodes but not the requested level; else [].
 
     With kubernetes.io/hostname as the Topology's lowest level, Kueue v0.17.0
     keeps only that level in the assignment: the domain at the requested level
     is then a label of those nodes.
     """
-    levels = list(topo.get("levels") or [])
-    if wanted in levels or HOSTNAME_LABEL not in levels:
+    if wanted in topo.levels or HOSTNAME_LABEL not in topo.levels:
         return []
-    return list(dict.fromkeys(_level_values(topo, HOSTNAME_LABEL)))
+    return list(dict.fromkeys(topo.values(HOSTNAME_LABEL)))
 
 
 def nodes_to_resolve(workload: Mapping[str, Any]) -> tuple[str, list[str]] | None:
     """The requested level and the assigned nodes whose labels name its domain (_nodes_only)."""
-    for wanted, topo in _topology_requests(workload):
+    for wanted, topo in WorkloadView.of(workload).topology_requests():
         if nodes := _nodes_only(wanted, topo):
             return wanted, nodes
     return None
@@ -151,22 +101,22 @@ def placement(workload: Mapping[str, Any] | None) -> Placement | None:
     """
     if workload is None:
         return None
-    for wanted, topo in _topology_requests(workload):
-        levels = list(topo.get("levels") or [])
-        if wanted in levels:
-            return Placement(wanted, tuple(dict.fromkeys(_level_values(topo, wanted))))
-        known = workload.get(NODE_LEVELS) or {}
+    view = WorkloadView.of(workload)
+    for wanted, topo in view.topology_requests():
+        if wanted in topo.levels:
+            return Placement(wanted, tuple(dict.fromkeys(topo.values(wanted))))
+        known = view.node_levels
         nodes = _nodes_only(wanted, topo)
         if nodes and all(known.get(n) for n in nodes):
             return Placement(wanted, tuple(dict.fromkeys(known[n] for n in nodes)))
-        if levels:
-            return Placement(levels[0], tuple(dict.fromkeys(_level_values(topo, levels[0]))))
+        if topo.levels:
+            return Placement(topo.levels[0], tuple(dict.fromkeys(topo.values(topo.levels[0]))))
     return None
 
 
 def is_active(workload: Mapping[str, Any]) -> bool:
     """spec.active (Kueue defaults it to true)."""
-    return (workload.get("spec") or {}).get("active") is not False
+    return WorkloadView.of(workload).active
 
 
 @dataclass(frozen=True)
@@ -176,7 +126,7 @@ class QueueState:
     admitted: bool
     reason: str
     message: str
-    evicted: Json | None = None  # the Workload's Evicted condition, when it has one
+    evicted: Mapping[str, Any] | None = None  # the Workload's Evicted condition, when it has one
     placement: Placement | None = None  # topology domains, while admitted with a topology request
 
 
@@ -187,12 +137,11 @@ def is_suspended(job: Mapping[str, Any]) -> bool:
 
 def let_through(job: Mapping[str, Any]) -> bool:
     """A queued job that Kueue's webhook did not suspend at its creation: Kueue does not manage its kind."""
-    labels = (job.get("metadata") or {}).get("labels") or {}
-    return KUEUE_QUEUE_LABEL in labels and not is_suspended(job)
+    return KUEUE_QUEUE_LABEL in ObjectMeta.of(job).labels and not is_suspended(job)
 
 
 def held_for_kueue(job: Mapping[str, Any] | None) -> bool:
-    return job is not None and KUEUE_HOLD_ANNOTATION in ((job.get("metadata") or {}).get("annotations") or {})
+    return job is not None and KUEUE_HOLD_ANNOTATION in ObjectMeta.of(job).annotations
 
 
 async def hold_for_kueue(client: KubeClient, job: Mapping[str, Any]) -> Json:
@@ -232,27 +181,28 @@ def queue_state(workload: Mapping[str, Any] | None, queue: str, job: Mapping[str
             f"waiting for Kueue to create the job's Workload in LocalQueue {queue} "
             f"(Kueue must run with the integration of the job's kind: {KUEUE_INTEGRATIONS})",
         )
-    conds = {c.get("type", ""): c for c in (workload.get("status") or {}).get("conditions") or []}
-    evicted = conds.get(EVICTED)
+    conds = by_type(WorkloadView.of(workload).conditions)
+    evicted_cond = conds.get(EVICTED)
+    evicted = evicted_cond.body if evicted_cond is not None else None
     admitted = conds.get(ADMITTED)
-    if admitted is not None and admitted.get("status") == "True":
-        reason, message = str(admitted.get("reason") or ADMITTED), str(admitted.get("message") or "")
+    if admitted is not None and admitted.status == "True":
+        reason, message = admitted.reason or ADMITTED, admitted.message
         return QueueState(True, reason, message, evicted, placement(workload))
-    if evicted is not None and evicted.get("status") == "True":
-        reason = str(evicted.get("reason") or EVICTED)
-        return QueueState(False, reason, f"{reason}: {evicted.get('message') or ''}".rstrip(": "), evicted)
+    if evicted_cond is not None and evicted_cond.status == "True":
+        reason = evicted_cond.reason or EVICTED
+        return QueueState(False, reason, f"{reason}: {evicted_cond.message}".rstrip(": "), evicted)
     # Why it waits: QuotaReserved=False says which quota is short, or why the queue cannot admit it.
     pending = conds.get(QUOTA_RESERVED)
-    if pending is not None and pending.get("status") == "False":
-        return QueueState(False, str(pending.get("reason") or "Pending"), str(pending.get("message") or ""), evicted)
+    if pending is not None and pending.status == "False":
+        return QueueState(False, pending.reason or "Pending", pending.message, evicted)
     if pending is not None:
-        return QueueState(False, "QuotaReserved", str(pending.get("message") or ""), evicted)
+        return QueueState(False, "QuotaReserved", pending.message, evicted)
     return QueueState(False, "Pending", f"queued in LocalQueue {queue}; Kueue has not evaluated it yet", evicted)
 
 
 async def set_active(client: KubeClient, workload: Mapping[str, Any], active: bool) -> Json:
     """Kueue's stop and resume: spec.active false evicts the workload (Deactivated), true requeues it."""
-    meta = workload["metadata"]
+    meta = ObjectMeta.of(workload)
     return await client.merge_patch(
-        WORKLOAD_API_VERSION, WORKLOAD_KIND, meta["namespace"], meta["name"], {"spec": {"active": active}}
+        WORKLOAD_API_VERSION, WORKLOAD_KIND, meta.namespace, meta.name, {"spec": {"active": active}}
     )

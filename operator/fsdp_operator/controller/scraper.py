@@ -27,7 +27,7 @@ import asyncio
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -36,7 +36,7 @@ import aiohttp
 from fsdp_api.contract import EXCLUDED_NODE_LABEL, JobBackend
 
 from .. import backends
-from .bodies import MetricsView, live_pods, uid_of
+from .bodies import EventView, MetricsView, PodView, conditions_of, live_pods, name_of, uid_of
 from .kube import NETWORK_ERRORS, ApiError
 from .nodes.exclusion import TaintLedger, exclude_suspects, lift_expired
 from .nodes.health import node_health
@@ -71,7 +71,7 @@ class PeeringView:
 
 
 def running_trainings(rt: Runtime) -> list[Mapping[str, Any]]:
-    out = []
+    out: list[Mapping[str, Any]] = []
     for body in list(rt.trainings.values()):
         phase = rt.previous_status(body).get("phase")
         if phase == "Running" and MetricsView.of(body).enabled:
@@ -95,7 +95,7 @@ def waiting_trainings(rt: Runtime) -> list[Mapping[str, Any]]:
     (a container that fails the check restarts in place, so its pod stays
     active). A job whose pods all run and train costs nothing.
     """
-    out = []
+    out: list[Mapping[str, Any]] = []
     for body in list(rt.trainings.values()):
         job = rt.jobs.get(uid_of(body))
         if job is None:
@@ -105,9 +105,7 @@ def waiting_trainings(rt: Runtime) -> list[Mapping[str, Any]]:
         if phase in ("Created", "Restarting"):
             out.append(body)
         elif phase == "Running":
-            stuck = any(
-                c.get("type") == SCHEDULABLE and c.get("status") == "False" for c in status.get("conditions") or []
-            )
+            stuck = any(c.type == SCHEDULABLE and c.status == "False" for c in conditions_of(status))
             starting = status.get("step") is None
             if stuck or starting or _fewer_pods_than_nodes(job, body):
                 out.append(body)
@@ -130,9 +128,9 @@ async def check_pods_once(rt: Runtime, peering: PeeringView | None) -> int:
         async with gate:
             pods = await rt.client.list("v1", "Pod", namespace, f"{backend.ref.job_label}={job_name}")
             live = live_pods(pods)
-            job = rt.jobs.get(body["metadata"].get("uid", "")) or {}
+            job = rt.jobs.get(uid_of(body)) or {}
             create_failure = None
-            if len(live) < expected and (job_uid := (job.get("metadata") or {}).get("uid")):
+            if len(live) < expected and (job_uid := uid_of(job)):
                 selector = backend.pod_creation_failures(job_name, job_uid)
                 create_failure = await last_create_failure(rt, namespace, selector)
         report = pods_report(pods, expected, create_failure)
@@ -155,13 +153,9 @@ async def last_create_failure(rt: Runtime, namespace: str, selector: str) -> str
 
     That is why pods are missing: quota, an admission webhook, Pod Security.
     """
-    events = await rt.client.list("v1", "Event", namespace, field_selector=selector)
-
-    def when(e: Mapping[str, Any]) -> str:
-        return str(e.get("lastTimestamp") or e.get("eventTime") or (e.get("metadata") or {}).get("creationTimestamp"))
-
-    newest = max(events, key=when, default=None)
-    return str(newest.get("message") or FAILED_CREATE_POD) if newest is not None else None
+    events = [EventView.of(e) for e in await rt.client.list("v1", "Event", namespace, field_selector=selector)]
+    newest = max(events, key=lambda e: e.last_seen, default=None)
+    return (newest.message or FAILED_CREATE_POD) if newest is not None else None
 
 
 async def final_scrape(rt: Runtime, training: Mapping[str, Any]) -> bool:
@@ -187,7 +181,7 @@ async def final_scrape(rt: Runtime, training: Mapping[str, Any]) -> bool:
     if pod is None:
         return False
     async with aiohttp.ClientSession() as session:
-        progress = await scrape(session, pod["status"]["podIP"], metrics.port)
+        progress = await scrape(session, PodView.of(pod).pod_ip, metrics.port)
     rt.metrics.scrapes.labels("error" if isinstance(progress, Unreadable) else "success").inc()
     if isinstance(progress, Unreadable) or not progress.status_fields():
         return False
@@ -212,7 +206,7 @@ async def scrape_once(rt: Runtime, session: aiohttp.ClientSession, peering: Peer
     for body in running:
         by_namespace[body["metadata"]["namespace"], backends.of_training(body).ref].append(body)
     # A training that stops running (suspended, restarting, finished) starts its stall clock afresh.
-    keep = {b["metadata"].get("uid") for b in running}
+    keep = {uid_of(b) for b in running}
     for uid in [u for u in rt.step_clocks if u not in keep]:
         del rt.step_clocks[uid]
     if not by_namespace:
@@ -220,15 +214,15 @@ async def scrape_once(rt: Runtime, session: aiohttp.ClientSession, peering: Peer
     gate = asyncio.Semaphore(MAX_CONCURRENT_SCRAPES)
     updated = 0
 
-    async def one(body: Mapping[str, Any], pods: list[Mapping[str, Any]], backend: JobBackend) -> None:
+    async def one(body: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], backend: JobBackend) -> None:
         nonlocal updated
         job_name = rt.previous_status(body).get("jobName")
-        pod = rank0_pod(p for p in pods if p["metadata"].get("labels", {}).get(backend.job_label) == job_name)
+        pod = rank0_pod(p for p in pods if PodView.of(p).labels.get(backend.job_label) == job_name)
         if pod is None:
             await check_stall(rt, body, None, time.monotonic())
             return
         async with gate:
-            progress = await scrape(session, pod["status"]["podIP"], MetricsView.of(body).port)
+            progress = await scrape(session, PodView.of(pod).pod_ip, MetricsView.of(body).port)
         rt.metrics.scrapes.labels("error" if isinstance(progress, Unreadable) else "success").inc()
         fields = (
             {} if isinstance(progress, Unreadable) else {**progress.status_fields(), **_completion(rt, body, progress)}
@@ -290,10 +284,10 @@ async def check_nodes_once(rt: Runtime, session: aiohttp.ClientSession, peering:
     gate = asyncio.Semaphore(MAX_CONCURRENT_SCRAPES)
     changed = 0
 
-    async def one(body: Mapping[str, Any], pods: list[Mapping[str, Any]], backend: JobBackend) -> None:
+    async def one(body: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], backend: JobBackend) -> None:
         nonlocal changed
         job_name = rt.previous_status(body).get("jobName") or body["metadata"]["name"]
-        mine = [p for p in pods if (p["metadata"].get("labels") or {}).get(backend.job_label) == job_name]
+        mine = [p for p in pods if PodView.of(p).labels.get(backend.job_label) == job_name]
         late = await _stragglers(rt, session, gate, body, mine) if uid_of(body) in watched else None
         before = list(rt.previous_status(body).get("nodeIncidents") or [])
         own, shared = new_failures(mine, before)
@@ -323,7 +317,7 @@ async def check_nodes_once(rt: Runtime, session: aiohttp.ClientSession, peering:
 async def _nodes(rt: Runtime, selector: str | None = None) -> dict[str, Mapping[str, Any]] | None:
     """The nodes by name; None when this install may not list them."""
     try:
-        return {n["metadata"]["name"]: n for n in await rt.client.list("v1", "Node", None, selector)}
+        return {name_of(n): n for n in await rt.client.list("v1", "Node", None, selector)}
     except ApiError as e:
         if e.status in (401, 403):
             log.debug("node conditions are not read: this install may not list nodes (%s)", e)

@@ -61,18 +61,18 @@ class Runtime:
         return self._locks.setdefault(uid, asyncio.Lock())
 
     def remember(self, body: Mapping[str, Any]) -> None:
-        meta = body.get("metadata") or {}
-        key = (meta.get("namespace", ""), meta.get("name", ""))
+        meta = bodies.ObjectMeta.of(body)
+        key = (meta.namespace, meta.name)
         self.trainings[key] = trim(body)
-        self.metrics.phases[meta.get("uid", "")] = (body.get("status") or {}).get("phase") or "Pending"
+        self.metrics.phases[meta.uid] = (body.get("status") or {}).get("phase") or "Pending"
         self.metrics.watch_exclusions(*key)
 
     def forget(self, body: Mapping[str, Any]) -> None:
-        meta = body.get("metadata") or {}
-        key = (meta.get("namespace", ""), meta.get("name", ""))
-        uid = meta.get("uid", "")
+        meta = bodies.ObjectMeta.of(body)
+        key = (meta.namespace, meta.name)
+        uid = meta.uid
         known = self.trainings.get(key)
-        if known is not None and known["metadata"].get("uid") == uid:
+        if known is not None and bodies.uid_of(known) == uid:
             del self.trainings[key]
             self.metrics.forget_exclusions(*key)
         self.statuses.pop(uid, None)
@@ -154,9 +154,9 @@ def newest_job(applied: Json | None, watched: Json | None) -> Json | None:
 
 def owner_of(job: Mapping[str, Any]) -> Mapping[str, Any] | None:
     """The FSDPTraining ownerReference of a job, if it is one of ours."""
-    for ref in (job.get("metadata") or {}).get("ownerReferences") or []:
-        if ref.get("kind") == KIND and str(ref.get("apiVersion", "")).split("/")[0] == API_VERSION.split("/")[0]:
-            return ref
+    for ref in bodies.ObjectMeta.of(job).owner_references:
+        if ref.kind == KIND and ref.api_version.split("/")[0] == API_VERSION.split("/")[0]:
+            return ref.body
     return None
 
 
@@ -166,7 +166,7 @@ async def owner_body(rt: Runtime, namespace: str, ref: Mapping[str, Any]) -> Jso
         return known
     # Not seen on our watch yet (start-up ordering between two watches): ask.
     fresh = await rt.client.get(API_VERSION, KIND, namespace, ref["name"])
-    if fresh is None or (fresh.get("metadata") or {}).get("uid") != ref.get("uid"):
+    if fresh is None or bodies.uid_of(fresh) != ref.get("uid"):
         return None  # an orphan waiting for garbage collection
     rt.remember(fresh)
     return rt.trainings[(namespace, ref["name"])]

@@ -7,6 +7,7 @@ from typing import Any
 
 from .. import backends
 from .applies import keep_suspend_intent
+from .bodies import NodeView, ObjectMeta, uid_of
 from .kube import ApiError
 from .queueing import NODE_LEVELS, nodes_to_resolve, owning_job, trim_workload
 from .state import Runtime, owner_body, owner_of, trim_job
@@ -26,20 +27,20 @@ async def _training_of_workload(rt: Runtime, workload: Mapping[str, Any]) -> Jso
     ref = owning_job(workload)
     if ref is None:
         return None
-    namespace = (workload.get("metadata") or {}).get("namespace", "")
+    namespace = ObjectMeta.of(workload).namespace
     # Our jobs are named after their training; the job's uid tells whether it is ours.
     training = rt.trainings.get((namespace, ref.get("name", "")))
-    job = rt.jobs.get(training["metadata"].get("uid", "")) if training is not None else None
-    if job is None or (job.get("metadata") or {}).get("uid") != ref.get("uid"):
+    job = rt.jobs.get(uid_of(training)) if training is not None else None
+    if job is None or uid_of(job) != ref.get("uid"):
         job_ref = backends.BY_KIND[ref["kind"]].ref
         fresh = await rt.client.get(job_ref.api_version, job_ref.kind, namespace, ref.get("name", ""))
         owner = owner_of(fresh) if fresh is not None else None
-        if fresh is None or owner is None or fresh["metadata"].get("uid") != ref.get("uid"):
+        if fresh is None or owner is None or uid_of(fresh) != ref.get("uid"):
             return None
         training = await owner_body(rt, namespace, owner)
         if training is None:
             return None
-        rt.jobs[training["metadata"].get("uid", "")] = trim_job(fresh)
+        rt.jobs[uid_of(training)] = trim_job(fresh)
     return training
 
 
@@ -61,11 +62,8 @@ async def resolve_node_levels(rt: Runtime, workload: Json, previous: Mapping[str
             if e.status in (401, 403):
                 return
             raise
-        known = {
-            n["metadata"]["name"]: ((n["metadata"].get("labels") or {}).get(level) or "")
-            for n in nodes
-            if n["metadata"]["name"] in names
-        }
+        views = [NodeView.of(n) for n in nodes]
+        known = {v.name: v.labels.get(level) or "" for v in views if v.name in names}
     workload[NODE_LEVELS] = {n: known[n] for n in names if known.get(n)}
 
 
@@ -74,7 +72,7 @@ async def handle_workload_event(rt: Runtime, event_type: str | None, workload: M
     training = await _training_of_workload(rt, workload)
     if training is None:
         return
-    uid = training["metadata"].get("uid", "")
+    uid = uid_of(training)
     if event_type == "DELETED":
         rt.workloads.pop(uid, None)
     else:

@@ -32,6 +32,7 @@ from fsdp_api.contract import (
 from fsdp_api.spec import HealthSpec
 from pydantic import ValidationError
 
+from ..bodies import NodeView, uid_of
 from ..kube import ApiError
 from ..settings import env_int
 from ..stall.check import restart_pods
@@ -93,7 +94,7 @@ def node_side_only(suspects: tuple[SuspectNode, ...]) -> tuple[tuple[SuspectNode
 
 
 def is_excluded(node: Json) -> bool:
-    return any(t.get("key") == EXCLUDED_NODE_TAINT for t in (node.get("spec") or {}).get("taints") or [])
+    return NodeView.of(node).has_taint(EXCLUDED_NODE_TAINT)
 
 
 @dataclass
@@ -149,26 +150,31 @@ def plan(suspects: tuple[SuspectNode, ...], allowed: int, already: int, tainted:
 
 def taint_patch(node: Json, until: str, by: str) -> dict[str, Any]:
     """A merge patch adding our taint (the whole list: a merge patch replaces lists), guarded by resourceVersion."""
-    taints = [t for t in (node.get("spec") or {}).get("taints") or [] if t.get("key") != EXCLUDED_NODE_TAINT]
+    view = NodeView.of(node)
     return {
         "metadata": {
-            "resourceVersion": node["metadata"]["resourceVersion"],
+            "resourceVersion": view.meta.resource_version,
             "labels": {EXCLUDED_NODE_LABEL: "true"},
             "annotations": {EXCLUDED_UNTIL_ANNOTATION: until, EXCLUDED_BY_ANNOTATION: by[:MAX_REASON]},
         },
-        "spec": {"taints": [*taints, {"key": EXCLUDED_NODE_TAINT, "value": "suspect", "effect": "NoSchedule"}]},
+        "spec": {
+            "taints": [
+                *view.taints_without(EXCLUDED_NODE_TAINT),
+                {"key": EXCLUDED_NODE_TAINT, "value": "suspect", "effect": "NoSchedule"},
+            ]
+        },
     }
 
 
 def lift_patch(node: Json) -> dict[str, Any]:
-    taints = [t for t in (node.get("spec") or {}).get("taints") or [] if t.get("key") != EXCLUDED_NODE_TAINT]
+    view = NodeView.of(node)
     return {
         "metadata": {
-            "resourceVersion": node["metadata"]["resourceVersion"],
+            "resourceVersion": view.meta.resource_version,
             "labels": {EXCLUDED_NODE_LABEL: None},
             "annotations": {EXCLUDED_UNTIL_ANNOTATION: None, EXCLUDED_BY_ANNOTATION: None},
         },
-        "spec": {"taints": taints},
+        "spec": {"taints": view.taints_without(EXCLUDED_NODE_TAINT)},
     }
 
 
@@ -178,9 +184,10 @@ def due(node: Json, now: datetime) -> bool:
     A taint without either of our annotations is not ours: an admin who keeps a node out by hand
     with the same key (``kubectl taint node n training.fsdp.dev/excluded=...``) keeps it out.
     """
-    if not is_excluded(node):
+    view = NodeView.of(node)
+    if not view.has_taint(EXCLUDED_NODE_TAINT):
         return False
-    notes = (node.get("metadata") or {}).get("annotations") or {}
+    notes = view.annotations
     if EXCLUDED_UNTIL_ANNOTATION not in notes and EXCLUDED_BY_ANNOTATION not in notes:
         return False
     until = notes.get(EXCLUDED_UNTIL_ANNOTATION)
@@ -232,7 +239,7 @@ async def exclude_suspects(
         return Exclusion(health)
     if nodes is None:
         return Exclusion(replace(health, note="not excluded: this install may not read nodes (docs/operator.md, RBAC)"))
-    uid = training["metadata"].get("uid", "")
+    uid = uid_of(training)
     if rt.jobs.get(uid) is None or uid in rt.applying:
         return Exclusion(health)  # the status could not record it now (records.py): the next check acts
     previous = rt.previous_status(training)

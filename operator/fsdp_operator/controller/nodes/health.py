@@ -19,6 +19,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..bodies import NodeView, PodView
+
 Json = Mapping[str, Any]
 
 # The node monitoring agent's conditions (README of aws/eks-node-monitoring-agent); False is a problem.
@@ -80,10 +82,10 @@ class NodeHealth:
 def evidence(node: Json) -> tuple[str, ...]:
     """The node's problem conditions, as ``Type=False (reason: message)``."""
     out = []
-    for c in (node.get("status") or {}).get("conditions") or []:
-        if c.get("type") in SUSPECT_CONDITIONS and c.get("status") == "False":
-            why = ": ".join(x for x in (c.get("reason"), c.get("message")) if x)
-            out.append(f"{c['type']}=False" + (f" ({why})" if why else ""))
+    for c in NodeView.of(node).conditions:
+        if c.type in SUSPECT_CONDITIONS and c.status == "False":
+            why = ": ".join(x for x in (c.reason, c.message) if x)
+            out.append(f"{c.type}=False" + (f" ({why})" if why else ""))
     return tuple(out)
 
 
@@ -104,10 +106,9 @@ def node_health(
     if nodes is None and stragglers is None and xids is None and not incidents:
         return None
     on: dict[str, list[str]] = {}
-    for pod in pods:
-        name = (pod.get("spec") or {}).get("nodeName")
-        if name:
-            on.setdefault(name, []).append(str(pod["metadata"]["name"]))
+    for pod in map(PodView.of, pods):
+        if pod.node_name:
+            on.setdefault(pod.node_name, []).append(pod.name)
     if not on:
         return None
 

@@ -23,12 +23,14 @@ excluded node's count starts over.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from fsdp_api.contract import CONFIG_ERROR_EXIT_CODE, STOPPED_EXIT_CODE, TRAINER_CONTAINERS
+
+from ..bodies import PodView
 
 log = logging.getLogger(__name__)
 
@@ -60,19 +62,19 @@ class Failure:
 
 def failures_of(pod: Json) -> list[Failure]:
     """The trainer container's terminations that count against the pod's node (current and last state)."""
-    node = (pod.get("spec") or {}).get("nodeName")
-    if not node:
+    view = PodView.of(pod)
+    if not view.node_name:
         return []
     out = []
-    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
-        if cs.get("name") not in TRAINER_CONTAINERS:
-            continue
-        for state in (cs.get("state") or {}, cs.get("lastState") or {}):
-            term = state.get("terminated") or {}
-            code, reason, finished = term.get("exitCode"), term.get("reason") or "", term.get("finishedAt")
+    for cs in view.containers_named(TRAINER_CONTAINERS):
+        for state in (cs.state, cs.last_state):
+            term = state.terminated
+            if term is None:
+                continue
+            code, reason, finished = term.exit_code, term.reason, term.finished_at
             if code is None or not finished or code in NOT_THE_NODES or reason in NOT_THE_NODES_REASONS:
                 continue
-            out.append(Failure(node, str(pod["metadata"]["name"]), int(code), reason, str(finished)))
+            out.append(Failure(view.node_name, view.name, code, reason, finished))
     return out
 
 
@@ -80,7 +82,7 @@ def _at(rfc3339: str) -> datetime:
     return datetime.fromisoformat(rfc3339.replace("Z", "+00:00"))
 
 
-def new_failures(pods: Iterable[Json], incidents: list[Json]) -> tuple[list[Failure], list[Failure]]:
+def new_failures(pods: Iterable[Json], incidents: Sequence[Json]) -> tuple[list[Failure], list[Failure]]:
     """Failures not seen yet, oldest first: those of one node, and those shared with another node's.
 
     A failure within ``SHARED_SECONDS`` of one on another node (new, or the
@@ -103,18 +105,18 @@ def new_failures(pods: Iterable[Json], incidents: list[Json]) -> tuple[list[Fail
     return own, [f for f in found if f not in own]
 
 
-def _entry(incidents: list[Json], node: str) -> dict[str, Any]:
+def _entry(incidents: Sequence[Json], node: str) -> dict[str, Any]:
     old = next((i for i in incidents if i["node"] == node), None)
     return dict(old) if old is not None else {"node": node, "failures": 0, "stalls": 0}
 
 
-def _put(incidents: list[Json], entry: dict[str, Any]) -> list[dict[str, Any]]:
+def _put(incidents: Sequence[Json], entry: dict[str, Any]) -> list[dict[str, Any]]:
     rest = [dict(i) for i in incidents if i["node"] != entry["node"]]
     return [*rest, entry][-MAX_NODES:]
 
 
 def with_failures(
-    incidents: list[Json], own: Iterable[Failure], shared: Iterable[Failure], now: str
+    incidents: Sequence[Json], own: Iterable[Failure], shared: Iterable[Failure], now: str
 ) -> list[dict[str, Any]]:
     """The incidents with ``own`` failures counted (one each) and ``shared`` ones marked seen."""
     out = [dict(i) for i in incidents]
@@ -133,14 +135,14 @@ def with_failures(
     return out
 
 
-def with_stall(incidents: list[Json], node: str, words: str, now: str) -> list[dict[str, Any]]:
+def with_stall(incidents: Sequence[Json], node: str, words: str, now: str) -> list[dict[str, Any]]:
     """The incidents with one stall counted against ``node``."""
     entry = _entry(incidents, node)
     entry |= {"stalls": int(entry.get("stalls") or 0) + 1, "last": words[:1024], "time": now}
     return _put(incidents, entry)
 
 
-def without(incidents: list[Json], nodes: Iterable[str]) -> list[dict[str, Any]]:
+def without(incidents: Sequence[Json], nodes: Iterable[str]) -> list[dict[str, Any]]:
     """The incidents less those of ``nodes`` (excluded: a replacement or a lifted taint starts over)."""
     gone = set(nodes)
     return [dict(i) for i in incidents if i["node"] not in gone]

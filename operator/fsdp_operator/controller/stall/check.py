@@ -21,7 +21,7 @@ from fsdp_api.spec import CheckpointSpec, StallSpec
 from pydantic import ValidationError
 
 from ... import backends
-from ..bodies import MetricsView, live_pods
+from ..bodies import MetricsView, ObjectMeta, by_type, conditions_of, live_pods, name_of, uid_of
 from ..kube import NETWORK_ERRORS, ApiError
 from ..nodes.incidents import with_stall
 from ..progress import TrainerProgress, Unreadable, read_pods
@@ -69,10 +69,10 @@ async def restart_pods(rt: Runtime, training: Mapping[str, Any]) -> int:
     meta = training["metadata"]
     deleted = 0
     for pod in await job_pods(rt, training):
-        pod_meta = pod.get("metadata") or {}
-        if pod_meta.get("deletionTimestamp"):
+        pod_meta = ObjectMeta.of(pod)
+        if pod_meta.deleting:
             continue
-        await rt.client.delete("v1", "Pod", meta["namespace"], pod_meta["name"], pod_meta.get("uid", ""))
+        await rt.client.delete("v1", "Pod", meta["namespace"], pod_meta.name, pod_meta.uid)
         deleted += 1
     return deleted
 
@@ -99,7 +99,7 @@ async def check_stall(
     runs but its endpoint does not answer: its step is unknown, which is never
     called a stall (rules.py).
     """
-    uid = training["metadata"].get("uid", "")
+    uid = uid_of(training)
     rules = stall_rules(training.get("spec") or {})
     clock = rt.step_clocks.get(uid) or start_clock(now)
     if isinstance(progress, Unreadable):
@@ -108,8 +108,8 @@ async def check_stall(
         step, reported = (progress.step, progress.seconds_per_step) if progress is not None else (None, None)
         clock = observe(clock, step, now, rules, reported)
     found = verdict(clock, rules, now)
-    previous = {c.get("type"): c for c in rt.previous_status(training).get("conditions") or []}.get(STALLED)
-    newly = previous is None or previous.get("status") != "True"
+    previous = by_type(conditions_of(rt.previous_status(training))).get(STALLED)
+    newly = previous is None or previous.status != "True"
     incidents: list[dict[str, Any]] | None = None
     if found.stalled and newly and session is not None:
         try:
@@ -119,7 +119,7 @@ async def check_stall(
                 before = list(rt.previous_status(training).get("nodeIncidents") or [])
                 incidents = with_stall(before, node, f"the stall after step {found.step}: {clause}", now_rfc3339())
         except (ApiError, *NETWORK_ERRORS) as e:
-            log.debug("reading the ranks of %s failed: %s", training["metadata"].get("name"), e)
+            log.debug("reading the ranks of %s failed: %s", name_of(training), e)
     restarts = int(rt.previous_status(training).get("stallRestarts") or 0)
     new_restarts: int | None = None
     events: list[EventSpec] = []
@@ -137,7 +137,7 @@ async def check_stall(
                     f"(stall restart {new_restarts} of {rules.spec.max_restarts})",
                 )
             )
-            log.warning("%s: %s", training["metadata"].get("name"), events[-1].message)
+            log.warning("%s: %s", name_of(training), events[-1].message)
             found = replace(found, note=f"restarted the pods ({new_restarts} of {rules.spec.max_restarts})")
             clock = start_clock(now)
         else:
@@ -146,7 +146,7 @@ async def check_stall(
     rt.step_clocks[uid] = clock
     # Only a change of the condition (or a restart) is written: the check runs on
     # every scrape of every running training, and the clock itself stays in memory.
-    unchanged = previous is not None and (previous.get("status"), previous.get("reason")) == stall_state(found)
+    unchanged = previous is not None and (previous.status, previous.reason) == stall_state(found)
     if not events and incidents is None and unchanged:
         return False
     return await record_stall(rt, training, found, restarts=new_restarts, events=events, incidents=incidents)

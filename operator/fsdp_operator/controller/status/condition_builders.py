@@ -15,6 +15,7 @@ from fsdp_api.memory_plan import MemoryPlan
 from fsdp_api.status import Condition, MemoryStatus, Phase
 
 from ...backends import JobView
+from ..bodies import ConditionView
 from ..queueing import ADMITTED, EVICTED, QueueState
 from ..stall import StallVerdict
 from .conditions import (
@@ -35,6 +36,8 @@ from .conditions import (
     STARTING,
     SUSPECT_NODE,
     TRAINER_REJECTED_CONFIG,
+    ConditionStatus,
+    as_status,
     condition,
 )
 from .inputs import PODLESS, Inputs, TrainingFacts
@@ -52,7 +55,7 @@ def _reconciled(inp: Inputs) -> list[Condition]:
     """Reconciled: the last apply's outcome; a job event (no outcome) keeps the previous one."""
     outcome, training = inp.seen.outcome, inp.training
     if outcome is not None:
-        status = "True" if outcome.ok else "False"
+        status: ConditionStatus = "True" if outcome.ok else "False"
         return [
             condition(RECONCILED, status, outcome.reason, outcome.message, training.generation, inp.prev_conds, inp.now)
         ]
@@ -111,16 +114,16 @@ def _queue_conditions(
         return []
     if queue is None:
         return [Condition.model_validate(previous[t]) for t in (ADMITTED, EVICTED) if t in previous]
-    status = "True" if queue.admitted else "False"
+    status: ConditionStatus = "True" if queue.admitted else "False"
     out = [condition(ADMITTED, status, queue.reason, queue.message, training.generation, previous, now)]
     if queue.evicted is not None:
-        ev = queue.evicted
+        ev = ConditionView.of(queue.evicted)
         out.append(
             condition(
                 EVICTED,
-                str(ev.get("status") or "Unknown"),
-                str(ev.get("reason") or EVICTED),
-                str(ev.get("message") or ""),
+                as_status(ev.status or "Unknown"),
+                ev.reason or EVICTED,
+                ev.message,
                 training.generation,
                 previous,
                 now,
@@ -169,7 +172,7 @@ def _start_condition(
     if phase in PODLESS:
         return None
     if start is not None:
-        status = "True" if start.started else "False"
+        status: ConditionStatus = "True" if start.started else "False"
         return condition(PODS_STARTED, status, start.reason, start.message, generation, previous, now)
     old = previous.get(PODS_STARTED)
     return Condition.model_validate(old) if old is not None else None
@@ -191,7 +194,7 @@ def _config_condition(
     return Condition.model_validate(old)
 
 
-def stall_state(stall: StallVerdict) -> tuple[str, str]:
+def stall_state(stall: StallVerdict) -> tuple[ConditionStatus, str]:
     """The Stalled condition's status and reason for a verdict."""
     if stall.unreachable:
         return "Unknown", METRICS_UNREACHABLE
@@ -225,7 +228,12 @@ def fits_memory(
             MemoryStatus.model_validate(kept) if kept else None,
         )
     fits = plan.fits
-    status, reason = {True: ("True", "Fits"), False: ("False", "DoesNotFit"), None: ("Unknown", "NoEstimate")}[fits]
+    verdicts: dict[bool | None, tuple[ConditionStatus, str]] = {
+        True: ("True", "Fits"),
+        False: ("False", "DoesNotFit"),
+        None: ("Unknown", "NoEstimate"),
+    }
+    status, reason = verdicts[fits]
     memory = MemoryStatus(
         estimated_bytes_per_gpu=plan.total_bytes,
         gpu_memory_bytes=plan.gpu_memory_bytes,
@@ -278,7 +286,7 @@ def _job_conditions(job: JobView, generation: int | None, previous: Mapping[str,
         out.append(
             condition(
                 cond_type,
-                c.status,
+                as_status(c.status),
                 c.reason or cond_type,
                 c.message,
                 generation,
@@ -298,7 +306,8 @@ def _nodes_healthy(inp: Inputs) -> list[Condition]:
     if health is None:
         kept = inp.prev_conds.get(NODES_HEALTHY)
         return _one(Condition.model_validate(kept) if kept is not None else None)
-    status, reason = ("True", NO_SUSPECT_NODE) if health.healthy else ("False", SUSPECT_NODE)
+    verdict: tuple[ConditionStatus, str] = ("True", NO_SUSPECT_NODE) if health.healthy else ("False", SUSPECT_NODE)
+    status, reason = verdict
     return [
         condition(NODES_HEALTHY, status, reason, health.message(), inp.training.generation, inp.prev_conds, inp.now)
     ]

@@ -7,12 +7,14 @@ every name, and every condition's lastTransitionTime moves by the same rule.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 from fsdp_api.contract import GROUP
 from fsdp_api.status import Condition
 
 Json = Mapping[str, Any]
+# A metav1.Condition's status (fsdp_api.status.Condition).
+ConditionStatus = Literal["True", "False", "Unknown"]
 
 # The PyTorchJob carries the FSDPTraining generation it was rendered from, so
 # a status computed from a job event knows which spec it reflects.
@@ -70,9 +72,20 @@ def previous_conditions(previous: Json | None) -> dict[str, Json]:
     return {c.get("type", ""): c for c in ((previous or {}).get("conditions") or [])}
 
 
+def as_status(value: str) -> ConditionStatus:
+    """A condition status read from another object's condition; ValueError for anything else (as Condition's)."""
+    if value == "True":
+        return "True"
+    if value == "False":
+        return "False"
+    if value == "Unknown":
+        return "Unknown"
+    raise ValueError(f"a condition status is True, False or Unknown, not {value!r}")
+
+
 def condition(
     cond_type: str,
-    status: str,
+    status: ConditionStatus,
     reason: str,
     message: str,
     generation: int | None,
@@ -87,7 +100,7 @@ def condition(
         transition_time = str(old["lastTransitionTime"]) if same and old else now
     return Condition(
         type=cond_type,
-        status=status,  # type: ignore[arg-type]
+        status=status,
         reason=reason or cond_type,
         message=bounded(message or ""),
         observed_generation=generation,

@@ -43,13 +43,6 @@ class Scheduling:
     message: str
 
 
-def _pod_scheduled(pod: Json) -> Json | None:
-    for c in (pod.get("status") or {}).get("conditions") or []:
-        if c.get("type") == "PodScheduled":
-            return c
-    return None
-
-
 def pod_scheduling(pods: Iterable[Json], expected: int) -> Scheduling | None:
     """Scheduling state of a job from its pods; None while it is not known yet.
 
@@ -59,20 +52,20 @@ def pod_scheduling(pods: Iterable[Json], expected: int) -> Scheduling | None:
     pods to exist and be bound; pods not yet seen by the scheduler (no
     condition) or not yet created leave the answer open.
     """
-    live = bodies.live_pods(pods)
+    live = bodies.pod_views(pods)
     stuck = []
     bound = 0
     for pod in live:
-        cond = _pod_scheduled(pod)
-        if cond is not None and cond.get("status") == "False":
-            stuck.append((bodies.name_of(pod), cond))
-        elif (cond is not None and cond.get("status") == "True") or (pod.get("spec") or {}).get("nodeName"):
+        cond = pod.scheduled
+        if cond is not None and cond.status == "False":
+            stuck.append((pod.name, cond))
+        elif (cond is not None and cond.status == "True") or pod.node_name:
             bound += 1
     if stuck:
         stuck.sort(key=lambda item: item[0])
         name, cond = stuck[0]
-        reason = str(cond.get("reason") or "Unschedulable")
-        detail = str(cond.get("message") or reason)
+        reason = cond.reason or "Unschedulable"
+        detail = cond.message or reason
         count = f"{len(stuck)} of {len(live)} pods" if len(live) > 1 else "the pod"
         return Scheduling(False, reason, f"{count} cannot be scheduled: {name}: {detail}")
     if live and bound == len(live) and bound >= expected:
@@ -103,19 +96,15 @@ def config_rejection(pods: Iterable[Json]) -> str | None:
     Read from the current or the last termination of the trainer container
     (OnFailure restarts it in place, so the failure is usually lastState).
     """
-    live = bodies.live_pods(pods)
-    for pod in bodies.by_name(live):
-        for cs in (pod.get("status") or {}).get("containerStatuses") or []:
-            if cs.get("name") not in TRAINER_CONTAINERS:
-                continue
-            for state in (cs.get("state") or {}, cs.get("lastState") or {}):
-                term = state.get("terminated") or {}
-                if term.get("exitCode") == CONFIG_ERROR_EXIT_CODE:
-                    name = bodies.name_of(pod)
-                    detail = _check_lines(str(term.get("message") or "")) or (
+    for pod in sorted(bodies.pod_views(pods), key=lambda p: p.name):
+        for cs in pod.containers_named(TRAINER_CONTAINERS):
+            for state in (cs.state, cs.last_state):
+                term = state.terminated
+                if term is not None and term.exit_code == CONFIG_ERROR_EXIT_CODE:
+                    detail = _check_lines(term.message) or (
                         f"exit code {CONFIG_ERROR_EXIT_CODE}; the pod's log says why"
                     )
-                    return f"the trainer rejected its configuration in pod {name}: {detail}"
+                    return f"the trainer rejected its configuration in pod {pod.name}: {detail}"
     return None
 
 
@@ -135,28 +124,23 @@ def pod_start(pods: Iterable[Json], expected: int, create_failure: str | None = 
     does ``create_failure`` while pods are missing. "Started" needs all
     ``expected`` pods with their trainer container running or run.
     """
-    live = bodies.live_pods(pods)
+    live = sorted(bodies.pod_views(pods), key=lambda p: p.name)
     stuck = []
-    for pod in bodies.by_name(live):
-        status = pod.get("status") or {}
-        for cs in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
-            waiting = (cs.get("state") or {}).get("waiting") or {}
-            if waiting.get("reason") in START_FAILURES:
-                stuck.append((bodies.name_of(pod), cs.get("name", ""), waiting))
+    for pod in live:
+        for cs in [*pod.init_containers, *pod.containers]:
+            waiting = cs.state.waiting
+            if waiting is not None and waiting.reason in START_FAILURES:
+                stuck.append((pod.name, cs.name, waiting))
     if stuck:
         name, container, waiting = stuck[0]
         count = f"{len({s[0] for s in stuck})} of {len(live)} pods" if len(live) > 1 else "the pod"
-        detail = waiting.get("message") or waiting["reason"]
-        return Start(False, str(waiting["reason"]), f"{count} cannot start: {name}: container {container}: {detail}")
+        detail = waiting.message or waiting.reason
+        return Start(False, waiting.reason, f"{count} cannot start: {name}: container {container}: {detail}")
     if create_failure and len(live) < expected:
         return Start(False, FAILED_CREATE_POD, f"the training operator cannot create the pods: {create_failure}")
 
-    def started(pod: Json) -> bool:
-        for cs in (pod.get("status") or {}).get("containerStatuses") or []:
-            if cs.get("name") in TRAINER_CONTAINERS:
-                state = cs.get("state") or {}
-                return "running" in state or "terminated" in state or "terminated" in (cs.get("lastState") or {})
-        return False
+    def started(pod: bodies.PodView) -> bool:
+        return next((cs.has_started for cs in pod.containers_named(TRAINER_CONTAINERS)), False)
 
     if live and len(live) >= expected and all(started(p) for p in live):
         return Start(True, STARTED, f"the trainer containers of all {len(live)} pods have started")
