@@ -192,7 +192,8 @@ def test_the_cycle_finder_sees_a_three_module_cycle() -> None:
     assert import_cycles({"a": {"b"}, "b": set()}) == []
 
 
-# The controller's rooms: status/ computes (no API client, no kopf), nodes/ and stall/ beside it;
+# The controller's rooms: status/ computes (no API client, no kopf), nodes/ and stall/ beside it,
+# bodies/ parses what the watches deliver into typed views;
 # the flat floor keeps the handlers, state, sync and the loops.
 CONTROLLER = PACKAGES["fsdp_operator"] / "controller"
 MAX_FLAT_CONTROLLER_MODULES = 20
@@ -200,7 +201,7 @@ MAX_FLAT_CONTROLLER_MODULES = 20
 
 def test_the_controller_keeps_its_rooms_and_a_small_flat_floor() -> None:
     rooms = sorted(p.name for p in CONTROLLER.iterdir() if (p / "__init__.py").is_file())
-    assert rooms == ["nodes", "stall", "status"]
+    assert rooms == ["bodies", "nodes", "stall", "status"]
     flat = sorted(p.name for p in CONTROLLER.glob("*.py"))
     assert len(flat) <= MAX_FLAT_CONTROLLER_MODULES, flat
 
