@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from fsdp_api.trainer_config import TrainerConfig
-from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .config import check_config
@@ -54,7 +54,7 @@ class Prepared:
     adapted: list[str]  # LoRA's target modules (spec.peft); empty: every weight trains
     compile: CompileReport  # training.compile's decision for this device; filled in by the first step
     float8: Float8Report = field(default_factory=Float8Report)  # filled in when float8 converts the model
-    mesh: object = None  # the device mesh, once built (the dpo reference is sharded on the same one)
+    mesh: DeviceMesh | None = None  # the device mesh, once built (the dpo reference is sharded on the same one)
 
 
 def prepare(cfg: TrainerConfig, world: WorldInfo | None = None) -> Prepared:
@@ -107,7 +107,7 @@ def prepare(cfg: TrainerConfig, world: WorldInfo | None = None) -> Prepared:
     return Prepared(cfg, world, plan, tokenizer, model, seq_len, pretrained, adapted, compiled)
 
 
-def build_model(p: Prepared, *, resuming: bool = False) -> nn.Module:
+def build_model(p: Prepared, *, resuming: bool = False) -> PreTrainedModel:
     """The sharded, initialised model (collective: every rank calls it).
 
     When a checkpoint will be loaded anyway, pretrained weights are not read
@@ -126,13 +126,13 @@ def build_model(p: Prepared, *, resuming: bool = False) -> nn.Module:
     return model
 
 
-def _mesh(p: Prepared) -> object:
+def _mesh(p: Prepared) -> DeviceMesh | None:
     if p.mesh is None and p.plan.uses_fsdp:
         p.mesh = build_mesh(p.world, p.plan)
     return p.mesh
 
 
-def _initialise(model: nn.Module, p: Prepared, *, pretrained: bool) -> None:
+def _initialise(model: PreTrainedModel, p: Prepared, *, pretrained: bool) -> None:
     materialize(model, "cpu" if p.plan.fsdp.cpu_offload else p.world.device)
     if pretrained:
         assert p.pretrained is not None
@@ -142,7 +142,7 @@ def _initialise(model: nn.Module, p: Prepared, *, pretrained: bool) -> None:
         init_weights(model, p.cfg.training.seed, p.world.device)
 
 
-def build_reference(p: Prepared, meta: nn.Module) -> nn.Module:
+def build_reference(p: Prepared, meta: PreTrainedModel) -> PreTrainedModel:
     """dpo without LoRA: the frozen reference, sharded like the policy (collective).
 
     It is the policy as it started: the pretrained weights, or the seeded

@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 from fsdp_api.trainer_config import TrainerConfig
 from torch.distributed.checkpoint.api import CheckpointException
-from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from .checkpoint import CONFIG_FILE, MARKER, MODEL_CONFIG_DIR, checkpointed_tensors, complete_checkpoints, unpickle
 from .errors import ConfigError, UnloadableCheckpointError, UnsafeCheckpointError, first_line
@@ -121,7 +121,7 @@ def export_checkpoint(checkpoint: Path, output: Path, dtype: str = "float32", fm
     )
 
 
-def _load(ckpt: Path, fmt: str) -> tuple[torch.nn.Module, PreTrainedTokenizerBase, TrainerConfig, list[str]]:
+def _load(ckpt: Path, fmt: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, TrainerConfig, list[str]]:
     """The model of one checkpoint, materialised on the CPU with its weights (adapters not yet merged)."""
     cfg = TrainerConfig.from_yaml((ckpt / CONFIG_FILE).read_text())
     if fmt == "peft" and cfg.peft is None:
@@ -153,7 +153,7 @@ def _load(ckpt: Path, fmt: str) -> tuple[torch.nn.Module, PreTrainedTokenizerBas
 
 
 def _save(
-    model: torch.nn.Module,
+    model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     cfg: TrainerConfig,
     targets: list[str],
@@ -167,14 +167,15 @@ def _save(
     else:
         if targets:
             _merge_adapters(model)
-        model.to(DTYPES[dtype])
+        # transformers wraps PreTrainedModel.to with functools.wraps, which type checkers read as unbound.
+        model.to(DTYPES[dtype])  # type: ignore[arg-type]
         model.config.dtype = DTYPES[dtype]
         model.config.use_cache = True  # trained without a KV cache; generation wants one
         model.save_pretrained(output)
     tokenizer.save_pretrained(output)
 
 
-def _load_base(model: torch.nn.Module, cfg: TrainerConfig) -> None:
+def _load_base(model: PreTrainedModel, cfg: TrainerConfig) -> None:
     """The frozen base a LoRA run trained on: the pretrained weights, or the run's seeded init."""
     found = model_dir(cfg) if cfg.model.pretrained else None
     if found is None:

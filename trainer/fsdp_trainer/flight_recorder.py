@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import pickle
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +62,7 @@ def _describe(e: Mapping[str, Any], now_ns: int) -> str:
     )
 
 
-def summary(recorded: list[Mapping[str, Any]] | None, now_ns: int | None = None) -> str:
+def summary(recorded: Sequence[Mapping[str, Any]] | None, now_ns: int | None = None) -> str:
     """Lines for the stall dump: the collectives not completed (newest last) and the last completed one."""
     if recorded is None:
         return f"collectives: the flight recorder is off ({BUFFER_ENV} unset or 0) or unavailable"

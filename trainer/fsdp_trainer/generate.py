@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationMixin, PreTrainedTokenizerBase
 
 from .errors import ConfigError, first_line
 from .storage import scheme_of
@@ -98,7 +98,7 @@ def load_model(model_dir: Path) -> torch.nn.Module:
 
     hf_logging.disable_progress_bar()  # stdout holds the samples, stderr one line per problem
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(model_dir), trust_remote_code=False)
+        model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(str(model_dir), trust_remote_code=False)
     except (OSError, ValueError) as e:
         raise ConfigError([f"--model: cannot load {model_dir}: {first_line(e)}"]) from None
     return model.to("cuda" if torch.cuda.is_available() else "cpu").eval()
@@ -114,6 +114,7 @@ def generate(
     top_p: float,
 ) -> str:
     """The completion of one prompt, decoded without the prompt and without special tokens."""
+    assert isinstance(model, GenerationMixin)  # every AutoModelForCausalLM class generates
     device = next(model.parameters()).device
     ids = torch.tensor([prompt_ids], device=device)
     # Greedy unless a temperature is given: then sampling, with that temperature and top-p.
@@ -122,10 +123,14 @@ def generate(
     )
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     with torch.inference_mode():
-        out = model.generate(
+        # transformers types generate()'s self as a Protocol (written for the ty checker) that, to mypy, its
+        # own models do not match: device and dtype are read-only properties there, not variables.
+        out = model.generate(  # type: ignore[misc]
             ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, pad_token_id=pad, **sampling
         )
-    return tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+    text = tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+    assert isinstance(text, str)  # one sequence of ids decodes to one string
+    return text
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,7 +21,8 @@ EPS = 1e-8
 
 
 def build_optimizer(model: nn.Module, spec: TrainingSpec, device: torch.device) -> torch.optim.AdamW:
-    decay, no_decay = [], []
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
     for param in model.parameters():
         if param.requires_grad:
             (decay if param.ndim >= 2 else no_decay).append(param)
@@ -117,9 +118,9 @@ def total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
             copies = (dist.get_world_size() if dist.is_initialized() else 1) // mesh.size()
             copies *= math.prod(mesh.size(i) for i, p in enumerate(grad.placements) if p.is_replicate())
         groups.setdefault(copies, []).append(local)
-    copies = list(groups)
-    squares = torch.stack([torch.stack(torch._foreach_norm(groups[c])).float().pow(2).sum() for c in copies])
+    copy_counts = list(groups)
+    squares = torch.stack([torch.stack(torch._foreach_norm(groups[c])).float().pow(2).sum() for c in copy_counts])
     if dist.is_initialized() and dist.get_world_size() > 1 and any(isinstance(g, DTensor) for g in grads):
         dist.all_reduce(squares)
-    counts = torch.tensor(copies, dtype=squares.dtype, device=squares.device)
+    counts = torch.tensor(copy_counts, dtype=squares.dtype, device=squares.device)
     return (squares / counts).sum().sqrt()

@@ -124,9 +124,9 @@ def localize(cfg: TrainerConfig) -> TrainerConfig:
     """``cfg`` with its object-store inputs replaced by their local copies (fetched now, or found in the cache)."""
     updates: dict[str, Any] = {}
     if is_remote(cfg.model.pretrained):
-        local = fetch(cfg.model.pretrained, "model.pretrained", skip=SKIPPED_SUFFIXES)  # type: ignore[arg-type]
+        local = fetch(cfg.model.pretrained, "model.pretrained", skip=SKIPPED_SUFFIXES)
         updates["model"] = cfg.model.model_copy(update={"pretrained": str(local)})
     if is_remote(cfg.data.path):
-        local = fetch(cfg.data.path, "data.path")  # type: ignore[arg-type]
+        local = fetch(cfg.data.path, "data.path")
         updates["data"] = cfg.data.model_copy(update={"path": str(local)})
     return cfg.model_copy(update=updates) if updates else cfg

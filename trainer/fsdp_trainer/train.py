@@ -295,6 +295,7 @@ class Trainer:
                 checkpoint_bytes=self.checkpointer.last_size_bytes,
                 trainable_params=self.num_trainable,
             )
+            assert self.trace.directory is not None  # enabled: it writes there
             write_probe(self.model, self.cfg.training.precision, self.device, self.trace.directory, self.world.is_main)
         if self.trace.enabled:  # hashing the frozen base is a test aid, not for production runs
             self.trace.write("end", step=self.step, frozen_sha256=frozen_digest(self.model))
@@ -314,7 +315,7 @@ class Trainer:
         loss_sum, pair_sums = self.steps.forward_backward(batches, self.objective, divisor, self.objective.pair_stats)
         grad_norm = clip_gradients(self.model, self.cfg.training.grad_clip_norm)
         self.optimizer.step()
-        lr = self.scheduler.get_last_lr()[0]
+        lr = float(self.scheduler.get_last_lr()[0])
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         # One all-reduce carries the loss (each rank's mean, summed), the stop votes (every rank

@@ -136,7 +136,7 @@ def resume_candidates(spec: CheckpointSpec, world: WorldInfo, job: JobInfo) -> l
         conflicts = directory_conflicts(root, spec.resume, job)
         if spec.resume == "auto":
             found = complete_checkpoints(root)[::-1]
-    found, conflicts = broadcast_object((found, conflicts))  # type: ignore[misc]
+    found, conflicts = broadcast_object((found, conflicts))
     if conflicts:
         raise ConfigError(conflicts)
     if spec.remote is not None:
@@ -165,7 +165,7 @@ def prepare_remote(spec: CheckpointSpec, world: WorldInfo, job: JobInfo) -> list
             problem = remote_store.clean_remote(spec.remote, spec.resume, job)
         except StoreError as e:
             problem = str(e)
-    problem = broadcast_object(problem)  # type: ignore[assignment]
+    problem = broadcast_object(problem)
     if problem:
         return [f"checkpoint.remote: {problem}"]
     error: str | None = None
@@ -212,7 +212,11 @@ class Checkpointer:
         self.last_size_bytes: int | None = None
         # Async saves run collectives from a background thread: they get their
         # own gloo group so they never interleave with the training's.
-        self._async_group = dist.new_group(backend="gloo") if spec.async_save else None
+        self._async_group: dist.ProcessGroup | None = None
+        if spec.async_save:
+            group = dist.new_group(backend="gloo")
+            assert isinstance(group, dist.ProcessGroup)  # a group of every rank leaves none out
+            self._async_group = group
         self.remote = (
             remote_tier.RemoteTier(spec.remote, spec.remote_keep_last, self.root, world.rank, world.world_size)
             if spec.remote is not None
@@ -242,6 +246,9 @@ class Checkpointer:
             state = dcp_state(self.model, self.optimizer, step)
             if self.spec.async_save:
                 future = dcp.async_save(state, checkpoint_id=str(tmp), process_group=self._async_group)
+                # The default stager copies synchronously: async_save returns the upload's Future (an
+                # AsyncSaveResponse only comes with an asynchronous stager).
+                assert isinstance(future, Future)
                 self._pending = _Pending(step, tmp, future)
                 return time.perf_counter() - t0
             dcp.save(state, checkpoint_id=str(tmp))
@@ -399,13 +406,14 @@ class Checkpointer:
         self.last_local_step = step
         if self.remote is None:
             return
+        assert self.spec.remote is not None  # self.remote exists only with checkpoint.remote
         committed: int | None = None
         if self.world.is_main:
             try:
-                committed = remote_store.committed_step(self.spec.remote)  # type: ignore[arg-type]
+                committed = remote_store.committed_step(self.spec.remote)
             except StoreError as e:
                 log.warning("checkpoint.remote: %s", e)
-        committed = broadcast_object(committed)  # type: ignore[assignment]
+        committed = broadcast_object(committed)
         if committed is None or committed < step:
             log.info("step %d is not committed to %s yet: uploading it", step, self.remote.store)
             self.remote.enqueue(step, path)

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from numpy._core.multiarray import _reconstruct
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -104,7 +105,7 @@ def rng_state() -> dict[str, Any]:
 # What the per-rank files hold besides tensors, numbers and strings: numpy's RNG
 # state, an array. Unpickling allows these (array reconstruction) and nothing
 # else, so a crafted file on the checkpoint volume cannot run code on resume.
-_RANK_STATE_GLOBALS = [np.ndarray, np.dtype, np.dtypes.UInt32DType, np._core.multiarray._reconstruct]
+_RANK_STATE_GLOBALS = [np.ndarray, np.dtype, np.dtypes.UInt32DType, _reconstruct]
 
 
 def load_rank_state(path: Path) -> dict[str, Any]:

@@ -24,7 +24,7 @@ import io
 import pickle
 from collections.abc import Iterable
 from pathlib import Path, PosixPath, PurePosixPath
-from typing import IO, Any
+from typing import IO, Any, cast
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -159,10 +159,12 @@ class SafeReader(dcp.FileSystemReader):
         locate = getattr(self, "_get_metadata_path", None)
         path = locate(kwargs.get("rank")) if locate is not None else Path(self.path) / ".metadata"
         with self.fs.create_stream(path, "rb") as stream:
-            metadata = read_metadata_file(stream, str(path))
-        if getattr(metadata, "storage_meta", None) is None:
-            metadata.storage_meta = dcp_metadata.StorageMeta()
-        metadata.storage_meta.load_id = getattr(self, "load_id", None)
+            # torch types the stream io.IOBase (which has no read()); it is the file opened "rb".
+            metadata = read_metadata_file(cast(IO[bytes], stream), str(path))
+        storage_meta: dcp_metadata.StorageMeta | None = getattr(metadata, "storage_meta", None)
+        if storage_meta is None:
+            storage_meta = metadata.storage_meta = dcp_metadata.StorageMeta()
+        storage_meta.load_id = getattr(self, "load_id", None)
         return metadata
 
 

@@ -71,7 +71,8 @@ def _split(text: str, limit: int = DOC_CHARS) -> list[str]:
 
 
 def _module_text(name: str) -> str:
-    page = pydoc.render_doc(importlib.import_module(name), renderer=pydoc.plaintext)
+    # typeshed's pydoc stub leaves out ``plaintext`` (the TextDoc without bold), which pydoc has had since 3.0.
+    page = pydoc.render_doc(importlib.import_module(name), renderer=pydoc.plaintext)  # type: ignore[attr-defined]
     kept: list[str] = []
     keep = False
     for line in page.splitlines()[1:]:  # the first line is a title with the module kind

@@ -72,7 +72,7 @@ def check_has_text(found: DataFiles, text_field: str, max_rows: int = PROBE_ROWS
     empty = check_not_empty(found)
     if empty:
         return empty
-    count, fields = 0, set()
+    count, fields = 0, set[str]()
     for row in rows(found):
         if count >= max_rows:
             return None  # undecided: the loader checks the rest

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import itertools
 import logging
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from fsdp_api.spec import DataSpec
 from transformers import PreTrainedTokenizerBase
@@ -25,6 +26,8 @@ log = logging.getLogger(__name__)
 
 # Documents tokenized per call: the fast tokenizer batches (and releases the GIL).
 TOKENIZE_CHUNK = 64
+
+_Item = TypeVar("_Item")
 
 
 class TrainData:
@@ -68,7 +71,8 @@ class TrainData:
     def next_batch(self) -> Batch:
         if isinstance(self.packer, DocumentPacker):
             return self._next_sequences(self.packer)
-        windows, ids = [], []
+        windows: list[list[int]] = []
+        ids: list[str] = []
         while len(windows) < self.micro_batch_size:
             start_epoch = self.docs.epoch
             while self.packer.buffered < self.packer.window:
@@ -87,7 +91,7 @@ class TrainData:
 
     def _next_sequences(self, packer: DocumentPacker) -> Batch:
         assert self.encoder is not None
-        sequences = []
+        sequences: list[tuple[list[int], list[int], list[int], str]] = []
         while len(sequences) < self.micro_batch_size:
             start_epoch, packed = self.docs.epoch, len(packer.pending)
             while not packer.ready():
@@ -159,12 +163,19 @@ def validation_batches(
     wanted = eval_steps * micro_batch_size * world_size
     if not data_format(spec.format).packs_documents:
         windows = _validation_windows(spec, tokenizer, seq_len, wanted)
-        items: list[Any] = windows
 
-        def stack(part: list[Any]) -> Batch:
+        def stack(part: list[tuple[list[int], str]]) -> Batch:
             return stack_windows([w for w, _ in part], [s for _, s in part])
-    else:
-        items, stack = _validation_sequences(spec, tokenizer, seq_len, wanted), stack_sequences
+
+        return _deal(windows, stack, rank=rank, world_size=world_size, micro_batch_size=micro_batch_size)
+    sequences = _validation_sequences(spec, tokenizer, seq_len, wanted)
+    return _deal(sequences, stack_sequences, rank=rank, world_size=world_size, micro_batch_size=micro_batch_size)
+
+
+def _deal(
+    items: list[_Item], stack: Callable[[list[_Item]], Batch], *, rank: int, world_size: int, micro_batch_size: int
+) -> list[Batch]:
+    """This rank's batches of ``items``, dealt round-robin; every rank gets the same number."""
     per_rank = len(items) // world_size
     mine = items[rank::world_size][:per_rank]
     size = min(micro_batch_size, per_rank)

@@ -183,7 +183,7 @@ class StreamDocuments:
         raise ValueError(f"rank {self.rank} has no documents in the streamed dataset")
 
     def next_chunk(self, n: int) -> list[tuple[str, Any]]:
-        out = []
+        out: list[tuple[str, Any]] = []
         while len(out) < n:
             doc = pick(self._next_doc(), self.fields)
             if self.holdout and is_holdout_text(holdout_key(doc)):

@@ -88,7 +88,7 @@ def _accumulate(total: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
 
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, bias, labels, transform, chunk_tokens):  # type: ignore[override]
+    def forward(ctx, hidden, weight, bias, labels, transform, chunk_tokens):
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         want_grad = need_h or need_w or need_b
         grad_h = torch.empty_like(hidden) if need_h else None
@@ -120,7 +120,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         return total
 
     @staticmethod
-    def backward(ctx, grad_out):  # type: ignore[override]
+    def backward(ctx, grad_out):
         grad_h, grad_w, grad_b = ctx.saved_tensors
         w_dtype, b_dtype = ctx.param_dtypes
         # Scaled in place: these buffers belong to this call alone, so no copy is needed.

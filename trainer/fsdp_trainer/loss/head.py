@@ -30,6 +30,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from fsdp_api.loss_chunks import loss_chunk_tokens
 from torch import nn
+from transformers import PreTrainedModel
 
 from ..data.packing import IGNORE_INDEX
 from .chunked import LogitTransform, linear_cross_entropy_sum
@@ -95,7 +96,8 @@ class ChunkedHead:
             # runs on an empty tensor; the loss was computed here.
             return hidden.new_empty((*hidden.shape[:-1], 0))
 
-        self.head.forward = forward  # type: ignore[method-assign]
+        # One instance's forward replaced, which is the point (parameters and FSDP's grouping stay as they are).
+        self.head.forward = forward  # type: ignore[method-assign,assignment]
 
     def _loss(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         weight, bias = self.head.weight, self.head.bias
@@ -127,7 +129,9 @@ class ChunkedHead:
         return losses[0]
 
 
-def _probe_mismatch(model: nn.Module, head: nn.Module, transform: LogitTransform, device: torch.device) -> str | None:
+def _probe_mismatch(
+    model: PreTrainedModel, head: nn.Module, transform: LogitTransform, device: torch.device
+) -> str | None:
     """Why the model's logits are not ``transform(head(hidden))`` on a probe input (None: they are)."""
     vocab = model.config.get_text_config().vocab_size
     inputs = (torch.arange(PROBE_TOKENS, device=device).view(1, -1) * 7919 + 3) % vocab
@@ -167,20 +171,21 @@ def _agreed(reason: str | None, device: torch.device) -> str | None:
     return reason or "another rank found the model's logits differ from its head's output"
 
 
-def output_loss(model: nn.Module, requested: str, device: torch.device) -> OutputLoss:
+def output_loss(model: PreTrainedModel, requested: str, device: torch.device) -> OutputLoss:
     """The loss computation for this run; collective under torch.distributed (every rank calls it)."""
     if requested == "full":
         return FullLogits(reason="training.logits: full")
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if type(head) is not nn.Linear:
-        why = "the model has no output head" if head is None else f"its output head is a {type(head).__name__}"
-        reason = _agreed(f"{why}, not a plain Linear", device)
-    else:
+    # A plain Linear only: a subclass may compute more than weight x hidden + bias.
+    if isinstance(head, nn.Linear) and type(head) is nn.Linear:
         transform = logit_transform(model.config)
         reason = _agreed(_probe_mismatch(model, head, transform, device), device)
-    if reason is not None:
-        log.warning("training.logits: chunked is not possible for this model (%s); training on full logits", reason)
-        return FullLogits(reason=reason)
-    chunked = ChunkedHead(head, transform, loss_chunk_tokens(model.config.get_text_config().vocab_size))
-    chunked.install()
-    return chunked
+        if reason is None:
+            chunked = ChunkedHead(head, transform, loss_chunk_tokens(model.config.get_text_config().vocab_size))
+            chunked.install()
+            return chunked
+    else:
+        why = "the model has no output head" if head is None else f"its output head is a {type(head).__name__}"
+        reason = _agreed(f"{why}, not a plain Linear", device)
+    log.warning("training.logits: chunked is not possible for this model (%s); training on full logits", reason)
+    return FullLogits(reason=reason or "")

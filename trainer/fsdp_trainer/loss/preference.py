@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -127,8 +128,18 @@ class Simpo:
         return rewards, rewards[:, 0] - rewards[:, 1] - spec.gamma
 
 
+class PreferenceObjective(Protocol):
+    """An objective's rewards of a micro-batch's answers and each pair's margin."""
+
+    needs_reference: bool
+
+    def rewards(
+        self, spec: PreferenceSpec, policy: torch.Tensor, reference: torch.Tensor | None, tokens: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
 # training.objective -> its rewards; the loss of a pair is -log sigmoid(margin) for every one of them.
-OBJECTIVES = {"dpo": Dpo(), "simpo": Simpo()}
+OBJECTIVES: dict[str, PreferenceObjective] = {"dpo": Dpo(), "simpo": Simpo()}
 
 
 @dataclass

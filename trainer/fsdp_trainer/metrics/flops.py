@@ -44,6 +44,7 @@ from typing import Any
 from fsdp_api.contract import ENV_PEAK_TFLOPS
 from fsdp_api.precision import compute_dtype
 from torch import nn
+from transformers import PreTrainedModel
 
 PEAK_OVERRIDE_ENV = ENV_PEAK_TFLOPS
 # Config keys that give the number of experts, as transformers' MoE configs spell it.
@@ -74,7 +75,7 @@ def _expert_fraction(config: Any) -> float:
     return active / experts if experts and active else 1.0
 
 
-def shape_of(model: nn.Module) -> FlopsShape:
+def shape_of(model: PreTrainedModel) -> FlopsShape:
     """The FLOPs shape of a transformers causal LM (works on the meta device)."""
     config = model.config.get_text_config()
     lookups = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, TextIO
 
 import torch
 from fsdp_api import contract
-from fsdp_api.contract import ENV_METRICS_ADDR, ENV_METRICS_LINGER_SECONDS
+from fsdp_api.contract import ENV_METRICS_ADDR, ENV_METRICS_LINGER_SECONDS, Metric
 
 from ..tracking import Tracking, open_tracking
 from .flops import FlopsShape, float8_peak_tflops, mfu, peak_tflops
@@ -430,7 +430,7 @@ class MetricsProcessor:
             print(text, file=self.stream, flush=True)
 
 
-def _preference_points(stats: StepStats) -> dict[str, float]:
+def _preference_points(stats: StepStats) -> dict[Metric, float]:
     pref = stats.preference
     if pref is None:
         return {}

@@ -23,14 +23,14 @@ import shutil
 import sys
 import tempfile
 import threading
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Iterable, Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 from wsgiref.simple_server import WSGIServer
 
 from fsdp_api import contract
 from fsdp_api.contract import Metric
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server, values
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, metrics_core, start_http_server, values
 from prometheus_client.multiprocess import MultiProcessCollector
 
 log = logging.getLogger(__name__)
@@ -174,7 +174,7 @@ class _OrderedCollector(MultiProcessCollector):
         super().__init__(registry, path=str(path))
         self._files_dir = path
 
-    def collect(self):  # type: ignore[no-untyped-def]  # the base class is untyped
+    def collect(self) -> Iterable[metrics_core.Metric]:
         return self.merge(scrape_order(ready_files(list(self._files_dir.glob("*.db")))), accumulate=True)
 
 
@@ -225,6 +225,25 @@ def _create(metric: Metric) -> Gauge | Counter | Histogram:
     return Gauge(metric.name, metric.help, labels, registry=None, multiprocess_mode="livemostrecent")
 
 
+# Typed views of ``_create`` for TrainerMetrics: the contract says which kind each metric is.
+def _gauge(metric: Metric) -> Gauge:
+    series = _create(metric)
+    assert isinstance(series, Gauge), f"{metric.name} is a {metric.type}"
+    return series
+
+
+def _counter(metric: Metric) -> Counter:
+    series = _create(metric)
+    assert isinstance(series, Counter), f"{metric.name} is a {metric.type}"
+    return series
+
+
+def _histogram(metric: Metric) -> Histogram:
+    series = _create(metric)
+    assert isinstance(series, Histogram), f"{metric.name} is a {metric.type}"
+    return series
+
+
 class TrainerMetrics:
     """The metric objects of the shared contract (fsdp_api.contract; docs/metrics.md).
 
@@ -234,54 +253,54 @@ class TrainerMetrics:
 
     def __init__(self) -> None:
         c = contract
-        self.info = _create(c.TRAINER_INFO)
-        self.step = _create(c.STEP)
-        self.max_steps = _create(c.MAX_STEPS)
-        self.loss = _create(c.LOSS)
-        self.learning_rate = _create(c.LEARNING_RATE)
-        self.grad_norm = _create(c.GRAD_NORM)
-        self.tokens = _create(c.TOKENS)
-        self.trained_tokens = _create(c.TRAINED_TOKENS)
-        self.tokens_per_second = _create(c.TOKENS_PER_SECOND)
-        self.global_tokens_per_second = _create(c.GLOBAL_TOKENS_PER_SECOND)
-        self.tflops = _create(c.TFLOPS)
-        self.mfu = _create(c.MFU)
-        self.mfu_float8 = _create(c.MFU_FLOAT8)
-        self.peak_tflops = _create(c.PEAK_TFLOPS)
-        self.step_duration = _create(c.STEP_DURATION)
-        self.data_wait = _create(c.DATA_WAIT)
-        self.rank_wait = _create(c.RANK_WAIT)
-        self.rank_lateness = _create(c.RANK_LATENESS)
-        self.peer_wait_started = _create(c.PEER_WAIT_STARTED)
-        self.memory_peak = _create(c.MEMORY_PEAK)
-        self.memory_reserved = _create(c.MEMORY_RESERVED)
-        self.reward_chosen = _create(c.REWARD_CHOSEN)
-        self.reward_rejected = _create(c.REWARD_REJECTED)
-        self.reward_margin = _create(c.REWARD_MARGIN)
-        self.preference_accuracy = _create(c.PREFERENCE_ACCURACY)
-        self.eval_loss = _create(c.EVAL_LOSS)
-        self.eval_perplexity = _create(c.EVAL_PERPLEXITY)
-        self.checkpoint_save = _create(c.CHECKPOINT_SAVE_DURATION)
-        self.checkpoint_load = _create(c.CHECKPOINT_LOAD_DURATION)
-        self.checkpoint_skipped = _create(c.CHECKPOINT_SKIPPED)
-        self.checkpoint_last_step = _create(c.CHECKPOINT_LAST_STEP)
-        self.checkpoint_last_save = _create(c.CHECKPOINT_LAST_SAVE)
-        self.checkpoint_size = _create(c.CHECKPOINT_SIZE)
-        self.checkpoint_remote_step = _create(c.CHECKPOINT_REMOTE_LAST_STEP)
-        self.checkpoint_remote_lag = _create(c.CHECKPOINT_REMOTE_LAG)
-        self.checkpoint_upload_failures = _create(c.CHECKPOINT_UPLOAD_FAILURES)
-        self.checkpoint_uploaded_bytes = _create(c.CHECKPOINT_UPLOADED_BYTES)
-        self.parameters = _create(c.MODEL_PARAMETERS)
-        self.trainable_parameters = _create(c.MODEL_TRAINABLE_PARAMETERS)
-        self.last_step_timestamp = _create(c.LAST_STEP_TIMESTAMP)
-        self.restart_count = _create(c.RESTART_COUNT)
-        self.compiled = _create(c.COMPILED)
-        self.float8_linears = _create(c.FLOAT8_LINEARS)
-        self.float8_kept_linears = _create(c.FLOAT8_KEPT_LINEARS)
-        self.tracker_points_dropped = _create(c.TRACKER_POINTS_DROPPED)
-        self.tracker_run = _create(c.TRACKER_RUN)
-        self.gpu_utilization = _create(c.GPU_UTILIZATION)
-        self.gpu_memory_used = _create(c.GPU_MEMORY_USED)
-        self.gpu_memory_total = _create(c.GPU_MEMORY_TOTAL)
-        self.gpu_power = _create(c.GPU_POWER)
-        self.gpu_temperature = _create(c.GPU_TEMPERATURE)
+        self.info = _gauge(c.TRAINER_INFO)
+        self.step = _gauge(c.STEP)
+        self.max_steps = _gauge(c.MAX_STEPS)
+        self.loss = _gauge(c.LOSS)
+        self.learning_rate = _gauge(c.LEARNING_RATE)
+        self.grad_norm = _gauge(c.GRAD_NORM)
+        self.tokens = _counter(c.TOKENS)
+        self.trained_tokens = _counter(c.TRAINED_TOKENS)
+        self.tokens_per_second = _gauge(c.TOKENS_PER_SECOND)
+        self.global_tokens_per_second = _gauge(c.GLOBAL_TOKENS_PER_SECOND)
+        self.tflops = _gauge(c.TFLOPS)
+        self.mfu = _gauge(c.MFU)
+        self.mfu_float8 = _gauge(c.MFU_FLOAT8)
+        self.peak_tflops = _gauge(c.PEAK_TFLOPS)
+        self.step_duration = _histogram(c.STEP_DURATION)
+        self.data_wait = _counter(c.DATA_WAIT)
+        self.rank_wait = _counter(c.RANK_WAIT)
+        self.rank_lateness = _counter(c.RANK_LATENESS)
+        self.peer_wait_started = _gauge(c.PEER_WAIT_STARTED)
+        self.memory_peak = _gauge(c.MEMORY_PEAK)
+        self.memory_reserved = _gauge(c.MEMORY_RESERVED)
+        self.reward_chosen = _gauge(c.REWARD_CHOSEN)
+        self.reward_rejected = _gauge(c.REWARD_REJECTED)
+        self.reward_margin = _gauge(c.REWARD_MARGIN)
+        self.preference_accuracy = _gauge(c.PREFERENCE_ACCURACY)
+        self.eval_loss = _gauge(c.EVAL_LOSS)
+        self.eval_perplexity = _gauge(c.EVAL_PERPLEXITY)
+        self.checkpoint_save = _histogram(c.CHECKPOINT_SAVE_DURATION)
+        self.checkpoint_load = _gauge(c.CHECKPOINT_LOAD_DURATION)
+        self.checkpoint_skipped = _counter(c.CHECKPOINT_SKIPPED)
+        self.checkpoint_last_step = _gauge(c.CHECKPOINT_LAST_STEP)
+        self.checkpoint_last_save = _gauge(c.CHECKPOINT_LAST_SAVE)
+        self.checkpoint_size = _gauge(c.CHECKPOINT_SIZE)
+        self.checkpoint_remote_step = _gauge(c.CHECKPOINT_REMOTE_LAST_STEP)
+        self.checkpoint_remote_lag = _gauge(c.CHECKPOINT_REMOTE_LAG)
+        self.checkpoint_upload_failures = _counter(c.CHECKPOINT_UPLOAD_FAILURES)
+        self.checkpoint_uploaded_bytes = _counter(c.CHECKPOINT_UPLOADED_BYTES)
+        self.parameters = _gauge(c.MODEL_PARAMETERS)
+        self.trainable_parameters = _gauge(c.MODEL_TRAINABLE_PARAMETERS)
+        self.last_step_timestamp = _gauge(c.LAST_STEP_TIMESTAMP)
+        self.restart_count = _gauge(c.RESTART_COUNT)
+        self.compiled = _gauge(c.COMPILED)
+        self.float8_linears = _gauge(c.FLOAT8_LINEARS)
+        self.float8_kept_linears = _gauge(c.FLOAT8_KEPT_LINEARS)
+        self.tracker_points_dropped = _counter(c.TRACKER_POINTS_DROPPED)
+        self.tracker_run = _gauge(c.TRACKER_RUN)
+        self.gpu_utilization = _gauge(c.GPU_UTILIZATION)
+        self.gpu_memory_used = _gauge(c.GPU_MEMORY_USED)
+        self.gpu_memory_total = _gauge(c.GPU_MEMORY_TOTAL)
+        self.gpu_power = _gauge(c.GPU_POWER)
+        self.gpu_temperature = _gauge(c.GPU_TEMPERATURE)

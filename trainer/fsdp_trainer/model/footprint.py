@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from transformers import PreTrainedModel
 
 from ..parallel.parallelize import compute_context, reshard
 from .param_names import unique_parameters
@@ -42,7 +43,7 @@ def frozen_digest(model: nn.Module) -> str | None:
 
 
 @torch.no_grad()
-def write_probe(model: nn.Module, precision: str, device: torch.device, directory: Path, is_main: bool) -> None:
+def write_probe(model: PreTrainedModel, precision: str, device: torch.device, directory: Path, is_main: bool) -> None:
     """Logits of a fixed input (rank 0 saves them as ``probe.pt``): export must reproduce them (collective)."""
     vocab = model.config.get_text_config().vocab_size  # multimodal configs keep it in the text part
     inputs = (torch.arange(2 * 16, device=device).view(2, 16) * 37 + 11) % vocab

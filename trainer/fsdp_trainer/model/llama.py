@@ -40,7 +40,10 @@ def llama_config(
 ) -> LlamaConfig:
     """The transformers config for a preset plus overrides."""
     dims = spec.dims()
-    return LlamaConfig(
+    assert spec.preset is not None and dims is not None, "a Llama config is made for model.preset only"
+    # attn_implementation: transformers' config dataclasses take the PreTrainedConfig keywords at runtime
+    # (their __post_init__ pops them), but the __init__ that type checkers see lists the fields only.
+    return LlamaConfig(  # type: ignore[call-arg]
         vocab_size=dims.vocab_size,
         hidden_size=dims.hidden_size,
         intermediate_size=dims.intermediate_size,

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from fsdp_api.spec import PeftSpec
@@ -39,6 +39,9 @@ from .architecture import decoder_units
 from .init import seed_for
 from .param_names import canonical, is_adapter
 from .shards import copy_full_into
+
+if TYPE_CHECKING:
+    from peft.tuners.lora import LoraLayer
 
 # PEFT's adapter name when none is given; it appears in parameter names.
 ADAPTER = "default"
@@ -113,7 +116,8 @@ def lora_config(spec: PeftSpec, targets: list[str], *, fan_in_fan_out: bool, bas
 
     return LoraConfig(
         r=spec.rank,
-        lora_alpha=spec.effective_alpha(),
+        # peft annotates lora_alpha an int, but scales by alpha / r: a fractional alpha is what the spec allows.
+        lora_alpha=spec.effective_alpha(),  # type: ignore[arg-type]
         lora_dropout=spec.dropout,
         target_modules=list(targets),
         fan_in_fan_out=fan_in_fan_out,
@@ -141,7 +145,7 @@ def apply_lora(model: nn.Module, spec: PeftSpec) -> list[str]:
     return targets
 
 
-def lora_layers(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
+def lora_layers(model: nn.Module) -> Iterator[tuple[str, LoraLayer]]:
     """(canonical name, PEFT LoRA layer) of every adapted module."""
     from peft.tuners.lora import LoraLayer
 
@@ -164,6 +168,7 @@ def init_adapters(model: nn.Module, seed: int, device: torch.device) -> None:
         for name, layer in lora_layers(model):
             a = layer.lora_A[ADAPTER].weight
             b = layer.lora_B[ADAPTER].weight
+            assert isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)  # the adapter's Linear weights
             torch.manual_seed(seed_for(seed, f"lora:{name}"))
             full_a = torch.empty(a.shape, device=device, dtype=torch.float32)
             nn.init.kaiming_uniform_(full_a, a=math.sqrt(5))

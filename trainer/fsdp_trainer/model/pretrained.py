@@ -29,7 +29,7 @@ import re
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -209,8 +209,8 @@ def _convert_on_rank0(model: PreTrainedModel, plan: LoadPlan, device: torch.devi
             if name in reference:
                 copy_full_into(target, reference.pop(name).to(dtype=torch.float32))
         return
-    reference: dict[str, torch.Tensor] = {}
-    errors: list[str] = []
+    reference = {}
+    errors = []
     if dist.get_rank() == 0:
         reference, errors = _load_with_transformers(plan.path)
     box: list[Any] = [errors]
@@ -240,8 +240,10 @@ def _load_with_transformers(path: Path) -> tuple[dict[str, torch.Tensor], list[s
 
     hf_logging.disable_progress_bar()
     try:
-        reference, info = AutoModelForCausalLM.from_pretrained(
-            path, dtype="auto", output_loading_info=True, trust_remote_code=False
+        # With output_loading_info, (the model, its loading report); transformers types the model alone.
+        reference, info = cast(
+            tuple[PreTrainedModel, dict[str, Any]],
+            AutoModelForCausalLM.from_pretrained(path, dtype="auto", output_loading_info=True, trust_remote_code=False),
         )
     except Exception as e:  # mismatched sizes and corrupt files raise; report, do not crash every rank
         return {}, [f"model.pretrained: transformers cannot load {path}: {e}"]

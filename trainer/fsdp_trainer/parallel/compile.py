@@ -83,6 +83,7 @@ def inductor_or_eager(report: CompileReport) -> Callable[..., Callable[..., obje
                 log.warning("training.compile: inductor failed (%s); the decoder layers run eager", reason)
             report.fallbacks.append(reason)
             return gm.forward
+        assert callable(compiled)  # compile_fx returns file names or weights only when compiling ahead of time
         report.compiled += 1
         return compiled
 

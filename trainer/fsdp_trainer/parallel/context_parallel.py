@@ -44,14 +44,14 @@ import inspect
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention.bias import causal_lower_right
-from transformers import AttentionInterface
+from transformers import AttentionInterface, PreTrainedModel
 
 from ..errors import ConfigError
 from .distributed import WorldInfo
@@ -65,6 +65,14 @@ IMPLEMENTATION = "fsdp_context_parallel"
 _ATTENTION_LAYERS = {"full_attention", "sliding_attention"}
 
 
+class _SdpaOptions(TypedDict):
+    """The keyword arguments every ``scaled_dot_product_attention`` call of a layer shares."""
+
+    dropout_p: float
+    scale: float | None
+    enable_gqa: bool
+
+
 def chunk_positions(seq_len: int, degree: int, index: int) -> torch.Tensor:
     """The global positions a context rank holds: chunks ``index`` and ``2·degree - 1 - index``."""
     size = seq_len // (2 * degree)
@@ -73,7 +81,7 @@ def chunk_positions(seq_len: int, degree: int, index: int) -> torch.Tensor:
     return torch.cat([first, torch.arange(last * size, (last + 1) * size)])
 
 
-def context_parallel_errors(model: nn.Module, degree: int, seq_len: int) -> list[str]:
+def context_parallel_errors(model: PreTrainedModel, degree: int, seq_len: int) -> list[str]:
     """Why ``model`` cannot split its rows over ``degree`` context ranks (one line each); empty when it can."""
     if degree == 1:
         return []
@@ -164,7 +172,7 @@ class Layout:
 class ContextParallel:
     """The model's attention for a context group; ``data.context_split`` cuts the batches."""
 
-    def __init__(self, model: nn.Module, group: dist.ProcessGroup, degree: int, index: int, seq_len: int) -> None:
+    def __init__(self, model: PreTrainedModel, group: dist.ProcessGroup, degree: int, index: int, seq_len: int) -> None:
         self.group, self.degree, self.index, self.seq_len = group, degree, index, seq_len
         self.positions = chunk_positions(seq_len, degree, index)
         # Slot i of the gathered row holds this global position: gathered[..., order] is the row in order.
@@ -215,11 +223,11 @@ class ContextParallel:
             raise RuntimeError(f"{type(module).__name__}: attention sinks and soft-capping are not supported")
         self.calls += 1
         window = kwargs.get("sliding_window")
-        sdpa = {
-            "dropout_p": dropout if module.training else 0.0,
-            "scale": scaling,
-            "enable_gqa": query.shape[1] != key.shape[1],
-        }
+        sdpa = _SdpaOptions(
+            dropout_p=dropout if module.training else 0.0,
+            scale=scaling,
+            enable_gqa=query.shape[1] != key.shape[1],
+        )
         layout = self.layout
         if layout is None:  # no batch of this rank's tokens: the tokens given are the whole sequence
             n = query.shape[2]
@@ -243,7 +251,7 @@ class ContextParallel:
         return self.order
 
     def _causal_chunks(
-        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, sdpa: dict[str, Any]
+        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, sdpa: _SdpaOptions
     ) -> torch.Tensor:
         """One token stream, no window: each local chunk attends causally to the keys up to its end.
 
@@ -264,7 +272,7 @@ class ContextParallel:
 
 
 def build_context_parallel(
-    model: nn.Module, world: WorldInfo, plan: ParallelPlan, seq_len: int, precision: str
+    model: PreTrainedModel, world: WorldInfo, plan: ParallelPlan, seq_len: int, precision: str
 ) -> ContextParallel | None:
     """With parallelism.context: this rank's part of every row, and the attention over whole rows (collective).
 

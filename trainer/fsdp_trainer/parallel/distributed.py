@@ -13,9 +13,12 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -83,7 +86,7 @@ def init_distributed(world: WorldInfo, timeout_minutes: int = 30) -> None:
     if world.device.type == "cuda":
         torch.cuda.set_device(world.device)
     timeout = timedelta(minutes=timeout_minutes)
-    kwargs = {"device_id": world.device} if world.device.type == "cuda" else {}
+    device_id = world.device if world.device.type == "cuda" else None
     if world.world_size == 1 and "MASTER_ADDR" not in os.environ:
         # No rendezvous to join: an in-process store needs no port.
         dist.init_process_group(world.backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
@@ -94,10 +97,12 @@ def init_distributed(world: WorldInfo, timeout_minutes: int = 30) -> None:
             rank=world.rank,
             world_size=world.world_size,
             timeout=timeout,
-            **kwargs,
+            device_id=device_id,
         )
     else:
-        dist.init_process_group(world.backend, rank=world.rank, world_size=world.world_size, timeout=timeout, **kwargs)
+        dist.init_process_group(
+            world.backend, rank=world.rank, world_size=world.world_size, timeout=timeout, device_id=device_id
+        )
 
 
 def _attempt_store(timeout: timedelta) -> dist.Store:
@@ -151,8 +156,8 @@ def true_on_every_rank(flags: list[bool], world: WorldInfo) -> list[bool]:
     return [v == 0 for v in box.tolist()]
 
 
-def broadcast_object(obj: object, src: int = 0) -> object:
-    """Rank ``src``'s value of ``obj`` on every rank."""
+def broadcast_object(obj: T, src: int = 0) -> T:
+    """Rank ``src``'s value of ``obj`` on every rank (every rank passes a value of the same type)."""
     box = [obj]
     dist.broadcast_object_list(box, src=src)
     return box[0]

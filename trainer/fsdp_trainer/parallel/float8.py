@@ -57,7 +57,8 @@ def _why_not(name: str, module: nn.Linear) -> str | None:
 
 def float8_plan(model: nn.Module) -> Float8Report:
     """Which Linear layers of the decoder blocks convert, and why the others do not."""
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    output_embeddings = getattr(model, "get_output_embeddings", None)
+    head = output_embeddings() if output_embeddings is not None else None
     report = Float8Report()
     in_blocks = {id(m) for unit in decoder_units(model) for m in unit.module.modules()}
     for name, module in model.named_modules():

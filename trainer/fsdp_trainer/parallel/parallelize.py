@@ -73,14 +73,17 @@ def mixed_precision(precision: str) -> MixedPrecisionPolicy:
 
 
 def apply_fsdp(model: PreTrainedModel, mesh: DeviceMesh, plan: ParallelPlan, precision: str) -> None:
-    kwargs = {
-        "mesh": mesh,
-        "mp_policy": mixed_precision(precision),
-        "offload_policy": CPUOffloadPolicy() if plan.fsdp.cpu_offload else OffloadPolicy(),
-    }
+    mp_policy = mixed_precision(precision)
+    offload_policy = CPUOffloadPolicy() if plan.fsdp.cpu_offload else OffloadPolicy()
     for layer in decoder_layers(model):
-        fully_shard(layer, reshard_after_forward=plan.reshard_after_forward, **kwargs)
-    fully_shard(model, reshard_after_forward=False, **kwargs)
+        fully_shard(
+            layer,
+            mesh=mesh,
+            reshard_after_forward=plan.reshard_after_forward,
+            mp_policy=mp_policy,
+            offload_policy=offload_policy,
+        )
+    fully_shard(model, mesh=mesh, reshard_after_forward=False, mp_policy=mp_policy, offload_policy=offload_policy)
 
 
 def apply_prefetch(model: PreTrainedModel, depth: int) -> None:
@@ -88,7 +91,10 @@ def apply_prefetch(model: PreTrainedModel, depth: int) -> None:
     and the previous ``depth`` in backward, instead of FSDP's implicit one-ahead."""
     if depth <= 0:
         return
-    layers = list(decoder_layers(model))
+    layers: list[FSDPModule] = []
+    for module in decoder_layers(model):
+        assert isinstance(module, FSDPModule)  # apply_fsdp sharded every decoder layer
+        layers.append(module)
     for i, layer in enumerate(layers):
         forward = layers[i + 1 : i + 1 + depth]
         backward = layers[max(0, i - depth) : i][::-1]
@@ -138,7 +144,7 @@ def reshard(model: nn.Module) -> None:
     """Free parameters a no-grad forward left gathered (the root, shard_grad_op layers)."""
     if is_fsdp(model):
         for module in model.modules():
-            if is_fsdp(module):
+            if isinstance(module, FSDPModule):
                 module.reshard()
 
 

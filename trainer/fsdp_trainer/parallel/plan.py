@@ -51,6 +51,7 @@ def context_group(world: WorldInfo, plan: ParallelPlan) -> tuple[dist.ProcessGro
             ranks = [d * cp * tp + c * tp + t for c in range(cp)]
             group = dist.new_group(ranks)
             if world.rank in ranks:
+                assert isinstance(group, dist.ProcessGroup)  # a member gets the group, the others NON_GROUP_MEMBER
                 mine = group
     assert mine is not None
     return mine, (world.rank // tp) % cp

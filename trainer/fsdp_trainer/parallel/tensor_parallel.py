@@ -33,6 +33,7 @@ import transformers
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel, parallelize_module
+from transformers import PreTrainedModel
 
 from ..model.layer_values import layer_values
 
@@ -57,7 +58,7 @@ def _split_sizes(config: object) -> list[tuple[str, int]]:
     return [(k, v) for k, values in sizes.items() for v in dict.fromkeys(values) if isinstance(v, int)]
 
 
-def tensor_parallel_errors(model: nn.Module, degree: int) -> list[str]:
+def tensor_parallel_errors(model: PreTrainedModel, degree: int) -> list[str]:
     """Why ``model`` cannot be split over ``degree`` tensor-parallel ranks (one line each); empty when it can."""
     if degree == 1:
         return []
@@ -83,7 +84,7 @@ def tensor_parallel_errors(model: nn.Module, degree: int) -> list[str]:
     ]
 
 
-def apply_tensor_parallel(model: nn.Module, mesh: DeviceMesh) -> int:
+def apply_tensor_parallel(model: PreTrainedModel, mesh: DeviceMesh) -> int:
     """Split the base model's projections over ``mesh`` (the tensor-parallel dimension); returns how many."""
     base = model.base_model
     styles = {pattern: STYLES[style]() for pattern, style in tp_plan(model).items()}

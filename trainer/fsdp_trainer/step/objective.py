@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
-from torch import nn
+from transformers import PreTrainedModel
 
 from ..build import Prepared, build_reference
 from ..data.packing import Batch
@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 class StepObjective:
     def __init__(
         self,
-        model: nn.Module,
+        model: PreTrainedModel,
         token_loss: OutputLoss,
         preference: PreferenceLoss | None,
         *,
@@ -96,7 +96,7 @@ class StepObjective:
         return (count.clamp(min=1) / self.world_size).float(), trained * self.reduce_size / self.world_size
 
 
-def probe_token_loss(model: nn.Module, logits: str, precision: str, device: torch.device) -> OutputLoss:
+def probe_token_loss(model: PreTrainedModel, logits: str, precision: str, device: torch.device) -> OutputLoss:
     """How the loss is computed (``training.logits``), decided on a probe forward (collective)."""
     if logits == "full":
         return FullLogits(reason="training.logits: full")
@@ -110,7 +110,7 @@ def probe_token_loss(model: nn.Module, logits: str, precision: str, device: torc
     return loss
 
 
-def preference_loss(p: Prepared, model: nn.Module, reference_meta: nn.Module | None) -> PreferenceLoss:
+def preference_loss(p: Prepared, model: PreTrainedModel, reference_meta: PreTrainedModel | None) -> PreferenceLoss:
     """The preference objective, with its reference: the base with LoRA's adapters off, or a frozen copy."""
     training = p.cfg.training
     reference = None
@@ -126,7 +126,7 @@ def preference_loss(p: Prepared, model: nn.Module, reference_meta: nn.Module | N
 
 
 def build_objective(
-    p: Prepared, model: nn.Module, reference_meta: nn.Module | None, *, counts_rows: bool
+    p: Prepared, model: PreTrainedModel, reference_meta: PreTrainedModel | None, *, counts_rows: bool
 ) -> StepObjective:
     """The training's objective on ``model`` (collective: the loss probe, and the dpo reference's build)."""
     training = p.cfg.training

@@ -9,6 +9,8 @@ imports boto3 or names S3.
 
 from __future__ import annotations
 
+from typing import TypeGuard
+
 from fsdp_api.object_keys import STORE_SCHEMES
 
 from .base import ObjectInfo, ObjectStore, StoreError
@@ -24,7 +26,7 @@ def scheme_of(ref: str | None) -> str | None:
     return head if sep else None
 
 
-def is_remote(ref: str | None) -> bool:
+def is_remote(ref: str | None) -> TypeGuard[str]:
     """Whether ``ref`` names a location in one of the stores (rather than a path or a hub id)."""
     return scheme_of(ref) in STORES
 

@@ -12,6 +12,7 @@ torchtitan's checkpointer keeps its storage behind a protocol the same way
 
 from __future__ import annotations
 
+import builtins
 import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -76,7 +77,7 @@ class ObjectStore(ABC):
         """Every object whose key starts with ``prefix``, at any depth (the first ``limit`` of them)."""
 
     @abstractmethod
-    def list_dirs(self, prefix: str) -> list[str]:
+    def list_dirs(self, prefix: str) -> builtins.list[str]:
         """The names one level below ``prefix`` (a ``dir_key``) that hold objects."""
 
     @abstractmethod
@@ -99,10 +100,10 @@ class ObjectStore(ABC):
         """Store the file ``path`` as ``key``."""
 
     @abstractmethod
-    def delete(self, keys: list[str]) -> None:
+    def delete(self, keys: builtins.list[str]) -> None:
         """Delete the objects ``keys`` (a missing one is no error)."""
 
-    def probe(self) -> tuple[list[str], list[str]]:
+    def probe(self) -> tuple[builtins.list[str], builtins.list[str]]:
         """What ``fsdp-train check`` asks of a store: list it, write and delete an object; (errors, warnings).
 
         A wrong bucket, address or credentials stay wrong: an error. A store that

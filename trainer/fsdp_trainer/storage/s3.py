@@ -11,6 +11,7 @@ the stores that need an endpoint rarely serve virtual-hosted bucket names.
 
 from __future__ import annotations
 
+import builtins
 import logging
 import os
 import threading
@@ -126,7 +127,7 @@ class S3Store(ObjectStore):
 
         return self._call(self.where(prefix.rstrip("/")), "ListObjectsV2", page_through)
 
-    def list_dirs(self, prefix: str) -> list[str]:
+    def list_dirs(self, prefix: str) -> builtins.list[str]:
         def page_through(s3: Any) -> list[str]:
             pages = s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix, Delimiter="/")
             return [c["Prefix"][len(prefix) :].rstrip("/") for page in pages for c in page.get("CommonPrefixes", [])]
@@ -161,11 +162,11 @@ class S3Store(ObjectStore):
     def upload(self, path: Path, key: str) -> None:
         self._call(self.where(key), "PutObject", lambda s3: s3.upload_file(str(path), self.bucket, key))
 
-    def delete(self, keys: list[str]) -> None:
+    def delete(self, keys: builtins.list[str]) -> None:
         for i in range(0, len(keys), _DELETE_BATCH):
             self._delete_batch(keys[i : i + _DELETE_BATCH])
 
-    def _delete_batch(self, batch: list[str]) -> None:
+    def _delete_batch(self, batch: builtins.list[str]) -> None:
         if len(batch) == 1:
             (key,) = batch
             self._call(self.where(key), "DeleteObject", lambda s3: s3.delete_object(Bucket=self.bucket, Key=key))

@@ -28,11 +28,23 @@ AMBIENT: dict[str, Callable[[TrainerConfig, Mapping[str, str]], Tracker | None]]
     TrainJobStatusReporter.name: TrainJobStatusReporter.from_env,
 }
 
+
+# tracker_problems asks a tracker's check only when the config names that tracker.
+def _mlflow_preflight(cfg: TrainerConfig, env: Mapping[str, str]) -> tuple[list[str], list[str]]:
+    assert cfg.tracking.mlflow is not None
+    return mlflow_preflight(cfg.tracking.mlflow, env)
+
+
+def _wandb_preflight(cfg: TrainerConfig, env: Mapping[str, str]) -> tuple[list[str], list[str]]:
+    assert cfg.tracking.wandb is not None
+    return wandb_preflight(cfg.tracking.wandb, env)
+
+
 # spec.tracking's field name → the pod's check of that tracker: (errors, warnings).
 # A tracker that writes files only (TensorBoard) has nothing to ask before the launch.
 PREFLIGHTS: dict[str, Callable[[TrainerConfig, Mapping[str, str]], tuple[list[str], list[str]]]] = {
-    "mlflow": lambda cfg, env: mlflow_preflight(cfg.tracking.mlflow, env),  # type: ignore[arg-type]
-    "wandb": lambda cfg, env: wandb_preflight(cfg.tracking.wandb, env),  # type: ignore[arg-type]
+    "mlflow": _mlflow_preflight,
+    "wandb": _wandb_preflight,
 }
 
 

@@ -129,7 +129,7 @@ class WandbTracker:
         run_id = kept or new_run_id()
         if not kept:
             self._keep(run_id)  # before the run exists: a crash during init still resumes this id
-        server = {"base_url": self.spec.base_url} if self.spec.base_url else {}
+        server: dict[str, Any] = {"base_url": self.spec.base_url} if self.spec.base_url else {}
         # console off: rank 0's output stays the pod's log, not a copy W&B wraps and uploads.
         settings = wandb.Settings(console="off", silent=True, **server)
         self._run = wandb.init(

@@ -66,7 +66,8 @@ class LogReader:
             if kind in (FIRST, MIDDLE):
                 self._pending = body if kind == FIRST else self._pending + body
                 continue
-            record = pb.Record()
+            # wandb's protobuf modules build their classes at import (no stubs): mypy sees no Record.
+            record = pb.Record()  # type: ignore[attr-defined]
             record.ParseFromString(self._pending + body if kind == LAST else body)
             self._pending = b""
             found.append(record)

@@ -151,7 +151,7 @@ class RowFormat(DataFormat):
         empty = files.check_not_empty(found)
         if empty:
             return empty
-        count, seen = 0, set()
+        count, seen = 0, set[str]()
         for row in files.rows(found):
             if count >= max_rows:
                 return None

@@ -130,13 +130,16 @@ class ChatEncoder:
         out = self.tokenizer.apply_chat_template(
             conversations, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
         )
+        assert isinstance(out, Mapping)  # return_dict=True: a BatchEncoding
         return [
             Document(list(ids), [bool(m) for m in mask])
             for ids, mask in zip(out["input_ids"], out["assistant_masks"], strict=True)
         ]
 
     def _render(self, messages: list[dict[str, Any]], *, prompt: bool = False) -> str:
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=prompt)
+        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=prompt)
+        assert isinstance(text, str)  # not tokenized: one conversation renders as one text
+        return text
 
     def _pieces(self, key: str, messages: list[dict[str, Any]]) -> list[tuple[str, bool]]:
         """The rendered conversation cut into (text, trained) pieces."""

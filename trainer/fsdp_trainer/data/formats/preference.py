@@ -77,7 +77,7 @@ def read_pair(row: Any, fields: tuple[str, str, str]) -> tuple[Pair | None, str 
     if not isinstance(row, Mapping):
         return None, f"is not a mapping of fields: {snippet(row)}"
     names = dict(zip(("prompt", "chosen", "rejected"), fields, strict=True))
-    values = {key: row.get(name) for key, name in names.items()}
+    values: dict[str, Any] = {key: row.get(name) for key, name in names.items()}  # the row's values, as read
     if values["prompt"] is None:
         problem = _implicit_prompt_problem(values["chosen"], values["rejected"])
         if problem:
@@ -213,7 +213,9 @@ class PreferenceEncoder:
         return Document(bos + tokens + [tok.eos_token_id], [False] * len(bos) + trained + [True])
 
     def _render(self, messages: list[dict[str, Any]], *, prompt: bool = False) -> str:
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=prompt)
+        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=prompt)
+        assert isinstance(text, str)  # not tokenized: one conversation renders as one text
+        return text
 
     def _chat(self, key: str, prompt: list[Any], answer: Any) -> _Pieces:
         if not self.tokenizer.chat_template:
