@@ -8,7 +8,8 @@ share. docs/e2e.md describes what is emulated and how.
 
 from .agent import GPU_TAINT, NodeAgent, NodeSpec, karpenter_node
 from .network import POD_IP_ENV, SITECUSTOMIZE, PodNetwork
-from .pods import NotReady, PodContext, PodWorker, expand, rewrite_paths
+from .pod_sources import NotReady
+from .pods import PodContext, PodWorker, expand, rewrite_paths
 from .runs import CONTAINER_MARKER, ContainerRun, container_pids
 
 __all__ = [

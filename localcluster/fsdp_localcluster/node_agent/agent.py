@@ -74,7 +74,8 @@ from . import bind_shim
 from .client import ApiError, KubeAPI, Obj, now, now_micro
 from .containers import ServiceProxy, write_runtime
 from .network import NSLOOKUP, SITECUSTOMIZE, PodNetwork
-from .pods import PodContext, PodWorker, claim_path
+from .pod_sources import claim_path
+from .pods import PodContext, PodWorker
 from .runs import container_pids
 
 log = logging.getLogger("node-agent")

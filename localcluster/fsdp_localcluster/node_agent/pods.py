@@ -1,7 +1,9 @@
 """One pod of the node agent: volumes, environment, processes, restarts, status, deletion.
 
 ``PodWorker`` plays the kubelet's part for one pod (one thread per pod);
-``ContainerRun`` (runs.py) is one container's process and history; ``PodContext`` is
+``ContainerRun`` (runs.py) is one container's process and history; ``PodSources``
+(pod_sources.py) answers what the pod reads from the API server and its own object
+(fields, keys, projected volumes, tokens); ``PodContext`` is
 all a worker gets from its agent (the agent depends on this module, never
 the reverse). The helpers below are the translation rules between a
 container's view (mount paths, ``$(VAR)``, Service names, images) and this
@@ -14,7 +16,6 @@ import base64
 import contextlib
 import copy
 import fnmatch
-import json
 import logging
 import os
 import re
@@ -30,17 +31,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from fsdp_api.pod_resources import parse_quantity
-
 from .client import ApiError, KubeAPI, Obj, now
 from .containers import SITE_MOUNT, ContainerLaunch, remove_argv, runs_in_image
 from .network import POD_IP_ENV, PodNetwork
+from .pod_sources import CONFIG_ERROR, SERVICE_ACCOUNT_DIR, NotReady, PodSources, automount, claim_path
 from .runs import CONTAINER_MARKER, ContainerRun
 
 log = logging.getLogger("node-agent")
 
 VENV_BIN = Path(sys.executable).parent
-SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 # How long a container start may wait for the Services its command names. A
 # real process retries the lookup for as long as its own timeout allows (the
 # rendered torchrun: its rendezvous join_timeout, 1800 s); here names are
@@ -86,36 +85,6 @@ def resolve_executable(name: str, path: str) -> str:
     if "/" in name:
         return name
     return shutil.which(name, path=path) or name
-
-
-# The kubelet's waiting reason for a container whose env or mounts reference a
-# missing Secret/ConfigMap (key): retried, and shown until the object appears.
-CONFIG_ERROR = "CreateContainerConfigError"
-
-
-class NotReady(Exception):
-    """A pod or container cannot start yet (missing ConfigMap, unbound claim...); retried."""
-
-    def __init__(self, message: str, reason: str = "ContainerCreating") -> None:
-        super().__init__(message)
-        self.reason = reason
-
-
-def claim_path(api: KubeAPI, namespace: str, claim: str) -> Path:
-    """The local folder behind a PersistentVolumeClaim (raises NotReady while unbound)."""
-    pvc = api.get_or_none(f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/{claim}")
-    if pvc is None:
-        raise NotReady(f'persistentvolumeclaim "{claim}" not found')
-    volume = (pvc.get("spec") or {}).get("volumeName")
-    if not volume or (pvc.get("status") or {}).get("phase") != "Bound":
-        raise NotReady(f'persistentvolumeclaim "{claim}" is not bound')
-    pv = api.get(f"/api/v1/persistentvolumes/{volume}")
-    source = pv["spec"].get("hostPath") or pv["spec"].get("local")
-    if source is None:
-        raise NotReady(f"persistentvolume {volume}: only hostPath and local volumes can be mounted here")
-    path = Path(source["path"])
-    path.mkdir(parents=True, exist_ok=True)
-    return path
 
 
 @dataclass(frozen=True)
@@ -343,15 +312,15 @@ class PodWorker(threading.Thread):
                     path.mkdir(parents=True, exist_ok=True)
             elif "configMap" in v or "secret" in v or "projected" in v or "downwardAPI" in v:
                 path.mkdir(parents=True, exist_ok=True)
-                projected_files += self._project(v, path)
+                projected_files += self._sources().project(v, path)
             else:
                 raise NotReady(f"volume {name!r}: unsupported volume type {sorted(set(v) - {'name'})}")
             volumes[name] = path
         self.volumes = volumes
-        if self._automount():
+        if automount(self.pod):
             self.sa_dir = self.dir / "serviceaccount"
             self.sa_dir.mkdir(parents=True, exist_ok=True)
-            self._write_service_account(self.sa_dir)
+            self._sources().write_service_account(self.sa_dir)
         # Files from ConfigMaps/Secrets name container paths: map them like the command line
         # (for process-mode containers; an image-mode container sees its mounts at their own paths).
         containers = [c for c in spec.get("initContainers", []) + spec["containers"] if not self._in_image(c)]
@@ -366,150 +335,15 @@ class PodWorker(threading.Thread):
                 f.write_text(new)
         self._set_condition("PodReadyToStartContainers", True)
 
-    def _project(self, v: Obj, path: Path) -> list[Path]:
-        """Write a configMap / secret / downwardAPI / projected volume's files; returns them."""
-        sources = v["projected"]["sources"] if "projected" in v else [v]
-        written = []
-        for src in sources:
-            files: dict[str, bytes] = {}
-            if "configMap" in src:
-                ref = src["configMap"]
-                cm = self.ctx.api.get_or_none(f"/api/v1/namespaces/{self.namespace}/configmaps/{ref['name']}")
-                if cm is None:
-                    if ref.get("optional"):
-                        continue
-                    raise NotReady(f'configmap "{ref["name"]}" not found')
-                data = {k: s.encode() for k, s in (cm.get("data") or {}).items()}
-                data |= {k: base64.b64decode(b) for k, b in (cm.get("binaryData") or {}).items()}
-                files = self._select(data, ref.get("items"))
-            elif "secret" in src:
-                ref = src["secret"]
-                sname = ref.get("secretName") or ref.get("name")
-                sec = self.ctx.api.get_or_none(f"/api/v1/namespaces/{self.namespace}/secrets/{sname}")
-                if sec is None:
-                    if ref.get("optional"):
-                        continue
-                    raise NotReady(f'secret "{sname}" not found')
-                files = self._select(
-                    {k: base64.b64decode(b) for k, b in (sec.get("data") or {}).items()}, ref.get("items")
-                )
-            elif "downwardAPI" in src:
-                for item in src["downwardAPI"].get("items", []):
-                    if "fieldRef" in item:
-                        files[item["path"]] = self._field(item["fieldRef"]["fieldPath"]).encode()
-            elif "serviceAccountToken" in src:
-                t = src["serviceAccountToken"]
-                token = self._token(t.get("audience"), t.get("expirationSeconds", 3600))
-                files[t["path"]] = token.encode()
-            for rel, content in files.items():
-                out = path / rel
-                out.parent.mkdir(parents=True, exist_ok=True)
-                out.write_bytes(content)
-                written.append(out)
-        return written
-
-    @staticmethod
-    def _select(data: dict[str, bytes], items: list[Obj] | None) -> dict[str, bytes]:
-        if not items:
-            return data
-        return {i["path"]: data[i["key"]] for i in items if i["key"] in data}
-
-    def _automount(self) -> bool:
-        spec = self.pod["spec"]
-        if spec.get("automountServiceAccountToken") is False:
-            return False
-        mounted = any(
-            m["mountPath"] == SERVICE_ACCOUNT_DIR for c in spec["containers"] for m in c.get("volumeMounts", [])
-        )
-        return not mounted
-
-    def _token(self, audience: str | None = None, expiration: int = 3600) -> str:
-        sa = self.pod["spec"].get("serviceAccountName") or "default"
-        body: Obj = {
-            "apiVersion": "authentication.k8s.io/v1",
-            "kind": "TokenRequest",
-            "spec": {
-                "expirationSeconds": max(expiration, 3600),
-                "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": self.pod_name, "uid": self.uid},
-                **({"audiences": [audience]} if audience else {}),
-            },
-        }
-        try:
-            out = self.ctx.api.request("POST", f"/api/v1/namespaces/{self.namespace}/serviceaccounts/{sa}/token", body)
-        except ApiError as e:
-            raise NotReady(f"cannot get a token for serviceaccount {self.namespace}/{sa}: {e}") from e
-        return str(out["status"]["token"])
-
-    def _write_service_account(self, d: Path) -> None:
-        token = self._token(expiration=24 * 3600)
-        (d / "token").write_text(token)
-        (d / "ca.crt").write_bytes(self.ctx.api.ca_file.read_bytes())
-        (d / "namespace").write_text(self.namespace)
-        config = {
-            "apiVersion": "v1",
-            "kind": "Config",
-            "current-context": "in-cluster",
-            "clusters": [
-                {
-                    "name": "in-cluster",
-                    "cluster": {"server": self.ctx.api.server, "certificate-authority": str(d / "ca.crt")},
-                }
-            ],
-            # Inline, not tokenFile: minimal kubeconfig readers (kopf's) only take a literal token.
-            "users": [{"name": "sa", "user": {"token": token}}],
-            "contexts": [
-                {"name": "in-cluster", "context": {"cluster": "in-cluster", "user": "sa", "namespace": self.namespace}}
-            ],
-        }
-        (d / "kubeconfig").write_text(json.dumps(config, indent=2))
-
     # --- command and environment ----------------------------------------------------
 
+    def _sources(self) -> PodSources:
+        """The pod's sources (fields, keys, tokens), as of the pod last seen."""
+        return PodSources(self.ctx.api, self.pod, self.ctx.node_ip, self.ip, self.ctx.node_capacity)
+
     def _field(self, path: str) -> str:
-        pod, meta = self.pod, self.pod["metadata"]
-        m = re.fullmatch(r"metadata\.(labels|annotations)\['(.+)'\]", path)
-        if m:
-            return str((meta.get(m.group(1)) or {}).get(m.group(2), ""))
-        simple = {
-            "metadata.name": meta["name"],
-            "metadata.namespace": meta["namespace"],
-            "metadata.uid": meta["uid"],
-            "spec.nodeName": pod["spec"].get("nodeName", ""),
-            "spec.serviceAccountName": pod["spec"].get("serviceAccountName", "default"),
-            "status.hostIP": self.ctx.node_ip,
-            "status.hostIPs": self.ctx.node_ip,
-            "status.podIP": self.ip,
-            "status.podIPs": self.ip,
-        }
-        if path == "metadata.labels":
-            return "\n".join(f'{k}="{v}"' for k, v in sorted((meta.get("labels") or {}).items()))
-        if path == "metadata.annotations":
-            return "\n".join(f'{k}="{v}"' for k, v in sorted((meta.get("annotations") or {}).items()))
-        return str(simple.get(path, ""))
-
-    def _resource(self, c: Obj, ref: Obj) -> str:
-        res = ref["resource"]
-        kind, _, name = res.partition(".")
-        value = ((c.get("resources") or {}).get(kind) or {}).get(name)
-        if value is None:  # unset limits default to the node's allocatable
-            value = self.ctx.node_capacity[self.pod["spec"]["nodeName"]].get(name, "0")
-        divisor = parse_quantity(str(ref.get("divisor", "1")))
-        return str(int(-(-parse_quantity(str(value)) // divisor)))
-
-    def _lookup(self, kind: str, ref: Obj) -> str | None:
-        """An env value from a Secret or ConfigMap key; the kubelet's CreateContainerConfigError when it is missing."""
-        obj = self.ctx.api.get_or_none(f"/api/v1/namespaces/{self.namespace}/{kind}/{ref['name']}")
-        data = (obj or {}).get("data") or {}
-        if ref["key"] not in data:
-            if ref.get("optional"):
-                return None
-            # The kubelet's messages (pkg/kubelet/kubelet_pods.go makeEnvironmentVariables).
-            if obj is None:
-                raise NotReady(f'{kind[:-1]} "{ref["name"]}" not found', CONFIG_ERROR)
-            title = "Secret" if kind == "secrets" else "ConfigMap"
-            raise NotReady(f"couldn't find key {ref['key']} in {title} {self.namespace}/{ref['name']}", CONFIG_ERROR)
-        v = data[ref["key"]]
-        return base64.b64decode(v).decode() if kind == "secrets" else str(v)
+        """A downward-API field of the pod (its environment's and its volumes' fieldRef)."""
+        return self._sources().field(path)
 
     def _env(
         self, c: Obj, mounts: Sequence[tuple[str, Path]], contained: bool = False
@@ -545,6 +379,7 @@ class PodWorker(threading.Thread):
             **self.ctx.extra_env,
         }
         base = dict(env)
+        sources = self._sources()
         for src in c.get("envFrom", []):
             prefix = src.get("prefix", "")
             kind, ref = ("configmaps", src["configMapRef"]) if "configMapRef" in src else ("secrets", src["secretRef"])
@@ -560,13 +395,13 @@ class PodWorker(threading.Thread):
                 src = e["valueFrom"]
                 value: str | None
                 if "fieldRef" in src:
-                    value = self._field(src["fieldRef"]["fieldPath"])
+                    value = sources.field(src["fieldRef"]["fieldPath"])
                 elif "resourceFieldRef" in src:
-                    value = self._resource(c, src["resourceFieldRef"])
+                    value = sources.resource(c, src["resourceFieldRef"])
                 elif "configMapKeyRef" in src:
-                    value = self._lookup("configmaps", src["configMapKeyRef"])
+                    value = sources.lookup("configmaps", src["configMapKeyRef"])
                 else:
-                    value = self._lookup("secrets", src["secretKeyRef"])
+                    value = sources.lookup("secrets", src["secretKeyRef"])
                 if value is not None:
                     env[e["name"]] = value
             else:
