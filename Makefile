@@ -58,6 +58,7 @@ prepare:
 PYTEST_WORKERS ?= $(shell $(PYTHON) -c 'import os; n = os.cpu_count() or 1; print(min(n, max(2, n // 4)))')
 test: prepare
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 	$(BIN)/pytest -n $(PYTEST_WORKERS) --junitxml=runs/junit.xml
 
 # The unit tier: the tests that need no Go binary, no image and no cluster (tests/conftest.py,
@@ -73,6 +74,7 @@ test-fast: prepare
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 	$(BIN)/hadolint Dockerfile
 
 # Regenerate the committed CRD, Trainer v2 runtime and API reference from the Python sources.
