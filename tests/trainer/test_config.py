@@ -198,7 +198,7 @@ def test_the_text_probe_reads_only_to_the_first_row_with_text(tmp_path: Path) ->
     assert files.check_has_text(files.resolve(str(data)), "text") is None
 
 
-def test_help_names_the_export_and_check_commands(capsys: pytest.CaptureFixture[str]) -> None:
+def test_help_names_the_other_commands(capsys: pytest.CaptureFixture[str]) -> None:
     from fsdp_trainer.__main__ import main
 
     with pytest.raises(SystemExit) as done:
@@ -207,3 +207,5 @@ def test_help_names_the_export_and_check_commands(capsys: pytest.CaptureFixture[
     out = capsys.readouterr().out
     assert "fsdp-train export --checkpoint DIR --output DIR" in out
     assert "fsdp-train check --config FILE --nnodes N --nproc-per-node P" in out
+    assert "fsdp-train generate --model DIR|--checkpoint DIR --prompt TEXT" in out
+    assert "fsdp-train eval --model DIR|--checkpoint DIR --data FILE" in out

@@ -3,6 +3,7 @@
     fsdp-train --config train.yaml [--training.max-steps 20 --fsdp.sharding-strategy full ...]
     fsdp-train export --checkpoint /checkpoints/step-00001000 --output ./hf-model
     fsdp-train generate --checkpoint /checkpoints --prompt "What is FSDP?"
+    fsdp-train eval --checkpoint /checkpoints --data heldout.jsonl
     fsdp-train check --config train.yaml --nnodes 2 --nproc-per-node 8 [-- torchrun ...]
 
 Overrides use the YAML field names in kebab case (``--section.field-name
@@ -28,6 +29,8 @@ SUBCOMMANDS = f"""other commands:
   fsdp-train export --checkpoint DIR --output DIR   a checkpoint as a Hugging Face model directory (export --help)
   fsdp-train generate --model DIR|--checkpoint DIR --prompt TEXT
                                                    a few samples from a trained model (generate --help)
+  fsdp-train eval --model DIR|--checkpoint DIR --data FILE
+                                                   loss and perplexity on a data file (eval --help)
   fsdp-train {CHECK_COMMAND} --config FILE --nnodes N --nproc-per-node P [-- torchrun ...]
                                                    the pods' config check, then the launch (check --help)"""
 
@@ -81,6 +84,10 @@ def main(argv: list[str] | None = None) -> int:
             from .generate import main as generate_main
 
             return generate_main(argv[1:])
+        if argv[:1] == ["eval"]:
+            from .eval_command import main as eval_main
+
+            return eval_main(argv[1:])
         if argv[:1] == [CHECK_COMMAND]:
             from .check import check_main
 

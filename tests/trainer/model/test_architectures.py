@@ -9,6 +9,8 @@ and the export loads back into transformers with the trained logits.
 
 from __future__ import annotations
 
+import json
+
 from pathlib import Path
 from typing import Any
 
@@ -141,6 +143,15 @@ def test_two_rank_full_sharding_trains_like_one_process_and_exports(
             assert generate([*source, "--prompt", "w3 w4 w5", "--max-new-tokens", "5", "-o", "jsonl"]) == 0
             answers.append(capsys.readouterr().out)
         assert answers[0] == answers[1] and '"completion": "' in answers[0], answers
+        # and fsdp-train eval scores the checkpoint as its export.
+        from fsdp_trainer.eval_command import main as evaluate
+
+        scores = []
+        for source in (["--checkpoint", str(runs[2].workdir / "checkpoints")], ["--model", str(exported)]):
+            capsys.readouterr()
+            assert evaluate([*source, "--data", str(inputs["aligned"]), "--seq-len", "32", "-o", "json"]) == 0
+            scores.append(json.loads(capsys.readouterr().out))
+        assert scores[0] == scores[1] and scores[0]["tokens"] > 0, scores
 
 
 def _transformers_loss(checkpoint: Path, inputs: dict[str, Path]) -> float:

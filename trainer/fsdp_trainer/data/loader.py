@@ -160,16 +160,29 @@ def validation_batches(
     batches (possibly fewer than evalSteps on a small held-out slice) so the
     evaluation's collectives line up.
     """
-    wanted = eval_steps * micro_batch_size * world_size
+    items, stack = _validation_items(spec, tokenizer, seq_len, eval_steps * micro_batch_size * world_size)
+    return _deal(items, stack, rank=rank, world_size=world_size, micro_batch_size=micro_batch_size)
+
+
+def every_batch(
+    spec: DataSpec, tokenizer: PreTrainedTokenizerBase, *, seq_len: int, batch_size: int, max_batches: int
+) -> list[Batch]:
+    """The validation rows' sequences in batches of ``batch_size``, the last one possibly shorter (fsdp-train eval)."""
+    items, stack = _validation_items(spec, tokenizer, seq_len, max_batches * batch_size)
+    return [stack(items[start : start + batch_size]) for start in range(0, len(items), batch_size)]
+
+
+def _validation_items(
+    spec: DataSpec, tokenizer: PreTrainedTokenizerBase, seq_len: int, wanted: int
+) -> tuple[list[Any], Callable[[list[Any]], Batch]]:
+    """Up to ``wanted`` sequences of the validation rows, as the format makes them, and how a batch stacks them."""
     if not data_format(spec.format).packs_documents:
-        windows = _validation_windows(spec, tokenizer, seq_len, wanted)
 
         def stack(part: list[tuple[list[int], str]]) -> Batch:
             return stack_windows([w for w, _ in part], [s for _, s in part])
 
-        return _deal(windows, stack, rank=rank, world_size=world_size, micro_batch_size=micro_batch_size)
-    sequences = _validation_sequences(spec, tokenizer, seq_len, wanted)
-    return _deal(sequences, stack_sequences, rank=rank, world_size=world_size, micro_batch_size=micro_batch_size)
+        return _validation_windows(spec, tokenizer, seq_len, wanted), stack
+    return _validation_sequences(spec, tokenizer, seq_len, wanted), stack_sequences
 
 
 def _deal(
