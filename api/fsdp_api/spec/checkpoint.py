@@ -40,6 +40,18 @@ class CheckpointSpec(ApiModel):
         default="auto",
         description="auto: resume from the newest complete checkpoint in dir; never: always start fresh.",
     )
+    resume_from: str | None = Field(
+        default=None,
+        max_length=4096,
+        pattern=r"^(/[^/]+)+$",
+        description=(
+            "Another training's checkpoints to start from while dir (and remote) hold none of this training's "
+            "own: a step folder (.../step-00000300) or a checkpoint dir (its newest complete step), mounted in "
+            "the pod (spec.volumes). The run continues that training exactly (weights, optimizer, schedule, data "
+            "position, step) and writes its checkpoints to dir, which later restarts resume from; the source is "
+            "only read. Its data section and seqLen must be this training's."
+        ),
+    )
     async_save: bool = Field(default=False, description="Save checkpoints asynchronously, overlapping the next steps.")
     remote: str | None = Field(
         default=None,
@@ -76,6 +88,32 @@ class CheckpointSpec(ApiModel):
             ),
             field_path=".remote",
             check=lambda c: c.remote is None or re.search(f"/{CHECKPOINT_DIR_PREFIX}[0-9]", c.remote) is None,
+        ),
+        Rule(
+            cel="!has(self.resumeFrom) || !has(self.resume) || self.resume == 'auto'",
+            message="resumeFrom needs resume: auto (never always starts fresh)",
+            field_path=".resumeFrom",
+            check=lambda c: c.resume_from is None or c.resume == "auto",
+        ),
+        Rule(
+            cel=(
+                "!has(self.resumeFrom) || (self.resumeFrom != (has(self.dir) ? self.dir : '/checkpoints') && "
+                "!self.resumeFrom.startsWith((has(self.dir) ? self.dir : '/checkpoints') + '/'))"
+            ),
+            message=(
+                "resumeFrom must not be inside dir: this training's own checkpoints are resumed from anyway; to start "
+                "again from an earlier step, give the new run a dir of its own"
+            ),
+            field_path=".resumeFrom",
+            check=lambda c: (
+                c.resume_from is None or not (c.resume_from == c.dir or c.resume_from.startswith(c.dir + "/"))
+            ),
+        ),
+        Rule(
+            cel=r"!has(self.resumeFrom) || !self.resumeFrom.matches('(^|/)\\.\\.?(/|$)')",
+            message="resumeFrom must not contain . or .. segments",
+            field_path=".resumeFrom",
+            check=lambda c: c.resume_from is None or re.search(r"(^|/)\.\.?(/|$)", c.resume_from) is None,
         ),
         Rule(
             # has(): the API server also checks the schema's default ({}) before it is filled.

@@ -10,7 +10,6 @@ and the export loads back into transformers with the trained logits.
 from __future__ import annotations
 
 import json
-
 from pathlib import Path
 from typing import Any
 

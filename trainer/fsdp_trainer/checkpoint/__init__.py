@@ -13,6 +13,8 @@
   code is refused.
 - ``manager.py``: ``Checkpointer``: when to save, what to keep, which
   checkpoint to resume from; a full volume as one line.
+- ``source.py``: ``checkpoint.resumeFrom``: another training's steps to start
+  from while this one has none, listed and checked like its own, only read.
 - ``remote.py``: the remote tier's uploads (``checkpoint.remote``), each
   rank's files of a committed step in the background; ``remote_store.py``:
   its layout in S3 (the manifest as commit point), listing, download before

@@ -386,17 +386,18 @@ class Checkpointer:
                     raise error
                 raise UnsafeCheckpointError(f"{path}: another rank refused its state file as unsafe")
             if worst == ok:
+                # Only this training's own: a checkpoint.resumeFrom source is read, never renamed.
                 if self.world.is_main:
-                    for s in skipped:
-                        moved = set_aside(s.path)
-                        log.warning("checkpoint %s could not be loaded (%s); moved to %s", s.path, s.reason, moved)
+                    for own in [s for s in skipped if s.path.parent == self.root]:
+                        moved = set_aside(own.path)
+                        log.warning("checkpoint %s could not be loaded (%s); moved to %s", own.path, own.reason, moved)
                 self._upload_resumed(step, path)
                 return step, seconds, skipped
             reason = first_line(error) if error is not None else "another rank could not load its part"
             log.warning("checkpoint %s could not be loaded on rank %d: %s", path, self.world.rank, reason)
             skipped.append(Skipped(step, path, reason))
         raise UnloadableCheckpointError(
-            f"no checkpoint under {self.root} can be loaded: "
+            f"no checkpoint under {candidates[0][1].parent if candidates else self.root} can be loaded: "
             + "; ".join(f"{s.path.name}: {s.reason}" for s in skipped)
             + ". Nothing was renamed or deleted; move them aside (or set checkpoint.resume: never) to start fresh"
         )
