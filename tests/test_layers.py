@@ -186,6 +186,42 @@ def test_no_import_cycle_inside_a_package(package: str) -> None:
     assert import_cycles(module_imports(package)) == []
 
 
+def room_graph(graph: dict[str, set[str]], folder: str) -> dict[str, set[str]]:
+    """The imports between the rooms of ``folder`` (a dotted package): its own modules, and each subfolder as one."""
+
+    def room(module: str) -> str | None:
+        if module == folder:
+            return folder
+        if not module.startswith(folder + "."):
+            return None
+        return f"{folder}.{module[len(folder) + 1 :].split('.')[0]}"
+
+    rooms: dict[str, set[str]] = {}
+    for module, imported in graph.items():
+        here = room(module)
+        if here is not None:
+            rooms.setdefault(here, set()).update(r for r in map(room, imported) if r is not None and r != here)
+    for targets in list(rooms.values()):
+        for target in targets:
+            rooms.setdefault(target, set())
+    return rooms
+
+
+# A folder's rooms (its modules, and its subfolders taken whole) import one another one way:
+# a subfolder is a floor of its own, not half above and half below a module beside it.
+@pytest.mark.parametrize("package", sorted(PACKAGES))
+def test_no_import_cycle_between_the_rooms_of_a_folder(package: str) -> None:
+    graph = module_imports(package)
+    folders = sorted({m for m in graph if (PACKAGES[package].parent / m.replace(".", "/") / "__init__.py").is_file()})
+    assert {f: cycles for f in folders if (cycles := import_cycles(room_graph(graph, f)))} == {}
+
+
+def test_the_room_graph_takes_a_subfolder_whole() -> None:
+    graph = {"p": set(), "p.a": {"p.sub.x"}, "p.sub": set(), "p.sub.x": set(), "p.sub.y": {"p.a"}}
+    assert import_cycles(room_graph(graph, "p")) == [["p.a", "p.sub"]]
+    assert import_cycles(room_graph(graph, "p.sub")) == []
+
+
 def test_the_cycle_finder_sees_a_three_module_cycle() -> None:
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert import_cycles(graph) == [["a", "b", "c"]]

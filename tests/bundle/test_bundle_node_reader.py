@@ -20,7 +20,7 @@ from fsdp_api.contract import EXCLUDED_NODE_TAINT
 from fsdp_localcluster.apiserver import TestCluster
 from fsdp_localcluster.wait import wait_for
 from fsdp_operator.controller.kube import ApiError, KubeClient
-from fsdp_operator.controller.nodes.exclusion import lift_patch, taint_patch
+from fsdp_operator.controller.node_exclusion import lift_patch, taint_patch
 
 from tests.bundle.manifests import KUSTOMIZE, helm_template, kustomize
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from fsdp_localcluster.whole_cluster import WholeCluster, machine_lock
-from fsdp_operator.controller.nodes.exclusion import WORKLOAD_EVIDENCE_ENV
+from fsdp_operator.controller.node_exclusion import WORKLOAD_EVIDENCE_ENV
 
 from tests.e2e.timings import TIMINGS, record
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from fsdp_api.trainer_config import TrainerConfig
 from fsdp_trainer.build import prepare
-from fsdp_trainer.model.footprint import state_bytes
+from fsdp_trainer.footprint import state_bytes
 from fsdp_trainer.parallel.distributed import destroy_distributed, init_distributed
 from fsdp_trainer.train import Trainer
 from torch._C._profiler import _EventType

@@ -47,12 +47,12 @@ from .data.row_report import log_rows, step_rows
 from .errors import CheckpointSaveError
 from .evaluation import Validation
 from .faults import maybe_fault
+from .footprint import frozen_digest, state_bytes, write_probe
 from .loss.preference import PreferenceStats
 from .metrics import MetricsProcessor
 from .metrics.flops import shape_of
 from .metrics.stats import StepStats
 from .model.architecture import count_parameters
-from .model.footprint import frozen_digest, state_bytes, write_probe
 from .model.lora import count_trainable, lora_summary
 from .optim import build_optimizer, build_scheduler, clip_gradients, restore_schedule
 from .parallel.compile import MODE_INDUCTOR

@@ -38,7 +38,7 @@ from fsdp_api.contract import EXCLUDED_NODE_LABEL, JobBackend
 from .. import backends
 from .bodies import EventView, MetricsView, PodView, conditions_of, live_pods, name_of, uid_of
 from .kube import NETWORK_ERRORS, ApiError
-from .nodes.exclusion import TaintLedger, exclude_suspects, lift_expired
+from .node_exclusion import TaintLedger, exclude_suspects, lift_expired
 from .nodes.health import node_health
 from .nodes.incidents import new_failures, repeated, with_failures, without
 from .nodes.stragglers import RankCounters, RankKey, StragglerWatch, rank_counters
@@ -46,7 +46,7 @@ from .nodes.xids import new_xids
 from .peering import we_are_active
 from .progress import TrainerProgress, Unreadable, rank0_pod, read_pods, scrape
 from .records import record_nodes, record_pods, record_progress
-from .stall.check import check_stall
+from .stall_check import check_stall
 from .state import Runtime
 from .status.completion import completion_fields
 from .status.compute import FAILED_CREATE_POD, SCHEDULABLE, TrainingFacts, pods_report, rfc3339

@@ -46,7 +46,7 @@ from fsdp_localcluster.operator_install import (
 )
 from fsdp_localcluster.prometheus import PrometheusServer
 from fsdp_localcluster.wait import wait_for
-from fsdp_operator.controller.nodes.exclusion import CLUSTER_CAP_ENV, MAX_EXCLUDE_SECONDS_ENV, WORKLOAD_EVIDENCE_ENV
+from fsdp_operator.controller.node_exclusion import CLUSTER_CAP_ENV, MAX_EXCLUDE_SECONDS_ENV, WORKLOAD_EVIDENCE_ENV
 from fsdp_operator.controller.nodes.xids import PROMETHEUS_URL_ENV, XID_WINDOW_ENV
 from fsdp_operator.render import render
 

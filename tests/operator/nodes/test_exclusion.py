@@ -15,7 +15,7 @@ import pytest
 import yaml
 from fsdp_api.contract import EXCLUDED_BY_ANNOTATION, EXCLUDED_NODE_TAINT, EXCLUDED_UNTIL_ANNOTATION
 from fsdp_localcluster.binaries import REPO_ROOT
-from fsdp_operator.controller.nodes.exclusion import (
+from fsdp_operator.controller.node_exclusion import (
     CLUSTER_CAP_ENV,
     DEFAULT_CLUSTER_CAP,
     MAX_EXCLUDE_SECONDS_ENV,

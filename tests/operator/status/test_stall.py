@@ -83,7 +83,7 @@ def test_a_script_of_your_own_gets_the_save_allowance_at_every_step_and_no_start
 
 
 def test_stall_rules_know_a_script_of_your_own_from_the_spec() -> None:
-    from fsdp_operator.controller.stall.check import stall_rules
+    from fsdp_operator.controller.stall_check import stall_rules
 
     assert stall_rules({"command": ["/workspace/train.py"]}).own_script is True
     assert stall_rules({"model": {"preset": "tiny"}, "training": {"maxSteps": 5}}).own_script is False

@@ -26,7 +26,7 @@ from fsdp_operator.controller.reconcile import (
     trim_job,
 )
 from fsdp_operator.controller.scraper import check_pods_once, waiting_trainings
-from fsdp_operator.controller.stall.check import check_stall
+from fsdp_operator.controller.stall_check import check_stall
 from fsdp_operator.controller.status.compute import (
     MAX_MESSAGE,
     EventSpec,

@@ -2,7 +2,8 @@
 
 ``health`` reads a node's own conditions, ``xids`` new GPU XIDs from
 dcgm-exporter's series in Prometheus, ``incidents`` repeated trainer failures
-and stalls on one node, ``stragglers`` the rank its peers keep waiting for;
-``exclusion`` taints a suspect node for trainings and restarts the pods
-elsewhere (spec.health.onSuspectNode exclude), within the admin's caps.
+and stalls on one node, ``stragglers`` the rank its peers keep waiting for.
+What the operator does about a suspect (taint it for trainings and restart the
+pods elsewhere, spec.health.onSuspectNode exclude, within the admin's caps) is
+``controller/node_exclusion.py``, a floor above the status it writes.
 """

@@ -42,7 +42,7 @@ class SuspectNode:
     evidence: tuple[str, ...]  # "AcceleratedHardwareReady=False (NvidiaXID79Error: ...)"
     # Whether any evidence is the node's own (its conditions, dcgm-exporter's XIDs) rather than
     # the training's (its ranks' lateness from its own /metrics, its containers' failures): only
-    # node-side evidence excludes a node unless the operator's admin allows the rest (exclusion.py).
+    # node-side evidence excludes a node unless the operator's admin allows the rest (controller/node_exclusion.py).
     node_side: bool = True
 
     def line(self) -> str:
@@ -58,7 +58,7 @@ class NodeHealth:
     conditions: bool = True  # the nodes' conditions were read
     lateness: bool = False  # the ranks' lateness was read (stragglers.py)
     xids: bool = False  # Prometheus was asked for new GPU XIDs (xids.py)
-    note: str | None = None  # what was done about the suspects (exclusion.py)
+    note: str | None = None  # what was done about the suspects (controller/node_exclusion.py)
 
     @property
     def healthy(self) -> bool:

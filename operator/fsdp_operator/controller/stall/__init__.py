@@ -1,8 +1,7 @@
-"""The stall watchdog: when a running training is stalled (``rules``), and what the pod loop does then (``check``).
+"""The stall watchdog's rules: when a running training is stalled (``rules``) and which ranks hold it (``ranks``).
 
-Only the pure rules are exported here: ``check`` writes the status through
-``controller/records.py``, which itself needs the rules' types, so it is
-imported as ``controller.stall.check`` by the pod loop.
+Pure: what the pod loop does about a stall (the Stalled condition, the restart)
+is ``controller/stall_check.py``, a floor above the status it writes.
 """
 
 from __future__ import annotations

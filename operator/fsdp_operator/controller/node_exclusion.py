@@ -32,13 +32,13 @@ from fsdp_api.contract import (
 from fsdp_api.spec import HealthSpec
 from pydantic import ValidationError
 
-from ..bodies import NodeView, uid_of
-from ..kube import ApiError
-from ..settings import env_int
-from ..stall.check import restart_pods
-from ..state import Runtime
-from ..status.compute import EventSpec, rfc3339
-from .health import NodeHealth, SuspectNode
+from .bodies import NodeView, uid_of
+from .kube import ApiError
+from .nodes.health import NodeHealth, SuspectNode
+from .settings import env_int
+from .stall_check import restart_pods
+from .state import Runtime
+from .status.compute import EventSpec, rfc3339
 
 log = logging.getLogger(__name__)
 

@@ -13,9 +13,9 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from ..parallel.parallelize import compute_context, reshard
-from .param_names import unique_parameters
-from .shards import local_tensor
+from .model.param_names import unique_parameters
+from .model.shards import local_tensor
+from .parallel.parallelize import compute_context, reshard
 
 
 def state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[int, int]:

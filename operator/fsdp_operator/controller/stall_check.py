@@ -20,16 +20,16 @@ import aiohttp
 from fsdp_api.spec import CheckpointSpec, StallSpec
 from pydantic import ValidationError
 
-from ... import backends
-from ..bodies import MetricsView, ObjectMeta, by_type, conditions_of, live_pods, name_of, uid_of
-from ..kube import NETWORK_ERRORS, ApiError
-from ..nodes.incidents import with_stall
-from ..progress import TrainerProgress, Unreadable, read_pods
-from ..records import record_stall
-from ..state import Runtime
-from ..status.compute import STALLED, EventSpec, now_rfc3339, stall_state
-from .ranks import culprit_node, rank_states, ranks_clause
-from .rules import StallRules, observe, observe_unreachable, start_clock, verdict
+from .. import backends
+from .bodies import MetricsView, ObjectMeta, by_type, conditions_of, live_pods, name_of, uid_of
+from .kube import NETWORK_ERRORS, ApiError
+from .nodes.incidents import with_stall
+from .progress import TrainerProgress, Unreadable, read_pods
+from .records import record_stall
+from .stall.ranks import culprit_node, rank_states, ranks_clause
+from .stall.rules import StallRules, observe, observe_unreachable, start_clock, verdict
+from .state import Runtime
+from .status.compute import STALLED, EventSpec, now_rfc3339, stall_state
 
 log = logging.getLogger(__name__)
 
