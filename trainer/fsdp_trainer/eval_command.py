@@ -20,7 +20,6 @@ import contextlib
 import json
 import math
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -143,7 +142,7 @@ def max_positions(model: PreTrainedModel) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .generate import load_model, load_tokenizer
+    from .generate import load_model, load_tokenizer, model_dir_of
 
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
     problems = check_args(args)
@@ -154,15 +153,7 @@ def main(argv: list[str] | None = None) -> int:
 
     datasets.disable_progress_bars()  # stdout holds the score, stderr one line per problem
     with contextlib.ExitStack() as stack:
-        model_dir = args.model
-        if args.checkpoint is not None:
-            from .export import export_checkpoint, remote_checkpoint
-
-            tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fsdp-eval-")))
-            checkpoint = Path(args.checkpoint)
-            if scheme_of(args.checkpoint) is not None:
-                checkpoint = remote_checkpoint(args.checkpoint, tmp / "in")
-            model_dir = export_checkpoint(checkpoint, tmp / "model")
+        model_dir = model_dir_of(args.model, args.checkpoint, stack)
         tokenizer = load_tokenizer(model_dir)
         model = load_model(model_dir)
         assert isinstance(model, PreTrainedModel)  # every AutoModelForCausalLM class is one

@@ -133,20 +133,25 @@ def generate(
     return text
 
 
+def model_dir_of(model: Path | None, checkpoint: str | None, stack: contextlib.ExitStack) -> Path:
+    """``--model`` as it is, or ``--checkpoint`` (a step, a root, a remote tier) exported into a temporary
+    directory that lives as long as ``stack``: the source of generate and eval."""
+    if checkpoint is None:
+        assert model is not None  # argparse requires one of the two
+        return model
+    from .export import export_checkpoint, remote_checkpoint
+
+    tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fsdp-export-")))
+    local = remote_checkpoint(checkpoint, tmp / "in") if scheme_of(checkpoint) is not None else Path(checkpoint)
+    return export_checkpoint(local, tmp / "model")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
     check_args(args)
     prompts = prompts_of(args)
     with contextlib.ExitStack() as stack:
-        model_dir = args.model
-        if args.checkpoint is not None:
-            from .export import export_checkpoint, remote_checkpoint
-
-            tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fsdp-generate-")))
-            checkpoint = Path(args.checkpoint)
-            if scheme_of(args.checkpoint) is not None:
-                checkpoint = remote_checkpoint(args.checkpoint, tmp / "in")
-            model_dir = export_checkpoint(checkpoint, tmp / "model")
+        model_dir = model_dir_of(args.model, args.checkpoint, stack)
         tokenizer = load_tokenizer(model_dir)
         # Every prompt checked before the model is loaded: a mistake costs no load.
         inputs = [model_input(tokenizer, prompt, args.chat) for prompt in prompts]
