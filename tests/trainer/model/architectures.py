@@ -32,6 +32,28 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     "qwen2": {**_COMMON, "intermediate_size": 48, "num_key_value_heads": 2, "tie_word_embeddings": True},
     "mistral": {**_COMMON, "intermediate_size": 48, "num_key_value_heads": 2, "sliding_window": 16},
     "gemma2": {**_COMMON, "intermediate_size": 48, "num_key_value_heads": 2, "head_dim": 16, "sliding_window": 16},
+    # Their tensor-parallel plans go beyond colwise/rowwise: per-head q/k norms (Qwen3, Gemma 3)
+    # and fused qkv and gate/up projections whose outputs are gathered (Phi-3).
+    "qwen3": {**_COMMON, "intermediate_size": 48, "num_key_value_heads": 2, "tie_word_embeddings": True},
+    "gemma3_text": {
+        **_COMMON,
+        "intermediate_size": 48,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "sliding_window": 16,
+        "layer_types": ["sliding_attention", "full_attention"],
+    },
+    "phi3": {
+        **_COMMON,
+        "intermediate_size": 48,
+        "num_key_value_heads": 2,
+        "resid_pdrop": 0.0,
+        "embd_pdrop": 0.0,
+        # Phi-3's defaults are ids of its own 32k vocabulary.
+        "bos_token_id": 0,
+        "eos_token_id": 1,
+        "pad_token_id": 2,
+    },
     # GPT-2 trains with dropout by default: each rank would drop different
     # units, so a sharded run could not match a single process.
     "gpt2": {

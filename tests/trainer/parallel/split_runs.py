@@ -16,6 +16,10 @@ from tests.trainer.harness import RunResult, base_config, launch
 
 STEPS = 10
 MODELS = ("llama", "mistral", "qwen2")  # each declares a tensor-parallel plan; Mistral has a sliding window
+# Plans beyond colwise/rowwise: per-head q/k norms whose weight gradients are summed over the
+# group (Qwen3; Gemma 3 with sliding-window layers too), fused qkv and gate/up projections whose
+# outputs are gathered and whose next projection splits its input (Phi-3).
+TP_STYLE_MODELS = ("qwen3", "gemma3_text", "phi3")
 
 
 def model_config(work: Path, data_path: Path, model: dict[str, Any], **sections: dict[str, Any]) -> dict[str, Any]:

@@ -1,8 +1,9 @@
 """Tensor parallelism (``parallelism.tensor``) from each architecture's own transformers plan.
 
 Four gloo ranks as tensor 2 x data 2 train pretrained tiny Llama, Qwen2 and
-Mistral models (each declares a plan) with the losses of a single process to
-1e-4 over 10 steps; a checkpoint written by that split resumes as tensor 1 x
+Mistral models (each declares a plan), and Qwen3, Gemma 3 and Phi-3 (whose
+plans use per-head norms and gathered fused projections), with the losses
+and gradient norms of a single process to 1e-4 over 10 steps; a checkpoint written by that split resumes as tensor 1 x
 data 4 on the same loss curve (DCP reshards the 2-D shards); and what cannot
 be split is refused before any process group exists, in one line.
 """
@@ -21,7 +22,7 @@ from fsdp_trainer.errors import ConfigError
 
 from tests.trainer.harness import cpu_world, launch, write_aligned_jsonl
 from tests.trainer.model.architectures import build_checkpoint
-from tests.trainer.parallel.split_runs import MODELS, STEPS, model_config, one_process_and_split
+from tests.trainer.parallel.split_runs import MODELS, STEPS, TP_STYLE_MODELS, model_config, one_process_and_split
 
 
 @pytest.mark.slow
@@ -31,6 +32,18 @@ def test_tensor_2_by_data_2_trains_like_one_process(
 ) -> None:
     _, split = one_process_and_split(tmp_path, inputs["aligned"], checkpoints[name], {"tensor": 2})
     assert split.events("start")[0]["mesh"] == {"shard": 2, "tp": 2}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", TP_STYLE_MODELS)
+def test_plans_with_per_head_norms_and_fused_projections_train_like_one_process(
+    name: str, checkpoints: dict[str, Path], inputs: dict[str, Path], tmp_path: Path
+) -> None:
+    # Without the summed norm gradients Qwen3's and Gemma 3's grad norms (compared per step) differ;
+    # without the gathered outputs Phi-3's chunk of gate_up_proj pairs the wrong halves.
+    _, split = one_process_and_split(tmp_path, inputs["aligned"], checkpoints[name], {"tensor": 2})
+    assert split.events("start")[0]["mesh"] == {"shard": 2, "tp": 2}
+    assert "projections split over 2 ranks" in split.output, split.output[-2000:]
 
 
 def _same_document(path: Path, copies: int = 200) -> Path:

@@ -4,10 +4,11 @@ transformers declares, per architecture, how a decoder block splits over
 tensor-parallel ranks: ``colwise`` for the projections into attention heads
 and the MLP's inner width (each rank computes whole heads and a slice of the
 MLP), ``rowwise`` for the projections back to the residual stream (each rank
-multiplies its slice and one all-reduce sums them). Applying that plan with
-torch's own ``ColwiseParallel`` / ``RowwiseParallel`` works for any model
-that declares one, because transformers' attention reshapes its projections
-with ``-1`` heads: a rank with half the heads computes on half. The
+multiplies its slice and one all-reduce sums them), and the variants for
+fused projections and per-head norms (``tp_styles.py``). Applying that plan
+with torch's own parallel styles works for any model that declares one,
+because transformers' attention reshapes its projections with ``-1`` heads:
+a rank with half the heads computes on half. The
 embedding, norms and output head stay whole on every tensor-parallel rank
 (FSDP shards them over the data-parallel ranks), so the residual stream
 between blocks is an ordinary tensor, the loss (chunked or full) is unchanged
@@ -19,9 +20,8 @@ shard further over the data-parallel ranks (2-D DTensors), DCP reshards them
 to any other split on resume, and the random init and the pretrained loader
 write each rank's piece through the same slices as without it.
 
-Other styles of transformers' plans (packed or expert-parallel MoE weights,
-replicated norms whose gradients need a sum over the group, gathered
-outputs) are refused at the config check, naming the architecture and the
+The MoE styles of transformers' plans (packed or expert-parallel expert
+weights) are refused at the config check, naming the architecture and the
 styles, rather than applied wrongly.
 """
 
@@ -32,14 +32,13 @@ import logging
 import transformers
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel, parallelize_module
+from torch.distributed.tensor.parallel import parallelize_module
 from transformers import PreTrainedModel
 
 from ..model.layer_values import layer_values
+from .tp_styles import STYLES
 
 log = logging.getLogger(__name__)
-
-STYLES: dict[str, type[ParallelStyle]] = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
 
 
 def tp_plan(model: nn.Module) -> dict[str, str]:
@@ -73,7 +72,7 @@ def tensor_parallel_errors(model: PreTrainedModel, degree: int) -> list[str]:
     if other:
         return [
             f"parallelism.tensor: {name}'s tensor-parallel plan uses the styles {', '.join(other)}, which this "
-            f"trainer does not apply (it applies {' and '.join(STYLES)}); use parallelism.tensor: 1"
+            f"trainer does not apply (it applies {', '.join(STYLES)}); use parallelism.tensor: 1"
         ]
     config = model.config.get_text_config()
     return [
@@ -87,11 +86,17 @@ def tensor_parallel_errors(model: PreTrainedModel, degree: int) -> list[str]:
 def apply_tensor_parallel(model: PreTrainedModel, mesh: DeviceMesh) -> int:
     """Split the base model's projections over ``mesh`` (the tensor-parallel dimension); returns how many."""
     base = model.base_model
-    styles = {pattern: STYLES[style]() for pattern, style in tp_plan(model).items()}
-    before = {id(m) for m in base.modules()}
-    parallelize_module(base, mesh, styles)
-    split = sum(1 for _, m in base.named_modules() if id(m) in before and _is_split(m))
-    log.info("tensor parallel: %d projections split over %d ranks (%s)", split, mesh.size(), type(model).__name__)
+    plan = tp_plan(model)
+    parallelize_module(base, mesh, {pattern: STYLES[style]() for pattern, style in plan.items()})
+    split = sum(1 for _, m in base.named_modules() if _is_split(m))
+    used = sorted(set(plan.values()))
+    log.info(
+        "tensor parallel: %d projections split over %d ranks (%s: %s)",
+        split,
+        mesh.size(),
+        type(model).__name__,
+        ", ".join(used),
+    )
     return split
 
 
