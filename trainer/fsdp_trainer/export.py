@@ -244,39 +244,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def remote_checkpoint(uri: str, root: Path) -> Path:
-    """A committed step of a remote tier, downloaded into ``root`` and checked against its manifest.
-
-    ``uri`` is a training's ``checkpoint.remote`` (its newest committed step) or one
-    step folder under it (``.../step-00000300``); the download is the resume's own.
-    """
-    from .checkpoint.layout import STEP_DIR, step_dir_name
-    from .checkpoint.remote_store import download_step, newest_committed, read_manifest
-    from .storage import StoreError, open_store
+    """A committed step of a remote tier (its newest, or the step folder ``uri`` names), downloaded into ``root``."""
+    from .checkpoint.remote_store import download_committed
+    from .storage import StoreError
 
     try:
-        store = open_store(uri)
-    except ValueError as e:
-        raise ConfigError([f"--checkpoint: {e}"]) from None
-    parent, _, last = store.prefix.rpartition("/")
-    named = STEP_DIR.match(last)
-    try:
-        if named:
-            store = store.at(parent)
-            step, manifest = int(named.group(1)), read_manifest(store, int(named.group(1)))
-            if manifest is None:
-                raise ConfigError([f"--checkpoint: {uri} is not a committed step (it has no manifest)"])
-        else:
-            found = newest_committed(store)
-            if found is None:
-                raise ConfigError([f"--checkpoint: no committed step under {uri}"])
-            step, manifest = found
-        local = download_step(store, step, manifest, root)
-    except StoreError as e:
+        return download_committed(uri, root)
+    except (ValueError, StoreError) as e:
         raise ConfigError([f"--checkpoint: {e}"]) from None
     except OSError as e:  # the local side of the download (a full disk, a read-only directory)
         raise ConfigError([f"--checkpoint: {uri}: {e}"]) from None
-    log.info("downloaded step %d of %s", step, store)
-    return local if local is not None else root / step_dir_name(step)
 
 
 def export_to_store(checkpoint: Path, output: str, dtype: str = "float32", fmt: str = "merged") -> str:

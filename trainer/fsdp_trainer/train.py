@@ -38,7 +38,7 @@ from .build import Prepared, build_model, prepare
 from .checkpoint import CONFIG_FILE as CHECKPOINT_CONFIG_FILE
 from .checkpoint import MODEL_CONFIG_DIR as CHECKPOINT_MODEL_CONFIG_DIR
 from .checkpoint import Checkpointer, check_candidates, resume_candidates
-from .checkpoint.source import source_candidates
+from .checkpoint.source import forget_downloaded_source, source_candidates
 from .data.attention import PackedAttention
 from .data.formats import data_format
 from .data.loader import TrainData
@@ -93,8 +93,11 @@ class Trainer:
         # Newest first; an architecture change stops here, before anything is materialised,
         # and checkpoints whose metadata cannot be read are passed over (Checkpointer.resume).
         found = resume_candidates(cfg.checkpoint, world, cfg.job)
-        if not found and cfg.checkpoint.resume_from is not None:
-            found = source_candidates(cfg, world)  # another training's steps, only read
+        if cfg.checkpoint.resume_from is not None:
+            if found:
+                forget_downloaded_source(cfg, world)
+            else:
+                found = source_candidates(cfg, world)  # another training's steps, only read
         self.resume_candidates, self.unreadable = check_candidates(found, p.model, world, cfg.peft)
         # dpo without LoRA: the reference is built from the untouched meta model (shapes only, a cheap copy).
         needs_copy = cfg.training.needs_reference and not p.adapted

@@ -10,7 +10,8 @@ from pydantic import Field
 from ..base import ApiModel
 from ..contract import CHECKPOINT_DIR_PREFIX, POD_MOUNTS
 from ..rules import Rule, applies_only_when
-from .object_refs import s3_form_rule
+from .object_refs import MAX_REFERENCE_LENGTH, s3_form_rule
+from .path_rules import no_dot_segments_rule
 
 
 class CheckpointSpec(ApiModel):
@@ -42,12 +43,14 @@ class CheckpointSpec(ApiModel):
     )
     resume_from: str | None = Field(
         default=None,
-        max_length=4096,
-        pattern=r"^(/[^/]+)+$",
+        max_length=MAX_REFERENCE_LENGTH,
+        pattern=r"^((/[^/]+)+|s3://.+)$",
         description=(
             "Another training's checkpoints to start from while dir (and remote) hold none of this training's "
             "own: a step folder (.../step-00000300) or a checkpoint dir (its newest complete step), mounted in "
-            "the pod (spec.volumes). The run continues that training exactly (weights, optimizer, schedule, data "
+            "the pod (spec.volumes); or another training's checkpoint.remote (s3://bucket/prefix: its newest "
+            "committed step, or .../step-00000300), downloaded into dir first. The run continues that training "
+            "exactly (weights, optimizer, schedule, data "
             "position, step) and writes its checkpoints to dir, which later restarts resume from; the source is "
             "only read. Its data section and seqLen must be this training's."
         ),
@@ -109,19 +112,25 @@ class CheckpointSpec(ApiModel):
                 c.resume_from is None or not (c.resume_from == c.dir or c.resume_from.startswith(c.dir + "/"))
             ),
         ),
+        s3_form_rule("resumeFrom", "resume_from"),
         Rule(
-            cel=r"!has(self.resumeFrom) || !self.resumeFrom.matches('(^|/)\\.\\.?(/|$)')",
-            message="resumeFrom must not contain . or .. segments",
+            cel=(
+                "!has(self.resumeFrom) || !has(self.remote) || (self.resumeFrom != self.remote && "
+                "!self.resumeFrom.startsWith(self.remote + '/'))"
+            ),
+            message=(
+                "resumeFrom must not be inside remote: this training's own steps there are resumed from anyway; to "
+                "start again from an earlier step, give the new run a remote of its own"
+            ),
             field_path=".resumeFrom",
-            check=lambda c: c.resume_from is None or re.search(r"(^|/)\.\.?(/|$)", c.resume_from) is None,
+            check=lambda c: (
+                c.resume_from is None
+                or c.remote is None
+                or not (c.resume_from == c.remote or c.resume_from.startswith(c.remote + "/"))
+            ),
         ),
-        Rule(
-            # has(): the API server also checks the schema's default ({}) before it is filled.
-            cel=r"!has(self.dir) || !self.dir.matches('(^|/)\\.\\.?(/|$)')",
-            message="dir must not contain . or .. segments",
-            field_path=".dir",
-            check=lambda c: re.search(r"(^|/)\.\.?(/|$)", c.dir) is None,
-        ),
+        no_dot_segments_rule("resumeFrom", "resume_from", also_takes_urls=True),
+        no_dot_segments_rule("dir"),
         Rule(
             cel=(
                 "!has(self.dir) || ![" + ", ".join(f"'{m}'" for m in POD_MOUNTS) + "]"

@@ -25,16 +25,19 @@ def _text(obj: Any, attr: str) -> str:
     return getattr(obj, attr) or ""
 
 
-def s3_form_rule(attr: str) -> Rule:
-    """``attr`` (a one-word field), when it is an s3:// URI, is one the trainer can read."""
+def s3_form_rule(field: str, attr: str | None = None) -> Rule:
+    """``field``, when an s3:// URI, is one the trainer can read (``attr``: the model's name, when it differs)."""
+    attr = attr or field
     return Rule(
-        cel=f"!has(self.{attr}) || {s3_uri_cel(f'self.{attr}')}",
+        cel=f"!has(self.{field}) || {s3_uri_cel(f'self.{field}')}",
         message=_S3_FORM,
-        field_path=f".{attr}",
+        field_path=f".{field}",
         check=lambda m: not _text(m, attr).startswith(SCHEME) or s3_uri_problem(_text(m, attr)) is None,
         # The reason, in the same words from validate and from the API server.
         detail=lambda m: f"{_S3_FORM}: {s3_uri_problem(_text(m, attr))}",
-        message_expression=f"has(self.{attr}) ? '{_S3_FORM}: ' + ({s3_uri_problem_cel(f'self.{attr}')}) : '{_S3_FORM}'",
+        message_expression=(
+            f"has(self.{field}) ? '{_S3_FORM}: ' + ({s3_uri_problem_cel(f'self.{field}')}) : '{_S3_FORM}'"
+        ),
     )
 
 

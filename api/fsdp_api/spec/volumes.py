@@ -10,6 +10,7 @@ from pydantic import Field, field_validator
 from ..base import ApiModel
 from ..contract import CONFIG_DIR, POD_MOUNTS, SHM_DIR
 from ..rules import Rule
+from .path_rules import DOT_SEGMENT, DOT_SEGMENT_CEL
 from .values import DNS_LABEL, DNS_SUBDOMAIN, QUANTITY_PATTERN, Quantity
 
 # Volume names the renderer uses (pod.volumes in operator/fsdp_operator/render).
@@ -118,14 +119,15 @@ class VolumeMount(ApiModel):
 
     rules: ClassVar[tuple[Rule, ...]] = (
         Rule(
+            # subPath may hold a "." segment (the volume's root), never "..".
             cel=(
-                r"!self.mountPath.matches('(^|/)\\.\\.?(/|$)')"
+                f"!self.mountPath.matches('{DOT_SEGMENT_CEL}')"
                 r" && (!has(self.subPath) || !self.subPath.matches('(^|/)\\.\\.(/|$)'))"
             ),
             message="mountPath must not contain . or .. segments, nor subPath ..",
             field_path=".mountPath",
             check=lambda m: (
-                re.search(r"(^|/)\.\.?(/|$)", m.mount_path) is None
+                re.search(DOT_SEGMENT, m.mount_path) is None
                 and (m.sub_path is None or re.search(r"(^|/)\.\.(/|$)", m.sub_path) is None)
             ),
         ),

@@ -530,3 +530,62 @@ def test_nodes_with_directories_of_their_own_keep_the_steps_in_s3_and_resume_fro
     trace = read_trace(tmp_path / "run" / "trace" / "trace-rank0.jsonl")
     starts = [(r["step"], r["world_size"]) for r in trace if r["event"] == "start"]
     assert starts[-1] == (12, 1)
+
+
+def test_a_fork_from_another_trainings_remote_tier_continues_its_step_exactly(
+    tmp_path: Path, inputs: dict[str, Path], s3: S3Server
+) -> None:
+    s3.create_bucket("fork")
+    env = s3.env()
+    source_work = tmp_path / "source"
+    source = launch(source_work, remote_config(source_work, inputs, "s3://fork/base", maxSteps=6), env=env).check()
+    assert committed(s3, "fork", "base/") == [4, 6]
+    keys_before = sorted(s3.keys("fork", "base/"))
+
+    # The fork has no remote of its own: it downloads the source's step 4 into its dir and trains on from there.
+    work = tmp_path / "fork"
+    cfg = base_config(
+        work,
+        inputs["ragged"],
+        inputs["tokenizer"],
+        training={"maxSteps": 6, "minLearningRateRatio": 1.0},
+        checkpoint={"intervalSteps": 4, "resumeFrom": "s3://fork/base/step-00000004"},
+    )
+    fork = launch(work, cfg, env=env).check()
+    assert fork.events("start")[0]["step"] == 4
+    assert fork.losses() == {step: loss for step, loss in source.losses().items() if step > 4}
+    assert [step for step, _ in complete_checkpoints(work / "checkpoints")] == [6]
+    assert sorted(s3.keys("fork", "base/")) == keys_before  # the source is only read
+    downloaded = work / "checkpoints" / ".resume-from"
+    assert (downloaded / "step-00000004").is_dir()
+
+    # Restarted, it resumes its own step 6, and the downloaded copy is deleted.
+    cfg["training"]["maxSteps"] = 7
+    again = launch(work, cfg, env=env).check()
+    assert again.events("start")[-1]["step"] == 6
+    assert not downloaded.exists()
+    assert [step for step, _ in complete_checkpoints(work / "checkpoints")] == [6, 7]
+
+    # The whole remote tier as the source: its newest committed step.
+    newest_cfg = base_config(
+        tmp_path / "newest",
+        inputs["ragged"],
+        inputs["tokenizer"],
+        training={"maxSteps": 7, "minLearningRateRatio": 1.0},
+        checkpoint={"intervalSteps": 4, "resumeFrom": "s3://fork/base"},
+    )
+    newest = launch(tmp_path / "newest", newest_cfg, env=env).check()
+    assert newest.events("start")[0]["step"] == 6
+
+    # A prefix with nothing committed: one config line, nothing trained.
+    empty_cfg = base_config(
+        tmp_path / "empty",
+        inputs["ragged"],
+        inputs["tokenizer"],
+        training={"maxSteps": 7},
+        checkpoint={"resumeFrom": "s3://fork/nothing-here"},
+    )
+    refused = launch(tmp_path / "empty", empty_cfg, nproc=None, env=env)
+    assert refused.returncode == 2, refused.output
+    assert "  checkpoint.resumeFrom: no committed step under s3://fork/nothing-here\n" in refused.output
+    assert not complete_checkpoints(tmp_path / "empty" / "checkpoints")

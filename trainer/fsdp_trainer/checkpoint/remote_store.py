@@ -28,7 +28,7 @@ from fsdp_api.object_keys import UnsafeKey, local_path
 from fsdp_api.trainer_config import JobInfo, TrainerConfig
 
 from ..storage import ObjectStore, StoreError, delete_prefix, open_store
-from .layout import CONFIG_FILE, STEP_DIR, latest_checkpoint, new_tmp_dir, step_dir_name
+from .layout import CONFIG_FILE, MARKER, STEP_DIR, latest_checkpoint, new_tmp_dir, step_dir_name
 
 log = logging.getLogger(__name__)
 
@@ -243,3 +243,34 @@ def clean_remote(remote: str, resume: str, job: JobInfo) -> str | None:
 def probe(remote: str) -> tuple[list[str], list[str]]:
     """What ``fsdp-train check`` asks of the remote tier (``ObjectStore.probe``): (errors, warnings)."""
     return open_store(remote).probe()
+
+
+def download_committed(uri: str, root: Path) -> Path:
+    """A committed step of a remote tier as a local checkpoint in ``root``, checked against its manifest.
+
+    ``uri`` is a training's ``checkpoint.remote`` (its newest committed step) or one
+    step folder under it (``.../step-00000300``); the download is the resume's own,
+    and a complete copy already in ``root`` (a restart's) is used as it is. Raises
+    ValueError for a malformed ``uri``, StoreError for the store's answers (a step
+    that is not committed included) and OSError for the local side (a full disk).
+    """
+    store = open_store(uri)
+    parent, _, last = store.prefix.rpartition("/")
+    named = STEP_DIR.match(last)
+    if named:
+        store = store.at(parent)
+        step, manifest = int(named.group(1)), read_manifest(store, int(named.group(1)))
+        if manifest is None:
+            raise StoreError(f"{uri} is not a committed step (it has no manifest)")
+    else:
+        found = newest_committed(store)
+        if found is None:
+            raise StoreError(f"no committed step under {uri}")
+        step, manifest = found
+    final = root / step_dir_name(step)
+    if (final / MARKER).is_file():
+        return final
+    root.mkdir(parents=True, exist_ok=True)
+    download_step(store, step, manifest, root)
+    log.info("downloaded step %d of %s", step, store)
+    return final

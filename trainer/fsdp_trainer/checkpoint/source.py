@@ -2,7 +2,12 @@
 
 The source is only read: its steps are listed like ``checkpoint.dir``'s (a step
 folder, or a checkpoint dir for its newest complete step), checked and loaded
-by the same code, and never renamed, pruned or written. Continuing exactly
+by the same code, and never renamed, pruned or written. An ``s3://`` source (a
+training's ``checkpoint.remote``, or one step folder under it) is downloaded as
+a resume from the remote tier is, by one process per node, into
+``<checkpoint.dir>/.resume-from/``: checked against its manifest, used while
+the training has no checkpoint of its own, and deleted once it has one.
+Continuing exactly
 needs the data the saved position counts in: the source's saved config must
 have this training's data section and sequence length, else each difference
 is a config line before anything is loaded.
@@ -11,6 +16,7 @@ is a config line before anything is loaded.
 from __future__ import annotations
 
 import logging
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -18,13 +24,18 @@ import yaml
 from fsdp_api.checkpoint_layout import STEP_DIR, complete_checkpoints
 from fsdp_api.trainer_config import TrainerConfig
 
-from ..errors import ConfigError
-from ..parallel.distributed import WorldInfo, broadcast_object
-from .layout import CONFIG_FILE, MARKER
+from ..errors import ConfigError, first_line
+from ..parallel.distributed import WorldInfo, all_ranks, broadcast_object
+from ..storage import StoreError, scheme_of
+from .layout import CONFIG_FILE, MARKER, remove_stale
+from .remote_store import download_committed
 
 log = logging.getLogger(__name__)
 
 FIELD = "checkpoint.resumeFrom"
+# Under checkpoint.dir, where an s3:// source's step is downloaded: no step-N name, so never this training's own.
+DOWNLOADED = ".resume-from"
+_STEP_NAME = "STEP"  # beside the download: which step it is (a source without a step folder: its newest)
 
 
 def source_candidates(cfg: TrainerConfig, world: WorldInfo) -> list[tuple[int, Path]]:
@@ -33,8 +44,10 @@ def source_candidates(cfg: TrainerConfig, world: WorldInfo) -> list[tuple[int, P
     assert source is not None
     found: list[tuple[int, Path]] = []
     problems: list[str] = []
-    if world.is_main:
-        found, problems = _listed(Path(source))
+    if scheme_of(source) is not None:
+        problems = _download(source, Path(cfg.checkpoint.dir) / DOWNLOADED, world)
+    if world.is_main and not problems:
+        found, problems = _listed(_downloaded(cfg) if scheme_of(source) is not None else Path(source))
         if found:
             problems = data_differences(cfg, found[0][1])
     found, problems = broadcast_object((found, problems))
@@ -42,6 +55,42 @@ def source_candidates(cfg: TrainerConfig, world: WorldInfo) -> list[tuple[int, P
         raise ConfigError(problems)
     log.info("%s: no checkpoint of this training in %s yet; starting from %s", FIELD, cfg.checkpoint.dir, found[0][1])
     return found
+
+
+def _download(source: str, root: Path, world: WorldInfo) -> list[str]:
+    """One process per node downloads the source's step into ``root``; the problem lines (the same on every rank)."""
+    problem: str | None = None
+    if world.local_rank == 0:
+        try:
+            remove_stale(root)  # a download an earlier start did not finish
+            step = download_committed(source, root)
+            (root / _STEP_NAME).write_text(step.name)
+            for older in root.iterdir():  # a source still training committed a newer step since the last start
+                if older != step and STEP_DIR.match(older.name):
+                    shutil.rmtree(older, ignore_errors=True)
+        except (ValueError, StoreError) as e:
+            problem = f"{FIELD}: {e}"
+        except OSError as e:  # the local side: a full disk, a read-only directory
+            problem = f"{FIELD}: {source}: {first_line(e)}"
+        if problem:
+            log.error("%s", problem)
+    if all_ranks(problem is None, world):
+        return []
+    return [problem or f"{FIELD}: another node could not download {source}"]
+
+
+def _downloaded(cfg: TrainerConfig) -> Path:
+    """The step this node downloaded (its name is written beside it: a source may name no step)."""
+    root = Path(cfg.checkpoint.dir) / DOWNLOADED
+    return root / (root / _STEP_NAME).read_text()
+
+
+def forget_downloaded_source(cfg: TrainerConfig, world: WorldInfo) -> None:
+    """The training has a checkpoint of its own: a downloaded copy of an s3:// source is no longer read."""
+    root = Path(cfg.checkpoint.dir) / DOWNLOADED
+    if world.local_rank == 0 and root.is_dir():
+        shutil.rmtree(root, ignore_errors=True)
+        log.info("%s: removed the downloaded source %s (this training resumes from its own checkpoints)", FIELD, root)
 
 
 def _listed(source: Path) -> tuple[list[tuple[int, Path]], list[str]]:
