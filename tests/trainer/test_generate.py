@@ -9,7 +9,7 @@ import pytest
 import torch
 from fsdp_trainer.__main__ import main as fsdp_train
 from fsdp_trainer.generate import main as generate_main
-from fsdp_trainer.generate import model_input
+from fsdp_trainer.samples import prompt_ids
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.trainer.model.architectures import build_checkpoint
@@ -56,12 +56,12 @@ def test_sampling_follows_the_seed(model_dir: Path, capsys: pytest.CaptureFixtur
 
 def test_a_chat_template_makes_the_prompt_a_user_turn(model_dir: Path, tmp_path: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    plain = model_input(tokenizer, PROMPT, "auto")
+    plain = prompt_ids(tokenizer, PROMPT, "auto")
     assert plain == tokenizer(PROMPT)["input_ids"]
     tokenizer.chat_template = CHAT_TEMPLATE
-    ids = model_input(tokenizer, PROMPT, "auto")
+    ids = prompt_ids(tokenizer, PROMPT, "auto")
     assert tokenizer.convert_ids_to_tokens(ids) == ["<bos>", "w1", "w2", "w3", "w4", "<eos>", "w9"]
-    assert model_input(tokenizer, PROMPT, "off") == plain
+    assert prompt_ids(tokenizer, PROMPT, "off") == plain
 
 
 @pytest.mark.parametrize(

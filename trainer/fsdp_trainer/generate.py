@@ -26,6 +26,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationMixin, PreTrainedTokenizerBase
 
 from .errors import ConfigError, first_line
+from .samples import prompt_ids
 from .storage import scheme_of
 
 log = logging.getLogger(__name__)
@@ -69,18 +70,6 @@ def check_args(args: argparse.Namespace) -> None:
         problems.append(f"--top-p: {args.top_p} is not in (0, 1]")
     if problems:
         raise ConfigError(problems)
-
-
-def model_input(tokenizer: PreTrainedTokenizerBase, prompt: str, chat: str) -> list[int]:
-    """The prompt's token ids: a user turn and the generation prompt under a chat template, else the text."""
-    if chat == "on" and not tokenizer.chat_template:
-        raise ConfigError(["--chat on: the model's tokenizer has no chat template"])
-    if chat != "off" and tokenizer.chat_template:
-        ids = tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True, return_dict=False
-        )
-        return list(ids)
-    return list(tokenizer(prompt)["input_ids"])
 
 
 def load_tokenizer(model_dir: Path) -> PreTrainedTokenizerBase:
@@ -154,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         model_dir = model_dir_of(args.model, args.checkpoint, stack)
         tokenizer = load_tokenizer(model_dir)
         # Every prompt checked before the model is loaded: a mistake costs no load.
-        inputs = [model_input(tokenizer, prompt, args.chat) for prompt in prompts]
+        inputs = [prompt_ids(tokenizer, prompt, args.chat, "--chat") for prompt in prompts]
         model = load_model(model_dir)
         torch.manual_seed(args.seed)
         for prompt, ids in zip(prompts, inputs, strict=True):

@@ -58,6 +58,7 @@ from .optim import build_optimizer, build_scheduler, clip_gradients, restore_sch
 from .parallel.compile import MODE_INDUCTOR
 from .parallel.context_parallel import build_context_parallel
 from .parallel.distributed import destroy_distributed, init_distributed
+from .samples import Samples
 from .step import StepReductions, build_objective, non_finite_loss, step_strategy, wait_for_peers
 from .trace import Trace
 from .watchdog import StepWatchdog
@@ -154,6 +155,8 @@ class Trainer:
             objective=self.objective,
             device=self.device,
         )
+        spec = cfg.training.samples
+        self.samples = Samples(spec, self.tokenizer, cfg.training.precision, self.device) if spec else None
         self.stop_signal: int | None = None
         self.stop_time: float | None = None
         if self.checkpointer.remote is not None:
@@ -277,6 +280,9 @@ class Trainer:
             if eval_every and (self.step % eval_every == 0 or self.step == max_steps):
                 self.watchdog.arm(f"validation at step {self.step}", timeout + stall.checkpoint_seconds)
                 self.evaluate(self.step)
+            elif self.step == max_steps:
+                self.watchdog.arm(f"the samples of step {self.step}", timeout + stall.checkpoint_seconds)
+                self.answer_samples(self.step)
             if stop or self.checkpointer.due(self.step, max_steps):
                 self.watchdog.arm(f"the checkpoint save of step {self.step}", timeout + stall.checkpoint_seconds)
                 seconds = self.checkpointer.save(self.step)
@@ -368,6 +374,7 @@ class Trainer:
     # -- validation -------------------------------------------------------------
 
     def evaluate(self, step: int) -> float | None:
+        self.answer_samples(step)
         loss = self.validation.loss()
         if loss is None:
             return None
@@ -375,6 +382,14 @@ class Trainer:
         perplexity = {} if self.objective.preference else {"perplexity": math.exp(min(loss, 700.0))}
         self.trace.write("eval", step=step, loss=loss, batches=len(self.validation.batches()), **perplexity)
         return loss
+
+    def answer_samples(self, step: int) -> None:
+        """training.samples: the model's answers now, on the log, in the trace and the trackers (collective)."""
+        if self.samples is None:
+            return
+        rows = [(s.prompt, s.completion) for s in self.samples.answer(self.model)]
+        self.metrics.on_samples(step, rows)
+        self.trace.write("samples", step=step, samples=[{"prompt": p, "completion": c} for p, c in rows])
 
     def close(self, *, clean: bool = True, remote_wait_seconds: float | None = None) -> bool:
         """Release everything; ``clean=False`` after an error skips the collectives of

@@ -66,6 +66,7 @@ from .placement import (
 from .pod import DEFAULT_GRACE_SECONDS, DO_NOT_DISRUPT, KARPENTER_SELECTOR_KEYS, RESERVED_KEY_PREFIXES, PodSettings
 from .preference import PreferenceSpec
 from .resources import GPU_INSTANCE_PATTERN, ElasticSpec, ResourcesSpec
+from .samples import SamplesSpec
 from .scheduling import RunPolicySpec, SchedulingSpec, TopologySpec
 from .stall import StallSpec
 from .tracking import MlflowSpec, TensorBoardSpec, TrackingSpec, WandbSpec
@@ -179,6 +180,7 @@ __all__ = [
     "Quantity",
     "ResourcesSpec",
     "RunPolicySpec",
+    "SamplesSpec",
     "SchedulingSpec",
     "ScriptWord",
     "SecretSource",

@@ -10,6 +10,7 @@ from ..base import ApiModel
 from ..precision import DEFAULT_FLOAT8_RECIPE, Float8Recipe, Precision
 from ..rules import Rule, cel_literal
 from .preference import PreferenceSpec
+from .samples import SamplesSpec
 
 # The objectives that train on preference pairs (data.format: preference).
 PREFERENCE_OBJECTIVES = ("dpo", "simpo")
@@ -97,6 +98,13 @@ class TrainingSpec(ApiModel):
         default=0, ge=0, description="Steps between validation runs; 0 disables validation."
     )
     eval_steps: int = Field(default=10, ge=1, description="Micro-batches per validation run.")
+    samples: SamplesSpec | None = Field(
+        default=None,
+        description=(
+            "Prompts the model answers (greedy) at each validation (evalIntervalSteps) and at the end of training: "
+            "on rank 0's log, and as text in the trackers. Unset: none."
+        ),
+    )
 
     rules: ClassVar[tuple[Rule, ...]] = (
         Rule(

@@ -369,3 +369,19 @@ def test_a_server_error_while_finding_the_kept_run_does_not_start_a_second_run(
     resumed.close()
     assert resumed.run_id == first.run_id and len(runs_of(mlflow_server, "flaky")) == 1
     assert losses(mlflow_server, first.run_id) == [(1, 2.0), (3, 1.0)]
+
+
+def test_samples_are_a_markdown_artifact_of_the_run_per_step(tmp_path: Path, mlflow_server: MlflowServer) -> None:
+    tracker = MlflowTracker.from_config(config(tmp_path, mlflow_server.uri, "samples"))
+    tracker.write(5, {"train/loss": 1.0})
+    tracker.write_samples(5, [("2 + 2 =", "4 | four"), ("Hello", "")])
+    tracker.close()
+    [run] = runs_of(mlflow_server, "samples")
+    [folder] = client(mlflow_server).list_artifacts(run.info.run_id)
+    assert folder.path == "samples"
+    [artifact] = client(mlflow_server).list_artifacts(run.info.run_id, "samples")
+    assert artifact.path == "samples/step-00000005.md"
+    local = client(mlflow_server).download_artifacts(run.info.run_id, artifact.path, str(tmp_path))
+    assert Path(local).read_text() == (
+        "Samples at step 5\n\n| prompt | completion |\n| --- | --- |\n| 2 + 2 = | 4 \\| four |\n| Hello |   |\n"
+    )

@@ -243,3 +243,18 @@ def test_the_check_warns_of_a_server_that_does_not_answer_and_refuses_a_host_tha
         [f"tracking.wandb: the W&B server {typo}: the host does not resolve (Name or service not known)"],
         [],
     )
+
+
+def test_samples_are_a_table_in_the_steps_row(tmp_path: Path) -> None:
+    tracker = WandbTracker.from_config(config(tmp_path))
+    tracker.write(5, {"train/loss": 1.0})
+    tracker.write_samples(5, [("2 + 2 =", "4"), ("Hello", "")])
+    tracker.write(6, {"train/loss": 0.5})
+    tracker.close()
+    run_id = json.loads((tmp_path / "checkpoints" / WANDB_RUN_FILE).read_text())["run_id"]
+    [path] = run_files(tmp_path / "checkpoints" / WANDB_SUBDIR, run_id)
+    [row] = [r for r in history(path) if r["_step"] == 5]
+    assert row["train/loss"] == 1.0
+    assert (row["samples/_type"], row["samples/nrows"]) == ("table-file", 2)
+    table = path.parent / "files" / row["samples/path"]
+    assert json.loads(table.read_text())["data"] == [["2 + 2 =", "4"], ["Hello", ""]]

@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TextIO
 
@@ -209,6 +210,13 @@ class MetricsProcessor:
         if self.tracking is not None:
             self.tracking.log(step, {contract.EVAL_LOSS: loss, contract.EVAL_PERPLEXITY: ppl})
         self._print(f"eval step {step} | loss {loss:.4f}" + ("" if ppl is None else f" | perplexity {ppl:.2f}"))
+
+    def on_samples(self, step: int, rows: Sequence[tuple[str, str]]) -> None:
+        """training.samples' completions: one log line each, and the trackers' text."""
+        if self.tracking is not None:
+            self.tracking.log_samples(step, rows)
+        for prompt, completion in rows:
+            self._print(f"sample step {step} | {prompt!r} -> {completion!r}")
 
     # The checkpointer logs saves and resumes itself; these only feed metrics.
     def on_checkpoint_saved(self, step: int, seconds: float, size_bytes: int | None = None) -> None:

@@ -25,6 +25,9 @@ CLOSE_SECONDS = 30.0
 SYNC_SECONDS = 5.0
 
 Point = tuple[int, dict[str, float]]
+# (prompt, completion) pairs of training.samples: text, for the trackers that show text.
+SampleRows = Sequence[tuple[str, str]]
+TextPoint = tuple[int, SampleRows]
 
 
 class PointsLost(Exception):
@@ -41,6 +44,8 @@ class Tracker(Protocol):
     name: str
 
     def write(self, step: int, values: Mapping[str, float]) -> None: ...
+
+    def write_samples(self, step: int, rows: SampleRows) -> None: ...
 
     def flush(self) -> None: ...
 
@@ -65,7 +70,7 @@ class Tracking:
         self._say = say
         self._lock = threading.Lock()
         self._said: set[str] = set()
-        self._queue: queue.Queue[Point | threading.Event | None] = queue.Queue(maxsize=capacity)
+        self._queue: queue.Queue[Point | TextPoint | threading.Event | None] = queue.Queue(maxsize=capacity)
         self._thread = threading.Thread(target=self._run, name="trackers", daemon=True)
         self._thread.start()
 
@@ -76,6 +81,13 @@ class Tracking:
             return
         try:
             self._queue.put_nowait((step, point))
+        except queue.Full:
+            self._drop("queue", f"the trackers' writer is {self.capacity} points behind")
+
+    def log_samples(self, step: int, rows: SampleRows) -> None:
+        """Queue one step's samples (training.samples); never blocks."""
+        try:
+            self._queue.put_nowait((step, tuple(rows)))
         except queue.Full:
             self._drop("queue", f"the trackers' writer is {self.capacity} points behind")
 
@@ -132,7 +144,10 @@ class Tracking:
             step, values = item
             for tracker in self.trackers:
                 try:
-                    tracker.write(step, values)
+                    if isinstance(values, dict):
+                        tracker.write(step, values)
+                    else:
+                        tracker.write_samples(step, values)
                 except PointsLost as e:
                     why = f"{tracker.name} failed to send {e.points} points up to step {step}: {e}"
                     self._drop(tracker.name, why, e.points)

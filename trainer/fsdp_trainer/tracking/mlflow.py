@@ -23,8 +23,9 @@ from fsdp_api.contract import LOSS, MLFLOW_RUN_FILE
 from fsdp_api.spec import MlflowSpec
 from fsdp_api.trainer_config import TrainerConfig
 
-from .background import PointsLost
+from .background import PointsLost, SampleRows
 from .http_check import NoAnswer, ask, not_now
+from .sample_text import artifact_name, markdown_table
 from .series import series_tag, training_identity
 
 # MLflow's own limits on one log-batch request (mlflow/utils/validation.py).
@@ -102,6 +103,14 @@ class MlflowTracker:
         self._last_step = max(self._last_step, step)
         if len(self._pending) >= MAX_METRICS_PER_REQUEST or time.monotonic() - self._sent_at >= self.spec.flush_seconds:
             self.flush()
+
+    def write_samples(self, step: int, rows: SampleRows) -> None:
+        if self.run_id is None:
+            self._open()
+        if step <= self.logged_through:
+            return
+        # An artifact of the run (MLflow shows Markdown files), one per step.
+        self._client.log_text(self.run_id, markdown_table(step, rows), artifact_name(step))
 
     def flush(self) -> None:
         if not self._pending:

@@ -19,6 +19,9 @@ from typing import Any
 from fsdp_api.contract import TENSORBOARD_SUBDIR
 from fsdp_api.trainer_config import TrainerConfig
 
+from .background import SampleRows
+from .sample_text import SAMPLES_TAG, markdown_table
+
 CONFIG_TAG = "config"
 
 
@@ -48,6 +51,15 @@ class TensorBoardTracker:
         events.write_event(Event(wall_time=time.time(), step=step, summary=summary))
         if time.monotonic() - self._flushed_at >= self.flush_seconds:
             self.flush()
+
+    def write_samples(self, step: int, rows: SampleRows) -> None:
+        from tensorboardX.summary import text
+
+        events = self._events or self._open(step)
+        Event, _ = self._protos
+        events.write_event(
+            Event(wall_time=time.time(), step=step, summary=text(SAMPLES_TAG, markdown_table(step, rows)))
+        )
 
     def flush(self) -> None:
         if self._events is not None:

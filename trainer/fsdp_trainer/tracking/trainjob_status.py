@@ -19,7 +19,7 @@ import ssl
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -79,6 +79,9 @@ class TrainJobStatusReporter:
             self.step_seconds = seconds if last is None else last + STEP_TIME_WEIGHT * (seconds - last)
         if time.monotonic() - self._posted_at >= POST_SECONDS:
             self.flush()
+
+    def write_samples(self, step: int, rows: Sequence[tuple[str, str]]) -> None:
+        """The TrainJob's status holds numbers only."""
 
     def flush(self) -> None:
         if self.step > self._posted_step:

@@ -30,7 +30,9 @@ from fsdp_api.contract import ENV_WANDB_API_KEY, WANDB_RUN_FILE, WANDB_SUBDIR
 from fsdp_api.spec import WandbSpec
 from fsdp_api.trainer_config import TrainerConfig
 
+from .background import SampleRows
 from .http_check import NoAnswer, ask, not_now
+from .sample_text import SAMPLES_TAG
 from .series import training_identity
 from .wandb_log import LogReader, last_step, steps
 
@@ -92,6 +94,17 @@ class WandbTracker:
         if step <= self._committed:
             return  # W&B refuses points for a completed row (only a bug of ours would send them)
         self._run.log(dict(values), step=step)
+        self._last_step = max(self._last_step, step)
+
+    def write_samples(self, step: int, rows: SampleRows) -> None:
+        if self._run is None:
+            self._open()
+        if step <= self.logged_through or step <= self._committed:
+            return
+        import wandb
+
+        table = wandb.Table(columns=["prompt", "completion"], data=[list(row) for row in rows])
+        self._run.log({SAMPLES_TAG: table}, step=step)
         self._last_step = max(self._last_step, step)
 
     def flush(self) -> None:
