@@ -6,6 +6,7 @@
     c.submit("fsdptraining.yaml")
     c.wait("llama-sft", progress=True).phase
     c.metrics("llama-sft").loss
+    c.export("llama-sft", "s3://models/llama-sft").output   # a Job writes the Hugging Face model
 
 The top layer, beside the CLI: it imports the API package and the
 operator's renderer, never torch, kopf or the controller (tests/test_layers.py).
@@ -15,6 +16,7 @@ from fsdp_api import FSDPTraining, FSDPTrainingStatus
 
 from .client import Client, Event, MemoryWarning, load_training
 from .errors import ApiError, ClientError, InvalidTraining, WaitTimeout
+from .export import ExportResult
 from .metrics import TrainerMetrics
 from .training import TERMINAL_PHASES, Training
 
@@ -24,6 +26,7 @@ __all__ = [
     "Client",
     "ClientError",
     "Event",
+    "ExportResult",
     "FSDPTraining",
     "FSDPTrainingStatus",
     "InvalidTraining",

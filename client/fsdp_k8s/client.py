@@ -24,6 +24,7 @@ from fsdp_api import GROUP, KIND, PLURAL, VERSION, FSDPTraining
 from fsdp_api.documents import Document, InputError, parse, read_documents, without_nulls
 
 from .errors import ApiError, ClientError, InvalidTraining, WaitTimeout
+from .export import ExportResult, start_export, wait_export
 from .kube import Json, KubeApi, core_path, group_path
 from .kubeconfig import Connection, load_connection
 from .metrics import TrainerMetrics
@@ -272,6 +273,30 @@ class Client:
             if time.monotonic() >= deadline:
                 raise WaitTimeout(f"{KIND} {self.namespace}/{name} still exists {timeout:g} s after its deletion")
             time.sleep(0.5)
+
+    # --- its export -------------------------------------------------------------------------
+
+    def export(
+        self,
+        name: str,
+        to: str,
+        *,
+        step: int | None = None,
+        dtype: str = "float32",
+        fmt: str = "merged",
+        memory: str | None = None,
+        wait: bool = True,
+        timeout: float = 3600.0,
+    ) -> ExportResult | str:
+        """Export its newest (or ``step``'s) checkpoint as a Hugging Face model under ``to`` (s3://...), in a Job.
+
+        With ``wait`` the Job's end (``ExportResult``), else the Job's name (``wait_export`` follows it).
+        """
+        job = start_export(self, name, to, step=step, dtype=dtype, fmt=fmt, memory=memory)
+        return self.wait_export(job, timeout=timeout) if wait else job
+
+    def wait_export(self, job: str, *, timeout: float = 3600.0) -> ExportResult:
+        return wait_export(self, job, timeout=timeout)
 
     # --- what its pods say ------------------------------------------------------------------
 

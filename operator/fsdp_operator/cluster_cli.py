@@ -1,4 +1,4 @@
-"""``fsdp-operator status | logs | watch``: a training on the cluster, from a shell, through the Python client.
+"""``fsdp-operator status | logs | watch | export``: a training on the cluster, from a shell, through the Python client.
 
 The client (``fsdp_k8s``) sits above the operator's renderer; only the CLI,
 the top of this package, reaches up to it, and only inside these commands.
@@ -107,6 +107,31 @@ def cmd_watch(args: argparse.Namespace) -> int:
     return EXIT_OK if done.phase == "Succeeded" else EXIT_FAILED
 
 
+@one_line_errors
+def cmd_export(args: argparse.Namespace) -> int:
+    from fsdp_k8s import WaitTimeout
+
+    client = _client(args)
+    job = client.export(
+        args.name, args.to, step=args.step, dtype=args.dtype, fmt=args.format, memory=args.memory, wait=False
+    )
+    assert isinstance(job, str)  # wait=False: the Job's name
+    print(f"export Job {client.namespace}/{job} created; kubectl logs -n {client.namespace} job/{job}", file=sys.stderr)
+    if args.no_wait:
+        print(job)
+        return EXIT_OK
+    try:
+        done = client.wait_export(job, timeout=args.timeout)
+    except WaitTimeout as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_TIMEOUT
+    if not done.succeeded:
+        print(f"error: export Job {done.namespace}/{done.job} failed: {done.message}", file=sys.stderr)
+        return EXIT_FAILED
+    print(done.output)
+    return EXIT_OK
+
+
 def _seconds(text: str) -> float:
     try:
         value = float(text)
@@ -137,6 +162,21 @@ def add_cluster_commands(sub: Any, positive: Any) -> None:
     s.add_argument("-f", "--follow", action="store_true", help="keep printing lines as they come")
     s.add_argument("--tail", type=positive, metavar="N", help="only the last N lines")
     s.set_defaults(func=cmd_logs)
+
+    s = sub.add_parser(
+        "export",
+        help="write a training's newest (or --step's) checkpoint as a Hugging Face model to S3, in a Job on the "
+        "cluster; print the prefix",
+    )
+    _cluster_args(s)
+    s.add_argument("--to", required=True, metavar="S3_URI", help="s3://bucket/prefix to write (a new prefix)")
+    s.add_argument("--step", type=positive, metavar="N", help="the checkpoint of step N (default: the newest)")
+    s.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32", help="weights' dtype")
+    s.add_argument("--format", choices=("merged", "peft"), default="merged", help="as fsdp-train export --format")
+    s.add_argument("--memory", metavar="QUANTITY", help="the Job's memory (default: the model's size, when known)")
+    s.add_argument("--no-wait", action="store_true", help="print the Job's name and return at once")
+    s.add_argument("--timeout", type=_seconds, default=3600.0, metavar="SECONDS", help="give up waiting after this")
+    s.set_defaults(func=cmd_export)
 
     s = sub.add_parser(
         "watch", help="print a line per change until the training ends; exit 0 Succeeded, 1 Failed, 2 timeout"

@@ -255,3 +255,28 @@ def test_a_training_without_pods_says_where_it_stands(client: Client, api: TestC
     set_status(api, "nopods", {"phase": "Queued", "message": "waiting for quota in ClusterQueue gpu"})
     with pytest.raises(ClientError, match=r"has no pod of node rank 0 now \(.*: Queued \| waiting for quota"):
         client.logs("nopods")
+
+
+def test_export_creates_a_job_owned_by_the_training_and_refuses_what_cannot_be_exported(
+    client: Client, api: TestCluster
+) -> None:
+    created = client.submit(tiny("exported", checkpoint={"claimName": "ckpt"}))
+    job = client.export("exported", "s3://models/exported", wait=False)
+    assert isinstance(job, str) and job.startswith("exported-export-")
+    body = client.api.get(f"/apis/batch/v1/namespaces/{NAMESPACE}/jobs/{job}")
+    [owner] = body["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["name"], owner["uid"]) == ("FSDPTraining", "exported", created.body["metadata"]["uid"])
+    assert body["spec"]["template"]["spec"]["containers"][0]["command"][:4] == [
+        "fsdp-train", "export", "--checkpoint", "/checkpoints",
+    ]  # fmt: skip
+    # No Job controller runs here: it never ends.
+    with pytest.raises(WaitTimeout, match=f"export Job {NAMESPACE}/{job} did not finish within 0.5 s"):
+        client.wait_export(job, timeout=0.5)
+
+    client.submit(tiny("ephemeral"))
+    with pytest.raises(ClientError, match=f"{NAMESPACE}/ephemeral: its checkpoints were in an emptyDir"):
+        client.export("ephemeral", "s3://models/ephemeral")
+    with pytest.raises(ClientError, match=r"--to: /tmp/model is not s3://bucket\[/prefix\]"):
+        client.export("exported", "/tmp/model")
+    with pytest.raises(ClientError, match="--memory: '64GB' is not a Kubernetes quantity"):
+        client.export("exported", "s3://models/x", memory="64GB")

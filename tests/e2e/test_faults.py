@@ -287,8 +287,44 @@ def test_an_emptydir_training_with_a_remote_tier_resumes_from_s3_when_its_pods_a
         assert max(committed()) == max_steps
         final = status(whole, name, ns)
         assert final["checkpoint"]["remote"] == f"s3://ckpt/{ns}/{name}" and final["checkpoint"]["ephemeral"] is False
+
+        # The export on the cluster (the pods and their emptyDirs are gone): a Job on the system node
+        # reads the remote tier with the training's S3 settings and writes the model under a new prefix.
+        t = time.monotonic()
+        to = f"s3://ckpt/exports/{ns}"
+        assert main(["export", name, "-n", ns, "--kubeconfig", str(whole.cluster.kubeconfig), "--to", to]) == 0
+        record("export_job_s", time.monotonic() - t)
+        [job] = whole.list("jobs", ns)
+        assert job["spec"]["template"]["spec"]["containers"][0]["command"][3] == f"s3://ckpt/{ns}/{name}"
+        assert_exported_model_is_the_remote_steps(server, f"{ns}/{name}", f"exports/{ns}", tmp_path_factory)
     finally:
         server.stop()
+
+
+def assert_exported_model_is_the_remote_steps(
+    server: Any, remote: str, exported: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """What the Job wrote loads in transformers with the weights the trainer's own export gives here."""
+    import torch
+    from fsdp_trainer.export import main as export_main
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    here = tmp_path_factory.mktemp("exported")
+    client = server.client()
+    for key in server.keys("ckpt", exported + "/"):
+        target = here / "job" / key.removeprefix(exported + "/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        client.download_file("ckpt", key, str(target))
+    model = AutoModelForCausalLM.from_pretrained(here / "job", dtype=torch.float32)
+    assert model.num_parameters() > 0
+    with pytest.MonkeyPatch.context() as env:
+        for key, value in server.env().items():
+            env.setenv(key, value)
+        assert export_main(["--checkpoint", f"s3://ckpt/{remote}", "--output", str(here / "local")]) == 0
+    ours, theirs = load_file(here / "job" / "model.safetensors"), load_file(here / "local" / "model.safetensors")
+    assert ours.keys() == theirs.keys()
+    assert all(torch.equal(ours[k], theirs[k]) for k in ours)
 
 
 def test_deleting_the_training_collects_job_and_pods_but_keeps_checkpoints(operator: WholeCluster, ns: str) -> None:
