@@ -321,6 +321,22 @@ def layer_activation_bytes(w: Workload) -> int:
     return w.tokens * (norms + (attention + mlp) // w.tp) + gathered
 
 
+def op_kept_layer_bytes(w: Workload) -> int:
+    """What ``activationCheckpointing: op`` keeps of one layer: its matmuls', attention's and collectives' outputs.
+
+    Per token: the q, k, v, gate and up projections and the attention output
+    (split by tensor parallelism) with attention's fp32 log-sum-exp per head;
+    o_proj's and down_proj's outputs whole (under tensor parallelism each rank's
+    partial sum, and the all-reduced sum beside it). Norms, RoPE, SiLU and the
+    residual adds are recomputed.
+    """
+    d, c = w.dims, w.compute_bytes
+    kv = d.num_key_value_heads * d.head_dim
+    split = (2 * d.hidden_size + 2 * kv + 2 * d.intermediate_size) * c + d.num_heads * FP32
+    whole = 2 * d.hidden_size * c * (2 if w.tp > 1 else 1)
+    return w.tokens * (split // w.tp + whole)
+
+
 def context_mask_bytes(w: Workload) -> int:
     """Context parallelism's mask of packed rows: additive, in the compute dtype, per local query and key.
 
@@ -335,12 +351,17 @@ def activation_bytes(w: Workload) -> int:
     """Saved activations of all layers at the start of backward.
 
     A checkpointed layer keeps only its input; its activations come back one
-    layer at a time during backward. selective wraps layers 0, 2, 4, ...
+    layer at a time during backward. selective wraps layers 0, 2, 4, ...; op
+    wraps every layer and keeps its expensive outputs too (``op_kept_layer_bytes``).
     """
     d = w.dims
     per_layer = layer_activation_bytes(w)
-    checkpointed = {"none": 0, "selective": (d.num_layers + 1) // 2, "full": d.num_layers}[w.checkpointing]
+    checkpointed = {"none": 0, "op": d.num_layers, "selective": (d.num_layers + 1) // 2, "full": d.num_layers}[
+        w.checkpointing
+    ]
     kept = (d.num_layers - checkpointed) * per_layer
+    if w.checkpointing == "op":
+        kept = d.num_layers * op_kept_layer_bytes(w)
     inputs = checkpointed * w.tokens * d.hidden_size * w.compute_bytes
     recompute = per_layer if checkpointed else 0
     # The final norm's input and output, as in a layer.

@@ -64,7 +64,8 @@ def _candidates(spec: FSDPTrainingSpec) -> list[tuple[str, FSDPTrainingSpec]]:
     # First: the loss's buffers, which cost no recompute and keep the batch.
     if t.logits == "full":
         out.append(("set training.logits: chunked", _training(spec, logits="chunked")))
-    order = ("none", "selective", "full")
+    # By recompute cost: op recomputes only the cheap ops of each layer, selective half the layers whole.
+    order = ("none", "op", "selective", "full")
     for mode in order[order.index(t.activation_checkpointing) + 1 :]:
         out.append((f"set training.activationCheckpointing: {mode}", _training(spec, activation_checkpointing=mode)))
     if f.sharding_strategy != "full" and spec.world_size() > 1:

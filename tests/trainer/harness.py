@@ -247,6 +247,7 @@ VARIANTS: dict[str, dict[str, dict]] = {
         "fsdp": {"shardingStrategy": "full", "prefetch": 1},
         "training": {"activationCheckpointing": "selective"},
     },
+    "full_ac_op": {"fsdp": {"shardingStrategy": "full"}, "training": {"activationCheckpointing": "op"}},
 }
 
 

@@ -46,6 +46,11 @@ CASES: dict[str, dict[str, Any]] = {
         "model": {"preset": "tiny", "config": {"vocabSize": 128_256}},
         "training": {"seqLen": 256, "microBatchSize": 4, "logits": "chunked"},
     },
+    # Op-level activation checkpointing: each layer keeps its matmuls' outputs, recomputes the rest.
+    "small-ac-op": {
+        "model": {"preset": "tiny", "config": SMALL},
+        "training": {"seqLen": 256, "microBatchSize": 2, "activationCheckpointing": "op"},
+    },
     # Tensor parallelism over both ranks: each holds half of every block's projections
     # and computes half of the attention and MLP activations.
     "tiny-tp2": {

@@ -60,9 +60,13 @@ class TrainingSpec(ApiModel):
             "rowwise (one scale per row: more accurate, slower). Unset: tensorwise."
         ),
     )
-    activation_checkpointing: Literal["none", "selective", "full"] = Field(
+    activation_checkpointing: Literal["none", "op", "selective", "full"] = Field(
         default="none",
-        description="Recompute activations in backward: none, selective (every other layer) or full (every layer).",
+        description=(
+            "Recompute activations in backward: none; op (in every layer, keep the matmuls', attention's and "
+            "collectives' outputs and recompute the cheap ops between them: about half the activation memory for a "
+            "few percent of compute); selective (every other layer whole); full (every layer whole)."
+        ),
     )
     compile: bool | None = Field(
         default=None,

@@ -1,6 +1,6 @@
 """FSDP2 on 2 CPU ranks trains exactly like one process without FSDP.
 
-Every sharding strategy (and activation checkpointing with explicit prefetch)
+Every sharding strategy (and activation checkpointing, with explicit prefetch and op-level)
 runs 20 fp32 steps with gradient accumulation on the same global batches as
 a single non-sharded process; losses, gradient norms and validation losses
 must agree step by step. The same runs show that ranks read disjoint data,
@@ -28,6 +28,7 @@ MESH = {
     "hybrid_2x1": "{'replicate': 2, 'shard': 1}",
     "hybrid_1x2": "{'replicate': 1, 'shard': 2}",
     "full_ac_prefetch": "{'shard': 2}",
+    "full_ac_op": "{'shard': 2}",
 }
 
 

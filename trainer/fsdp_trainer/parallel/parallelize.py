@@ -35,6 +35,7 @@ from transformers import PreTrainedModel
 from ..model.architecture import decoder_units
 from .compile import CompileReport, apply_compile
 from .float8 import Float8Report, apply_float8
+from .op_checkpoint import op_checkpoint
 from .plan import data_parallel_mesh, tensor_parallel_mesh
 from .tensor_parallel import apply_tensor_parallel
 
@@ -50,9 +51,16 @@ def apply_activation_checkpointing(model: PreTrainedModel, mode: str) -> int:
 
     selective wraps every other layer (0, 2, 4, ...): about half the
     activation memory of none for about half the recompute cost of full.
+    op wraps every layer in a policy that keeps its matmuls' outputs and
+    recomputes the cheap ops between them (``op_checkpoint.py``).
     """
     if mode == "none":
         return 0
+    if mode == "op":
+        units = decoder_units(model)
+        for unit in units:
+            unit.replace(op_checkpoint(unit.module))
+        return len(units)
     wrapped = 0
     for i, unit in enumerate(decoder_units(model)):
         if mode == "full" or i % 2 == 0:
