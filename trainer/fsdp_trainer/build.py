@@ -17,7 +17,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .config import check_config
 from .data.tokenizer import check_vocabulary, load_tokenizer
-from .errors import ConfigError
+from .errors import ConfigError, first_line
 from .model.architecture import (
     build_meta_model,
     check_tied,
@@ -27,6 +27,8 @@ from .model.architecture import (
     model_config,
     model_dir,
 )
+from .model.experts import FIELD as EXPERTS_FIELD
+from .model.experts import check_experts, request_experts
 from .model.init import init_weights, reset_buffers
 from .model.lora import apply_lora, init_adapters
 from .model.pretrained import LoadPlan, check_pretrained, load_pretrained
@@ -87,10 +89,14 @@ def prepare(cfg: TrainerConfig, world: WorldInfo | None = None) -> Prepared:
                 "(max_position_embeddings)"
             ]
         )
+    request_experts(config, cfg.model.experts_implementation)
     try:
         model = build_meta_model(config)
     except (ValueError, TypeError, AttributeError) as e:
+        if cfg.model.experts_implementation is not None and "experts implementation" in str(e):
+            raise ConfigError([f"{EXPERTS_FIELD}: {first_line(e)}"]) from None
         raise ConfigError([f"model: transformers cannot build {type(config).__name__} as configured: {e}"]) from None
+    check_experts(model, cfg.model.experts_implementation)
     decoder_units(model)
     if errors := tensor_parallel_errors(model, plan.tp) + context_parallel_errors(model, plan.cp, seq_len):
         raise ConfigError(errors)

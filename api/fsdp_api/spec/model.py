@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
@@ -90,7 +90,23 @@ class ModelSpec(ApiModel):
         ),
     )
 
+    experts_implementation: Literal["grouped_mm", "batched_mm", "eager"] | None = Field(
+        default=None,
+        description=(
+            "Mixture-of-experts models only: how transformers runs the experts. grouped_mm (one grouped GEMM over "
+            "every expert's tokens), batched_mm (each token's experts' weights gathered, one batched matmul), or "
+            "eager (the model's own per-expert loop). Unset: transformers' choice, grouped_mm where the model can "
+            "dispatch it; the trainer's log names what each run uses."
+        ),
+    )
+
     rules: ClassVar[tuple[Rule, ...]] = (
+        Rule(
+            cel="!has(self.expertsImplementation) || !has(self.preset)",
+            message="expertsImplementation applies to mixture-of-experts models; the presets are dense Llama models",
+            field_path=".expertsImplementation",
+            check=lambda m: m.experts_implementation is None or m.preset is None,
+        ),
         no_other_scheme_rule("architecture", "a Hugging Face model id or a local directory", s3=False),
         no_other_scheme_rule("pretrained", "a Hugging Face model id, a local path or s3://bucket/prefix", s3=True),
         s3_form_rule("pretrained"),

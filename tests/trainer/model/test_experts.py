@@ -1,0 +1,49 @@
+"""``model.expertsImplementation``: a mixture-of-experts model runs the kernel asked for (or transformers'
+default), says which in its log, and trains the same losses with each; a dense model refuses the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from fsdp_api.trainer_config import TrainerConfig
+from fsdp_trainer.build import prepare
+from fsdp_trainer.errors import ConfigError
+
+from tests.trainer.harness import cpu_world, launch
+from tests.trainer.model.architectures import build_checkpoint
+from tests.trainer.parallel.split_runs import model_config
+
+
+@pytest.fixture(scope="module")
+def mixtral(tmp_path_factory: pytest.TempPathFactory, inputs: dict[str, Path]) -> Path:
+    return build_checkpoint("mixtral", tmp_path_factory.mktemp("experts") / "mixtral", inputs["tokenizer"])
+
+
+@pytest.mark.slow
+def test_each_kernel_trains_the_same_losses_and_the_log_names_it(
+    mixtral: Path, inputs: dict[str, Path], tmp_path: Path
+) -> None:
+    runs = {}
+    for kernel in (None, "eager"):
+        work = tmp_path / str(kernel)
+        model = {"pretrained": str(mixtral), **({"expertsImplementation": kernel} if kernel else {})}
+        cfg = model_config(work, inputs["aligned"], model, training={"maxSteps": 4, "microBatchSize": 2})
+        runs[kernel] = launch(work, cfg).check()
+    assert "experts: grouped_mm (transformers' default for this model; 2 experts modules)" in runs[None].output
+    assert "experts: eager (model.expertsImplementation: eager; 2 experts modules)" in runs["eager"].output
+    default, eager = runs[None].losses(), runs["eager"].losses()
+    assert sorted(default) == [1, 2, 3, 4]
+    for step, loss in default.items():
+        assert abs(loss - eager[step]) <= 1e-5, (step, loss, eager[step])
+
+
+def test_a_dense_model_refuses_the_field_in_one_line(inputs: dict[str, Path], tmp_path: Path) -> None:
+    llama = build_checkpoint("llama", tmp_path / "llama", inputs["tokenizer"])
+    cfg = model_config(tmp_path, inputs["aligned"], {"architecture": str(llama), "expertsImplementation": "eager"})
+    with pytest.raises(ConfigError) as err:
+        prepare(TrainerConfig.model_validate(cfg), cpu_world(1, 1))
+    assert err.value.lines == [
+        "model.expertsImplementation: LlamaForCausalLM has no mixture-of-experts layers, so there is no experts "
+        "kernel to choose: leave it unset"
+    ]
