@@ -561,7 +561,7 @@ def test_a_fork_from_another_trainings_remote_tier_continues_its_step_exactly(
 
     # Restarted, it resumes its own step 6, and the downloaded copy is deleted.
     cfg["training"]["maxSteps"] = 7
-    again = launch(work, cfg, env=env).check()
+    again = launch(work, cfg, nproc=None, env=env).check()  # one process: DCP reshards the two ranks' step
     assert again.events("start")[-1]["step"] == 6
     assert not downloaded.exists()
     assert [step for step, _ in complete_checkpoints(work / "checkpoints")] == [6, 7]
@@ -574,7 +574,7 @@ def test_a_fork_from_another_trainings_remote_tier_continues_its_step_exactly(
         training={"maxSteps": 7, "minLearningRateRatio": 1.0},
         checkpoint={"intervalSteps": 4, "resumeFrom": "s3://fork/base"},
     )
-    newest = launch(tmp_path / "newest", newest_cfg, env=env).check()
+    newest = launch(tmp_path / "newest", newest_cfg, nproc=None, env=env).check()
     assert newest.events("start")[0]["step"] == 6
 
     # A prefix with nothing committed: one config line, nothing trained.

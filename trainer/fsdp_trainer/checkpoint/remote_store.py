@@ -245,6 +245,29 @@ def probe(remote: str) -> tuple[list[str], list[str]]:
     return open_store(remote).probe()
 
 
+def _committed(uri: str) -> tuple[ObjectStore, int, dict[str, Any]]:
+    """(the tier's store, the step, its manifest) of ``uri``: a tier (its newest committed step) or a step folder."""
+    store = open_store(uri)
+    parent, _, last = store.prefix.rpartition("/")
+    named = STEP_DIR.match(last)
+    if named:
+        store = store.at(parent)
+        step, manifest = int(named.group(1)), read_manifest(store, int(named.group(1)))
+        if manifest is None:
+            raise StoreError(f"{uri} is not a committed step (it has no manifest)")
+        return store, step, manifest
+    found = newest_committed(store)
+    if found is None:
+        raise StoreError(f"no committed step under {uri}")
+    return store, found[0], found[1]
+
+
+def committed_step_uri(uri: str) -> str:
+    """``uri`` naming one committed step: itself when it names one, else its tier's newest committed step."""
+    store, step, _ = _committed(uri)
+    return store.where(step_prefix(store, step)).rstrip("/")
+
+
 def download_committed(uri: str, root: Path) -> Path:
     """A committed step of a remote tier as a local checkpoint in ``root``, checked against its manifest.
 
@@ -254,19 +277,7 @@ def download_committed(uri: str, root: Path) -> Path:
     ValueError for a malformed ``uri``, StoreError for the store's answers (a step
     that is not committed included) and OSError for the local side (a full disk).
     """
-    store = open_store(uri)
-    parent, _, last = store.prefix.rpartition("/")
-    named = STEP_DIR.match(last)
-    if named:
-        store = store.at(parent)
-        step, manifest = int(named.group(1)), read_manifest(store, int(named.group(1)))
-        if manifest is None:
-            raise StoreError(f"{uri} is not a committed step (it has no manifest)")
-    else:
-        found = newest_committed(store)
-        if found is None:
-            raise StoreError(f"no committed step under {uri}")
-        step, manifest = found
+    store, step, manifest = _committed(uri)
     final = root / step_dir_name(step)
     if (final / MARKER).is_file():
         return final

@@ -28,7 +28,7 @@ from ..errors import ConfigError, first_line
 from ..parallel.distributed import WorldInfo, all_ranks, broadcast_object
 from ..storage import StoreError, scheme_of
 from .layout import CONFIG_FILE, MARKER, remove_stale
-from .remote_store import download_committed
+from .remote_store import committed_step_uri, download_committed
 
 log = logging.getLogger(__name__)
 
@@ -58,22 +58,38 @@ def source_candidates(cfg: TrainerConfig, world: WorldInfo) -> list[tuple[int, P
 
 
 def _download(source: str, root: Path, world: WorldInfo) -> list[str]:
-    """One process per node downloads the source's step into ``root``; the problem lines (the same on every rank)."""
-    problem: str | None = None
-    if world.local_rank == 0:
+    """One process per node downloads the source's step into ``root``; the problem lines (the same on every rank).
+
+    Rank 0 picks the step (a source still training may commit a newer one any
+    moment: every node must fetch the same) and clears what an earlier start
+    left, before any node writes there (a claim the nodes share is one directory).
+    """
+    step_uri, problem = None, None
+    if world.is_main:
         try:
+            step_uri = committed_step_uri(source)
             remove_stale(root)  # a download an earlier start did not finish
-            step = download_committed(source, root)
-            (root / _STEP_NAME).write_text(step.name)
-            for older in root.iterdir():  # a source still training committed a newer step since the last start
-                if older != step and STEP_DIR.match(older.name):
+            name = STEP_DIR.match(step_uri.rpartition("/")[2])
+            assert name is not None  # committed_step_uri names a step folder
+            for older in root.iterdir() if root.is_dir() else ():  # an earlier start's older step
+                if STEP_DIR.match(older.name) and older.name != name.group(0):
                     shutil.rmtree(older, ignore_errors=True)
         except (ValueError, StoreError) as e:
             problem = f"{FIELD}: {e}"
         except OSError as e:  # the local side: a full disk, a read-only directory
             problem = f"{FIELD}: {source}: {first_line(e)}"
-        if problem:
-            log.error("%s", problem)
+    step_uri, problem = broadcast_object((step_uri, problem))
+    if problem is None and world.local_rank == 0:
+        assert step_uri is not None
+        try:
+            step = download_committed(step_uri, root)
+            (root / _STEP_NAME).write_text(step.name)
+        except (ValueError, StoreError) as e:
+            problem = f"{FIELD}: {e}"
+        except OSError as e:
+            problem = f"{FIELD}: {source}: {first_line(e)}"
+    if problem:
+        log.error("%s", problem)
     if all_ranks(problem is None, world):
         return []
     return [problem or f"{FIELD}: another node could not download {source}"]
