@@ -88,10 +88,39 @@ _MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_ex
 # --- model dimensions ----------------------------------------------------------
 
 
+# Mixture-of-experts layouts the plan does not model yet: shared experts beside the routed ones, dense
+# layers among the MoE ones, latent attention (DeepSeek's MLA).
+_MOE_NOT_MODELLED = {
+    "n_shared_experts": "shared experts",
+    "shared_expert_intermediate_size": "shared experts",
+    "first_k_dense_replace": "dense layers among the expert layers",
+    "mlp_only_layers": "dense layers among the expert layers",
+    "kv_lora_rank": "latent attention",
+}
+
+
+def _moe_dims(config: dict[str, Any]) -> tuple[dict[str, int], str | None]:
+    """(num_experts, experts_per_token, the experts' width) of an MoE config.json; or why it is not modelled."""
+    experts = next(config[k] for k in _MOE_KEYS if config.get(k))
+    for key, what in _MOE_NOT_MODELLED.items():
+        if config.get(key):
+            return {}, f"mixture-of-experts models with {what} are not modelled ({key} in config.json)"
+    if isinstance(config.get("decoder_sparse_step"), int) and config["decoder_sparse_step"] > 1:
+        return {}, "mixture-of-experts models with dense layers among the expert layers are not modelled"
+    per_token = config.get("num_experts_per_tok")
+    if not isinstance(per_token, int) or per_token < 1:
+        return {}, "config.json has no num_experts_per_tok"
+    width = config.get("moe_intermediate_size") or config.get("intermediate_size")
+    return {"num_experts": int(experts), "experts_per_token": per_token, "intermediate_size": int(width or 0)}, None
+
+
 def dims_from_config(config: dict[str, Any]) -> tuple[ModelDims | None, str | None]:
-    """The numbers of a config.json, or (None, why) when they are not those of a dense decoder."""
+    """The numbers of a config.json, or (None, why) when the plan does not model its layers."""
+    moe: dict[str, int] = {}
     if any(config.get(k) for k in _MOE_KEYS):
-        return None, "mixture-of-experts models are not modelled"
+        moe, why = _moe_dims(config)
+        if why is not None:
+            return None, why
     # ints; Any, since a type checker matches **values against every ModelDims field, the bool ones too.
     values: dict[str, Any] = {}
     for field, keys in _CONFIG_KEYS.items():
@@ -99,6 +128,7 @@ def dims_from_config(config: dict[str, Any]) -> tuple[ModelDims | None, str | No
         if value is None:
             return None, f"config.json has no {keys[0]}"
         values[field] = value
+    values.update(moe)
     if not values["intermediate_size"]:
         return None, "config.json has no intermediate_size"
     kv = config.get("num_key_value_heads")
@@ -235,17 +265,17 @@ def lora_params(d: ModelDims, peft: PeftSpec) -> int:
 
 
 def projection_shapes(d: ModelDims) -> dict[str, tuple[int, int]]:
-    """A Llama decoder layer's projections: (in_features, out_features) by name."""
+    """A Llama decoder layer's Linear projections: (in_features, out_features) by name.
+
+    An MoE layer's experts are 3-D parameters, not Linear layers (LoRA and
+    float8 leave them as they are), and its router is neither adapted nor
+    converted: only the attention projections are listed.
+    """
     h, i, kv = d.hidden_size, d.intermediate_size, d.num_key_value_heads * d.head_dim
-    return {
-        "q_proj": (h, h),
-        "k_proj": (h, kv),
-        "v_proj": (h, kv),
-        "o_proj": (h, h),
-        "gate_proj": (h, i),
-        "up_proj": (h, i),
-        "down_proj": (i, h),
-    }
+    attention = {"q_proj": (h, h), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (h, h)}
+    if d.is_moe:
+        return attention
+    return {**attention, "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
 
 
 # --- the formulas --------------------------------------------------------------------
@@ -253,12 +283,7 @@ def projection_shapes(d: ModelDims) -> dict[str, tuple[int, int]]:
 
 def layer_params(d: ModelDims) -> int:
     kv = d.num_key_value_heads * d.head_dim
-    return (
-        2 * d.hidden_size * d.hidden_size
-        + 2 * d.hidden_size * kv
-        + 3 * d.hidden_size * d.intermediate_size
-        + 2 * d.hidden_size
-    )
+    return 2 * d.hidden_size * d.hidden_size + 2 * d.hidden_size * kv + d.mlp_params() + 2 * d.hidden_size
 
 
 def split_layer_params(d: ModelDims) -> int:
@@ -316,9 +341,15 @@ def layer_activation_bytes(w: Workload) -> int:
     kv = d.num_key_value_heads * d.head_dim
     norms = 2 * d.hidden_size * (FP32 + c)
     attention = (3 * d.hidden_size + 2 * kv) * c + d.num_heads * FP32
-    mlp = 4 * d.intermediate_size * c
+    mlp = moe_mlp_activation_bytes(d, c) if d.is_moe else 4 * d.intermediate_size * c
     gathered = (w.micro_batch * w.seq_len - w.tokens) * 2 * kv * c // w.tp
     return w.tokens * (norms + (attention + mlp) // w.tp) + gathered
+
+
+def moe_mlp_activation_bytes(d: ModelDims, c: int) -> int:
+    """Per token, what an MoE MLP saves: the router's fp32 probabilities, and for each of its experts the
+    hidden state routed to it, the expert's gate, silu(gate), up and product (SwiGLU), and its output."""
+    return d.num_experts * FP32 + d.experts_per_token * (2 * d.hidden_size + 4 * d.intermediate_size) * c
 
 
 def op_kept_layer_bytes(w: Workload) -> int:
@@ -332,9 +363,15 @@ def op_kept_layer_bytes(w: Workload) -> int:
     """
     d, c = w.dims, w.compute_bytes
     kv = d.num_key_value_heads * d.head_dim
-    split = (2 * d.hidden_size + 2 * kv + 2 * d.intermediate_size) * c + d.num_heads * FP32
-    whole = 2 * d.hidden_size * c * (2 if w.tp > 1 else 1)
-    return w.tokens * (split // w.tp + whole)
+    split = (2 * d.hidden_size + 2 * kv) * c + d.num_heads * FP32
+    whole = d.hidden_size * c
+    if d.is_moe:
+        # The router's logits, and per routed token its expert's gate/up and down outputs (grouped GEMMs).
+        moe = d.num_experts * c + d.experts_per_token * (2 * d.intermediate_size + d.hidden_size) * c
+        return w.tokens * (split + whole + moe)
+    split += 2 * d.intermediate_size * c
+    whole += d.hidden_size * c
+    return w.tokens * (split // w.tp + whole * (2 if w.tp > 1 else 1))
 
 
 def context_mask_bytes(w: Workload) -> int:
@@ -535,7 +572,9 @@ def estimate(w: Workload) -> Estimate:
         Component(
             "parameters",
             d_params,
-            f"fp32 master weights, {where}" + ("; + the frozen dpo reference, sharded alike" if reference else ""),
+            f"fp32 master weights, {where}"
+            + ("; + the frozen dpo reference, sharded alike" if reference else "")
+            + (_experts_note(w.dims) if w.dims.is_moe else ""),
         ),
         Component(
             "gradients",
@@ -562,6 +601,13 @@ def estimate(w: Workload) -> Estimate:
         Component("overhead", overhead, "CUDA context + allocator slack" if overhead else "none counted off GPU"),
     )
     return Estimate(components, backward, step, overhead, offloaded)
+
+
+def _experts_note(d: ModelDims) -> str:
+    return (
+        f"; {d.num_experts} experts, {d.experts_per_token} per token: {d.num_params() / 1e9:.2f}B parameters, "
+        f"{d.num_active_params() / 1e9:.2f}B active"
+    )
 
 
 def _comm_note(w: Workload) -> str:

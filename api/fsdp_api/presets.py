@@ -26,22 +26,44 @@ class ModelDims:
     tie_word_embeddings: bool = False
     # Llama 3.1/3.2 extend context with "llama3" RoPE scaling; tiny has none.
     rope_scaling: bool = True
+    # A mixture of experts in every layer's MLP (Mixtral, Qwen3-MoE, OLMoE): num_experts SwiGLU
+    # experts of intermediate_size each, experts_per_token of them per token, and a router. 0: dense.
+    num_experts: int = 0
+    experts_per_token: int = 0
 
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_heads
 
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    def mlp_params(self) -> int:
+        """One layer's MLP: three projections, or every expert's three and the router."""
+        h, i = self.hidden_size, self.intermediate_size
+        return self.num_experts * 3 * h * i + h * self.num_experts if self.is_moe else 3 * h * i
+
+    def active_mlp_params(self) -> int:
+        """The MLP parameters one token runs through: its experts' and the router."""
+        h, i = self.hidden_size, self.intermediate_size
+        return self.experts_per_token * 3 * h * i + h * self.num_experts if self.is_moe else 3 * h * i
+
     def num_params(self) -> int:
-        """Parameter count of the Llama architecture with these dims."""
-        h, i, v = self.hidden_size, self.intermediate_size, self.vocab_size
+        """Parameter count of the Llama architecture with these dims (MoE: every expert's)."""
+        h, v = self.hidden_size, self.vocab_size
         kv = self.num_key_value_heads * self.head_dim
         attn = h * h * 2 + h * kv * 2  # q, o, k, v projections
-        mlp = 3 * h * i
+        mlp = self.mlp_params()
         norms = 2 * h
         per_layer = attn + mlp + norms
         embed = v * h
         head = 0 if self.tie_word_embeddings else v * h
         return self.num_layers * per_layer + embed + head + h
+
+    def num_active_params(self) -> int:
+        """The parameters one token runs through (MoE: its experts only; dense: all)."""
+        return self.num_params() - self.num_layers * (self.mlp_params() - self.active_mlp_params())
 
     def with_overrides(self, **overrides: int | None) -> ModelDims:
         # Any, since a type checker matches **changes against every field, the bool ones too.

@@ -212,8 +212,40 @@ def test_a_local_config_json_gives_the_dims(tmp_path: Path) -> None:
     local = spec(model={"preset": None, "architecture": str(tmp_path)})
     preset = spec(model={"preset": "llama3.2-1b"})
     assert component(local, "parameters") == component(preset, "parameters") == d.num_params() * 4 // 16
-    moe, why = dims_from_config({**config, "num_local_experts": 8})
-    assert moe is None and why == "mixture-of-experts models are not modelled"
+
+
+def test_a_mixture_of_experts_config_counts_every_expert_and_what_is_not_modelled_says_so() -> None:
+    # Mixtral 8x7B's config.json (mistralai/Mixtral-8x7B-v0.1): 46.7B parameters, 12.9B active per token.
+    mixtral = {
+        "model_type": "mixtral",
+        "hidden_size": 4096,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "intermediate_size": 14336,
+        "vocab_size": 32000,
+        "max_position_embeddings": 32768,
+        "num_local_experts": 8,
+        "num_experts_per_tok": 2,
+    }
+    d, why = dims_from_config(mixtral)
+    assert why is None and d is not None
+    assert (d.num_experts, d.experts_per_token, d.intermediate_size) == (8, 2, 14336)
+    assert round(d.num_params() / 1e9, 1) == 46.7
+    assert round(d.num_active_params() / 1e9, 1) == 12.9
+    # Qwen3-MoE names the experts' width moe_intermediate_size; intermediate_size is a dense layer's.
+    qwen = {**mixtral, "num_local_experts": None, "num_experts": 128, "num_experts_per_tok": 8}
+    qwen |= {"moe_intermediate_size": 768, "intermediate_size": 6144}
+    q, _ = dims_from_config(qwen)
+    assert q is not None and (q.num_experts, q.intermediate_size) == (128, 768)
+    for extra, what in (
+        ({"shared_expert_intermediate_size": 5632}, "shared experts"),
+        ({"first_k_dense_replace": 3}, "dense layers among the expert layers"),
+        ({"kv_lora_rank": 512}, "latent attention"),
+    ):
+        none, why = dims_from_config({**mixtral, **extra})
+        assert none is None and why is not None and why.startswith(f"mixture-of-experts models with {what}"), why
+    assert dims_from_config({**mixtral, "num_experts_per_tok": None})[1] == "config.json has no num_experts_per_tok"
 
 
 def test_the_instance_table_cites_a_source_for_every_type() -> None:

@@ -32,8 +32,9 @@ def _ops(namespace: Any, names: tuple[str, ...]) -> set[Any]:
     return {getattr(namespace, name).default for name in names if hasattr(namespace, name)}
 
 
-# Projections (a Linear is mm, or addmm with a bias; float8's is _scaled_mm).
-MATMULS = ("mm", "addmm", "_scaled_mm")
+# Projections (a Linear is mm, or addmm with a bias; float8's is _scaled_mm) and the experts of a
+# mixture of experts (transformers' grouped_mm kernel).
+MATMULS = ("mm", "addmm", "_scaled_mm", "_grouped_mm")
 # SDPA's fused kernels: their output and log-sum-exp are what attention's backward reads.
 ATTENTION = (
     "_scaled_dot_product_flash_attention",
