@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from fsdp_api import FSDPTraining
 from fsdp_api.object_keys import s3_uri_problem
 from fsdp_api.spec.values import QUANTITY_PATTERN
+from pydantic import ValidationError
 
 from .errors import ClientError, WaitTimeout
 from .kube import Json, core_path
@@ -63,14 +64,20 @@ def start_export(
         raise ClientError(f"--memory: {memory!r} is not a Kubernetes quantity (e.g. 64Gi)")
     training = client.get(name)
     body = training.body
-    model = FSDPTraining.model_validate(
-        {
-            "apiVersion": body["apiVersion"],
-            "kind": body["kind"],
-            "metadata": {"name": training.name, "namespace": training.namespace},
-            "spec": body.get("spec") or {},
-        }
-    )
+    try:
+        model = FSDPTraining.model_validate(
+            {
+                "apiVersion": body["apiVersion"],
+                "kind": body["kind"],
+                "metadata": {"name": training.name, "namespace": training.namespace},
+                "spec": body.get("spec") or {},
+            }
+        )
+    except ValidationError as e:  # a spec this client's version does not know (a newer operator's)
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        why = f"its spec is not one this client reads: {where}: {first['msg']} (use the operator's version's client)"
+        raise ClientError(f"{training.namespace}/{training.name}: {why}") from None
     suffix = time.strftime("%Y%m%d%H%M%S", time.gmtime())
     try:
         job = export_job(model, to, suffix=suffix, step=step, dtype=dtype, fmt=fmt, memory=memory, uid=_uid(body))

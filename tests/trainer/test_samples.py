@@ -73,3 +73,15 @@ def test_chat_on_without_a_chat_template_is_one_line(tmp_path: Path, inputs: dic
     run = launch(tmp_path, _config(tmp_path, inputs, chat="on"), nproc=None)
     assert run.returncode == 2, run.output
     assert "  training.samples.chat on: the model's tokenizer has no chat template\n" in run.output
+
+
+def test_a_prompt_whose_answer_would_pass_the_models_longest_sequence_is_one_line(
+    tmp_path: Path, inputs: dict[str, Path]
+) -> None:
+    # The harness model's maxSeqLen is 128; the prompt is 4 tokens: 124 fit, 125 do not.
+    run = launch(tmp_path, _config(tmp_path, inputs, maxNewTokens=125), nproc=None)
+    assert run.returncode == 2, run.output
+    assert (
+        "  training.samples.prompts[0]: 4 tokens and maxNewTokens 125 pass the model's maximum sequence length 128 "
+        "(max_position_embeddings): shorten it or lower maxNewTokens\n"
+    ) in run.output

@@ -13,7 +13,8 @@ on disk) and the tokenizer files with their chat template, so
 
 One process, no process group: DCP reads the sharded files of any world size
 straight into the full tensors of a model materialised on the CPU (it needs
-host memory for the whole model in the chosen dtype, plus one tensor).
+host memory for the whole model in fp32, which ``--dtype`` casts tensor by tensor before writing,
+plus one tensor).
 Optimizer state is not read.
 
 A LoRA checkpoint (``spec.peft``) holds only the adapters. ``--format merged``

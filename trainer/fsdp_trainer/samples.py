@@ -18,6 +18,7 @@ length).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -52,33 +53,52 @@ def prompt_ids(tokenizer: PreTrainedTokenizerBase, prompt: str, chat: str, field
 
 
 class Samples:
-    """The prompts, tokenized once at start (a chat: on without a template stops the run there)."""
+    """The prompts, tokenized once at start (a chat: on without a template, or a prompt that with its answer
+    would pass the model's longest sequence, stops the run there in one line)."""
 
     def __init__(
-        self, spec: SamplesSpec, tokenizer: PreTrainedTokenizerBase, precision: str, device: torch.device
+        self,
+        spec: SamplesSpec,
+        tokenizer: PreTrainedTokenizerBase,
+        precision: str,
+        device: torch.device,
+        max_positions: int | None = None,
     ) -> None:
         self.spec, self.tokenizer, self.precision, self.device = spec, tokenizer, precision, device
         self.inputs = [prompt_ids(tokenizer, prompt, spec.chat) for prompt in spec.prompts]
+        too_long = [
+            f"{FIELD}.prompts[{i}]: {len(ids)} tokens and maxNewTokens {spec.max_new_tokens} pass the model's "
+            f"maximum sequence length {max_positions} (max_position_embeddings): shorten it or lower maxNewTokens"
+            for i, ids in enumerate(self.inputs)
+            if max_positions is not None and len(ids) + spec.max_new_tokens > max_positions
+        ]
+        if too_long:
+            raise ConfigError(too_long)
         self.stop = {t for t in (tokenizer.eos_token_id,) if t is not None}
         self._keep_one = True  # logits_to_keep=1, where the model's forward takes it
 
-    def answer(self, model: nn.Module) -> list[Sample]:
-        """Every prompt's completion (collective: every rank runs the same forwards)."""
+    def answer(self, model: nn.Module, before_forward: Callable[[], None] = lambda: None) -> list[Sample]:
+        """Every prompt's completion (collective: every rank runs the same forwards).
+
+        ``before_forward`` runs before each of them: the trainer re-arms its step watchdog there, so a
+        long set of samples is never taken for a hang while no single forward is slower than a step.
+        """
         was_training = model.training
         model.eval()
         try:
             eager = torch.compiler.set_stance("force_eager")
             with torch.no_grad(), eager, compute_context(model, self.precision, self.device):
-                completions = [self._greedy(model, ids) for ids in self.inputs]
+                completions = [self._greedy(model, ids, before_forward) for ids in self.inputs]
         finally:
             reshard(model)
             model.train(was_training)
         return [Sample(p, c) for p, c in zip(self.spec.prompts, completions, strict=True)]
 
-    def _greedy(self, model: nn.Module, ids: list[int]) -> str:
+    def _greedy(self, model: nn.Module, ids: list[int], before_forward: Callable[[], None]) -> str:
         sequence = torch.tensor([ids], device=self.device)
         new: list[int] = []
         for _ in range(self.spec.max_new_tokens):
+            before_forward()
             logits = self._logits(model, sequence)
             token = int(logits[0, -1].float().argmax())
             new.append(token)

@@ -52,7 +52,7 @@ from .loss.preference import PreferenceStats
 from .metrics import MetricsProcessor
 from .metrics.flops import shape_of
 from .metrics.stats import StepStats
-from .model.architecture import count_parameters
+from .model.architecture import count_parameters, max_positions
 from .model.lora import count_trainable, lora_summary
 from .optim import build_optimizer, build_scheduler, clip_gradients, restore_schedule
 from .parallel.compile import MODE_INDUCTOR
@@ -155,8 +155,8 @@ class Trainer:
             objective=self.objective,
             device=self.device,
         )
-        spec = cfg.training.samples
-        self.samples = Samples(spec, self.tokenizer, cfg.training.precision, self.device) if spec else None
+        spec, limit = cfg.training.samples, max_positions(self.model.config)
+        self.samples = Samples(spec, self.tokenizer, cfg.training.precision, self.device, limit) if spec else None
         self.stop_signal: int | None = None
         self.stop_time: float | None = None
         if self.checkpointer.remote is not None:
@@ -387,7 +387,13 @@ class Trainer:
         """training.samples: the model's answers now, on the log, in the trace and the trackers (collective)."""
         if self.samples is None:
             return
-        rows = [(s.prompt, s.completion) for s in self.samples.answer(self.model)]
+        if self.stop_signal is not None:
+            # The grace period is for the checkpoint: samples could take longer than what is left of it.
+            log.info("training.samples: skipped at step %d, the training is stopping", step)
+            return
+        timeout = self.cfg.stall.trainer_step_timeout_seconds
+        rearm = lambda: self.watchdog.arm(f"the samples of step {step}", timeout)  # noqa: E731
+        rows = [(s.prompt, s.completion) for s in self.samples.answer(self.model, rearm)]
         self.metrics.on_samples(step, rows)
         self.trace.write("samples", step=step, samples=[{"prompt": p, "completion": c} for p, c in rows])
 

@@ -114,9 +114,11 @@ class CheckpointSpec(ApiModel):
         ),
         s3_form_rule("resumeFrom", "resume_from"),
         Rule(
+            # remote may end in "/" (s3://bucket/prefix/): compared as the directory it names.
             cel=(
                 "!has(self.resumeFrom) || !has(self.remote) || (self.resumeFrom != self.remote && "
-                "!self.resumeFrom.startsWith(self.remote + '/'))"
+                "self.resumeFrom + '/' != self.remote && "
+                "!self.resumeFrom.startsWith(self.remote.endsWith('/') ? self.remote : self.remote + '/'))"
             ),
             message=(
                 "resumeFrom must not be inside remote: this training's own steps there are resumed from anyway; to "
@@ -126,7 +128,10 @@ class CheckpointSpec(ApiModel):
             check=lambda c: (
                 c.resume_from is None
                 or c.remote is None
-                or not (c.resume_from == c.remote or c.resume_from.startswith(c.remote + "/"))
+                or not (
+                    c.resume_from.rstrip("/") == c.remote.rstrip("/")
+                    or c.resume_from.startswith(c.remote.rstrip("/") + "/")
+                )
             ),
         ),
         no_dot_segments_rule("resumeFrom", "resume_from", also_takes_urls=True),

@@ -15,6 +15,9 @@ memory request covers the whole model in the export's dtype when the model's
 size is known here (a preset, or a local config), else a default the caller
 can raise. A pure function, like the rest of the renderer: the Job's name
 suffix comes from the caller.
+
+The memory is the model in fp32 whatever ``--dtype``: the export
+materialises it in fp32 and casts each tensor as it writes.
 """
 
 from __future__ import annotations
@@ -32,13 +35,15 @@ from .pod import container_security, pod_security, volumes
 Obj = dict[str, Any]
 
 EXPORT = "export"  # its app.kubernetes.io/component
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+# fp32: the export builds the model in fp32 and casts tensor by tensor while it saves.
+MATERIALISED_BYTES = 4
 # Python, torch and transformers themselves, and one tensor in flight beside the model.
 BASE_MEMORY_BYTES = 3 << 30
 DEFAULT_MEMORY = "16Gi"
 CPU = "2"
 # A finished export Job (and its pod, with the log) stays this long for `kubectl logs`.
 KEEP_SECONDS = 24 * 3600
+DEADLINE_SECONDS = 12 * 3600
 MAX_NAME = 63
 
 
@@ -48,6 +53,11 @@ class ExportRefused(ValueError):
 
 def export_source(spec: FSDPTrainingSpec, step: int | None = None) -> str:
     """What ``fsdp-train export --checkpoint`` reads in the Job: the claim's directory, else the remote tier."""
+    if spec.runs_own_script:
+        raise ExportRefused(
+            "it runs a script of its own (spec.command): its checkpoints are the script's, which fsdp-train export "
+            "does not read; export them with the script"
+        )
     ckpt = spec.checkpoint
     if ckpt.claim_name:
         base = ckpt.dir
@@ -61,12 +71,12 @@ def export_source(spec: FSDPTrainingSpec, step: int | None = None) -> str:
     return base if step is None else f"{base}/{step_dir_name(step)}"
 
 
-def export_memory(spec: FSDPTrainingSpec, dtype: str) -> str:
-    """The whole model in ``dtype`` plus the process itself, when the model's size is known here."""
+def export_memory(spec: FSDPTrainingSpec) -> str:
+    """The whole model in fp32 plus the process itself, when the model's size is known here."""
     dims, _ = model_dims(spec)
     if dims is None:
         return DEFAULT_MEMORY
-    need = dims.num_params() * DTYPE_BYTES[dtype] + BASE_MEMORY_BYTES
+    need = dims.num_params() * MATERIALISED_BYTES + BASE_MEMORY_BYTES
     return f"{-(-need // (1 << 30))}Gi"
 
 
@@ -98,7 +108,7 @@ def export_job(
     keep = {"checkpoints", "tmp", "home"} | {v.name for v in spec.pod.volumes}
     vols = [v for v in vols if v["name"] in keep]
     mounts = [m | ({"readOnly": True} if m["name"] == "checkpoints" else {}) for m in mounts if m["name"] in keep]
-    memory = memory or export_memory(spec, dtype)
+    memory = memory or export_memory(spec)
     command = ["fsdp-train", "export", "--checkpoint", source, "--output", output, "--dtype", dtype, "--format", fmt]
     container: Obj = {
         "name": EXPORT,
@@ -108,7 +118,8 @@ def export_job(
         "env": [e for e in container_env(spec, name) if e["name"] not in _TRAINING_ONLY_ENV],
         "resources": {"requests": {"cpu": CPU, "memory": memory}, "limits": {"memory": memory}},
         "volumeMounts": mounts,
-        "securityContext": container_security(spec),
+        # The training's, less any capability it adds (EFA's IPC_LOCK): one process, no device.
+        "securityContext": {**container_security(spec), "capabilities": {"drop": ["ALL"]}},
         # The export's one-line error becomes the pod's termination message.
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
@@ -140,6 +151,9 @@ def export_job(
         "spec": {
             # An export that failed says why in one line; running it again gives the same line.
             "backoffLimit": 0,
+            # A pod that cannot start (a ReadWriteOnce claim still mounted by the running training's node)
+            # fails after this instead of waiting for ever.
+            "activeDeadlineSeconds": DEADLINE_SECONDS,
             "ttlSecondsAfterFinished": KEEP_SECONDS,
             "template": {"metadata": {"labels": labels}, "spec": pod},
         },

@@ -38,11 +38,15 @@ def test_a_claim_is_mounted_read_only_and_the_newest_or_a_given_step_is_read() -
 def test_it_asks_for_no_gpu_and_carries_none_of_the_trainings_gpu_placement() -> None:
     job = _job(checkpoint={"claimName": "c"})
     pod = job["spec"]["template"]["spec"]
-    # llama3.2-1b: 1.24e9 parameters x 4 bytes + 3 GiB for the process.
+    # llama3.2-1b: 1.24e9 parameters x 4 bytes (built in fp32, whatever --dtype) + 3 GiB for the process.
     assert pod["containers"][0]["resources"] == {"requests": {"cpu": "2", "memory": "8Gi"}, "limits": {"memory": "8Gi"}}
     assert "tolerations" not in pod and "nodeSelector" not in pod and "affinity" not in pod
     bf16 = export_job(training(checkpoint={"claimName": "c"}), "s3://m/x", suffix="1", dtype="bfloat16")
-    assert bf16["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["memory"] == "6Gi"
+    assert bf16["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["memory"] == "8Gi"
+    # An EFA training's pods add IPC_LOCK; its export Job adds nothing.
+    efa = _job(checkpoint={"claimName": "c"}, resources={"nodes": 2, "gpusPerNode": 8, "efaPerNode": 32})
+    assert efa["spec"]["template"]["spec"]["containers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert efa["spec"]["activeDeadlineSeconds"] == 12 * 3600
 
 
 def test_a_remote_tier_is_read_when_there_is_no_claim_and_an_emptydir_is_refused() -> None:
@@ -51,6 +55,8 @@ def test_a_remote_tier_is_read_when_there_is_no_claim_and_an_emptydir_is_refused
     assert export_source(training(checkpoint={"remote": "s3://ckpt/llama"}).spec, 7) == "s3://ckpt/llama/step-00000007"
     with pytest.raises(ExportRefused, match=r"in an emptyDir .* and went with its pods: nothing is left to export"):
         _job()
+    with pytest.raises(ExportRefused, match=r"runs a script of its own \(spec.command\)"):
+        _job(checkpoint={"claimName": "c"}, model=None, training=None, command=["python", "train.py"])
 
 
 def test_the_job_is_owned_by_its_training_named_after_it_and_kept_a_day() -> None:

@@ -542,19 +542,22 @@ def test_a_fork_from_another_trainings_remote_tier_continues_its_step_exactly(
     assert committed(s3, "fork", "base/") == [4, 6]
     keys_before = sorted(s3.keys("fork", "base/"))
 
-    # The fork has no remote of its own: it downloads the source's step 4 into its dir and trains on from there.
+    # The fork downloads the source's step 4 into its dir and trains on from there, into a remote tier of its own.
     work = tmp_path / "fork"
     cfg = base_config(
         work,
         inputs["ragged"],
         inputs["tokenizer"],
         training={"maxSteps": 6, "minLearningRateRatio": 1.0},
-        checkpoint={"intervalSteps": 4, "resumeFrom": "s3://fork/base/step-00000004"},
+        checkpoint={"intervalSteps": 4, "resumeFrom": "s3://fork/base/step-00000004", "remote": "s3://fork/mine"},
     )
     fork = launch(work, cfg, env=env).check()
     assert fork.events("start")[0]["step"] == 4
     assert fork.losses() == {step: loss for step, loss in source.losses().items() if step > 4}
     assert [step for step, _ in complete_checkpoints(work / "checkpoints")] == [6]
+    # Its tier holds only its own steps: the source's step 4 there would be another training's newest
+    # step, and the tier's owner check would refuse every restart.
+    assert committed(s3, "fork", "mine/") == [6]
     assert sorted(s3.keys("fork", "base/")) == keys_before  # the source is only read
     downloaded = work / "checkpoints" / ".resume-from"
     assert (downloaded / "step-00000004").is_dir()

@@ -403,9 +403,14 @@ class Checkpointer:
         )
 
     def _upload_resumed(self, step: int, path: Path) -> None:
-        """The resumed step goes to the remote tier too when it is not committed there (an upload cut short)."""
+        """The resumed step goes to the remote tier too when it is not committed there (an upload cut short).
+
+        Not a ``checkpoint.resumeFrom`` source's step (outside this training's directory): uploaded, it
+        would be the newest committed step of this training's tier while being another training's, and
+        the tier's owner check would then refuse every restart until this training saved a step of its own.
+        """
         self.last_local_step = step
-        if self.remote is None:
+        if self.remote is None or path.parent != self.root:
             return
         assert self.spec.remote is not None  # self.remote exists only with checkpoint.remote
         committed: int | None = None
