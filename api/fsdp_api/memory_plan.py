@@ -129,6 +129,8 @@ def dims_from_config(config: dict[str, Any]) -> tuple[ModelDims | None, str | No
             return None, f"config.json has no {keys[0]}"
         values[field] = value
     values.update(moe)
+    if isinstance(config.get("head_dim"), int) and config["head_dim"] > 0:
+        values["explicit_head_dim"] = config["head_dim"]
     if not values["intermediate_size"]:
         return None, "config.json has no intermediate_size"
     kv = config.get("num_key_value_heads")
@@ -271,8 +273,8 @@ def projection_shapes(d: ModelDims) -> dict[str, tuple[int, int]]:
     float8 leave them as they are), and its router is neither adapted nor
     converted: only the attention projections are listed.
     """
-    h, i, kv = d.hidden_size, d.intermediate_size, d.num_key_value_heads * d.head_dim
-    attention = {"q_proj": (h, h), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (h, h)}
+    h, i, kv, q = d.hidden_size, d.intermediate_size, d.num_key_value_heads * d.head_dim, d.attention_width
+    attention = {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h)}
     if d.is_moe:
         return attention
     return {**attention, "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
@@ -283,7 +285,7 @@ def projection_shapes(d: ModelDims) -> dict[str, tuple[int, int]]:
 
 def layer_params(d: ModelDims) -> int:
     kv = d.num_key_value_heads * d.head_dim
-    return 2 * d.hidden_size * d.hidden_size + 2 * d.hidden_size * kv + d.mlp_params() + 2 * d.hidden_size
+    return 2 * d.hidden_size * d.attention_width + 2 * d.hidden_size * kv + d.mlp_params() + 2 * d.hidden_size
 
 
 def split_layer_params(d: ModelDims) -> int:
@@ -340,7 +342,7 @@ def layer_activation_bytes(w: Workload) -> int:
     d, c = w.dims, w.compute_bytes
     kv = d.num_key_value_heads * d.head_dim
     norms = 2 * d.hidden_size * (FP32 + c)
-    attention = (3 * d.hidden_size + 2 * kv) * c + d.num_heads * FP32
+    attention = (3 * d.attention_width + 2 * kv) * c + d.num_heads * FP32
     mlp = moe_mlp_activation_bytes(d, c) if d.is_moe else 4 * d.intermediate_size * c
     gathered = (w.micro_batch * w.seq_len - w.tokens) * 2 * kv * c // w.tp
     return w.tokens * (norms + (attention + mlp) // w.tp) + gathered
@@ -363,7 +365,7 @@ def op_kept_layer_bytes(w: Workload) -> int:
     """
     d, c = w.dims, w.compute_bytes
     kv = d.num_key_value_heads * d.head_dim
-    split = (2 * d.hidden_size + 2 * kv) * c + d.num_heads * FP32
+    split = (2 * d.attention_width + 2 * kv) * c + d.num_heads * FP32
     whole = d.hidden_size * c
     if d.is_moe:
         # The router's logits, and per routed token its expert's gate/up and down outputs (grouped GEMMs).

@@ -30,10 +30,17 @@ class ModelDims:
     # experts of intermediate_size each, experts_per_token of them per token, and a router. 0: dense.
     num_experts: int = 0
     experts_per_token: int = 0
+    # A config.json's own head_dim where heads x head_dim is not the width (Qwen3, Gemma 3); 0: width / heads.
+    explicit_head_dim: int = 0
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
+        return self.explicit_head_dim or self.hidden_size // self.num_heads
+
+    @property
+    def attention_width(self) -> int:
+        """The query heads' width (q_proj's output, o_proj's input): heads x head_dim."""
+        return self.num_heads * self.head_dim
 
     @property
     def is_moe(self) -> bool:
@@ -53,7 +60,7 @@ class ModelDims:
         """Parameter count of the Llama architecture with these dims (MoE: every expert's)."""
         h, v = self.hidden_size, self.vocab_size
         kv = self.num_key_value_heads * self.head_dim
-        attn = h * h * 2 + h * kv * 2  # q, o, k, v projections
+        attn = h * self.attention_width * 2 + h * kv * 2  # q, o, k, v projections
         mlp = self.mlp_params()
         norms = 2 * h
         per_layer = attn + mlp + norms

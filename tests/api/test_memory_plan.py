@@ -233,11 +233,28 @@ def test_a_mixture_of_experts_config_counts_every_expert_and_what_is_not_modelle
     assert (d.num_experts, d.experts_per_token, d.intermediate_size) == (8, 2, 14336)
     assert round(d.num_params() / 1e9, 1) == 46.7
     assert round(d.num_active_params() / 1e9, 1) == 12.9
-    # Qwen3-MoE names the experts' width moe_intermediate_size; intermediate_size is a dense layer's.
-    qwen = {**mixtral, "num_local_experts": None, "num_experts": 128, "num_experts_per_tok": 8}
-    qwen |= {"moe_intermediate_size": 768, "intermediate_size": 6144}
+    # Qwen3-30B-A3B's config.json (Qwen/Qwen3-30B-A3B): the experts' width is moe_intermediate_size
+    # (intermediate_size is a dense layer's), and 32 heads of head_dim 128 are twice the width 2048.
+    # Qwen publishes 30.5B parameters, 3.3B activated.
+    qwen = {
+        "model_type": "qwen3_moe",
+        "hidden_size": 2048,
+        "num_hidden_layers": 48,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 4,
+        "head_dim": 128,
+        "intermediate_size": 6144,
+        "moe_intermediate_size": 768,
+        "num_experts": 128,
+        "num_experts_per_tok": 8,
+        "vocab_size": 151936,
+        "max_position_embeddings": 40960,
+        "tie_word_embeddings": False,
+    }
     q, _ = dims_from_config(qwen)
-    assert q is not None and (q.num_experts, q.intermediate_size) == (128, 768)
+    assert q is not None and (q.num_experts, q.intermediate_size, q.head_dim) == (128, 768, 128)
+    # 3.35B here: the active count includes both untied embeddings (0.31B each).
+    assert round(q.num_params() / 1e9, 1) == 30.5 and abs(q.num_active_params() / 1e9 - 3.3) < 0.1
     for extra, what in (
         ({"shared_expert_intermediate_size": 5632}, "shared experts"),
         ({"first_k_dense_replace": 3}, "dense layers among the expert layers"),
