@@ -12,6 +12,7 @@ launched on first use and shared by the tests that read them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -187,6 +188,30 @@ def launch(
     return RunResult(returncode, output, workdir, trace_dir)
 
 
+def kill_tree(pid: int) -> None:
+    """SIGKILL ``pid`` and every process below it.
+
+    Its own process group is not enough: torchrun starts each worker in a session
+    of its own, and a worker left alive keeps the output pipe open (the test would
+    then wait on it for ever).
+    """
+    parent_of: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent_of[int(stat.parent.name)] = int(stat.read_text().rpartition(")")[2].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
+    tree, frontier = [pid], [pid]
+    while frontier:
+        below = frontier.pop()
+        children = [child for child, parent in parent_of.items() if parent == below]
+        tree += children
+        frontier += children
+    for member in tree:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(member, signal.SIGKILL)
+
+
 def run_cold(cmd: list[str], *, env: dict[str, str], cwd: Path, timeout: float, what: str) -> tuple[int, str]:
     """``cmd`` as a fresh process; its exit code and output (stdout and stderr together)."""
     # Own session, so a timeout can kill torchrun's workers too, not only torchrun.
@@ -196,7 +221,7 @@ def run_cold(cmd: list[str], *, env: dict[str, str], cwd: Path, timeout: float, 
     try:
         output, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        kill_tree(proc.pid)
         output, _ = proc.communicate()
         raise AssertionError(f"{what} still running after {timeout}s:\n{output[-6000:]}") from None
     return proc.returncode, output

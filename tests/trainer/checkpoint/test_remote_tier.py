@@ -6,10 +6,8 @@ One server for the module; each test uses its own bucket or prefix.
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -30,7 +28,7 @@ from fsdp_trainer.checkpoint.remote_store import MANIFEST
 from fsdp_trainer.errors import ConfigError
 from fsdp_trainer.trace import read_trace
 
-from tests.trainer.harness import base_config, launch, offline_env
+from tests.trainer.harness import base_config, kill_tree, launch, offline_env
 from tests.trainer.tracking.stand_in import answering_server
 
 pytestmark = pytest.mark.slow
@@ -454,27 +452,39 @@ def _unshare_works() -> bool:
         return False
 
 
-def _nodes(work: Path, cfg: dict[str, Any], dirs: list[Path], env: dict[str, str]) -> list[tuple[int, str]]:
-    """One torchrun "node" per directory on this machine, each in a mount namespace where checkpoint.dir is
-    that directory (as pods' emptyDirs at one path), meeting at a c10d rendezvous on loopback."""
+def _nodes(
+    work: Path, cfg: dict[str, Any], dirs: list[Path], env: dict[str, str], *, own_paths: bool = False
+) -> list[tuple[int, str]]:
+    """One torchrun "node" per directory on this machine, meeting at a c10d rendezvous on loopback.
+
+    Each node runs in a mount namespace where checkpoint.dir is its directory (pods' emptyDirs at
+    one path); with ``own_paths``, each node's checkpoint.dir is its directory's own path instead
+    (the local cluster's pods on one host).
+    """
     work.mkdir(parents=True, exist_ok=True)
-    (work / "train.yaml").write_text(yaml.safe_dump(cfg))
     mount = cfg["checkpoint"]["dir"]
-    Path(mount).mkdir(parents=True, exist_ok=True)
+    if not own_paths:
+        Path(mount).mkdir(parents=True, exist_ok=True)
     port = free_port()
-    program = trainer_program(work / "train.yaml", "--trace-dir", str(work / "trace"))
     procs = []
     for node, own in enumerate(dirs):
         own.mkdir(parents=True, exist_ok=True)
+        config = work / f"train-{node}.yaml"
+        config.write_text(
+            yaml.safe_dump({**cfg, "checkpoint": {**cfg["checkpoint"], "dir": str(own)}} if own_paths else cfg)
+        )
         launch_cmd = [
             sys.executable, "-m", "torch.distributed.run", f"--nnodes={len(dirs)}", "--nproc-per-node=1",
             f"--node-rank={node}", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=pernode",
-            *program,
+            *trainer_program(config, "--trace-dir", str(work / "trace")),
         ]  # fmt: skip
-        script = f"mount --bind {shlex.quote(str(own))} {shlex.quote(mount)} && exec {shlex.join(launch_cmd)}"
+        bind = f"mount --bind {shlex.quote(str(own))} {shlex.quote(mount)} && "
+        script = f"{'' if own_paths else bind}exec {shlex.join(launch_cmd)}"
         procs.append(
             subprocess.Popen(
-                ["unshare", "--mount", "--propagation", "private", "bash", "-c", script],
+                ["bash", "-c", script]
+                if own_paths
+                else ["unshare", "--mount", "--propagation", "private", "bash", "-c", script],
                 env={**offline_env(), **env},
                 cwd=work,
                 stdout=subprocess.PIPE,
@@ -488,7 +498,7 @@ def _nodes(work: Path, cfg: dict[str, Any], dirs: list[Path], env: dict[str, str
         try:
             output, _ = proc.communicate(timeout=300)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+            kill_tree(proc.pid)
             output, _ = proc.communicate()
         out.append((proc.returncode, output))
     return out
@@ -530,6 +540,31 @@ def test_nodes_with_directories_of_their_own_keep_the_steps_in_s3_and_resume_fro
     trace = read_trace(tmp_path / "run" / "trace" / "trace-rank0.jsonl")
     starts = [(r["step"], r["world_size"]) for r in trace if r["event"] == "start"]
     assert starts[-1] == (12, 1)
+
+
+def test_nodes_whose_directories_are_at_paths_of_their_own_each_resume_from_their_own_download(
+    tmp_path: Path, inputs: dict[str, Path], s3: S3Server
+) -> None:
+    """The local cluster's shape: rank 0's step paths are not the other node's, so each rank maps them to its own."""
+    s3.create_bucket("ownpaths")
+    dirs = [tmp_path / "node0", tmp_path / "node1"]
+    cfg = remote_config(tmp_path / "run", inputs, "s3://ownpaths/run", maxSteps=4)
+    for node, (rc, output) in enumerate(_nodes(tmp_path / "run", cfg, dirs, s3.env(), own_paths=True)):
+        assert rc == 0, f"node {node}:\n{output[-4000:]}"
+    assert committed(s3, "ownpaths", "run/") == [4]
+    for d in dirs:  # emptyDirs gone with their pods
+        shutil.rmtree(d)
+
+    cfg["training"]["maxSteps"] = 6
+    results = _nodes(tmp_path / "run", cfg, dirs, s3.env(), own_paths=True)
+    for node, (rc, output) in enumerate(results):
+        assert rc == 0, f"node {node}:\n{output[-4000:]}"  # before: rank 0 waited in a collective rank 1 skipped
+    # Rank 0 (either node: the rendezvous picks) loaded the copy in its own directory.
+    said = [f"resumed from {d / 'step-00000004'} at step 4" in out for d, (_, out) in zip(dirs, results, strict=True)]
+    assert said.count(True) == 1, [out[-2000:] for _, out in results]
+    for rank in (0, 1):
+        trace = read_trace(tmp_path / "run" / "trace" / f"trace-rank{rank}.jsonl")
+        assert [r["step"] for r in trace if r["event"] == "start"] == [0, 4], rank
 
 
 def test_a_fork_from_another_trainings_remote_tier_continues_its_step_exactly(

@@ -36,7 +36,7 @@ from fsdp_trainer.tracking.wandb_log import history as wandb_history
 from fsdp_trainer.tracking.wandb_log import run_files
 
 from tests.trainer.checkpoint.resume_runs import effective_steps, split_attempts
-from tests.trainer.harness import base_config, launch, offline_env
+from tests.trainer.harness import base_config, kill_tree, launch, offline_env
 from tests.trainer.tracking.board import read_scalars
 from tests.trainer.tracking.mlflow_server import MlflowServer
 
@@ -194,7 +194,7 @@ def test_sigterm_checkpoints_the_current_step_and_resume_starts_there(tmp_path: 
         assert "stopped on SIGTERM after step" in output, output[-4000:]
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+            kill_tree(proc.pid)
             proc.wait()
     assert proc.returncode != 0, "a stopped run must not look finished"
     records = read_trace(trace)

@@ -139,6 +139,9 @@ def resume_candidates(spec: CheckpointSpec, world: WorldInfo, job: JobInfo) -> l
     found, conflicts = broadcast_object((found, conflicts))
     if conflicts:
         raise ConfigError(conflicts)
+    # Rank 0 named the steps; each rank reads them in its own checkpoint.dir (its node's
+    # directory: the same path on every pod of a cluster, another path per node on one host).
+    found = [(step, Path(spec.dir) / path.name) for step, path in found]
     if spec.remote is not None:
         # Nodes with directories of their own (emptyDirs) hold only their own shards of a
         # save; only a step every node has in full (one it downloaded) can be resumed.
@@ -410,17 +413,18 @@ class Checkpointer:
         the tier's owner check would then refuse every restart until this training saved a step of its own.
         """
         self.last_local_step = step
-        if self.remote is None or path.parent != self.root:
+        if self.remote is None:
             return
         assert self.spec.remote is not None  # self.remote exists only with checkpoint.remote
-        committed: int | None = None
-        if self.world.is_main:
+        own, committed = False, None
+        if self.world.is_main:  # one decision for every rank: the collective below needs them all
+            own = path.parent == self.root
             try:
-                committed = remote_store.committed_step(self.spec.remote)
+                committed = remote_store.committed_step(self.spec.remote) if own else None
             except StoreError as e:
                 log.warning("checkpoint.remote: %s", e)
-        committed = broadcast_object(committed)
-        if committed is None or committed < step:
+        own, committed = broadcast_object((own, committed))
+        if own and (committed is None or committed < step):
             log.info("step %d is not committed to %s yet: uploading it", step, self.remote.store)
             self.remote.enqueue(step, path)
 

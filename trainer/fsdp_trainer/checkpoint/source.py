@@ -53,6 +53,8 @@ def source_candidates(cfg: TrainerConfig, world: WorldInfo) -> list[tuple[int, P
     found, problems = broadcast_object((found, problems))
     if problems:
         raise ConfigError(problems)
+    if scheme_of(source) is not None:  # each node reads the copy it downloaded, in its own checkpoint.dir
+        found = [(step, Path(cfg.checkpoint.dir) / DOWNLOADED / path.name) for step, path in found]
     log.info("%s: no checkpoint of this training in %s yet; starting from %s", FIELD, cfg.checkpoint.dir, found[0][1])
     return found
 
@@ -69,11 +71,6 @@ def _download(source: str, root: Path, world: WorldInfo) -> list[str]:
         try:
             step_uri = committed_step_uri(source)
             remove_stale(root)  # a download an earlier start did not finish
-            name = STEP_DIR.match(step_uri.rpartition("/")[2])
-            assert name is not None  # committed_step_uri names a step folder
-            for older in root.iterdir() if root.is_dir() else ():  # an earlier start's older step
-                if STEP_DIR.match(older.name) and older.name != name.group(0):
-                    shutil.rmtree(older, ignore_errors=True)
         except (ValueError, StoreError) as e:
             problem = f"{FIELD}: {e}"
         except OSError as e:  # the local side: a full disk, a read-only directory
@@ -82,6 +79,10 @@ def _download(source: str, root: Path, world: WorldInfo) -> list[str]:
     if problem is None and world.local_rank == 0:
         assert step_uri is not None
         try:
+            chosen = step_uri.rpartition("/")[2]
+            for older in root.iterdir() if root.is_dir() else ():  # an earlier start's other step, on this node
+                if STEP_DIR.match(older.name) and older.name != chosen:
+                    shutil.rmtree(older, ignore_errors=True)
             step = download_committed(step_uri, root)
             (root / _STEP_NAME).write_text(step.name)
         except (ValueError, StoreError) as e:
