@@ -39,7 +39,7 @@ from .checkpoint import CONFIG_FILE as CHECKPOINT_CONFIG_FILE
 from .checkpoint import MODEL_CONFIG_DIR as CHECKPOINT_MODEL_CONFIG_DIR
 from .checkpoint import Checkpointer, check_candidates, resume_candidates
 from .checkpoint.source import forget_downloaded_source, source_candidates
-from .data.attention import PackedAttention
+from .data.attention import PackedAttention, choose_kernel
 from .data.formats import data_format
 from .data.loader import TrainData
 from .data.prefetch import PrefetchedData
@@ -112,10 +112,13 @@ class Trainer:
         packs_rows = data_format(cfg.data.format).packs_documents
         self.objective = build_objective(p, self.model, reference_meta, counts_rows=packs_rows)
         # Packed rows of the supervised formats attend only within their row.
-        self.packed = PackedAttention(self.model, self.seq_len) if packs_rows else None
-        if self.packed is not None:
+        self.packed = None
+        if packs_rows:
+            choice = cfg.training.packed_attention
+            kernel, why = choose_kernel(choice, self.model, self.device, self.context is not None)
+            self.packed = PackedAttention(self.model, self.seq_len, kernel)
             how = "the context-parallel attention's mask" if self.context is not None else self.packed.describe()
-            log.info("data.format %s: documents kept apart by %s", cfg.data.format, how)
+            log.info("data.format %s: documents kept apart by %s (%s)", cfg.data.format, how, why)
         # How each step's micro-batches run forward and backward: the parallel plan's strategy.
         self.steps = step_strategy(self.model, cfg.training.precision, self.device, self.packed, self.context)
         self.optimizer = build_optimizer(self.model, cfg.training, self.device)

@@ -15,6 +15,7 @@ from pydantic import BaseModel
 from ..contract import ENV_WANDB_API_KEY, POD_MOUNTS, RDZV_PORT
 from ..instance_types import FLOAT8_INSTANCE_TYPES, INSTANCE_TYPES
 from ..rules import Rule, cel_literal, wire_name
+from .attention_rules import CONTEXT_CONFIG_RULES, PACKED_ATTENTION_SPEC_RULES
 from .backend_rules import BACKEND_RULES
 from .checkpoint import CheckpointSpec
 from .data import DataSpec
@@ -288,49 +289,10 @@ TENSOR_CONFIG_RULES: tuple[Rule, ...] = (
     ),
 )
 
-# --- context parallelism ------------------------------------------------------------
-
-_NO_CP = "!has(self.parallelism) || self.parallelism.context == 1"
-
 
 def _cp(spec: Any) -> int:
     return spec.parallelism.context
 
-
-CONTEXT_CONFIG_RULES: tuple[Rule, ...] = (
-    Rule(
-        cel=(
-            f"{_NO_CP} || (has(self.training) && has(self.training.seqLen)"
-            " && self.training.seqLen % (2 * self.parallelism.context) == 0)"
-        ),
-        message="parallelism.context needs training.seqLen set to a multiple of 2 x context: each context rank "
-        "holds two equal chunks of every row, one early and one late, so causal attention's work is even",
-        field_path=".parallelism.context",
-        check=lambda s: (
-            _cp(s) == 1
-            or (s.training is not None and s.training.seq_len is not None and s.training.seq_len % (2 * _cp(s)) == 0)
-        ),
-    ),
-    Rule(
-        cel=f"{_NO_CP} || !has(self.fsdp) || self.fsdp.shardingStrategy != 'no_shard'",
-        message="fsdp.shardingStrategy no_shard with parallelism.context > 1 is not supported: FSDP shards over "
-        "the context ranks, each of which computes the gradients of its part of the rows; use full, "
-        "shard_grad_op or hybrid",
-        field_path=".parallelism.context",
-        check=lambda s: _cp(s) == 1 or s.fsdp.sharding_strategy != "no_shard",
-    ),
-    Rule(
-        cel=(
-            f"{_NO_CP} || !has(self.training) || !has(self.training.objective) || !(self.training.objective in "
-            + str(list(PREFERENCE_OBJECTIVES))
-            + ")"
-        ),
-        message="dpo and simpo with parallelism.context > 1 are not supported: they score whole answers, whose "
-        "tokens context parallelism spreads over ranks",
-        field_path=".parallelism.context",
-        check=lambda s: _cp(s) == 1 or s.training is None or not s.training.trains_preferences,
-    ),
-)
 
 _WORLD_CEL = f"((has(self.resources) ? self.resources.nodes : 1) * ({_GPUS_CEL} > 0 ? {_GPUS_CEL} : 1))"
 
@@ -442,6 +404,7 @@ SPEC_RULES: tuple[Rule, ...] = (
         field_path=".pod.volumeMounts",
         check=lambda s: not any(mounts_clash(m.mount_path, s.checkpoint.dir) for m in s.pod.volume_mounts),
     ),
+    *PACKED_ATTENTION_SPEC_RULES,
     Rule(
         cel=f"{_NOT_FLOAT8} || !has(self.resources) || self.resources.gpusPerNode > 0",
         message="training.precision float8 needs GPUs with float8 tensor cores; a CPU-only job "

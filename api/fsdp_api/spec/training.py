@@ -84,6 +84,18 @@ class TrainingSpec(ApiModel):
             "model trains on full logits, with a warning, where its logits are not its head's output."
         ),
     )
+    packed_attention: Literal["auto", "flex", "mask"] = Field(
+        default="auto",
+        description=(
+            "How packed rows (data.format prompt-completion, chat, preference) keep their documents apart. mask: "
+            "an explicit block-diagonal mask (batch x seqLen x seqLen booleans) through the model's SDPA or eager "
+            "attention, which keeps SDPA off its flash kernel. flex: PyTorch FlexAttention with a document block "
+            "mask, no dense mask (transformers' flex_attention; sliding windows kept); GPU ranks only, since "
+            "FlexAttention has no backward pass on CPU. auto: flex on GPU ranks for models whose attention supports "
+            "it, mask otherwise (the log says which and why). parallelism.context > 1 uses the context-parallel "
+            "attention's own mask."
+        ),
+    )
     objective: Literal["lm", "dpo", "simpo"] = Field(
         default="lm",
         description=(

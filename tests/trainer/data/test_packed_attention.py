@@ -3,14 +3,26 @@ loss it gets alone, for tiny random transformers models (fp32, CPU, in-process).
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 
 import pytest
 import torch
-from fsdp_trainer.data.attention import PackedAttention, additive, block_causal_mask
+import transformers.integrations.flex_attention
+from fsdp_trainer.data.attention import (
+    FLEX,
+    FLEX_IMPLEMENTATION,
+    MASK,
+    PackedAttention,
+    additive,
+    block_causal_mask,
+    choose_kernel,
+)
 from fsdp_trainer.data.sft import Document, DocumentPacker, stack_sequences
+from fsdp_trainer.errors import ConfigError
 from fsdp_trainer.loss import token_loss_sum
 from torch import nn
+from torch.nn.attention.flex_attention import flex_attention
 from transformers import (
     GPT2Config,
     GPT2LMHeadModel,
@@ -18,6 +30,8 @@ from transformers import (
     LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
 )
 
 SEQ = 32
@@ -122,3 +136,100 @@ def test_the_mask_is_block_diagonal_causal() -> None:
 def test_plain_text_batches_get_no_extra_inputs() -> None:
     model = llama("sdpa")
     assert PackedAttention(model, SEQ).kwargs(None) == {}
+
+
+def qwen3_hybrid(attention: str) -> nn.Module:
+    # Sliding and full layers mixed, q/k norms: each layer type gets its own block mask from transformers.
+    config = Qwen3Config(
+        **DIMS,
+        head_dim=16,
+        use_sliding_window=True,
+        sliding_window=5,
+        layer_types=["sliding_attention", "full_attention"],
+    )
+    config._attn_implementation = attention
+    return Qwen3ForCausalLM(config)
+
+
+FLEX_MODELS = {"llama": llama, "mistral-window": mistral_window, "qwen3-hybrid": qwen3_hybrid}
+
+
+@pytest.mark.slow  # the first FlexAttention call sets up its reference kernel: about 7 s of CPU
+@pytest.mark.parametrize("name", list(FLEX_MODELS))
+def test_flex_attention_gives_packed_rows_the_dense_masks_logits(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The masks FlexAttention gets (ours without a window, transformers' with one) against the dense path.
+
+    FlexAttention runs forward on CPU, not backward; the kernel runs eager here (torch's reference
+    implementation): inductor's CPU build of it is not what a GPU runs and fails to compile some windows.
+    """
+    eager = lambda q, k, v, training=False, **kw: flex_attention(q, k, v, **kw)  # noqa: E731
+    monkeypatch.setattr(transformers.integrations.flex_attention, "compile_friendly_flex_attention", eager)
+    torch.manual_seed(0)
+    dense = FLEX_MODELS[name]("sdpa").eval()
+    flex = copy.deepcopy(dense)
+    with_mask, with_flex = PackedAttention(dense, SEQ, MASK), PackedAttention(flex, SEQ, FLEX)
+    assert flex.config._attn_implementation == FLEX_IMPLEMENTATION
+    assert ("window" in with_flex.describe()) == (name != "llama"), with_flex.describe()
+    batch = _packed(_documents(2))
+    with torch.no_grad():
+        expected = dense(input_ids=batch.inputs, **with_mask.kwargs(batch.position_ids)).logits
+        got = flex(input_ids=batch.inputs, **with_flex.kwargs(batch.position_ids)).logits
+        plain = flex(input_ids=batch.inputs).logits  # its causal mask alone: documents see each other
+    assert (got - expected).abs().max().item() <= 1e-5
+    assert (plain - expected).abs().max().item() > 1e-2
+
+
+class _NoFlex(nn.Module):
+    _supports_flex_attn = False
+
+
+class _Flex(nn.Module):
+    _supports_flex_attn = True
+
+
+CPU, CUDA = torch.device("cpu"), torch.device("cuda", 0)
+
+
+@pytest.mark.parametrize(
+    ("choice", "model", "device", "context", "expected"),
+    [
+        ("auto", _Flex(), CUDA, False, (FLEX, "training.packedAttention auto")),
+        ("flex", _Flex(), CUDA, False, (FLEX, "training.packedAttention flex")),
+        ("mask", _Flex(), CUDA, False, (MASK, "training.packedAttention mask")),
+        ("auto", _Flex(), CPU, False, (MASK, "auto: cpu ranks: FlexAttention has no backward pass on CPU")),
+        (
+            "auto",
+            _NoFlex(),
+            CUDA,
+            False,
+            (MASK, "auto: _NoFlex's attention does not support FlexAttention in transformers"),
+        ),
+        ("auto", _Flex(), CUDA, True, (MASK, "parallelism.context > 1: the context-parallel attention's own mask")),
+        ("mask", _NoFlex(), CPU, False, (MASK, "training.packedAttention mask")),
+    ],
+)
+def test_the_kernel_is_chosen_with_its_reason(
+    choice: str, model: nn.Module, device: torch.device, context: bool, expected: tuple[str, str]
+) -> None:
+    assert choose_kernel(choice, model, device, context) == expected
+
+
+@pytest.mark.parametrize(
+    ("model", "device", "context", "line"),  # line: why flex cannot run (None: context parallelism)
+    [
+        (_Flex(), CPU, False, "cpu ranks: FlexAttention has no backward pass on CPU"),
+        (_NoFlex(), CUDA, False, "_NoFlex's attention does not support FlexAttention in transformers"),
+        (_Flex(), CUDA, True, None),
+    ],
+)
+def test_flex_where_it_cannot_run_is_one_config_line(
+    model: nn.Module, device: torch.device, context: bool, line: str | None
+) -> None:
+    with pytest.raises(ConfigError) as refused:
+        choose_kernel(FLEX, model, device, context)
+    whole = (
+        f"training.packedAttention: flex cannot run here: {line}; use auto or mask"
+        if line
+        else "training.packedAttention: flex with parallelism.context > 1 is not supported; use auto or mask"
+    )
+    assert refused.value.lines == [whole]

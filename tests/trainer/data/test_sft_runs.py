@@ -73,6 +73,11 @@ def _trained(samples: list[str], per_row: dict[str, int]) -> int:
 
 def test_two_ranks_train_like_one_process_on_packed_chats(runs: ChatRuns) -> None:
     reference, sharded = runs.get("reference"), runs.get("straight")
+    # training.packedAttention auto on CPU ranks: the dense mask, and the log says why.
+    assert (
+        "data.format chat: documents kept apart by explicit block-diagonal causal mask (sdpa), per-document "
+        "position ids (auto: cpu ranks: FlexAttention has no backward pass on CPU)"
+    ) in sharded.output
     per_row = _trained_per_row(runs.data)
     uneven = False
     steps = zip(reference.events("step"), sharded.events("step", 0), sharded.events("step", 1), strict=True)

@@ -28,6 +28,17 @@ trainer's configs already say so; a model's own default may not). Kernels
 other than SDPA and eager get the same treatment, since transformers sizes
 their masks itself.
 
+``training.packedAttention: flex`` (``auto`` on GPU ranks) makes the model's
+attention transformers' ``flex_attention`` and no dense mask exists: without a
+local window, the mask is a FlexAttention ``BlockMask`` built here from the
+document ids (which transformers also passes through untouched), so a model
+need not forward its position ids; with a window, transformers builds each
+layer's block masks from the position restarts, as above. FlexAttention skips
+the blocks the mask empties instead of computing them. It has no backward
+pass on CPU (torch raises), so CPU ranks keep the dense mask, as do models
+whose attention does not support it (``_supports_flex_attn``) and context
+parallelism (its attention has its own exact mask).
+
 Padding after the last document starts at position 0 too, so it is one more
 "document": it attends only to itself and nothing attends to it.
 
@@ -37,14 +48,23 @@ the size transformers itself builds for a packed batch under SDPA.
 
 from __future__ import annotations
 
+import functools
 import inspect
-from typing import Any
+from collections.abc import Callable
+from typing import Any, cast
 
 import torch
 from torch import nn
+from torch.nn.attention.flex_attention import BlockMask, create_block_mask
+from transformers import PreTrainedModel
+
+from ..errors import ConfigError
 
 # Layer-local windows that a full 4-D mask would override.
 WINDOW_ATTRIBUTES = ("sliding_window", "attention_chunk_size")
+FIELD = "training.packedAttention"
+FLEX, MASK = "flex", "mask"
+FLEX_IMPLEMENTATION = "flex_attention"  # transformers' name of the FlexAttention kernel
 
 
 def document_ids(position_ids: torch.Tensor) -> torch.Tensor:
@@ -61,6 +81,24 @@ def block_causal_mask(position_ids: torch.Tensor) -> torch.Tensor:
     return (same & causal).unsqueeze(1)
 
 
+def document_block_mask(position_ids: torch.Tensor) -> BlockMask:
+    """block_causal_mask as FlexAttention's block-sparse mask: no seqLen² tensor kept."""
+    docs = document_ids(position_ids)
+
+    def same_document_causal(b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+        return (docs[b, q] == docs[b, kv]) & (kv <= q)
+
+    batch, n = position_ids.shape
+    # Compiled on CUDA, as transformers does: the eager builder evaluates every query-key pair at once.
+    build = _compiled_block_mask() if position_ids.is_cuda else create_block_mask
+    return build(same_document_causal, batch, None, n, n, device=position_ids.device)
+
+
+@functools.cache
+def _compiled_block_mask() -> Callable[..., BlockMask]:
+    return torch.compile(create_block_mask)
+
+
 def additive(mask: torch.Tensor) -> torch.Tensor:
     """0 where attended, a large negative elsewhere (bf16's lowest: finite in bf16 and fp32 alike)."""
     out = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
@@ -75,14 +113,43 @@ def local_window(config: Any, seq_len: int) -> int | None:
     return min(short) if short else None
 
 
-class PackedAttention:
-    """The keyword arguments that make one model call keep a batch's documents apart."""
+def choose_kernel(choice: str, model: nn.Module, device: torch.device, context_parallel: bool) -> tuple[str, str]:
+    """``training.packedAttention`` resolved: (flex or mask, why), or a ConfigError for a ``flex`` that cannot run.
 
-    def __init__(self, model: nn.Module, seq_len: int) -> None:
+    The spec's rules refuse flex with context parallelism and on CPU-only jobs
+    before a pod starts; this is the same answer for a local run.
+    """
+    if context_parallel:
+        if choice == FLEX:
+            raise ConfigError([f"{FIELD}: flex with parallelism.context > 1 is not supported; use auto or mask"])
+        return MASK, "parallelism.context > 1: the context-parallel attention's own mask"
+    if choice == MASK:
+        return MASK, "training.packedAttention mask"
+    blocker = None
+    if device.type != "cuda":
+        blocker = f"{device.type} ranks: FlexAttention has no backward pass on CPU"
+    elif not getattr(model, "_supports_flex_attn", False):
+        blocker = f"{type(model).__name__}'s attention does not support FlexAttention in transformers"
+    if blocker is None:
+        return FLEX, "training.packedAttention " + choice
+    if choice == FLEX:
+        raise ConfigError([f"{FIELD}: flex cannot run here: {blocker}; use auto or mask"])
+    return MASK, f"auto: {blocker}"
+
+
+class PackedAttention:
+    """The keyword arguments that make one model call keep a batch's documents apart.
+
+    ``kernel`` flex switches the model's attention to FlexAttention first (see the module's docstring).
+    """
+
+    def __init__(self, model: nn.Module, seq_len: int, kernel: str = MASK) -> None:
+        if kernel == FLEX:
+            cast(PreTrainedModel, model).set_attn_implementation(FLEX_IMPLEMENTATION)  # a PEFT model forwards it
         config = model.config
         self.implementation = getattr(config, "_attn_implementation", None) or "eager"
         self.window = local_window(config, seq_len)
-        self.explicit_mask = self.implementation in ("sdpa", "eager") and self.window is None
+        self.explicit_mask = self.implementation in ("sdpa", "eager", FLEX_IMPLEMENTATION) and self.window is None
         parameters = inspect.signature(model.forward).parameters
         self.takes_positions = "position_ids" in parameters
         self.takes_use_cache = "use_cache" in parameters
@@ -93,6 +160,12 @@ class PackedAttention:
             )
 
     def describe(self) -> str:
+        if self.implementation == FLEX_IMPLEMENTATION:
+            if self.explicit_mask:
+                return "FlexAttention with a document block mask"
+            return (
+                f"FlexAttention with the block masks transformers builds from the position ids (window {self.window})"
+            )
         if self.explicit_mask:
             return f"explicit block-diagonal causal mask ({self.implementation})" + (
                 ", per-document position ids" if self.takes_positions else ""
@@ -106,7 +179,9 @@ class PackedAttention:
         out: dict[str, Any] = {"use_cache": False} if self.takes_use_cache else {}
         if self.takes_positions:
             out["position_ids"] = position_ids
-        if self.explicit_mask:
+        if self.explicit_mask and self.implementation == FLEX_IMPLEMENTATION:
+            out["attention_mask"] = document_block_mask(position_ids)
+        elif self.explicit_mask:
             mask = block_causal_mask(position_ids)
             out["attention_mask"] = mask if self.implementation == "sdpa" else additive(mask)
         return out

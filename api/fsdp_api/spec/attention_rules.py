@@ -1,0 +1,85 @@
+"""The rules of attention across sections: context parallelism, and where FlexAttention cannot run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..rules import Rule
+from .training import PREFERENCE_OBJECTIVES
+
+_NOT_FLEX = "!has(self.training) || !has(self.training.packedAttention) || self.training.packedAttention != 'flex'"
+
+
+_NO_CP = "!has(self.parallelism) || self.parallelism.context == 1"
+
+
+def _cp(spec: Any) -> int:
+    return spec.parallelism.context
+
+
+def _flex(spec: object) -> bool:
+    training = getattr(spec, "training", None)
+    return training is not None and training.packed_attention == "flex"
+
+
+# On the spec only: a local run's device is known to the trainer, which says the same.
+PACKED_ATTENTION_SPEC_RULES: tuple[Rule, ...] = (
+    Rule(
+        cel=f"{_NOT_FLEX} || !has(self.resources) || self.resources.gpusPerNode > 0",
+        message="training.packedAttention flex needs GPU ranks: FlexAttention has no backward pass on CPU, so a "
+        "CPU-only job (resources.gpusPerNode: 0) cannot train with it; use auto or mask",
+        field_path=".training.packedAttention",
+        check=lambda s: not _flex(s) or s.resources.gpus_per_node > 0,
+    ),
+)
+
+
+# On the spec and on the trainer's own configuration (a local run).
+PACKED_ATTENTION_CONFIG_RULES: tuple[Rule, ...] = (
+    Rule(
+        cel=f"{_NO_CP} || {_NOT_FLEX}",
+        message="training.packedAttention flex with parallelism.context > 1 is not supported: the context-parallel "
+        "attention keeps packed documents apart with its own exact mask; use auto or mask",
+        field_path=".training.packedAttention",
+        check=lambda s: _cp(s) == 1 or not _flex(s),
+    ),
+)
+
+
+# --- context parallelism ------------------------------------------------------------
+
+CONTEXT_CONFIG_RULES: tuple[Rule, ...] = (
+    Rule(
+        cel=(
+            f"{_NO_CP} || (has(self.training) && has(self.training.seqLen)"
+            " && self.training.seqLen % (2 * self.parallelism.context) == 0)"
+        ),
+        message="parallelism.context needs training.seqLen set to a multiple of 2 x context: each context rank "
+        "holds two equal chunks of every row, one early and one late, so causal attention's work is even",
+        field_path=".parallelism.context",
+        check=lambda s: (
+            _cp(s) == 1
+            or (s.training is not None and s.training.seq_len is not None and s.training.seq_len % (2 * _cp(s)) == 0)
+        ),
+    ),
+    Rule(
+        cel=f"{_NO_CP} || !has(self.fsdp) || self.fsdp.shardingStrategy != 'no_shard'",
+        message="fsdp.shardingStrategy no_shard with parallelism.context > 1 is not supported: FSDP shards over "
+        "the context ranks, each of which computes the gradients of its part of the rows; use full, "
+        "shard_grad_op or hybrid",
+        field_path=".parallelism.context",
+        check=lambda s: _cp(s) == 1 or s.fsdp.sharding_strategy != "no_shard",
+    ),
+    Rule(
+        cel=(
+            f"{_NO_CP} || !has(self.training) || !has(self.training.objective) || !(self.training.objective in "
+            + str(list(PREFERENCE_OBJECTIVES))
+            + ")"
+        ),
+        message="dpo and simpo with parallelism.context > 1 are not supported: they score whole answers, whose "
+        "tokens context parallelism spreads over ranks",
+        field_path=".parallelism.context",
+        check=lambda s: _cp(s) == 1 or s.training is None or not s.training.trains_preferences,
+    ),
+    *PACKED_ATTENTION_CONFIG_RULES,
+)
