@@ -19,7 +19,15 @@ import pytest
 from fsdp_localcluster.whole_cluster import WholeCluster, machine_lock
 from fsdp_operator.controller.node_exclusion import WORKLOAD_EVIDENCE_ENV
 
+from tests.e2e.namespaces import REPORTS
 from tests.e2e.timings import TIMINGS, record
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    report = yield
+    item.stash.setdefault(REPORTS, {})[report.when] = report  # for own_namespace's teardown
+    return report
 
 
 @pytest.fixture(scope="session")

@@ -8,6 +8,7 @@ import math
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -20,6 +21,7 @@ from fsdp_localcluster.wait import wait_for
 from fsdp_localcluster.whole_cluster import WholeCluster
 from fsdp_operator.cli import main
 
+from tests.e2e.namespaces import own_namespace
 from tests.e2e.timings import record
 from tests.e2e.training import (
     RESUMED,
@@ -45,10 +47,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 @pytest.fixture
-def ns(operator: WholeCluster, request: pytest.FixtureRequest) -> str:
-    name = "fault-" + request.node.name.removeprefix("test_").replace("_", "-")[:40].rstrip("-")
-    operator.cluster.create_namespace(name)
-    return name
+def ns(operator: WholeCluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    yield from own_namespace(operator, "fault-", request)
 
 
 def running_markers(whole: WholeCluster, name: str, ns: str) -> list[str]:

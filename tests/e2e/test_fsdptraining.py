@@ -7,6 +7,7 @@ import json
 import math
 import re
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from fsdp_localcluster.wait import wait_for
 from fsdp_localcluster.whole_cluster import WholeCluster
 from fsdp_trainer.tracking import series_tag
 
+from tests.e2e.namespaces import own_namespace
 from tests.e2e.timings import record
 from tests.e2e.training import (
     TERMINAL,
@@ -40,10 +42,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 @pytest.fixture
-def ns(operator: WholeCluster, request: pytest.FixtureRequest) -> str:
-    name = "ft-" + request.node.name.removeprefix("test_").replace("_", "-")[:40].rstrip("-")
-    operator.cluster.create_namespace(name)
-    return name
+def ns(operator: WholeCluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    yield from own_namespace(operator, "ft-", request)
 
 
 def test_happy_path_succeeds_with_checkpoints_status_and_prometheus(

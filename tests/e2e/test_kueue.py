@@ -12,6 +12,7 @@ from fsdp_localcluster.kueue import Kueue
 from fsdp_localcluster.wait import wait_for
 from fsdp_localcluster.whole_cluster import WholeCluster
 
+from tests.e2e.namespaces import own_namespace
 from tests.e2e.queues import INSUFFICIENT, queue_objects
 from tests.e2e.timings import record
 from tests.e2e.training import (
@@ -52,13 +53,12 @@ def kueue(operator: WholeCluster) -> Iterator[Kueue]:
 
 
 @pytest.fixture
-def ns(kueue: Kueue, operator: WholeCluster, request: pytest.FixtureRequest) -> str:
+def ns(kueue: Kueue, operator: WholeCluster, request: pytest.FixtureRequest) -> Iterator[str]:
     """A namespace with a LocalQueue ``team`` on a ClusterQueue of its own with GPU_QUOTA GPUs."""
-    name = "q-" + request.node.name.removeprefix("test_").replace("_", "-")[:40].rstrip("-")
-    operator.cluster.create_namespace(name)
-    for obj in queue_objects(name):
-        operator.cluster.apply(obj)
-    return name
+    for name in own_namespace(operator, "q-", request):
+        for obj in queue_objects(name):
+            operator.cluster.apply(obj)
+        yield name
 
 
 def queued(name: str, ns: str, *, priority: str | None = None, **kwargs: Any) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from fsdp_localcluster.binaries import REPO_ROOT
 from fsdp_localcluster.wait import wait_for
 from fsdp_localcluster.whole_cluster import WholeCluster
 
+from tests.e2e.namespaces import own_namespace
 from tests.e2e.timings import record
 from tests.e2e.training import (
     RESUMED,
@@ -54,10 +55,8 @@ STALL = {
 
 
 @pytest.fixture
-def ns(operator: WholeCluster, request: pytest.FixtureRequest) -> str:
-    name = "stall-" + request.node.name.removeprefix("test_").replace("_", "-")[:40].rstrip("-")
-    operator.cluster.create_namespace(name)
-    return name
+def ns(operator: WholeCluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    yield from own_namespace(operator, "stall-", request)
 
 
 def with_fault(body: dict[str, Any], fault: str) -> dict[str, Any]:

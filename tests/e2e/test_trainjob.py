@@ -17,6 +17,7 @@ from fsdp_localcluster.trainer_v2 import TrainerV2
 from fsdp_localcluster.wait import wait_for
 from fsdp_localcluster.whole_cluster import WholeCluster
 
+from tests.e2e.namespaces import own_namespace
 from tests.e2e.queues import EKS_TOPOLOGY, INSUFFICIENT, queue_objects
 from tests.e2e.timings import record
 from tests.e2e.training import (
@@ -73,10 +74,8 @@ def kueue(trainer_v2: TrainerV2, operator: WholeCluster) -> Iterator[Kueue]:
 
 
 @pytest.fixture
-def ns(trainer_v2: TrainerV2, operator: WholeCluster, request: pytest.FixtureRequest) -> str:
-    name = "tj-" + request.node.name.removeprefix("test_").replace("_", "-")[:40].rstrip("-")
-    operator.cluster.create_namespace(name)
-    return name
+def ns(trainer_v2: TrainerV2, operator: WholeCluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    yield from own_namespace(operator, "tj-", request)
 
 
 def trainjob_training(name: str, ns: str, **kw: Any) -> dict[str, Any]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import re
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from fsdp_localcluster.binaries import tool_path
 from fsdp_localcluster.wait import wait_for
 from fsdp_localcluster.whole_cluster import WholeCluster
 
+from tests.e2e.namespaces import own_namespace
 from tests.e2e.training import TERMINAL, dump, status, trainer_logs, wait_phase
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -24,10 +26,8 @@ SCRIPT_STEP = re.compile(r"^step (\d+) \| loss ([0-9.]+)$", re.MULTILINE)
 
 
 @pytest.fixture
-def ns(operator: WholeCluster, request: pytest.FixtureRequest) -> str:
-    name = "own-" + request.node.name.removeprefix("test_").replace("_", "-")[:40].rstrip("-")
-    operator.cluster.create_namespace(name)
-    return name
+def ns(operator: WholeCluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    yield from own_namespace(operator, "own-", request)
 
 
 def example_objects(namespace: str, steps: int, every: int) -> list[dict]:
