@@ -13,7 +13,7 @@ download() {
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
     -d .whl "$@"
 }
-for name in pydantic pydantic_core annotated-types typing-inspection datasets dill multiprocess torchao; do
+for name in pydantic pydantic_core annotated-types typing-inspection datasets dill multiprocess torchao liger-kernel; do
   download "$name==$(version "$name")"
 done
 # The torchtitan reference of the bench, at its own pins (bench/torchtitan_llama.py).

@@ -30,6 +30,7 @@ from .model.architecture import (
 from .model.experts import FIELD as EXPERTS_FIELD
 from .model.experts import check_experts, request_experts
 from .model.init import init_weights, reset_buffers
+from .model.kernels import KernelReport, apply_kernels
 from .model.lora import apply_lora, init_adapters
 from .model.pretrained import LoadPlan, check_pretrained, load_pretrained
 from .parallel.compile import CompileReport, compile_report
@@ -55,6 +56,7 @@ class Prepared:
     pretrained: LoadPlan | None
     adapted: list[str]  # LoRA's target modules (spec.peft); empty: every weight trains
     compile: CompileReport  # training.compile's decision for this device; filled in by the first step
+    kernels: KernelReport  # training.kernels: what was patched in, or why nothing was
     float8: Float8Report = field(default_factory=Float8Report)  # filled in when float8 converts the model
     mesh: DeviceMesh | None = None  # the device mesh, once built (the dpo reference is sharded on the same one)
 
@@ -107,10 +109,12 @@ def prepare(cfg: TrainerConfig, world: WorldInfo | None = None) -> Prepared:
                 f"float8 ({float8.summary()}); use bf16"
             ]
         )
+    # Before LoRA wraps the linears: the patched gated MLPs call their projections, adapted or not.
+    kernels = apply_kernels(cfg.training.kernels, model, world.device.type, plan.tp)
     adapted = apply_lora(model, cfg.peft) if cfg.peft is not None else []
     pretrained = check_pretrained(model, path) if cfg.model.pretrained and path is not None else None
     compiled = compile_report(cfg, world.device)
-    return Prepared(cfg, world, plan, tokenizer, model, seq_len, pretrained, adapted, compiled)
+    return Prepared(cfg, world, plan, tokenizer, model, seq_len, pretrained, adapted, compiled, kernels)
 
 
 def build_model(p: Prepared, *, resuming: bool = False) -> PreTrainedModel:

@@ -182,6 +182,7 @@ class Trainer:
             self.seq_len,
             cfg.training.micro_batch_size * accum * self.dp_size,
         )
+        log.info("%s", p.kernels.line())
 
     def _report_compile(self) -> None:
         """After the first step, when inductor has compiled (or failed on) the layers: the mode that ran."""

@@ -15,11 +15,11 @@ from pydantic import BaseModel
 from ..contract import ENV_WANDB_API_KEY, POD_MOUNTS, RDZV_PORT
 from ..instance_types import FLOAT8_INSTANCE_TYPES, INSTANCE_TYPES
 from ..rules import Rule, cel_literal, wire_name
-from .attention_rules import CONTEXT_CONFIG_RULES, PACKED_ATTENTION_SPEC_RULES
 from .backend_rules import BACKEND_RULES
 from .checkpoint import CheckpointSpec
 from .data import DataSpec
 from .fsdp import FSDPSpec
+from .kernel_rules import CONTEXT_CONFIG_RULES, KERNEL_SPEC_RULES
 from .model import ModelSpec, preset_cel
 from .parallelism import ParallelismSpec
 from .stall import StallSpec
@@ -404,7 +404,7 @@ SPEC_RULES: tuple[Rule, ...] = (
         field_path=".pod.volumeMounts",
         check=lambda s: not any(mounts_clash(m.mount_path, s.checkpoint.dir) for m in s.pod.volume_mounts),
     ),
-    *PACKED_ATTENTION_SPEC_RULES,
+    *KERNEL_SPEC_RULES,
     Rule(
         cel=f"{_NOT_FLOAT8} || !has(self.resources) || self.resources.gpusPerNode > 0",
         message="training.precision float8 needs GPUs with float8 tensor cores; a CPU-only job "

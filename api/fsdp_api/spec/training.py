@@ -84,6 +84,16 @@ class TrainingSpec(ApiModel):
             "model trains on full logits, with a warning, where its logits are not its head's output."
         ),
     )
+    kernels: Literal["auto", "liger", "none"] = Field(
+        default="auto",
+        description=(
+            "Fused kernels patched into the model by its type: liger (Liger-Kernel's RMSNorm, rotary and "
+            "SwiGLU/GeGLU Triton kernels, for the model types Liger covers: Llama, Mistral, Mixtral, Qwen2/3, "
+            "Qwen3-MoE, Gemma 1-3, Phi-3, OLMo 2 and more); none: the model's own modules. auto: liger on GPU ranks "
+            "for a covered type without tensor parallelism, none otherwise (the log says which and why). The loss "
+            "stays the trainer's (training.logits)."
+        ),
+    )
     packed_attention: Literal["auto", "flex", "mask"] = Field(
         default="auto",
         description=(

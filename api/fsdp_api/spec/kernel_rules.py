@@ -1,4 +1,5 @@
-"""The rules of attention across sections: context parallelism, and where FlexAttention cannot run."""
+"""The rules of kernels across sections: context parallelism's attention, and where FlexAttention and
+Liger's fused kernels cannot run."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any
 from ..rules import Rule
 from .training import PREFERENCE_OBJECTIVES
 
+_NOT_LIGER = "!has(self.training) || !has(self.training.kernels) || self.training.kernels != 'liger'"
 _NOT_FLEX = "!has(self.training) || !has(self.training.packedAttention) || self.training.packedAttention != 'flex'"
 
 
@@ -17,13 +19,25 @@ def _cp(spec: Any) -> int:
     return spec.parallelism.context
 
 
+def _liger(spec: object) -> bool:
+    training = getattr(spec, "training", None)
+    return training is not None and training.kernels == "liger"
+
+
 def _flex(spec: object) -> bool:
     training = getattr(spec, "training", None)
     return training is not None and training.packed_attention == "flex"
 
 
 # On the spec only: a local run's device is known to the trainer, which says the same.
-PACKED_ATTENTION_SPEC_RULES: tuple[Rule, ...] = (
+KERNEL_SPEC_RULES: tuple[Rule, ...] = (
+    Rule(
+        cel=f"{_NOT_LIGER} || !has(self.resources) || self.resources.gpusPerNode > 0",
+        message="training.kernels liger needs GPU ranks: Liger's Triton kernels run on CUDA, so a CPU-only job "
+        "(resources.gpusPerNode: 0) cannot use them; use auto or none",
+        field_path=".training.kernels",
+        check=lambda s: not _liger(s) or s.resources.gpus_per_node > 0,
+    ),
     Rule(
         cel=f"{_NOT_FLEX} || !has(self.resources) || self.resources.gpusPerNode > 0",
         message="training.packedAttention flex needs GPU ranks: FlexAttention has no backward pass on CPU, so a "
@@ -35,7 +49,14 @@ PACKED_ATTENTION_SPEC_RULES: tuple[Rule, ...] = (
 
 
 # On the spec and on the trainer's own configuration (a local run).
-PACKED_ATTENTION_CONFIG_RULES: tuple[Rule, ...] = (
+KERNEL_CONFIG_RULES: tuple[Rule, ...] = (
+    Rule(
+        cel=f"!has(self.parallelism) || self.parallelism.tensor == 1 || {_NOT_LIGER}",
+        message="training.kernels liger with parallelism.tensor > 1 is not supported: Liger's kernels take whole "
+        "local tensors, and tensor parallelism's norms and MLPs hold DTensors; use auto or none",
+        field_path=".training.kernels",
+        check=lambda s: s.parallelism.tensor == 1 or not _liger(s),
+    ),
     Rule(
         cel=f"{_NO_CP} || {_NOT_FLEX}",
         message="training.packedAttention flex with parallelism.context > 1 is not supported: the context-parallel "
@@ -81,5 +102,5 @@ CONTEXT_CONFIG_RULES: tuple[Rule, ...] = (
         field_path=".parallelism.context",
         check=lambda s: _cp(s) == 1 or s.training is None or not s.training.trains_preferences,
     ),
-    *PACKED_ATTENTION_CONFIG_RULES,
+    *KERNEL_CONFIG_RULES,
 )
