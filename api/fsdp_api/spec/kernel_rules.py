@@ -29,21 +29,33 @@ def _flex(spec: object) -> bool:
     return training is not None and training.packed_attention == "flex"
 
 
+def _gpu_ranks_only(wire: str, value: str, unset_cel: str, chosen: Any, why: str, instead: str) -> Rule:
+    """``training.<wire>: <value>`` refused on a CPU-only job (resources.gpusPerNode: 0)."""
+    return Rule(
+        cel=f"{unset_cel} || !has(self.resources) || self.resources.gpusPerNode > 0",
+        message=f"training.{wire} {value} needs GPU ranks: {why}; use {instead}",
+        field_path=f".training.{wire}",
+        check=lambda s: not chosen(s) or s.resources.gpus_per_node > 0,
+    )
+
+
 # On the spec only: a local run's device is known to the trainer, which says the same.
 KERNEL_SPEC_RULES: tuple[Rule, ...] = (
-    Rule(
-        cel=f"{_NOT_LIGER} || !has(self.resources) || self.resources.gpusPerNode > 0",
-        message="training.kernels liger needs GPU ranks: Liger's Triton kernels run on CUDA, so a CPU-only job "
-        "(resources.gpusPerNode: 0) cannot use them; use auto or none",
-        field_path=".training.kernels",
-        check=lambda s: not _liger(s) or s.resources.gpus_per_node > 0,
+    _gpu_ranks_only(
+        "kernels",
+        "liger",
+        _NOT_LIGER,
+        _liger,
+        "Liger's Triton kernels run on CUDA, so a CPU-only job (resources.gpusPerNode: 0) cannot use them",
+        "auto or none",
     ),
-    Rule(
-        cel=f"{_NOT_FLEX} || !has(self.resources) || self.resources.gpusPerNode > 0",
-        message="training.packedAttention flex needs GPU ranks: FlexAttention has no backward pass on CPU, so a "
-        "CPU-only job (resources.gpusPerNode: 0) cannot train with it; use auto or mask",
-        field_path=".training.packedAttention",
-        check=lambda s: not _flex(s) or s.resources.gpus_per_node > 0,
+    _gpu_ranks_only(
+        "packedAttention",
+        "flex",
+        _NOT_FLEX,
+        _flex,
+        "FlexAttention has no backward pass on CPU, so a CPU-only job (resources.gpusPerNode: 0) cannot train with it",
+        "auto or mask",
     ),
 )
 
