@@ -79,7 +79,7 @@ class JobBackend:
     plural: str
     container: str  # the trainer container's name
     job_label: str  # pod label: the job's name
-    index_label: str  # pod label: the node's index (0 hosts the rendezvous and rank 0)
+    index_label: str  # pod label: the pod's index (0 hosts the rendezvous; torchrun picks which holds node rank 0)
 
     @property
     def api_version(self) -> str:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 
 import yaml
 from fsdp_api import GROUP, KIND, PLURAL, VERSION, FSDPTraining
+from fsdp_api.contract import LABEL_NODE_RANK
 from fsdp_api.documents import Document, InputError, parse, read_documents, without_nulls
 
 from .errors import ApiError, ClientError, InvalidTraining, WaitTimeout
@@ -301,11 +302,18 @@ class Client:
     # --- what its pods say ------------------------------------------------------------------
 
     def pods(self, name: str) -> builtins.list[Json]:
-        """The training's trainer pods, by node rank (several of one rank while a restarted one replaces another)."""
+        """The training's trainer pods, by pod index (several of one index while a restarted one replaces another)."""
         return self._pods(self.get(name))
 
     def pod(self, name: str, rank: int = 0) -> Json:
-        """The newest pod of node rank ``rank``; ``ClientError`` saying where the training stands when it has none."""
+        """The newest pod of node rank ``rank``; ``ClientError`` saying where the training stands when it has none.
+
+        The node rank is torchrun's, which is not the pod's index: its c10d
+        rendezvous numbers the nodes in the order of their host names and
+        process ids. Where the job has several pods, the one whose metrics
+        carry ``node_rank="<rank>"`` is it; before any serves them, the pod
+        of that index.
+        """
         return self._pod(self.get(name), rank)
 
     def _pods(self, training: Training) -> builtins.list[Json]:
@@ -316,12 +324,27 @@ class Client:
         return sorted(pods, key=lambda p: (_rank_of(p, backend.index_label), _created(p)))
 
     def _pod(self, training: Training, rank: int) -> Json:
-        of_rank = [p for p in self._pods(training) if _rank_of(p, training.backend.index_label) == rank]
-        if not of_rank:
+        return self._pod_and_metrics(training, rank)[0]
+
+    def _pod_and_metrics(self, training: Training, rank: int) -> tuple[Json, TrainerMetrics | None]:
+        """The pod of node rank ``rank``, and its metrics where they were read to find it."""
+        pods = self._pods(training)
+        index = training.backend.index_label
+        newest = {_rank_of(p, index): p for p in pods}  # sorted by creation within an index: the last one wins
+        if len(newest) > 1 and self._metrics_port(training) is not None:
+            # The pod of that index first: on most clusters the host names sort like the indices.
+            for pod in sorted(newest.values(), key=lambda p: _rank_of(p, index) != rank):
+                try:
+                    figures = self._read_metrics(training, pod)
+                except ClientError:
+                    continue
+                if any(s.rank[0] == rank for s in figures.samples if LABEL_NODE_RANK in s.labels):
+                    return pod, figures
+        if rank not in newest:
             raise ClientError(
                 f"{KIND} {training.namespace}/{training.name} has no pod of node rank {rank} now ({training.summary()})"
             )
-        return of_rank[-1]
+        return newest[rank], None
 
     @overload
     def logs(
@@ -350,19 +373,29 @@ class Client:
         return self.api.text(path, query)
 
     def metrics(self, name: str) -> TrainerMetrics:
-        """Rank 0's Prometheus series (the ones the operator reads): ``.step``, ``.loss``, ``.as_dict()``.
+        """Node rank 0's Prometheus series (the ones the operator reads): ``.step``, ``.loss``, ``.as_dict()``.
 
         Read through the API server's pod proxy (works from outside the cluster,
         needs ``pods/proxy``), else from the pod's address (inside the cluster).
         """
         training = self.get(name)
+        if self._metrics_port(training) is None:
+            raise ClientError(f"{KIND} {training.namespace}/{name} has spec.metrics.enabled: false")
+        pod, figures = self._pod_and_metrics(training, 0)
+        return figures if figures is not None else self._read_metrics(training, pod)
+
+    def _metrics_port(self, training: Training) -> int | None:
+        """The trainer's metrics port; None where ``spec.metrics.enabled`` is false."""
         metrics = (training.body.get("spec") or {}).get("metrics") or {}
         if metrics.get("enabled") is False:
-            raise ClientError(f"{KIND} {training.namespace}/{name} has spec.metrics.enabled: false")
+            return None
         from fsdp_api.contract import METRICS_PORT
 
-        port = int(metrics.get("port", METRICS_PORT))
-        pod = self._pod(training, 0)
+        return int(metrics.get("port", METRICS_PORT))
+
+    def _read_metrics(self, training: Training, pod: Json) -> TrainerMetrics:
+        port = self._metrics_port(training)
+        assert port is not None
         meta = pod["metadata"]
         proxy = core_path("pods", meta["namespace"], f"{meta['name']}:{port}", "proxy/metrics")
         try:

@@ -247,7 +247,58 @@ def test_metrics_of_rank_0_through_the_proxy_or_from_the_pod(
     # Rank 0's figures, whichever rank the endpoint lists first.
     assert (m.step, m.loss, m.max_steps) == (12, 3.25, 300)
     assert m.as_dict()["fsdp_train_loss"] == 3.25
-    assert direct_reads == ([] if proxied else [ip])
+    # One read each: which pod holds node rank 1, then node rank 0's figures.
+    assert direct_reads == ([] if proxied else [ip, ip])
+
+
+def _serve(ip: str, port: int, text: str) -> http.server.ThreadingHTTPServer:
+    class One(_Trainer):
+        def do_GET(self) -> None:
+            body = text.encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = http.server.ThreadingHTTPServer((ip, port), One)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def node_text(node_rank: int, loss: float) -> str:
+    labels = f'job_name="n",node_rank="{node_rank}",local_rank="0"'
+    return (
+        f"# TYPE fsdp_train_step gauge\nfsdp_train_step{{{labels}}} 7\n"
+        f"# TYPE fsdp_train_loss gauge\nfsdp_train_loss{{{labels}}} {loss}\n"
+    )
+
+
+def test_node_rank_0_is_the_pod_whose_series_say_so_whatever_its_index(client: Client, api: TestCluster) -> None:
+    """torchrun's c10d rendezvous numbers the nodes by host name and pid: pod index 1 can hold node rank 0."""
+    first = _serve("127.0.0.1", 0, node_text(1, 2.5))
+    port = first.server_address[1]
+    try:
+        second = _serve("127.0.0.2", port, node_text(0, 1.5))
+    except OSError:
+        first.shutdown()
+        pytest.skip("127.0.0.2 is not served by this machine's loopback")
+    try:
+        client.submit(tiny("swapped", metrics={"enabled": True, "port": port}))
+        for index, ip in ((0, "127.0.0.1"), (1, "127.0.0.2")):
+            api.apply(worker_pod("swapped", index))
+            api.kubectl(
+                "patch", "pod", f"swapped-worker-{index}", "-n", NAMESPACE, "--subresource=status",
+                "--type=merge", "-p", f'{{"status": {{"phase": "Running", "podIP": "{ip}"}}}}',
+            )  # fmt: skip
+        assert client.pod("swapped", 0)["metadata"]["name"] == "swapped-worker-1"
+        assert client.pod("swapped", 1)["metadata"]["name"] == "swapped-worker-0"
+        assert client.metrics("swapped").loss == 1.5
+        with pytest.raises(ClientError, match="has no pod of node rank 2 now"):
+            client.pod("swapped", 2)
+    finally:
+        for server in (first, second):
+            server.shutdown()
+            server.server_close()
 
 
 def test_a_training_without_pods_says_where_it_stands(client: Client, api: TestCluster) -> None:

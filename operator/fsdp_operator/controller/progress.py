@@ -170,7 +170,10 @@ def parse_trainer_metrics(text: str) -> TrainerProgress:
 
 
 def rank0_pod(pods: Iterable[Mapping[str, Any]], *, running_only: bool = True) -> Mapping[str, Any] | None:
-    """The running pod hosting node rank 0: the Master if any, else Worker 0 (node 0 of a TrainJob).
+    """The running pod of index 0: the Master if any, else Worker 0 (node 0 of a TrainJob).
+
+    It hosts the rendezvous; torchrun may give it any node rank, and every rank
+    serves the step, loss and throughput series the operator reads.
 
     A pod being deleted does not count as running: after a stall restart its
     trainer still answers with the old step until it is gone, which would read

@@ -235,7 +235,8 @@ async def scrape_once(rt: Runtime, session: aiohttp.ClientSession, peering: Peer
         if not await _allowed(rt, peering, namespace):
             continue
         try:
-            # Only index-0 pods can host node rank 0: a small list even for big jobs.
+            # Index-0 pods only: a small list even for big jobs. Every rank serves the step and the
+            # loss, so whichever node rank torchrun gave that pod, its figures are the job's.
             selector = f"{backend.job_label},{backend.index_label}=0"
             pods = await rt.client.list("v1", "Pod", namespace, selector)
         except (ApiError, *NETWORK_ERRORS) as e:
