@@ -318,6 +318,9 @@ LABEL_TRACKER = "tracker"
 LABEL_RUN_URL = "url"
 TRACKER_RUN_LABELS = (*RANK_LABELS, LABEL_TRACKER, LABEL_RUN_URL)
 GPU_LABELS = (*RANK_LABELS, LABEL_GPU)
+# A mixture-of-experts layer's number in the model (its router's module path: model.layers.<layer>...).
+LABEL_MOE_LAYER = "layer"
+MOE_LAYER_LABELS = (*RANK_LABELS, LABEL_MOE_LAYER)
 
 
 def rank_label_values(job_name: str, node_rank: int, local_rank: int) -> dict[str, str]:
@@ -411,6 +414,28 @@ PREFERENCE_ACCURACY = Metric(
     "gauge",
     "Share of the last step's pairs whose chosen answer got the higher reward (0..1).",
 )
+# A mixture-of-experts model: each MoE layer's expert load over every rank's tokens of the last step
+# (label ``layer``; served by each node's local rank 0; docs/metrics.md, "Router health").
+MOE_EXPERT_LOAD_MAX = Metric(
+    "fsdp_moe_expert_load_max_ratio",
+    "gauge",
+    "Tokens of the layer's most-loaded expert over the mean per expert, last step (1: even).",
+)
+MOE_EXPERT_LOAD_MIN = Metric(
+    "fsdp_moe_expert_load_min_ratio",
+    "gauge",
+    "Tokens of the layer's least-loaded expert over the mean per expert, last step (1: even; 0: one got none).",
+)
+MOE_EXPERTS_UNUSED = Metric(
+    "fsdp_moe_experts_unused_ratio", "gauge", "Share of the layer's experts that got no token in the last step."
+)
+MOE_ROUTER_AUX_LOSS = Metric(
+    "fsdp_moe_router_aux_loss",
+    "gauge",
+    "The layer router's load-balancing loss (Switch Transformer's, as transformers computes it), last step; "
+    "top_k when even.",
+)
+MOE_LAYER_METRICS = (MOE_EXPERT_LOAD_MAX, MOE_EXPERT_LOAD_MIN, MOE_EXPERTS_UNUSED, MOE_ROUTER_AUX_LOSS)
 EVAL_LOSS = Metric("fsdp_train_eval_loss", "gauge", "Loss of the last validation run.")
 EVAL_PERPLEXITY = Metric("fsdp_train_eval_perplexity", "gauge", "Perplexity (exp of loss) of the last validation.")
 CHECKPOINT_SAVE_DURATION = Metric(

@@ -24,6 +24,7 @@ EXPECTED_ALERTS = {
     "FSDPTrainingRestarting",
     "FSDPTrainingInputBound",
     "FSDPTrainingStraggler",
+    "FSDPTrainingRouterCollapsed",
     "FSDPTrainingGPUIdle",
     "FSDPGPUXidError",
 }

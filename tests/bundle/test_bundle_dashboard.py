@@ -24,6 +24,9 @@ SHARED_DCGM = vendored_crds("dcgm-exporter")
 # What the dashboard promises to show: panel title -> metrics it must read.
 REQUIRED_PANELS = {
     "Loss": {"fsdp_train_loss", "fsdp_train_eval_loss"},
+    "Expert load per MoE layer": {"fsdp_moe_expert_load_max_ratio", "fsdp_moe_expert_load_min_ratio"},
+    "Unused experts per MoE layer": {"fsdp_moe_experts_unused_ratio"},
+    "Router load-balancing loss": {"fsdp_moe_router_aux_loss"},
     "Learning rate": {"fsdp_train_learning_rate"},
     "Tokens/s (global)": {"fsdp_train_global_tokens_per_second"},
     "Tokens/s per GPU": {"fsdp_train_tokens_per_second"},

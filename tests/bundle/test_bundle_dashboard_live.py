@@ -18,6 +18,7 @@ import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -85,6 +86,17 @@ class Live:
         return [r for r in rows if any(math.isfinite(float(v)) for _, v in r["values"])]
 
 
+def tiny_mixtral(path: Path) -> Path:
+    """A config.json of Mixtral's architecture with the tiny preset's vocabulary (4 experts, 2 per token)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.for_model(
+        "mixtral", vocab_size=4096, num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=1024
+    )
+    config.save_pretrained(path)
+    return path
+
+
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     work = tmp_path_factory.mktemp("dashboard-live")
@@ -92,6 +104,9 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     s3 = S3Server(work / "s3").start()
     s3.create_bucket("live")
     overrides = {
+        # A mixture of experts (the preset's numbers over a Mixtral config), so that the router panels
+        # and the router alert read real series too; every other panel reads what a dense model exports.
+        "model": {"preset": None, "architecture": str(tiny_mixtral(work / "mixtral"))},
         "training": {"evalIntervalSteps": 10, "evalSteps": 2},
         "checkpoint": {"dir": str(work / "checkpoints"), "intervalSteps": 10, "remote": "s3://live/run"},
     }

@@ -51,6 +51,7 @@ from .footprint import frozen_digest, state_bytes, write_probe
 from .loss.preference import PreferenceStats
 from .metrics import MetricsProcessor
 from .metrics.flops import shape_of
+from .metrics.router_probe import RouterProbe
 from .metrics.stats import StepStats
 from .model.architecture import count_parameters, max_positions
 from .model.lora import count_trainable, lora_summary
@@ -105,6 +106,14 @@ class Trainer:
         reference_meta = copy.deepcopy(p.model) if needs_copy else None
         self.model = build_model(p, resuming=bool(found))
         self.context = build_context_parallel(self.model, world, p.plan, self.seq_len, cfg.training.precision)
+        # A mixture of experts' router health (per-layer expert load), summed with the step's figures.
+        self.router = RouterProbe(self.model, self.device)
+        if self.router.enabled:
+            first = self.router.layers[0]
+            log.info(
+                "router health: %d MoE layers (%d experts, top %d), expert load exported per layer",
+                len(self.router.layers), first.experts, first.top_k,
+            )  # fmt: skip
         self.compile = p.compile
         self.float8 = p.float8
         self.num_params = count_parameters(self.model)
@@ -326,6 +335,7 @@ class Trainer:
         local_count, local_trained = self.objective.local_counts(batches)
         batches = [b.to(self.device) for b in batches]
         data_seconds = time.perf_counter() - t0
+        self.router.reset()  # what validation or samples routed since the last step is not this step's
         waited = wait_for_peers(self.world.world_size, self.device, self.metrics)
         divisor, trained = self.objective.divisor(local_count, local_trained, self.tokens_per_rank_step, self.cp)
         loss_sum, pair_sums = self.steps.forward_backward(batches, self.objective, divisor, self.objective.pair_stats)
@@ -341,6 +351,8 @@ class Trainer:
         slots.sum("loss", loss_sum)
         slots.sum("stop", float(self.stop_signal is not None))
         slots.sum("pairs", pair_sums)
+        if self.router.enabled:
+            slots.sum("router", self.router.take())
         waits = torch.zeros(self.world.world_size, device=self.device, dtype=torch.float32)
         waits[self.world.rank] = waited
         slots.sum("waits", waits)
@@ -372,6 +384,7 @@ class Trainer:
             preference=PreferenceStats.from_sums([v * self.dp_size / self.world.world_size for v in pair_values])
             if pair_values
             else None,
+            router=self.router.stats(values["router"]) if self.router.enabled else None,
         )
         return stats, samples, stop_votes > 0
 

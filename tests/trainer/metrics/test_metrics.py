@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 import pytest
 import torch
-from fsdp_api.contract import exposed_series
+from fsdp_api.contract import MOE_LAYER_METRICS, exposed_series
 from fsdp_api.launch import torchrun_standalone
 from fsdp_api.local_process import local_env
 from fsdp_api.ports import free_port
@@ -51,6 +51,8 @@ EXPECTED = {m for m in TRAINER_METRICS if not m.startswith(("fsdp_checkpoint_", 
     "fsdp_train_reward_rejected",
     "fsdp_train_reward_margin",
     "fsdp_train_preference_accuracy_ratio",
+    # mixture-of-experts models only (tests/trainer/model/test_experts.py)
+    *(m.name for m in MOE_LAYER_METRICS),
 }
 CHECKPOINT = {
     "fsdp_checkpoint_save_duration_seconds_count",

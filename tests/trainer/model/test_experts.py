@@ -6,9 +6,20 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from fsdp_api.contract import (
+    ENV_METRICS_DIR,
+    MOE_EXPERT_LOAD_MAX,
+    MOE_EXPERT_LOAD_MIN,
+    MOE_EXPERTS_UNUSED,
+    MOE_LAYER_METRICS,
+    MOE_ROUTER_AUX_LOSS,
+)
+from fsdp_api.ports import free_port
 from fsdp_api.trainer_config import TrainerConfig
 from fsdp_trainer.build import prepare
 from fsdp_trainer.errors import ConfigError
+from prometheus_client import CollectorRegistry
+from prometheus_client.multiprocess import MultiProcessCollector
 
 from tests.trainer.harness import cpu_world, launch
 from tests.trainer.model.architectures import build_checkpoint
@@ -29,13 +40,33 @@ def test_each_kernel_trains_the_same_losses_and_the_log_names_it(
         work = tmp_path / str(kernel)
         model = {"pretrained": str(mixtral), **({"expertsImplementation": kernel} if kernel else {})}
         cfg = model_config(work, inputs["aligned"], model, training={"maxSteps": 4, "microBatchSize": 2})
-        runs[kernel] = launch(work, cfg).check()
+        cfg["metrics"] = {"enabled": True, "port": free_port()}
+        env = {ENV_METRICS_DIR: str(work / "prometheus")}
+        runs[kernel] = launch(work, cfg, env=env).check()
     assert "experts: grouped_mm (transformers' default for this model; 2 experts modules)" in runs[None].output
     assert "experts: eager (model.expertsImplementation: eager; 2 experts modules)" in runs["eager"].output
     default, eager = runs[None].losses(), runs["eager"].losses()
     assert sorted(default) == [1, 2, 3, 4]
     for step, loss in default.items():
         assert abs(loss - eager[step]) <= 1e-5, (step, loss, eager[step])
+    # Router health: each MoE layer's expert load, once per node (its local rank 0), over every rank's tokens.
+    assert "router health: 2 MoE layers (4 experts, top 2), expert load exported per layer" in runs[None].output
+    [directory] = list((tmp_path / "None" / "prometheus").glob("fsdp-trainer-metrics/*/restart-0"))
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=str(directory))
+    found = {
+        (s.name, s.labels["layer"], s.labels["local_rank"]): s.value
+        for family in registry.collect()
+        for s in family.samples
+        if s.name.startswith("fsdp_moe_")
+    }
+    for metric in MOE_LAYER_METRICS:
+        assert {(layer, rank) for name, layer, rank in found if name == metric.name} == {("0", "0"), ("1", "0")}
+    for layer in ("0", "1"):
+        top, low = found[(MOE_EXPERT_LOAD_MAX.name, layer, "0")], found[(MOE_EXPERT_LOAD_MIN.name, layer, "0")]
+        assert low <= 1.0 <= top <= 2.0, (layer, low, top)  # 4 experts, top 2: at most twice the mean
+        assert 0.0 <= found[(MOE_EXPERTS_UNUSED.name, layer, "0")] < 1.0
+        assert found[(MOE_ROUTER_AUX_LOSS.name, layer, "0")] >= 2.0 - 1e-6  # top_k is the even router's
 
 
 def test_a_dense_model_refuses_the_field_in_one_line(inputs: dict[str, Path], tmp_path: Path) -> None:

@@ -380,6 +380,14 @@ class MetricsProcessor:
             m.reward_rejected.labels(**lb).set(pref.reward_rejected)
             m.reward_margin.labels(**lb).set(pref.margin)
             m.preference_accuracy.labels(**lb).set(pref.accuracy)
+        # Job-level figures, per layer: one copy per node (its local rank 0) keeps the series few.
+        if stats.router is not None and self.world.local_rank == 0:
+            for load in stats.router.layers:
+                at = {**lb, contract.LABEL_MOE_LAYER: load.layer}
+                m.moe_load_max.labels(**at).set(load.max_ratio)
+                m.moe_load_min.labels(**at).set(load.min_ratio)
+                m.moe_unused.labels(**at).set(load.unused_ratio)
+                m.moe_aux_loss.labels(**at).set(load.aux_loss)
         m.last_step_timestamp.labels(**lb).set(time.time())
         self._export_gpu()
 
@@ -401,6 +409,7 @@ class MetricsProcessor:
                 contract.MEMORY_PEAK: peak,
                 contract.MEMORY_RESERVED: reserved,
                 **_preference_points(stats),
+                **_router_points(stats),
             },
         )
         if self.metrics is not None:  # the runs' addresses, for the status, once each is open
@@ -436,6 +445,19 @@ class MetricsProcessor:
             self._bar.print_above(text)
         else:
             print(text, file=self.stream, flush=True)
+
+
+def _router_points(stats: StepStats) -> dict[Metric, float]:
+    """A tracker point per router figure: the worst layer's (the mean for the loss); Prometheus has each layer."""
+    router = stats.router
+    if router is None:
+        return {}
+    return {
+        contract.MOE_EXPERT_LOAD_MAX: router.worst_max_ratio,
+        contract.MOE_EXPERT_LOAD_MIN: router.worst_min_ratio,
+        contract.MOE_EXPERTS_UNUSED: router.worst_unused_ratio,
+        contract.MOE_ROUTER_AUX_LOSS: router.mean_aux_loss,
+    }
 
 
 def _preference_points(stats: StepStats) -> dict[Metric, float]:

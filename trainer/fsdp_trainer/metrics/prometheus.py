@@ -209,7 +209,11 @@ def open_pod_endpoint(local_rank: int, port: int, addr: str) -> tuple[MetricsSer
 
 
 # Series with labels beyond the rank's.
-_LABELS = {contract.TRAINER_INFO.name: contract.INFO_LABELS, contract.TRACKER_RUN.name: contract.TRACKER_RUN_LABELS}
+_LABELS = {
+    contract.TRAINER_INFO.name: contract.INFO_LABELS,
+    contract.TRACKER_RUN.name: contract.TRACKER_RUN_LABELS,
+    **{m.name: contract.MOE_LAYER_LABELS for m in contract.MOE_LAYER_METRICS},
+}
 
 
 def _create(metric: Metric) -> Gauge | Counter | Histogram:
@@ -278,6 +282,10 @@ class TrainerMetrics:
         self.reward_rejected = _gauge(c.REWARD_REJECTED)
         self.reward_margin = _gauge(c.REWARD_MARGIN)
         self.preference_accuracy = _gauge(c.PREFERENCE_ACCURACY)
+        self.moe_load_max = _gauge(c.MOE_EXPERT_LOAD_MAX)
+        self.moe_load_min = _gauge(c.MOE_EXPERT_LOAD_MIN)
+        self.moe_unused = _gauge(c.MOE_EXPERTS_UNUSED)
+        self.moe_aux_loss = _gauge(c.MOE_ROUTER_AUX_LOSS)
         self.eval_loss = _gauge(c.EVAL_LOSS)
         self.eval_perplexity = _gauge(c.EVAL_PERPLEXITY)
         self.checkpoint_save = _histogram(c.CHECKPOINT_SAVE_DURATION)

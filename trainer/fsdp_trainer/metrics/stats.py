@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ..loss.preference import PreferenceStats
+    from .router_probe import RouterStats
 
 
 @dataclass
@@ -35,6 +36,8 @@ class StepStats:
     trained_tokens: int | None = None
     # training.objective dpo and simpo: the step's rewards and preference accuracy.
     preference: PreferenceStats | None = None
+    # A mixture-of-experts model: each MoE layer's expert load over every rank's tokens (router_probe.py).
+    router: RouterStats | None = None
 
     @property
     def trained(self) -> int:
