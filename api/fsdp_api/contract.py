@@ -436,6 +436,9 @@ MOE_ROUTER_AUX_LOSS = Metric(
     "top_k when even.",
 )
 MOE_LAYER_METRICS = (MOE_EXPERT_LOAD_MAX, MOE_EXPERT_LOAD_MIN, MOE_EXPERTS_UNUSED, MOE_ROUTER_AUX_LOSS)
+# A layer whose router left more than this share of its experts without a token is collapsed:
+# the FSDPTrainingRouterCollapsed alert's threshold and status.router.collapsed.
+ROUTER_COLLAPSED_UNUSED_RATIO = 0.5
 EVAL_LOSS = Metric("fsdp_train_eval_loss", "gauge", "Loss of the last validation run.")
 EVAL_PERPLEXITY = Metric("fsdp_train_eval_perplexity", "gauge", "Perplexity (exp of loss) of the last validation.")
 CHECKPOINT_SAVE_DURATION = Metric(

@@ -63,6 +63,25 @@ class CheckpointStatus(ApiModel):
     )
 
 
+class RouterStatus(ApiModel):
+    """A mixture-of-experts model's worst MoE layer in the trainer's last metrics (docs/metrics.md, Router health)."""
+
+    layer: str = Field(max_length=16, description="The layer's number in the model (the series' layer label).")
+    max_load_ratio: float = Field(
+        ge=0, description="Tokens of the layer's most-loaded expert over the mean per expert, last step (1: even)."
+    )
+    unused_experts_ratio: float = Field(
+        ge=0, le=1, description="Share of the layer's experts that got no token in the last step."
+    )
+    collapsed: bool = Field(
+        default=False,
+        description=(
+            "More than half of the layer's experts got no token: the router sends every token to a few "
+            "(the FSDPTrainingRouterCollapsed alert's signal)."
+        ),
+    )
+
+
 class ExcludedNode(ApiModel):
     """A node this training excluded (spec.health.onSuspectNode exclude)."""
 
@@ -161,6 +180,13 @@ class FSDPTrainingStatus(ApiModel):
         description=(
             "Where each experiment tracker (spec.tracking) shows this training's run, by tracker "
             "(mlflow: the run's page), once rank 0 has opened it."
+        ),
+    )
+    router: RouterStatus | None = Field(
+        default=None,
+        description=(
+            "A mixture-of-experts model: its worst MoE layer (most experts left without tokens, then the most "
+            "uneven load) in the last metrics the operator read."
         ),
     )
     stall_restarts: int | None = Field(

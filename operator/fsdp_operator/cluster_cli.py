@@ -44,6 +44,12 @@ def status_text(t: Training) -> str:
             f" (step {ckpt.last_uploaded_step})" if ckpt.last_uploaded_step is not None else ""
         )
     lines.append(f"  checkpoint: {where}")
+    if s.router is not None:
+        r = s.router
+        lines.append(
+            f"  router:     layer {r.layer}: most-loaded expert {r.max_load_ratio:g}x the mean, "
+            f"{r.unused_experts_ratio:.0%} of experts without a token" + (" (collapsed)" if r.collapsed else "")
+        )
     for tracker, page in sorted((s.tracker_runs or {}).items()):
         lines.append(f"  {tracker + ':':<11} {page}")
     if s.conditions:

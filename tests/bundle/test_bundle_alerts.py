@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import yaml
 from fsdp_api.contract import ALL_SERIES as KNOWN
+from fsdp_api.contract import ROUTER_COLLAPSED_UNUSED_RATIO
 
 from tests.bundle.manifests import PROMETHEUS_RULE, metric_names
 
@@ -100,3 +101,9 @@ def test_alerts_read_only_contract_metrics() -> None:
     for rule in rules():
         unknown = metric_names(rule["expr"]) - KNOWN
         assert not unknown, f"{rule.get('alert')}: unknown metrics {unknown}"
+
+
+def test_the_router_alert_fires_where_the_status_says_collapsed() -> None:
+    """One threshold: the alert's and status.router.collapsed's (fsdp_api.contract)."""
+    [rule] = [r for r in rules() if r.get("alert") == "FSDPTrainingRouterCollapsed"]
+    assert rule["expr"].strip().endswith(f"> {ROUTER_COLLAPSED_UNUSED_RATIO}"), rule["expr"]

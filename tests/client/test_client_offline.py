@@ -96,6 +96,7 @@ def test_the_status_table_reads_like_kubectl_describe() -> None:
         gpus=0,
         checkpoint={"dir": "/checkpoints", "ephemeral": False, "lastStep": 100},
         trackerRuns={"mlflow": "http://mlflow/#/experiments/1/runs/abc"},
+        router={"layer": "3", "maxLoadRatio": 2.0, "unusedExpertsRatio": 0.625, "collapsed": True},
         conditions=[
             {"type": "Created", "status": "True", "reason": "Created", "lastTransitionTime": "2026-01-01T00:00:00Z"},
             {
@@ -112,6 +113,7 @@ def test_the_status_table_reads_like_kubectl_describe() -> None:
         "  progress:   40%, 3m00s left",
         "  job:        PyTorchJob tiny (1 nodes, 0 GPUs)",
         "  checkpoint: /checkpoints, last step 100",
+        "  router:     layer 3: most-loaded expert 2x the mean, 62% of experts without a token (collapsed)",
         "  mlflow:     http://mlflow/#/experiments/1/runs/abc",
         "",
         "CONDITION   STATUS  REASON   MESSAGE",

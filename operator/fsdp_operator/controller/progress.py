@@ -24,13 +24,17 @@ from fsdp_api.contract import (
     GLOBAL_TOKENS_PER_SECOND,
     JOB_COMPLETION_INDEX_LABEL,
     LABEL_LOCAL_RANK,
+    LABEL_MOE_LAYER,
     LABEL_NODE_RANK,
     LABEL_RUN_URL,
     LABEL_TRACKER,
     LOSS,
     MAX_STEPS,
+    MOE_EXPERT_LOAD_MAX,
+    MOE_EXPERTS_UNUSED,
     REPLICA_INDEX_LABEL,
     REPLICA_TYPE_LABEL,
+    ROUTER_COLLAPSED_UNUSED_RATIO,
     STEP,
     STEP_DURATION,
     TRACKER_RUN,
@@ -76,6 +80,7 @@ class TrainerProgress:
     seconds_per_step: float | None = None  # the trainer's mean step time (not a status field)
     max_steps: int | None = None  # what the running trainer trains for (not a status field)
     tracker_runs: tuple[tuple[str, str], ...] = ()  # (tracker, the run's address)
+    router: RouterLoad | None = None  # a mixture of experts' worst MoE layer
 
     def status_fields(self) -> dict[str, Any]:
         """The status fields this progress sets (only the ones the trainer reported)."""
@@ -95,7 +100,47 @@ class TrainerProgress:
             out["checkpoint"] = checkpoint
         if self.tracker_runs:
             out["trackerRuns"] = dict(self.tracker_runs)
+        if self.router is not None:
+            out["router"] = self.router.status()
         return out
+
+
+@dataclass(frozen=True)
+class RouterLoad:
+    """One MoE layer's expert load, as the trainer exported it (job-level: every rank's tokens)."""
+
+    layer: str
+    max_load_ratio: float
+    unused_experts_ratio: float
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "layer": self.layer,
+            "maxLoadRatio": round(self.max_load_ratio, 3),
+            "unusedExpertsRatio": round(min(1.0, self.unused_experts_ratio), 3),
+            "collapsed": self.unused_experts_ratio > ROUTER_COLLAPSED_UNUSED_RATIO,
+        }
+
+
+def worst_layer(samples: Iterable[tuple[str, Mapping[str, str], float]]) -> RouterLoad | None:
+    """The MoE layer with the most experts left without tokens, then the most uneven load; None: no MoE series.
+
+    ``samples``: (name, labels, value); each layer's figures from the lowest rank that reports them.
+    """
+    best: dict[tuple[str, str], tuple[tuple[int, int], float]] = {}
+    for name, labels, value in samples:
+        layer = labels.get(LABEL_MOE_LAYER)
+        if name not in (MOE_EXPERT_LOAD_MAX.name, MOE_EXPERTS_UNUSED.name) or not layer or not math.isfinite(value):
+            continue
+        key = _rank_key(labels)
+        if (name, layer) not in best or key < best[(name, layer)][0]:
+            best[(name, layer)] = (key, value)
+    loads = [
+        RouterLoad(layer, best[(MOE_EXPERT_LOAD_MAX.name, layer)][1], best[(MOE_EXPERTS_UNUSED.name, layer)][1])
+        for name, layer in best
+        if name == MOE_EXPERT_LOAD_MAX.name and (MOE_EXPERTS_UNUSED.name, layer) in best
+    ]
+    return max(loads, key=lambda r: (r.unused_experts_ratio, r.max_load_ratio), default=None)
 
 
 def _rank_key(labels: Mapping[str, str]) -> tuple[int, int]:
@@ -137,8 +182,12 @@ def parse_trainer_metrics(text: str) -> TrainerProgress:
     """
     best: dict[str, tuple[tuple[int, int], float]] = {}
     runs: dict[str, str] = {}
+    router: list[tuple[str, Mapping[str, str], float]] = []
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
+            if LABEL_MOE_LAYER in sample.labels:
+                router.append((sample.name, sample.labels, sample.value))
+                continue
             if sample.name == TRACKER_RUN.name and sample.value == 1:
                 tracker, url = sample.labels.get(LABEL_TRACKER), sample.labels.get(LABEL_RUN_URL)
                 if tracker and url and len(url) <= MAX_RUN_PAGE_LENGTH:
@@ -166,6 +215,7 @@ def parse_trainer_metrics(text: str) -> TrainerProgress:
         checkpoint_last_step=int(ckpt) if ckpt is not None and ckpt >= 0 else None,
         checkpoint_uploaded_step=int(uploaded) if uploaded is not None and uploaded >= 0 else None,
         tracker_runs=tuple(sorted(runs.items())),
+        router=worst_layer(router),
     )
 
 

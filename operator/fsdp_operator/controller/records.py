@@ -120,7 +120,7 @@ async def record_progress(
         if final and phase == "Succeeded":
             if fields.get("step") != previous.get("step"):
                 return False
-            fields = {k: v for k, v in fields.items() if k in ("loss", "tokensPerSecond", "trackerRuns")}
+            fields = {k: v for k, v in fields.items() if k in ("loss", "tokensPerSecond", "trackerRuns", "router")}
         relevant = {k: previous[k] for k in fields if k in previous}
         if "checkpoint" in fields and "checkpoint" in previous:
             relevant["checkpoint"] = {

@@ -723,6 +723,27 @@ def test_the_tracker_runs_pages_come_from_their_info_series() -> None:
     assert p.status_fields() == {"step": 3, "trackerRuns": {"mlflow": page}}
 
 
+def test_the_status_names_a_mixture_of_experts_worst_router_layer() -> None:
+    """Layer 3 left 5 of 8 experts without a token: collapsed, and worse than layer 0's uneven but full load."""
+
+    def layer(n: int, load: float, unused: float, rank: str = "0") -> str:
+        lb = f'node_rank="{rank}",local_rank="0",layer="{n}"'
+        return f"fsdp_moe_expert_load_max_ratio{{{lb}}} {load}\nfsdp_moe_experts_unused_ratio{{{lb}}} {unused}\n"
+
+    text = 'fsdp_train_step{node_rank="0",local_rank="0"} 9\n' + layer(0, 3.5, 0.0) + layer(3, 2.0, 0.625)
+    # Another node's copy of the same layers does not count twice, nor override rank 0's.
+    text += layer(3, 9.0, 0.0, rank="1")
+    fields = parse_trainer_metrics(text).status_fields()
+    assert fields["router"] == {"layer": "3", "maxLoadRatio": 2.0, "unusedExpertsRatio": 0.625, "collapsed": True}
+    healthy = parse_trainer_metrics(layer(0, 1.25, 0.0) + layer(1, 1.5, 0.0)).status_fields()
+    assert healthy["router"] == {"layer": "1", "maxLoadRatio": 1.5, "unusedExpertsRatio": 0.0, "collapsed": False}
+    # A dense model has no router entry; the status carries the last one over, like the loss.
+    assert "router" not in parse_trainer_metrics(METRICS_TEXT).status_fields()
+    previous = {"phase": "Running", "step": 9, "router": fields["router"]}
+    s = compute_status(facts(), job(cond("Running")), previous, Observations(now=NOW))
+    assert s.router is not None and (s.router.layer, s.router.collapsed) == ("3", True)
+
+
 def test_non_finite_and_missing_metrics_are_left_out() -> None:
     p = parse_trainer_metrics('fsdp_train_loss{local_rank="0"} NaN\nfsdp_train_step{local_rank="0"} 7\n')
     assert p.status_fields() == {"step": 7} and p.seconds_per_step is None

@@ -192,6 +192,7 @@ def compute_status(
         tokens_per_second=prev.get("tokensPerSecond"),
         **completion,
         tracker_runs=prev.get("trackerRuns"),  # the scraper's, like step and loss: a run's page stays its page
+        router=prev.get("router"),  # the scraper's too
         stall_restarts=seen.stall_restarts if seen.stall_restarts is not None else prev.get("stallRestarts"),
         excluded_nodes=_entries(ExcludedNode, seen.excluded_nodes, prev.get("excludedNodes")),
         node_incidents=_entries(NodeIncidents, seen.node_incidents, prev.get("nodeIncidents")),
