@@ -730,6 +730,10 @@ fsdp_train_step_duration_seconds_sum{{job_name="prog",node_rank="0",local_rank="
 fsdp_train_step_duration_seconds_count{{job_name="prog",node_rank="0",local_rank="0"}} 20
 # TYPE fsdp_tracker_run_info gauge
 fsdp_tracker_run_info{{job_name="prog",node_rank="0",local_rank="0",tracker="mlflow",url="{run}"}} 1
+# TYPE fsdp_moe_expert_load_max_ratio gauge
+fsdp_moe_expert_load_max_ratio{{job_name="prog",node_rank="0",local_rank="0",layer="1"}} 1.75
+# TYPE fsdp_moe_experts_unused_ratio gauge
+fsdp_moe_experts_unused_ratio{{job_name="prog",node_rank="0",local_rank="0",layer="1"}} 0.0
 """
 RUN_PAGE = "http://mlflow.mlflow.svc:5000/#/experiments/3/runs/9f2c41d0a6b84c3e8e1f0b7a5d2c6e11"
 
@@ -771,6 +775,8 @@ def test_step_loss_and_throughput_come_from_the_rank0_pod(env: Env) -> None:
         # maxSteps 50: 40 % done; 30 steps left at the trainer's mean 2 s (its histogram: 40 s / 20 steps).
         assert (s["progressPercentage"], s["estimatedRemainingSeconds"], s["remaining"]) == (40, 60, "1m00s"), s
         assert s["trackerRuns"] == {"mlflow": RUN_PAGE}
+        # A mixture of experts' worst router layer, through the API server's status schema.
+        assert s["router"] == {"layer": "1", "maxLoadRatio": 1.75, "unusedExpertsRatio": 0.0, "collapsed": False}
 
         _FakeTrainer.step = 21
         env.wait_status(ns, name, "the next step", step=21, progressPercentage=42)
