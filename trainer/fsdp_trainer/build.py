@@ -18,6 +18,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from .config import check_config
 from .data.tokenizer import check_vocabulary, load_tokenizer
 from .errors import ConfigError, first_line
+from .loss.router_aux import router_aux_errors
 from .model.architecture import (
     build_meta_model,
     check_tied,
@@ -99,6 +100,8 @@ def prepare(cfg: TrainerConfig, world: WorldInfo | None = None) -> Prepared:
             raise ConfigError([f"{EXPERTS_FIELD}: {first_line(e)}"]) from None
         raise ConfigError([f"model: transformers cannot build {type(config).__name__} as configured: {e}"]) from None
     check_experts(model, cfg.model.experts_implementation)
+    if errors := router_aux_errors(model, cfg.training.router_aux_loss_coef):
+        raise ConfigError(errors)
     decoder_units(model)
     if errors := tensor_parallel_errors(model, plan.tp) + context_parallel_errors(model, plan.cp, seq_len):
         raise ConfigError(errors)

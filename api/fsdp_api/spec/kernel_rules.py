@@ -1,5 +1,5 @@
-"""The rules of kernels across sections: context parallelism's attention, and where FlexAttention and
-Liger's fused kernels cannot run."""
+"""The rules of kernels across sections: context parallelism's attention, where FlexAttention and
+Liger's fused kernels cannot run, and a mixture of experts' settings on a dense preset."""
 
 from __future__ import annotations
 
@@ -79,6 +79,21 @@ KERNEL_CONFIG_RULES: tuple[Rule, ...] = (
 )
 
 
+# A mixture of experts' settings where the model is one of the dense Llama presets.
+MOE_CONFIG_RULES: tuple[Rule, ...] = (
+    Rule(
+        cel=(
+            "!has(self.training) || !has(self.training.routerAuxLossCoef) || self.training.routerAuxLossCoef == 0.0"
+            " || !has(self.model) || !has(self.model.preset)"
+        ),
+        message="training.routerAuxLossCoef above 0 needs a mixture-of-experts model: the presets are dense Llama "
+        "models, with no routers to balance; leave it at 0",
+        field_path=".training.routerAuxLossCoef",
+        check=lambda s: s.training is None or s.training.router_aux_loss_coef == 0 or s.model.preset is None,
+    ),
+)
+
+
 # --- context parallelism ------------------------------------------------------------
 
 CONTEXT_CONFIG_RULES: tuple[Rule, ...] = (
@@ -115,4 +130,5 @@ CONTEXT_CONFIG_RULES: tuple[Rule, ...] = (
         check=lambda s: _cp(s) == 1 or s.training is None or not s.training.trains_preferences,
     ),
     *KERNEL_CONFIG_RULES,
+    *MOE_CONFIG_RULES,
 )

@@ -94,6 +94,17 @@ class TrainingSpec(ApiModel):
             "stays the trainer's (training.logits)."
         ),
     )
+    router_aux_loss_coef: float = Field(
+        default=0.0,
+        ge=0,
+        le=1,
+        description=(
+            "A mixture-of-experts model: weight of its routers' load-balancing loss (Switch Transformer's, as "
+            "transformers adds it with output_router_logits) added to the training loss; the logged loss stays the "
+            "token loss. 0: the token loss only, like transformers by default. Mixtral's, Qwen3-MoE's and gpt-oss's "
+            "configs use 0.001, OLMoE's 0.01. The trainer refuses a value above 0 for a dense model in one line."
+        ),
+    )
     packed_attention: Literal["auto", "flex", "mask"] = Field(
         default="auto",
         description=(

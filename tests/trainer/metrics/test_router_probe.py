@@ -1,5 +1,5 @@
-"""Router health: the probe finds each MoE model's routers where transformers records their logits, counts
-the tokens each expert gets, and gives the load-balancing loss transformers itself computes."""
+"""Router health and the trained load-balancing loss: the routers are found where transformers records their
+logits, the tokens each expert gets are counted, and the loss (and its gradient) is the one transformers computes."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 import torch
+from fsdp_trainer.loss.router_aux import RouterAuxLoss, router_aux_errors
 from fsdp_trainer.metrics.router_probe import RouterProbe
 from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -116,3 +117,56 @@ def test_a_dense_model_has_no_router_and_no_slot() -> None:
     config = AutoConfig.for_model("llama", **_COMMON, intermediate_size=16, num_hidden_layers=1)
     probe = RouterProbe(AutoModelForCausalLM.from_config(config), torch.device("cpu"))
     assert not probe.enabled and probe.width == 0 and probe.stats([]) is None
+
+
+# --- training.routerAuxLossCoef: the same loss, trained ----------------------------------------------
+
+
+@pytest.mark.parametrize("model_type", ["mixtral", "qwen3_moe", "olmoe"])
+def test_the_trained_aux_loss_and_its_gradient_are_transformers_own(model_type: str) -> None:
+    """Over two MoE layers at once, as transformers' load_balancing_loss_func concatenates them."""
+    coef = 0.25
+    ours, theirs = tiny(model_type, layers=2).train(), tiny(model_type, layers=2).train()
+    aux = RouterAuxLoss(ours, coef, torch.device("cpu"))
+    aux.begin()
+    ours(tokens())
+    value = aux.end()
+    assert value is not None
+    value.backward()
+    reference = theirs(tokens(), output_router_logits=True).aux_loss
+    (coef * reference).backward()
+    assert value.item() == pytest.approx(coef * reference.item(), rel=1e-5)
+    for (name, a), (_, b) in zip(ours.named_parameters(), theirs.named_parameters(), strict=True):
+        if b.grad is not None:
+            assert a.grad is not None and torch.allclose(a.grad, b.grad, rtol=1e-4, atol=1e-7), name
+
+
+def test_an_activation_checkpointing_recompute_neither_fails_nor_counts_twice() -> None:
+    plain, recomputed = tiny("mixtral", layers=2).train(), tiny("mixtral", layers=2).train()
+    recomputed.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    values = []
+    for model in (plain, recomputed):
+        aux = RouterAuxLoss(model, 1.0, torch.device("cpu"))
+        aux.begin()
+        out = model(tokens(), labels=tokens())
+        value = aux.end()
+        assert value is not None
+        (out.loss + value).backward()  # the recompute runs the routers' hooks again, uncaptured
+        values.append(value.item())
+    assert values[0] == pytest.approx(values[1], rel=1e-6)
+    # Validation and generation run without gradients: nothing is captured.
+    aux = RouterAuxLoss(plain, 1.0, torch.device("cpu"))
+    aux.begin()
+    with torch.no_grad():
+        plain(tokens())
+    assert aux.end() is None
+
+
+def test_a_dense_model_refuses_the_coefficient_in_one_line() -> None:
+    config = AutoConfig.for_model("llama", **_COMMON, intermediate_size=16, num_hidden_layers=1)
+    llama = AutoModelForCausalLM.from_config(config)
+    assert router_aux_errors(llama, 0.0) == []
+    assert router_aux_errors(llama, 0.001) == [
+        "training.routerAuxLossCoef: LlamaForCausalLM has no mixture-of-experts routers, so there is no load to "
+        "balance: leave it at 0"
+    ]

@@ -78,3 +78,33 @@ def test_a_dense_model_refuses_the_field_in_one_line(inputs: dict[str, Path], tm
         "model.expertsImplementation: LlamaForCausalLM has no mixture-of-experts layers, so there is no experts "
         "kernel to choose: leave it unset"
     ]
+
+
+@pytest.mark.slow
+def test_the_router_aux_loss_is_trained_and_the_logged_loss_stays_the_token_loss(
+    mixtral: Path, inputs: dict[str, Path], tmp_path: Path
+) -> None:
+    runs = {}
+    for coef in (0.0, 0.5):
+        work = tmp_path / str(coef)
+        training = {"maxSteps": 3, "microBatchSize": 2, "gradAccumSteps": 2, "routerAuxLossCoef": coef}
+        cfg = model_config(work, inputs["aligned"], {"pretrained": str(mixtral)}, training=training)
+        runs[coef] = launch(work, cfg).check()
+    line = "training.routerAuxLossCoef: 0.5 x the load-balancing loss of 2 routers (4 experts) added to the loss"
+    assert line in runs[0.5].output and "routerAuxLossCoef" not in runs[0.0].output
+    plain, balanced = runs[0.0].losses(), runs[0.5].losses()
+    # The same weights at step 1: the same token loss logged, the balancing term left out of it.
+    assert abs(plain[1] - balanced[1]) <= 1e-6, (plain[1], balanced[1])
+    # Its gradient moved the routers: the next steps' token losses differ.
+    assert abs(plain[3] - balanced[3]) > 1e-6, (plain[3], balanced[3])
+
+
+def test_a_dense_model_refuses_the_router_aux_loss_in_one_line(inputs: dict[str, Path], tmp_path: Path) -> None:
+    llama = build_checkpoint("llama", tmp_path / "llama", inputs["tokenizer"])
+    cfg = model_config(tmp_path, inputs["aligned"], {"architecture": str(llama)}, training={"routerAuxLossCoef": 0.01})
+    with pytest.raises(ConfigError) as err:
+        prepare(TrainerConfig.model_validate(cfg), cpu_world(1, 1))
+    assert err.value.lines == [
+        "training.routerAuxLossCoef: LlamaForCausalLM has no mixture-of-experts routers, so there is no load to "
+        "balance: leave it at 0"
+    ]

@@ -22,14 +22,13 @@ Not counted apart: padding tokens, which the router sees like any other.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-LAYER_NUMBER = re.compile(r"(?:^|\.)(\d+)(?:\.|$)")
+from ..model.routers import find_routers
 
 
 @dataclass(frozen=True)
@@ -72,49 +71,13 @@ class RouterStats:
         return sum(lay.aux_loss for lay in self.layers) / len(self.layers)
 
 
-def _recorder_target(model: nn.Module) -> tuple[type[nn.Module] | None, int, str | None]:
-    """The class whose output holds the router logits, at which index, on which submodule (transformers' own)."""
-    recorder = (getattr(model, "_can_record_outputs", None) or {}).get("router_logits")
-    if recorder is None:
-        return None, 0, None
-    if isinstance(recorder, type):
-        return recorder, 0, None
-    return getattr(recorder, "target_class", None), int(getattr(recorder, "index", 0)), recorder.layer_name
-
-
-def _layer_label(name: str, fallback: int) -> str:
-    found = LAYER_NUMBER.findall(name)
-    return found[0] if found else str(fallback)
-
-
-def _top_k(module: nn.Module, model: nn.Module) -> int:
-    config = getattr(model, "config", None)
-    text = getattr(config, "get_text_config", lambda: config)()
-    return int(getattr(module, "top_k", None) or getattr(text, "num_experts_per_tok", 1) or 1)
-
-
 class RouterProbe:
     """Hooks on a model's routers that sum each layer's expert load on the device until ``take``."""
 
     def __init__(self, model: nn.Module, device: torch.device) -> None:
-        target, self.index, layer_name = _recorder_target(model)
-        found: list[tuple[str, nn.Module]] = []
-        if target is not None:
-            found = [
-                (name, m)
-                for name, m in model.named_modules()
-                if isinstance(m, target) and (layer_name is None or name.endswith(layer_name))
-            ]
-        self.layers: list[RouterLayer] = []
-        self._handles = []
-        for i, (name, module) in enumerate(found):
-            # A router module names its experts; a bare nn.Linear gate has one output per expert.
-            experts = int(getattr(module, "num_experts", None) or getattr(module, "out_features", 0) or 0)
-            if experts < 2:
-                continue
-            slot = len(self.layers)
-            self.layers.append(RouterLayer(name, _layer_label(name, i), experts, _top_k(module, model)))
-            self._handles.append(module.register_forward_hook(self._hook(slot)))
+        self.routers = find_routers(model)
+        self.layers = [RouterLayer(r.name, r.layer, r.experts, r.top_k) for r in self.routers]
+        self._handles = [r.module.register_forward_hook(self._hook(i)) for i, r in enumerate(self.routers)]
         self.device = device
         width = sum(lay.experts for lay in self.layers)
         # Per expert of every layer: tokens given to it, then the summed softmax probability.
@@ -131,31 +94,23 @@ class RouterProbe:
         return int(self._sums.numel())
 
     def _hook(self, slot: int) -> Callable[[nn.Module, object, object], None]:
+        router = self.routers[slot]
+        start, experts = self._offsets_of(slot), router.experts
+
         def record(module: nn.Module, args: object, output: object) -> None:
-            logits = output[self.index] if isinstance(output, (tuple, list)) else output
-            if not isinstance(logits, torch.Tensor):
-                return
-            layer = self.layers[slot]
             with torch.no_grad():
-                logits = logits.detach().reshape(-1, logits.shape[-1]).float()
-                chosen = None
-                if isinstance(output, (tuple, list)) and len(output) >= 3:
-                    candidate = output[2]
-                    if isinstance(candidate, torch.Tensor) and not candidate.is_floating_point():
-                        chosen = candidate.detach()
-                if chosen is None:
-                    chosen = logits.topk(layer.top_k, dim=-1).indices
-                # A scatter of ones, not bincount: its output's shape is known, so a compiled layer keeps it.
-                flat = chosen.reshape(-1).long()
-                counts = torch.zeros(layer.experts, device=flat.device).scatter_add_(
-                    0, flat, torch.ones_like(flat, dtype=torch.float32)
-                )
-                start, width = self._offsets[slot], self.width // 2
-                self._sums[start : start + layer.experts] += counts
-                probs = logits.softmax(dim=-1).sum(dim=0)
-                self._sums[width + start : width + start + layer.experts] += probs
+                found = router.outputs(output)
+                if found is None:
+                    return
+                logits, chosen = found
+                half = self.width // 2
+                self._sums[start : start + experts] += router.counts(chosen)
+                self._sums[half + start : half + start + experts] += logits.detach().float().softmax(dim=-1).sum(0)
 
         return record
+
+    def _offsets_of(self, slot: int) -> int:
+        return sum(r.experts for r in self.routers[:slot])
 
     def reset(self) -> None:
         self._sums.zero_()

@@ -19,6 +19,7 @@ from ..build import Prepared, build_reference
 from ..data.packing import Batch
 from ..loss import ChunkedHead, FullLogits, ModelCall, OutputLoss, output_loss
 from ..loss.preference import STATS, PreferenceLoss, count_pairs, lora_reference, model_reference
+from ..loss.router_aux import RouterAuxLoss
 from ..parallel.parallelize import compute_context, reshard
 
 log = logging.getLogger(__name__)
@@ -35,8 +36,12 @@ class StepObjective:
         device: torch.device,
         world_size: int,
         reduce_size: int,
+        router_aux: RouterAuxLoss | None = None,
     ) -> None:
         self.model, self.token_loss, self.preference = model, token_loss, preference
+        # training.routerAuxLossCoef: the routers' load-balancing loss, in the backward but not in the logged loss.
+        self.router_aux = router_aux
+        self._aux_sum = torch.zeros((), device=device, dtype=torch.float32)
         # Rows packed whole (the supervised formats): what a step trains on is counted, not known in advance.
         self.counts_rows = counts_rows
         self.device, self.world_size, self.reduce_size = device, world_size, reduce_size
@@ -53,11 +58,30 @@ class StepObjective:
 
     def __call__(self, batch: Batch, call: ModelCall) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The summed loss of a micro-batch, from the strategy's call of the model on it; with a preference
-        objective also its pairs' stats sums."""
+        objective also its pairs' stats sums.
+
+        With ``training.routerAuxLossCoef`` a training forward (gradients on) also adds the routers'
+        load-balancing loss, weighted by what the micro-batch's loss sums over, so that divided like the
+        token loss it is the mean over the step's micro-batches; ``take_router_aux`` returns that part.
+        """
+        aux = self.router_aux if torch.is_grad_enabled() else None
+        if aux is not None:
+            aux.begin()
         if self.preference is not None:
             assert batch.position_ids is not None
-            return self.preference.loss_sum(call, batch.labels, batch.position_ids)
-        return self.token_loss.loss_sum(call, batch.labels), None
+            loss, pairs = self.preference.loss_sum(call, batch.labels, batch.position_ids)
+        else:
+            loss, pairs = self.token_loss.loss_sum(call, batch.labels), None
+        if aux is not None and (balance := aux.end()) is not None:
+            term = balance * float(self.count(batch))
+            self._aux_sum += term.detach()
+            loss = loss + term
+        return loss, pairs
+
+    def take_router_aux(self) -> torch.Tensor:
+        """The load-balancing part of the losses since the last call, as they were summed (before the divisor)."""
+        out, self._aux_sum = self._aux_sum, torch.zeros_like(self._aux_sum)
+        return out
 
     def count(self, batch: Batch) -> int:
         """What the loss of a batch is a sum over: its pairs (preference objectives) or its trained tokens."""
@@ -132,6 +156,13 @@ def build_objective(
     training = p.cfg.training
     token_loss = probe_token_loss(model, training.logits, training.precision, p.world.device)
     preference = preference_loss(p, model, reference_meta) if training.trains_preferences else None
+    router_aux = None
+    if training.router_aux_loss_coef > 0:
+        router_aux = RouterAuxLoss(model, training.router_aux_loss_coef, p.world.device)
+        log.info(
+            "training.routerAuxLossCoef: %g x the load-balancing loss of %d routers (%d experts) added to the loss",
+            training.router_aux_loss_coef, len(router_aux.routers), router_aux.experts,
+        )  # fmt: skip
     return StepObjective(
         model,
         token_loss,
@@ -140,4 +171,5 @@ def build_objective(
         device=p.world.device,
         world_size=p.world.world_size,
         reduce_size=p.plan.dp_size * p.plan.cp,
+        router_aux=router_aux,
     )
