@@ -40,7 +40,8 @@ from fsdp_api.trainer_config import TrainerConfig
 from torch.distributed.checkpoint.api import CheckpointException
 from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
-from .checkpoint import CONFIG_FILE, MARKER, MODEL_CONFIG_DIR, checkpointed_tensors, complete_checkpoints, unpickle
+from .checkpoint import MARKER, MODEL_CONFIG_DIR, checkpointed_tensors, complete_checkpoints, unpickle
+from .checkpoint.saved_config import read_saved_config
 from .errors import ConfigError, UnloadableCheckpointError, UnsafeCheckpointError, first_line
 from .model.architecture import build_meta_model, materialize, model_dir
 from .model.init import init_weights, reset_buffers
@@ -124,7 +125,7 @@ def export_checkpoint(checkpoint: Path, output: Path, dtype: str = "float32", fm
 
 def _load(ckpt: Path, fmt: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, TrainerConfig, list[str]]:
     """The model of one checkpoint, materialised on the CPU with its weights (adapters not yet merged)."""
-    cfg = TrainerConfig.from_yaml((ckpt / CONFIG_FILE).read_text())
+    cfg = read_saved_config(ckpt)
     if fmt == "peft" and cfg.peft is None:
         raise ConfigError([f"--format peft: {ckpt} is a full fine-tuning checkpoint (no peft); use --format merged"])
     if fmt == "peft" and not cfg.model.pretrained:

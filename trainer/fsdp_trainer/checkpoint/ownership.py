@@ -10,17 +10,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fsdp_api.trainer_config import JobInfo, TrainerConfig
+from fsdp_api.trainer_config import JobInfo
 
 from .layout import CONFIG_FILE, complete_checkpoints
+from .saved_config import parse_saved_job
 
 
 def saved_job(path: Path) -> JobInfo | None:
     """The training a checkpoint belongs to (None: its config is absent or unreadable)."""
     try:
-        return TrainerConfig.from_yaml((path / CONFIG_FILE).read_text()).job
-    except Exception:  # an older checkpoint without the file, or a damaged one: no claim either way
+        text = (path / CONFIG_FILE).read_text()
+    except OSError:  # an older checkpoint without the file: no claim either way
         return None
+    return parse_saved_job(text)  # the job alone: a newer trainer's extra fields do not hide the owner
 
 
 def directory_conflicts(root: Path, resume: str, job: JobInfo) -> list[str]:

@@ -25,10 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from fsdp_api.object_keys import UnsafeKey, local_path
-from fsdp_api.trainer_config import JobInfo, TrainerConfig
+from fsdp_api.trainer_config import JobInfo
 
 from ..storage import ObjectStore, StoreError, delete_prefix, open_store
 from .layout import CONFIG_FILE, MARKER, STEP_DIR, latest_checkpoint, new_tmp_dir, step_dir_name
+from .saved_config import parse_saved_job
 
 log = logging.getLogger(__name__)
 
@@ -194,9 +195,8 @@ def owner_problem(store: ObjectStore, job: JobInfo) -> str | None:
     body = store.get(step_prefix(store, step) + CONFIG_FILE)
     if body is None:
         return None  # a step without its config makes no claim either way
-    try:
-        owner = TrainerConfig.from_yaml(body.decode()).job
-    except ValueError:
+    owner = parse_saved_job(body.decode(errors="replace"))
+    if owner is None:
         return None
     if (owner.namespace, owner.name) == (job.namespace, job.name):
         return None
