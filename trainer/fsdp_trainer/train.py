@@ -340,7 +340,8 @@ class Trainer:
         divisor, trained = self.objective.divisor(local_count, local_trained, self.tokens_per_rank_step, self.cp)
         loss_sum, pair_sums = self.steps.forward_backward(batches, self.objective, divisor, self.objective.pair_stats)
         # The routers' load-balancing part (training.routerAuxLossCoef) is trained, not logged as the loss.
-        loss_sum = loss_sum - self.objective.take_router_aux() / divisor
+        if (balance := self.objective.take_router_aux()) is not None:
+            loss_sum = loss_sum - balance / divisor
         grad_norm = clip_gradients(self.model, self.cfg.training.grad_clip_norm)
         self.optimizer.step()
         lr = float(self.scheduler.get_last_lr()[0])

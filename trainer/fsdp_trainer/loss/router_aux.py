@@ -31,9 +31,10 @@ FIELD = "training.routerAuxLossCoef"
 
 def router_aux_errors(model: nn.Module, coef: float) -> list[str]:
     """Why ``coef`` cannot apply to ``model`` (the check on the meta model, before any rank starts); [] if it can."""
-    if coef <= 0:
-        return []
-    routers = find_routers(model)
+    return _errors(model, find_routers(model)) if coef > 0 else []
+
+
+def _errors(model: nn.Module, routers: list[Router]) -> list[str]:
     if not routers:
         return [
             f"{FIELD}: {type(model).__name__} has no mixture-of-experts routers, so there is no load to balance: "
@@ -52,10 +53,9 @@ class RouterAuxLoss:
     def __init__(self, model: nn.Module, coef: float, device: torch.device) -> None:
         self.coef = coef
         self.routers = find_routers(model)
-        if errors := router_aux_errors(model, coef):
+        if errors := _errors(model, self.routers):
             raise ConfigError(errors)
         self.experts = self.routers[0].experts
-        self.device = device
         self._capturing = False
         self._counts = torch.zeros(self.experts, device=device, dtype=torch.float32)
         self._probs: torch.Tensor | None = None

@@ -2,13 +2,10 @@
 
 A router that sends most tokens to a few experts (a collapse) wastes the
 others and, with expert parallelism, makes one rank the straggler; it does not
-show in the loss until late. transformers declares, for each MoE model, the
-module whose output carries the router logits (``_can_record_outputs
-["router_logits"]``, the same hook point its ``output_router_logits`` uses).
-The probe hooks those modules and, per layer, counts the tokens each expert
-is given (the router's own top-k choice where it returns it, else the top-k
-of its logits) and sums the router's softmax probabilities; the train step
-all-reduces those sums once with its other figures (``StepReductions``).
+show in the loss until late. The probe hooks the model's routers
+(``model/routers.py``) and, per layer, counts the tokens each expert is given
+and sums the router's softmax probabilities; the train step all-reduces those
+sums once with its other figures (``StepReductions``).
 
 What comes out, per layer and over every rank's tokens of the step:
 the most- and least-loaded expert's tokens over the mean per expert (1 is
@@ -29,16 +26,6 @@ import torch
 from torch import nn
 
 from ..model.routers import find_routers
-
-
-@dataclass(frozen=True)
-class RouterLayer:
-    """One hooked router: its layer's label and how many experts it chooses among, and how many per token."""
-
-    name: str
-    layer: str
-    experts: int
-    top_k: int
 
 
 @dataclass(frozen=True)
@@ -75,14 +62,11 @@ class RouterProbe:
     """Hooks on a model's routers that sum each layer's expert load on the device until ``take``."""
 
     def __init__(self, model: nn.Module, device: torch.device) -> None:
-        self.routers = find_routers(model)
-        self.layers = [RouterLayer(r.name, r.layer, r.experts, r.top_k) for r in self.routers]
-        self._handles = [r.module.register_forward_hook(self._hook(i)) for i, r in enumerate(self.routers)]
-        self.device = device
-        width = sum(lay.experts for lay in self.layers)
+        self.layers = find_routers(model)
         # Per expert of every layer: tokens given to it, then the summed softmax probability.
-        self._sums = torch.zeros(2 * width, device=device, dtype=torch.float32)
-        self._offsets = [sum(lay.experts for lay in self.layers[:i]) for i in range(len(self.layers))]
+        self._offsets = [sum(r.experts for r in self.layers[:i]) for i in range(len(self.layers))]
+        self._sums = torch.zeros(2 * sum(r.experts for r in self.layers), device=device, dtype=torch.float32)
+        self._handles = [r.module.register_forward_hook(self._hook(i)) for i, r in enumerate(self.layers)]
 
     @property
     def enabled(self) -> bool:
@@ -94,8 +78,8 @@ class RouterProbe:
         return int(self._sums.numel())
 
     def _hook(self, slot: int) -> Callable[[nn.Module, object, object], None]:
-        router = self.routers[slot]
-        start, experts = self._offsets_of(slot), router.experts
+        router = self.layers[slot]
+        start, experts = self._offsets[slot], router.experts
 
         def record(module: nn.Module, args: object, output: object) -> None:
             with torch.no_grad():
@@ -108,9 +92,6 @@ class RouterProbe:
                 self._sums[half + start : half + start + experts] += logits.detach().float().softmax(dim=-1).sum(0)
 
         return record
-
-    def _offsets_of(self, slot: int) -> int:
-        return sum(r.experts for r in self.routers[:slot])
 
     def reset(self) -> None:
         self._sums.zero_()

@@ -78,8 +78,11 @@ class StepObjective:
             loss = loss + term
         return loss, pairs
 
-    def take_router_aux(self) -> torch.Tensor:
-        """The load-balancing part of the losses since the last call, as they were summed (before the divisor)."""
+    def take_router_aux(self) -> torch.Tensor | None:
+        """The load-balancing part of the losses since the last call, as they were summed (before the divisor);
+        None without training.routerAuxLossCoef."""
+        if self.router_aux is None:
+            return None
         out, self._aux_sum = self._aux_sum, torch.zeros_like(self._aux_sum)
         return out
 
