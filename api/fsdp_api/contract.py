@@ -302,6 +302,7 @@ LABEL_WORLD_SIZE = "world_size"
 LABEL_LOGITS = "logits"  # the loss computation that ran: chunked or full (training.logits, or its fallback)
 LABEL_TENSOR_PARALLEL = "tensor_parallel"  # parallelism.tensor: the ranks that split each layer
 LABEL_CONTEXT_PARALLEL = "context_parallel"  # parallelism.context: the ranks that split each row
+LABEL_EXPERT_PARALLEL = "expert_parallel"  # parallelism.expert: the ranks that split each layer's experts
 RANK_LABELS = (LABEL_JOB_NAME, LABEL_NODE_RANK, LABEL_LOCAL_RANK)
 INFO_LABELS = (
     *RANK_LABELS,
@@ -312,6 +313,7 @@ INFO_LABELS = (
     LABEL_LOGITS,
     LABEL_TENSOR_PARALLEL,
     LABEL_CONTEXT_PARALLEL,
+    LABEL_EXPERT_PARALLEL,
 )
 # The experiment tracker's name (a spec.tracking field) and the address of the run rank 0 logs to.
 LABEL_TRACKER = "tracker"

@@ -59,7 +59,7 @@ from .memory_suggest import suggest
 from .model_files import local_model_dir
 from .parallel_plan import ParallelPlan
 from .precision import Float8Recipe, compute_dtype, float8_fits, gathers_in_float8
-from .presets import HUB_MODEL_PRESETS, PRESETS, ModelDims
+from .presets import HUB_MODEL_DIMS, HUB_MODEL_PRESETS, PRESETS, ModelDims
 from .spec import FSDPTrainingSpec, ModelOverrides, PeftSpec, effective_seq_len
 
 Device = Literal["cuda", "cpu"]
@@ -157,6 +157,8 @@ def model_dims(spec: FSDPTrainingSpec) -> tuple[ModelDims | None, str | None]:
     known = HUB_MODEL_PRESETS.get(spec.model.pretrained or "")
     if known is not None:
         return _with_overrides(PRESETS[known], spec.model.config), None
+    if (listed := HUB_MODEL_DIMS.get(spec.model.pretrained or "")) is not None:
+        return _with_overrides(listed, spec.model.config), None
     found = local_model_dir(spec)
     if found is None:
         ref = spec.model.pretrained or spec.model.architecture
@@ -199,6 +201,7 @@ class Workload:
     reference_params: int = 0  # objective dpo without LoRA: the frozen reference copy's parameters
     tp: int = 1  # parallelism.tensor: each block's projections split over this many ranks
     cp: int = 1  # parallelism.context: each row split over this many ranks
+    ep: int = 1  # parallelism.expert: each MoE layer's experts split over this many ranks
     packed: bool = False  # whole rows packed into sequences (DataSpec.packs_rows): attention needs a mask
     float8_recipe: Float8Recipe | None = None  # training.precision float8: tensorwise or rowwise; None otherwise
 
@@ -248,6 +251,7 @@ def workload(spec: FSDPTrainingSpec, dims: ModelDims) -> Workload:
         reference_params=dims.num_params() if training.needs_reference and spec.peft is None else 0,
         tp=plan.tp,
         cp=plan.cp,
+        ep=plan.ep,
         packed=spec.data.packs_rows,
         float8_recipe=training.effective_float8_recipe() if training.precision == "float8" else None,
     )
@@ -293,10 +297,28 @@ def split_layer_params(d: ModelDims) -> int:
     return layer_params(d) - 2 * d.hidden_size
 
 
+def expert_params(d: ModelDims) -> int:
+    """One MoE layer's routed experts (gate, up and down of each); 0 for a dense layer."""
+    return d.num_experts * 3 * d.hidden_size * d.intermediate_size if d.is_moe else 0
+
+
+def experts_elsewhere(w: Workload) -> int:
+    """Of one layer's expert parameters, those on the other expert-parallel ranks (this rank gathers 1/ep)."""
+    experts = expert_params(w.dims)
+    return experts - experts // w.ep
+
+
 def rank_layer_params(w: Workload) -> int:
-    """One layer's parameters on one tensor-parallel rank."""
+    """One layer's parameters as one rank computes with them: its tensor-parallel slice, its experts."""
     split = split_layer_params(w.dims)
-    return layer_params(w.dims) - split + math.ceil(split / w.tp)
+    return layer_params(w.dims) - split + math.ceil(split / w.tp) - experts_elsewhere(w)
+
+
+def all_to_all_bytes(w: Workload) -> int:
+    """Expert parallelism's token exchange in one layer: every routed token's hidden state sent and received."""
+    if w.ep == 1 or not w.dims.is_moe:
+        return 0
+    return 2 * w.tokens * w.dims.experts_per_token * w.dims.hidden_size * w.compute_bytes
 
 
 def float8_shapes(d: ModelDims) -> list[tuple[int, int]]:
@@ -461,7 +483,7 @@ def communication_bytes(w: Workload) -> int:
         return d.num_params() * c if compute_dtype(w.precision) == "bf16" else 0
     layer = gathered_layer_bytes(w)
     gathered_layers = (1 + w.prefetch) * layer if w.reshard_after_forward else d.num_layers * layer
-    return root_params(d) * c + gathered_layers + layer
+    return root_params(d) * c + gathered_layers + layer + all_to_all_bytes(w)
 
 
 def float8_all_gather(w: Workload) -> bool:
@@ -501,7 +523,8 @@ def gradient_bytes(w: Workload) -> int:
     """
     whole = w.trainable_params * FP32
     if w.uses_fsdp and w.grad_accum > 1:
-        return whole
+        # Unsharded, but each rank's experts only (with parallelism.expert).
+        return whole - (0 if w.adapter_params else w.dims.num_layers * experts_elsewhere(w) * FP32)
     return sharded(w.trainable_params, w) * FP32
 
 
@@ -576,7 +599,7 @@ def estimate(w: Workload) -> Estimate:
             d_params,
             f"fp32 master weights, {where}"
             + ("; + the frozen dpo reference, sharded alike" if reference else "")
-            + (_experts_note(w.dims) if w.dims.is_moe else ""),
+            + (_experts_note(w) if w.dims.is_moe else ""),
         ),
         Component(
             "gradients",
@@ -605,10 +628,12 @@ def estimate(w: Workload) -> Estimate:
     return Estimate(components, backward, step, overhead, offloaded)
 
 
-def _experts_note(d: ModelDims) -> str:
+def _experts_note(w: Workload) -> str:
+    d = w.dims
+    split = f", each layer's split over {w.ep} ranks" if w.ep > 1 else ""
     return (
-        f"; {d.num_experts} experts, {d.experts_per_token} per token: {d.num_params() / 1e9:.2f}B parameters, "
-        f"{d.num_active_params() / 1e9:.2f}B active"
+        f"; {d.num_experts} experts{split}, {d.experts_per_token} per token: {d.num_params() / 1e9:.2f}B "
+        f"parameters, {d.num_active_params() / 1e9:.2f}B active"
     )
 
 
@@ -617,6 +642,8 @@ def _comm_note(w: Workload) -> str:
         return "bf16 autocast weight copies" if compute_dtype(w.precision) == "bf16" else "none (one process, no FSDP)"
     gathered = f"{1 + w.prefetch} layer(s)" if w.reshard_after_forward else "all layers"
     note = f"gathered root + {gathered} + all-gather buffer"
+    if all_to_all_bytes(w):
+        note += f" (1/{w.ep} of the experts) + the experts' all-to-all"
     if float8_all_gather(w):
         return note + "; decoder projections gathered in float8 (tensorwise)"
     return note

@@ -44,6 +44,16 @@ dimension of degree 1 is left out, so without model parallelism the mesh is
 exactly the data-parallel one. A new degree is one field here, its place in
 ``mesh_dim_names`` and a check in ``errors``.
 
+Expert parallelism (``ep``: ``parallelism.expert``) does not divide the
+world: the experts of each layer are split over ``ep`` neighbouring ranks of
+FSDP's shard dimension, which hold different tokens and exchange them by
+all-to-all. The experts get a mesh of their own over the same ranks
+(``expert_mesh_shape``, transformers' ``TransformersDeviceMesh`` was the
+model): ``(replicate, efsdp, ep)``, where ``efsdp = shard / ep`` is what FSDP
+shards each expert over, so a shard dimension of 8 with ``ep = 4`` holds two
+copies of each expert group, each expert split in two. The dense layers keep
+the data-parallel mesh unchanged.
+
 Torch-free: the operator, the memory plan and the trainer's config checks use
 it before anything heavy is imported; the trainer builds the torch mesh from
 it (``fsdp_trainer.parallel.plan``).
@@ -64,6 +74,9 @@ REPLICATE = "replicate"
 SHARD = "shard"
 CP = "cp"
 TP = "tp"
+# The experts' mesh: FSDP over EFSDP (and REPLICATE under hybrid), whole experts split over EP.
+EFSDP = "efsdp"
+EP = "ep"
 
 
 @dataclass(frozen=True)
@@ -74,11 +87,14 @@ class ParallelPlan:
     # Degrees of tensor and context parallelism (see the module doc).
     tp: int = 1
     cp: int = 1
+    ep: int = 1
 
     @classmethod
     def of(cls, fsdp: FSDPSpec, parallelism: ParallelismSpec, world_size: int, local_world_size: int) -> ParallelPlan:
         """The plan of the spec's (or trainer config's) sections on a launch of ``world_size`` ranks."""
-        return cls(fsdp, world_size, local_world_size, tp=parallelism.tensor, cp=parallelism.context)
+        return cls(
+            fsdp, world_size, local_world_size, tp=parallelism.tensor, cp=parallelism.context, ep=parallelism.expert
+        )
 
     @classmethod
     def for_spec(cls, spec: FSDPTrainingSpec) -> ParallelPlan:
@@ -148,7 +164,19 @@ class ParallelPlan:
         return self.dp_dim_names + ((TP,) if self.tp > 1 else ())
 
     def _model_parallel_dims(self) -> list[tuple[str, int]]:
-        return [(name, size) for name, size in ((CP, self.cp), (TP, self.tp)) if size > 1]
+        return [(name, size) for name, size in ((CP, self.cp), (TP, self.tp), (EP, self.ep)) if size > 1]
+
+    # --- the experts' mesh -----------------------------------------------------------------
+
+    @property
+    def expert_mesh_shape(self) -> tuple[int, ...]:
+        """The experts' mesh over the FSDP ranks: ``(replicate, efsdp, ep)``, the ``ep`` peers neighbours."""
+        *outer, shard = self.fsdp_shape
+        return (*outer, shard // self.ep, self.ep)
+
+    @property
+    def expert_mesh_dim_names(self) -> tuple[str, ...]:
+        return (*self.dp_dim_names[:-1], EFSDP, EP)
 
     @property
     def shards_over_all_dp_ranks(self) -> bool:
@@ -189,6 +217,8 @@ class ParallelPlan:
                 "fsdp.shardingStrategy: no_shard keeps whole parameters on every rank, but with parallelism.context "
                 "FSDP shards over the context ranks: use full, shard_grad_op or hybrid"
             ]
+        if self.ep > 1 and (ep_errors := self._expert_errors()):
+            return ep_errors
         if self.local_world_size % self.tp:
             return [
                 f"parallelism.tensor: {self.tp} does not divide the {self.local_world_size} processes per node: "
@@ -198,6 +228,26 @@ class ParallelPlan:
         if self.strategy != "hybrid":
             return []
         return self._hybrid_errors()
+
+    def _expert_errors(self) -> list[str]:
+        if self.tp > 1:
+            return ["parallelism.expert with parallelism.tensor > 1 is not supported yet: use one of the two"]
+        if self.strategy == "no_shard":
+            return [
+                "fsdp.shardingStrategy: no_shard shards over no ranks, but parallelism.expert splits the experts "
+                "over the ranks FSDP shards over: use full, shard_grad_op or hybrid"
+            ]
+        shard = self.fsdp_shape[-1]
+        if self.strategy == "hybrid" and self._hybrid_errors():
+            return []  # the hybrid mesh itself is wrong: that is the error to report
+        if shard % self.ep:
+            over = "a hybrid shard group's" if self.strategy == "hybrid" else "the"
+            return [
+                f"parallelism.expert: {self.ep} does not divide {over} {shard} ranks FSDP shards over "
+                f"(the data-parallel ranks{' of one group' if self.strategy == 'hybrid' else ''} x context), "
+                "so the experts cannot be split evenly over neighbouring ranks"
+            ]
+        return []
 
     def _hybrid_errors(self) -> list[str]:
         group = self.shard_group_size

@@ -145,3 +145,23 @@ HUB_MODEL_PRESETS: dict[str, str] = {
     )
     for suffix in ("", "-Instruct")
 }
+
+# Hub checkpoints of other architectures whose numbers the memory plan knows without a download:
+# each from its published config.json (the experts' width is moe_intermediate_size; Qwen3's
+# head_dim 128 makes 32 heads twice the width 2048).
+HUB_MODEL_DIMS: dict[str, ModelDims] = {
+    "Qwen/Qwen3-30B-A3B": ModelDims(
+        hidden_size=2048,
+        num_layers=48,
+        num_heads=32,
+        num_key_value_heads=4,
+        intermediate_size=768,
+        vocab_size=151936,
+        max_seq_len=40960,
+        rope_theta=1000000.0,
+        rope_scaling=False,
+        num_experts=128,
+        experts_per_token=8,
+        explicit_head_dim=128,
+    ),
+}

@@ -17,6 +17,7 @@ from .base import ApiModel
 from .rules import Rule
 from .spec import (
     CONTEXT_CONFIG_RULES,
+    EXPERT_CONFIG_RULES,
     PREFERENCE_RULES,
     SEQ_LEN_RULE,
     TENSOR_CONFIG_RULES,
@@ -76,7 +77,13 @@ class TrainerConfig(ApiModel):
     tracking: TrackingSpec = _section("tracking")
 
     # The spec's own rule: a CLI override is checked like kubectl apply.
-    rules: ClassVar[tuple[Rule, ...]] = (SEQ_LEN_RULE, *PREFERENCE_RULES, *TENSOR_CONFIG_RULES, *CONTEXT_CONFIG_RULES)
+    rules: ClassVar[tuple[Rule, ...]] = (
+        SEQ_LEN_RULE,
+        *PREFERENCE_RULES,
+        *TENSOR_CONFIG_RULES,
+        *CONTEXT_CONFIG_RULES,
+        *EXPERT_CONFIG_RULES,
+    )
 
     @classmethod
     def from_spec(cls, spec: FSDPTrainingSpec, name: str, namespace: str) -> TrainerConfig:

@@ -65,6 +65,13 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "priority": 1,
     },
     {
+        "name": "EP",
+        "type": "integer",
+        "jsonPath": ".spec.parallelism.expert",
+        "description": "Expert-parallel degree (parallelism.expert).",
+        "priority": 1,
+    },
+    {
         "name": "Backend",
         "type": "string",
         "jsonPath": ".spec.backend",

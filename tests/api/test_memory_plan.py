@@ -437,3 +437,30 @@ def test_float8_counts_only_the_projections_whose_dimensions_divide_by_16() -> N
     bf16 = component(float8_spec(model=model), "communication")
     tensorwise = component(float8_spec(model=model, training={"precision": "float8"}), "communication")
     assert bf16 - tensorwise == 2 * (2 * 2048 * 2048 + 2 * 2048 * 512)
+
+
+def _qwen3_moe_example(expert: int) -> FSDPTrainingSpec:
+    example = Path(__file__).resolve().parents[2] / "examples" / "fsdptraining-qwen3-30b-a3b-moe.yaml"
+    doc = yaml.safe_load(example.read_text())
+    doc["spec"]["parallelism"]["expert"] = expert
+    return FSDPTrainingSpec.model_validate(doc["spec"])
+
+
+def test_expert_parallelism_gathers_a_ranks_experts_only_and_adds_the_all_to_all() -> None:
+    # Qwen3-30B-A3B on 16 H100s: a hub id the plan knows without a download.
+    whole, split = (plan_memory(_qwen3_moe_example(e)).estimate for e in (1, 8))
+    assert whole is not None and split is not None
+    parts = {e: {c.name: c for c in est.components} for e, est in ((1, whole), (8, split))}
+    # Sharded state is the same: each expert is still split over all 16 ranks (8 ep x 2 efsdp).
+    for name in ("parameters", "gradients", "optimizer state", "activations", "logits"):
+        assert parts[1][name].bytes == parts[8][name].bytes, name
+    # A layer's 128 experts (3 x 2048 x 768 each, bf16) are gathered 16 at a time, not all 128, in the
+    # layer being computed and in the all-gather buffer: 7/8 of them saved twice; the exchange added.
+    experts = 128 * 3 * 2048 * 768 * 2
+    tokens_exchanged = 2 * 4096 * 8 * 2048 * 2  # sent and received, bf16, 8 experts per token
+    saved = parts[1]["communication"].bytes - parts[8]["communication"].bytes
+    assert saved == 2 * (experts - experts // 8) - tokens_exchanged
+    assert "1/8 of the experts) + the experts' all-to-all" in parts[8]["communication"].note
+    assert "128 experts, each layer's split over 8 ranks, 8 per token: 30.53B parameters, 3.35B active" in (
+        parts[8]["parameters"].note
+    )

@@ -79,6 +79,60 @@ def test_context_parallelism_refuses_no_shard() -> None:
     ]
 
 
+def test_experts_split_inside_the_shard_dimension_without_dividing_the_world() -> None:
+    # 16 ranks, expert 4: still 16 data-parallel ranks; each expert layer is split over 4
+    # neighbours, and FSDP shards each expert over the 4 groups of them.
+    p = plan({"shardingStrategy": "full"}, 16, 8, ep=4)
+    assert p.dp_size == 16 and p.mesh_shape == (16,) and p.errors() == []
+    assert p.describe() == {"shard": 16, "ep": 4}
+    assert (p.expert_mesh_shape, p.expert_mesh_dim_names) == ((4, 4), ("efsdp", "ep"))
+    # hybrid: inside each shard group (one node's 8 ranks), its copies replicated across the groups.
+    h = plan({"shardingStrategy": "hybrid"}, 16, 8, ep=8)
+    assert (h.expert_mesh_shape, h.expert_mesh_dim_names) == ((2, 1, 8), ("replicate", "efsdp", "ep"))
+    assert h.errors() == []
+    # The context ranks hold other tokens of the same rows, so they are expert-parallel peers too.
+    c = plan({"shardingStrategy": "full"}, 8, 8, cp=2, ep=4)
+    assert c.fsdp_shape == (8,) and c.expert_mesh_shape == (2, 4) and c.errors() == []
+
+
+@pytest.mark.parametrize(
+    ("fsdp", "world", "degrees", "error"),
+    [
+        (
+            {"shardingStrategy": "full"},
+            12,
+            {"ep": 8},
+            "parallelism.expert: 8 does not divide the 12 ranks FSDP shards over (the data-parallel ranks x context), "
+            "so the experts cannot be split evenly over neighbouring ranks",
+        ),
+        (
+            {"shardingStrategy": "hybrid", "shardGroupSize": 4},
+            16,
+            {"ep": 8},
+            "parallelism.expert: 8 does not divide a hybrid shard group's 4 ranks FSDP shards over (the data-parallel "
+            "ranks of one group x context), so the experts cannot be split evenly over neighbouring ranks",
+        ),
+        (
+            {"shardingStrategy": "no_shard"},
+            8,
+            {"ep": 2},
+            "fsdp.shardingStrategy: no_shard shards over no ranks, but parallelism.expert splits the experts over "
+            "the ranks FSDP shards over: use full, shard_grad_op or hybrid",
+        ),
+        (
+            {"shardingStrategy": "full"},
+            8,
+            {"ep": 2, "tp": 2},
+            "parallelism.expert with parallelism.tensor > 1 is not supported yet: use one of the two",
+        ),
+    ],
+)
+def test_an_impossible_expert_split_has_one_clear_error(
+    fsdp: dict[str, Any], world: int, degrees: dict[str, int], error: str
+) -> None:
+    assert plan(fsdp, world, 8, **degrees).errors() == [error]
+
+
 def test_dp_rank_outside_the_world_is_refused() -> None:
     p = plan({}, 4, 4)
     for rank in (-1, 4):

@@ -37,9 +37,10 @@ from .model.pretrained import LoadPlan, check_pretrained, load_pretrained
 from .parallel.compile import CompileReport, compile_report
 from .parallel.context_parallel import context_parallel_errors
 from .parallel.distributed import WorldInfo, world_from_env
+from .parallel.expert_parallel import expert_parallel_errors
 from .parallel.float8 import Float8Report, float8_plan
 from .parallel.parallelize import parallelize
-from .parallel.plan import ParallelPlan, build_mesh
+from .parallel.plan import ExpertMesh, ParallelPlan, build_expert_mesh, build_mesh
 from .parallel.tensor_parallel import tensor_parallel_errors
 from .remote_inputs import localize
 
@@ -60,6 +61,7 @@ class Prepared:
     kernels: KernelReport  # training.kernels: what was patched in, or why nothing was
     float8: Float8Report = field(default_factory=Float8Report)  # filled in when float8 converts the model
     mesh: DeviceMesh | None = None  # the device mesh, once built (the dpo reference is sharded on the same one)
+    expert_mesh: ExpertMesh | None = None  # with parallelism.expert: the experts' view of the same ranks
 
 
 def prepare(cfg: TrainerConfig, world: WorldInfo | None = None) -> Prepared:
@@ -103,7 +105,11 @@ def prepare(cfg: TrainerConfig, world: WorldInfo | None = None) -> Prepared:
     if errors := router_aux_errors(model, cfg.training.router_aux_loss_coef):
         raise ConfigError(errors)
     decoder_units(model)
-    if errors := tensor_parallel_errors(model, plan.tp) + context_parallel_errors(model, plan.cp, seq_len):
+    if errors := (
+        tensor_parallel_errors(model, plan.tp)
+        + context_parallel_errors(model, plan.cp, seq_len)
+        + expert_parallel_errors(model, plan.ep)
+    ):
         raise ConfigError(errors)
     if cfg.training.precision == "float8" and not (float8 := float8_plan(model)).converted:
         raise ConfigError(
@@ -130,7 +136,7 @@ def build_model(p: Prepared, *, resuming: bool = False) -> PreTrainedModel:
     """
     cfg, world, plan = p.cfg, p.world, p.plan
     model = p.model
-    parallelize(model, cfg, plan, _mesh(p), world.device, p.compile, p.float8)
+    parallelize(model, cfg, plan, _mesh(p), world.device, p.compile, p.float8, p.expert_mesh)
     _initialise(model, p, pretrained=p.pretrained is not None and (not resuming or bool(p.adapted)))
     if p.adapted:
         init_adapters(model, cfg.training.seed, world.device)
@@ -142,6 +148,7 @@ def build_model(p: Prepared, *, resuming: bool = False) -> PreTrainedModel:
 def _mesh(p: Prepared) -> DeviceMesh | None:
     if p.mesh is None and p.plan.uses_fsdp:
         p.mesh = build_mesh(p.world, p.plan)
+        p.expert_mesh = build_expert_mesh(p.world, p.plan)
     return p.mesh
 
 
@@ -166,7 +173,7 @@ def build_reference(p: Prepared, meta: PreTrainedModel) -> PreTrainedModel:
     cfg = p.cfg.model_copy(update={"training": p.cfg.training.model_copy(update={"activation_checkpointing": "none"})})
     for param in meta.parameters():
         param.requires_grad_(False)
-    parallelize(meta, cfg, p.plan, _mesh(p), p.world.device, None)
+    parallelize(meta, cfg, p.plan, _mesh(p), p.world.device, None, expert_mesh=p.expert_mesh)
     _initialise(meta, p, pretrained=p.pretrained is not None)
     check_tied(meta)
     meta.eval()

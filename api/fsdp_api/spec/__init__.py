@@ -34,6 +34,7 @@ from .cross_field import (
 )
 from .data import DataSpec
 from .env import SECRET_ENV_PATTERN, EnvVar, EnvVarSource, FieldSelector, KeySelector
+from .expert_rules import EXPERT_CONFIG_RULES
 from .fsdp import FSDPSpec
 from .fsdp_training import (
     NAME_LENGTH_MESSAGE,
@@ -47,7 +48,7 @@ from .fsdp_training import (
 from .health import HealthSpec
 from .metrics import MetricsSpec, NetworkPolicySpec
 from .model import ModelOverrides, ModelSpec
-from .parallelism import MAX_TENSOR, ParallelismSpec
+from .parallelism import MAX_EXPERT, MAX_TENSOR, ParallelismSpec
 from .peft import MODULE_NAME_PATTERN, ModuleName, PeftSpec
 from .placement import (
     Affinity,
@@ -109,11 +110,13 @@ __all__ = [
     "DNS_LABEL",
     "DNS_SUBDOMAIN",
     "DO_NOT_DISRUPT",
+    "EXPERT_CONFIG_RULES",
     "GPU_INSTANCE_PATTERN",
     "IMAGE_PINNED_PATTERN",
     "IMMUTABLE_FIELDS",
     "KARPENTER_SELECTOR_KEYS",
     "LABEL_VALUE_PATTERN",
+    "MAX_EXPERT",
     "MAX_IMAGE_LENGTH",
     "MAX_NAME_LENGTH",
     "MAX_NODES",

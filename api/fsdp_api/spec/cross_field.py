@@ -18,6 +18,7 @@ from ..rules import Rule, cel_literal, wire_name
 from .backend_rules import BACKEND_RULES
 from .checkpoint import CheckpointSpec
 from .data import DataSpec
+from .expert_rules import EXPERT_CONFIG_RULES, EXPERT_SPEC_RULES
 from .fsdp import FSDPSpec
 from .kernel_rules import CONTEXT_CONFIG_RULES, KERNEL_SPEC_RULES
 from .model import ModelSpec, preset_cel
@@ -307,6 +308,8 @@ PARALLELISM_RULES: tuple[Rule, ...] = (
     ),
     *TENSOR_CONFIG_RULES,
     *CONTEXT_CONFIG_RULES,
+    *EXPERT_CONFIG_RULES,
+    *EXPERT_SPEC_RULES,
     Rule(
         cel=(f"!has(self.parallelism) || {_WORLD_CEL} % (self.parallelism.tensor * self.parallelism.context) == 0"),
         message="resources.nodes x gpusPerNode must be a multiple of parallelism.tensor x parallelism.context: "

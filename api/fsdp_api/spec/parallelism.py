@@ -10,6 +10,8 @@ from ..base import ApiModel
 MAX_TENSOR = 8
 # Context ranks one row may be split over (may span nodes).
 MAX_CONTEXT = 64
+# Expert-parallel ranks: the largest expert counts of 2026's open models (DeepSeek V3, Kimi K2: 256, 384).
+MAX_EXPERT = 64
 
 
 class ParallelismSpec(ApiModel):
@@ -37,5 +39,18 @@ class ParallelismSpec(ApiModel):
             "tokens' layers and attends to the whole row's keys and values, gathered per layer, with packed "
             "documents and SFT loss masks kept exactly. FSDP shards over the context ranks too. Needs "
             "training.seqLen set to a multiple of 2 x context. 1: every rank holds whole rows."
+        ),
+    )
+    expert: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_EXPERT,
+        description=(
+            "Expert-parallel degree for a mixture-of-experts model: each expert layer's experts are split over "
+            "this many neighbouring data-parallel ranks (whole experts per rank, the tokens exchanged by two "
+            "all-to-alls per layer), with the model's own transformers expert-parallel plan "
+            "(base_model_ep_plan); FSDP shards each expert over the rest of the data-parallel ranks, and the "
+            "dense layers exactly as without it. It must divide the model's expert count and the data-parallel "
+            "ranks FSDP shards over (the shard group under hybrid). 1: every expert sharded by FSDP alone."
         ),
     )

@@ -105,6 +105,7 @@ def test_printer_columns_point_at_fields_of_their_type() -> None:
         "Tokens/s",
         "TP",
         "CP",
+        "EP",
         "Backend",
         "Job",
         "Age",
@@ -115,7 +116,7 @@ def test_printer_columns_point_at_fields_of_their_type() -> None:
         if c["type"] != "date":
             assert target["type"] == c["type"], c
     wide = {c["name"] for c in columns if c.get("priority", 0) > 0}
-    assert wide == {"Tokens/s", "TP", "CP", "Backend", "Job"}
+    assert wide == {"Tokens/s", "TP", "CP", "EP", "Backend", "Job"}
 
 
 def test_cel_rules_of_the_models_are_in_the_schema() -> None:

@@ -73,6 +73,44 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
         "num_local_experts": 4,
         "num_experts_per_tok": 2,
     },
+    # The expert-parallel set (tests/trainer/parallel/test_expert_parallel.py): each declares
+    # transformers' expert-parallel plan. Qwen2-MoE has a gated shared expert beside the routed
+    # ones; DeepSeek V3 a shared expert, a dense first layer and group-limited routing.
+    "qwen3_moe": {
+        **_COMMON,
+        "intermediate_size": 48,
+        "moe_intermediate_size": 24,
+        "num_key_value_heads": 2,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+    },
+    "olmoe": {**_COMMON, "intermediate_size": 24, "num_key_value_heads": 2, "num_experts": 4, "num_experts_per_tok": 2},
+    "qwen2_moe": {
+        **_COMMON,
+        "intermediate_size": 48,
+        "moe_intermediate_size": 24,
+        "shared_expert_intermediate_size": 48,
+        "num_key_value_heads": 2,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+    },
+    "deepseek_v3": {
+        **_COMMON,
+        "intermediate_size": 48,
+        "moe_intermediate_size": 24,
+        "num_key_value_heads": 4,
+        "n_routed_experts": 4,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 2,
+        "first_k_dense_replace": 1,
+        "n_group": 1,
+        "topk_group": 1,
+        "q_lora_rank": None,
+        "kv_lora_rank": 16,
+        "qk_rope_head_dim": 8,
+        "qk_nope_head_dim": 8,
+        "v_head_dim": 8,
+    },
     # A Mamba-2/attention hybrid whose model writes a buffer into every layer
     # (the muP vector) from its own _init_weights.
     "falcon_h1": {

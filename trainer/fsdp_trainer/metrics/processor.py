@@ -136,6 +136,7 @@ class MetricsProcessor:
             contract.LABEL_LOGITS: self.logits,
             contract.LABEL_TENSOR_PARALLEL: str(self.cfg.parallelism.tensor),
             contract.LABEL_CONTEXT_PARALLEL: str(self.cfg.parallelism.context),
+            contract.LABEL_EXPERT_PARALLEL: str(self.cfg.parallelism.expert),
         }
         m.info.labels(**self.labels, **info).set(1)
         # 0 until the first forward has shown that inductor compiled the layers.

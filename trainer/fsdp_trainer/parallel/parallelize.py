@@ -4,9 +4,11 @@ The units are the model's decoder blocks (``model.architecture.decoder_units``:
 its ``_no_split_modules``), whatever the architecture. Order matters, as in
 torchtitan: float8 swaps the blocks' Linear layers first (``float8.py``),
 tensor parallelism splits the blocks' projections over the tensor-parallel
-ranks (``tensor_parallel.py``), activation checkpointing wraps each decoder layer next,
+ranks (``tensor_parallel.py``), expert parallelism splits the experts over
+the expert-parallel ranks (``expert_parallel.py``), activation checkpointing wraps each decoder layer next,
 torch.compile compiles the (wrapped) layers (``compile.py``), and ``fully_shard`` goes on each
-layer and then on the root, so every layer is one all-gather / reduce-scatter
+split experts module (its own group, on the experts' mesh), each layer and
+then on the root, so every layer is one all-gather / reduce-scatter
 group and the root group holds the embeddings, final norm and output head.
 All of this happens on the meta device, before any storage exists.
 
@@ -34,9 +36,10 @@ from transformers import PreTrainedModel
 
 from ..model.architecture import decoder_units
 from .compile import CompileReport, apply_compile
+from .expert_parallel import apply_expert_parallel, expert_parallel_modules
 from .float8 import Float8Report, apply_float8
 from .op_checkpoint import op_checkpoint
-from .plan import data_parallel_mesh, tensor_parallel_mesh
+from .plan import ExpertMesh, data_parallel_mesh, tensor_parallel_mesh
 from .tensor_parallel import apply_tensor_parallel
 
 log = logging.getLogger(__name__)
@@ -80,9 +83,17 @@ def mixed_precision(precision: str) -> MixedPrecisionPolicy:
     return MixedPrecisionPolicy()
 
 
-def apply_fsdp(model: PreTrainedModel, mesh: DeviceMesh, plan: ParallelPlan, precision: str) -> None:
+def apply_fsdp(
+    model: PreTrainedModel,
+    mesh: DeviceMesh,
+    plan: ParallelPlan,
+    precision: str,
+    expert_mesh: ExpertMesh | None = None,
+) -> None:
     mp_policy = mixed_precision(precision)
     offload_policy = CPUOffloadPolicy() if plan.fsdp.cpu_offload else OffloadPolicy()
+    if expert_mesh is not None:
+        _shard_experts(model, expert_mesh, plan, mp_policy, offload_policy)
     for layer in decoder_layers(model):
         fully_shard(
             layer,
@@ -92,6 +103,37 @@ def apply_fsdp(model: PreTrainedModel, mesh: DeviceMesh, plan: ParallelPlan, pre
             offload_policy=offload_policy,
         )
     fully_shard(model, mesh=mesh, reshard_after_forward=False, mp_policy=mp_policy, offload_policy=offload_policy)
+
+
+def _shard_experts(
+    model: PreTrainedModel,
+    expert_mesh: ExpertMesh,
+    plan: ParallelPlan,
+    mp_policy: MixedPrecisionPolicy,
+    offload_policy: OffloadPolicy,
+) -> None:
+    """Each split experts module its own FSDP group over the experts' FSDP ranks.
+
+    Its gradient sums the tokens of every data-parallel rank (the dispatch's
+    backward brings them to the expert's rank), so it is divided by the
+    data-parallel size, not by the experts' FSDP group: the same average a
+    dense layer gets. FSDP divides by another factor than its group through
+    PREMUL_SUM, which gloo rejects (and NCCL zeroes in bf16 before torch 2.13,
+    pytorch/pytorch#190747): sum over the group, then divide locally.
+    """
+    fsdp_mesh = expert_mesh.fsdp
+    for module in expert_parallel_modules(model):
+        fully_shard(
+            module,
+            mesh=fsdp_mesh,
+            reshard_after_forward=plan.reshard_after_forward,
+            mp_policy=mp_policy,
+            offload_policy=offload_policy,
+        )
+        assert isinstance(module, FSDPModule)
+        module.set_gradient_divide_factor(float(plan.dp_size))
+        if fsdp_mesh.size() > 1:
+            module.set_force_sum_reduction_for_comms(True)
 
 
 def apply_prefetch(model: PreTrainedModel, depth: int) -> None:
@@ -120,6 +162,7 @@ def parallelize(
     device: torch.device | None = None,
     compile_report: CompileReport | None = None,
     float8_report: Float8Report | None = None,
+    expert_mesh: ExpertMesh | None = None,
 ) -> PreTrainedModel:
     """Everything that wraps the meta model, in the order that works (``mesh``: None without FSDP).
 
@@ -133,13 +176,15 @@ def parallelize(
     tp_mesh = tensor_parallel_mesh(mesh, plan) if mesh is not None else None
     if tp_mesh is not None:
         apply_tensor_parallel(model, tp_mesh)
+    if expert_mesh is not None:
+        apply_expert_parallel(model, expert_mesh.ep, expert_mesh.shared_batch)
     wrapped = apply_activation_checkpointing(model, cfg.training.activation_checkpointing)
     if wrapped:
         log.info("activation checkpointing (%s) on %d layers", cfg.training.activation_checkpointing, wrapped)
     if compile_report is not None:
         apply_compile(model, compile_report)
     if mesh is not None:
-        apply_fsdp(model, data_parallel_mesh(mesh, plan), plan, cfg.training.precision)
+        apply_fsdp(model, data_parallel_mesh(mesh, plan), plan, cfg.training.precision, expert_mesh)
         apply_prefetch(model, plan.fsdp.prefetch)
     return model
 

@@ -9,14 +9,23 @@ that the trainer's modules name one place for everything parallel.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import torch.distributed as dist
-from fsdp_api.parallel_plan import TP, ParallelPlan
+from fsdp_api.parallel_plan import EFSDP, EP, REPLICATE, TP, ParallelPlan
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from .distributed import WorldInfo
 
-__all__ = ["ParallelPlan", "build_mesh", "context_group", "data_parallel_mesh", "tensor_parallel_mesh"]
+__all__ = [
+    "ExpertMesh",
+    "ParallelPlan",
+    "build_expert_mesh",
+    "build_mesh",
+    "context_group",
+    "data_parallel_mesh",
+    "tensor_parallel_mesh",
+]
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +35,46 @@ def build_mesh(world: WorldInfo, plan: ParallelPlan) -> DeviceMesh:
     mesh = init_device_mesh(world.device.type, plan.mesh_shape, mesh_dim_names=plan.mesh_dim_names)
     log.info("device mesh %s over %d ranks (%s)", plan.describe(), world.world_size, plan.strategy)
     return mesh
+
+
+# transformers' token dispatch asks for the ranks that share one batch (its TP group): here each rank alone.
+SHARED_BATCH = "ep_shared_batch"
+
+
+@dataclass(frozen=True)
+class ExpertMesh:
+    """The experts' view of the FSDP ranks (``ParallelPlan.expert_mesh_shape``), one mesh and its slices."""
+
+    mesh: DeviceMesh
+
+    @property
+    def ep(self) -> DeviceMesh:
+        """The ranks one layer's experts are split over."""
+        return self.mesh[EP]
+
+    @property
+    def shared_batch(self) -> DeviceMesh:
+        return self.mesh[SHARED_BATCH]
+
+    @property
+    def fsdp(self) -> DeviceMesh:
+        """What FSDP shards (and, under hybrid, replicates) each expert over."""
+        names = self.mesh.mesh_dim_names or ()
+        return self.mesh[tuple(n for n in (REPLICATE, EFSDP) if n in names)]
+
+
+def build_expert_mesh(world: WorldInfo, plan: ParallelPlan) -> ExpertMesh | None:
+    """The experts' mesh over every rank (collective), or None without expert parallelism."""
+    if plan.ep == 1:
+        return None
+    mesh = init_device_mesh(
+        world.device.type,
+        (*plan.expert_mesh_shape, 1),
+        mesh_dim_names=(*plan.expert_mesh_dim_names, SHARED_BATCH),
+    )
+    names = plan.expert_mesh_dim_names
+    log.info("experts' mesh %s", dict(zip(names, plan.expert_mesh_shape, strict=True)))
+    return ExpertMesh(mesh)
 
 
 def data_parallel_mesh(mesh: DeviceMesh, plan: ParallelPlan) -> DeviceMesh:
