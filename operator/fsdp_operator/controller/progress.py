@@ -81,6 +81,7 @@ class TrainerProgress:
     max_steps: int | None = None  # what the running trainer trains for (not a status field)
     tracker_runs: tuple[tuple[str, str], ...] = ()  # (tracker, the run's address)
     router: RouterLoad | None = None  # a mixture of experts' worst MoE layer
+    node_rank: int | None = None  # the node rank of the pod that served these (not a status field)
 
     def status_fields(self) -> dict[str, Any]:
         """The status fields this progress sets (only the ones the trainer reported)."""
@@ -183,6 +184,7 @@ def parse_trainer_metrics(text: str) -> TrainerProgress:
     best: dict[str, tuple[tuple[int, int], float]] = {}
     runs: dict[str, str] = {}
     router: list[tuple[str, Mapping[str, str], float]] = []
+    node_ranks: set[int] = set()
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if LABEL_MOE_LAYER in sample.labels:
@@ -196,6 +198,8 @@ def parse_trainer_metrics(text: str) -> TrainerProgress:
             if sample.name not in _WANTED or not math.isfinite(sample.value):
                 continue
             key = _rank_key(sample.labels)
+            if LABEL_NODE_RANK in sample.labels:
+                node_ranks.add(key[0])
             if sample.name not in best or key < best[sample.name][0]:
                 best[sample.name] = (key, sample.value)
 
@@ -216,6 +220,7 @@ def parse_trainer_metrics(text: str) -> TrainerProgress:
         checkpoint_uploaded_step=int(uploaded) if uploaded is not None and uploaded >= 0 else None,
         tracker_runs=tuple(sorted(runs.items())),
         router=worst_layer(router),
+        node_rank=min(node_ranks, default=None),
     )
 
 
@@ -265,6 +270,30 @@ async def scrape(session: aiohttp.ClientSession, pod_ip: str, port: int) -> Trai
         return parse_trainer_metrics(text)
     except ValueError as e:
         return Unreadable(f"{metrics_url(pod_ip, port)}: not Prometheus metrics ({e})")
+
+
+async def node_rank_0_progress(
+    session: aiohttp.ClientSession, pods: Iterable[Mapping[str, Any]], port: int
+) -> TrainerProgress | None:
+    """The figures of the pod whose trainer holds node rank 0 (its rank 0 alone exports the tracker runs).
+
+    torchrun's c10d rendezvous numbers nodes by (host name, pid), not by pod
+    index, so any running pod may hold it: each is asked in index order until
+    one says node rank 0; None if none does now.
+    """
+    for pod in sorted(running_with_ip(pods), key=_pod_index):
+        progress = await scrape(session, PodView.of(pod).pod_ip, port)
+        if isinstance(progress, TrainerProgress) and progress.node_rank == 0:
+            return progress
+    return None
+
+
+def _pod_index(pod: Mapping[str, Any]) -> int:
+    labels = PodView.of(pod).labels
+    try:
+        return int(labels.get(REPLICA_INDEX_LABEL) or labels.get(JOB_COMPLETION_INDEX_LABEL) or "0")
+    except ValueError:
+        return 1 << 30
 
 
 def metrics_url(pod_ip: str, port: int) -> str:

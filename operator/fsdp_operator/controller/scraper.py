@@ -44,7 +44,7 @@ from .nodes.incidents import new_failures, repeated, with_failures, without
 from .nodes.stragglers import RankCounters, RankKey, StragglerWatch, rank_counters
 from .nodes.xids import new_xids
 from .peering import we_are_active
-from .progress import TrainerProgress, Unreadable, rank0_pod, read_pods, scrape
+from .progress import TrainerProgress, Unreadable, node_rank_0_progress, rank0_pod, read_pods, scrape
 from .records import record_nodes, record_pods, record_progress
 from .stall_check import check_stall
 from .state import Runtime
@@ -58,6 +58,8 @@ MAX_CONCURRENT_SCRAPES = 16
 # The node check runs every this many ticks (every 3 minutes at the default 30 s): node
 # conditions change slowly, and a node LIST of a large cluster is not free.
 NODE_CHECK_TICKS = 6
+# spec.tracking's trackers whose runs have a page the status links (trackerRuns).
+TRACKERS_WITH_PAGES = ("mlflow", "wandb")
 # Phases whose pods are on nodes (or about to be).
 WITH_PODS = ("Running", "Restarting")
 
@@ -227,6 +229,11 @@ async def scrape_once(rt: Runtime, session: aiohttp.ClientSession, peering: Peer
         fields = (
             {} if isinstance(progress, Unreadable) else {**progress.status_fields(), **_completion(rt, body, progress)}
         )
+        if not isinstance(progress, Unreadable) and _tracker_runs_elsewhere(rt, body, progress):
+            async with gate:
+                runs = await _node_rank_0_runs(rt, session, body, backend, job_name)
+            if runs:
+                fields["trackerRuns"] = runs
         if fields and await record_progress(rt, body, fields):
             updated += 1
         await check_stall(rt, body, progress, time.monotonic(), session)
@@ -236,7 +243,8 @@ async def scrape_once(rt: Runtime, session: aiohttp.ClientSession, peering: Peer
             continue
         try:
             # Index-0 pods only: a small list even for big jobs. Every rank serves the step and the
-            # loss, so whichever node rank torchrun gave that pod, its figures are the job's.
+            # loss, so whichever node rank torchrun gave that pod, its figures are the job's (the
+            # tracker runs, rank 0's alone, are looked for on the other pods: _tracker_runs_elsewhere).
             selector = f"{backend.job_label},{backend.index_label}=0"
             pods = await rt.client.list("v1", "Pod", namespace, selector)
         except (ApiError, *NETWORK_ERRORS) as e:
@@ -247,6 +255,34 @@ async def scrape_once(rt: Runtime, session: aiohttp.ClientSession, peering: Peer
             if isinstance(r, Exception):
                 log.debug("progress update failed: %r", r)
     return updated
+
+
+def _tracker_runs_elsewhere(rt: Runtime, body: Mapping[str, Any], progress: TrainerProgress) -> bool:
+    """Whether the tracker runs' pages are still to be read from another pod than the index-0 one.
+
+    Global rank 0 alone exports them, and it lives on node rank 0, which
+    torchrun may give any pod. Asked only until the status has them, for a
+    training that logs to a tracker with run pages.
+    """
+    tracking = (body.get("spec") or {}).get("tracking") or {}
+    return (
+        progress.node_rank not in (None, 0)
+        and not progress.tracker_runs
+        and "trackerRuns" not in rt.previous_status(body)
+        and any(tracking.get(name) for name in TRACKERS_WITH_PAGES)
+    )
+
+
+async def _node_rank_0_runs(
+    rt: Runtime, session: aiohttp.ClientSession, body: Mapping[str, Any], backend: JobBackend, job_name: str
+) -> dict[str, str] | None:
+    try:
+        pods = await rt.client.list("v1", "Pod", body["metadata"]["namespace"], f"{backend.job_label}={job_name}")
+    except (ApiError, *NETWORK_ERRORS) as e:
+        log.debug("listing the pods of %s failed: %s", job_name, e)
+        return None
+    progress = await node_rank_0_progress(session, pods, MetricsView.of(body).port)
+    return dict(progress.tracker_runs) if progress is not None and progress.tracker_runs else None
 
 
 def _completion(rt: Runtime, body: Mapping[str, Any], progress: TrainerProgress) -> dict[str, Any]:

@@ -15,7 +15,14 @@ from fsdp_api.status import FSDPTrainingStatus
 from fsdp_operator.controller.kube import KubeClient
 from fsdp_operator.controller.metrics import OperatorMetrics
 from fsdp_operator.controller.peering import is_active
-from fsdp_operator.controller.progress import TrainerProgress, Unreadable, parse_trainer_metrics, rank0_pod, scrape
+from fsdp_operator.controller.progress import (
+    TrainerProgress,
+    Unreadable,
+    node_rank_0_progress,
+    parse_trainer_metrics,
+    rank0_pod,
+    scrape,
+)
 from fsdp_operator.controller.reconcile import (
     MAX_RETRY_DELAY,
     Runtime,
@@ -776,6 +783,64 @@ def test_rank0_pod_is_worker_zero_or_the_master() -> None:
     leaving = [{**pod("w0", "worker", 0), "metadata": {**pod("w0", "worker", 0)["metadata"], "deletionTimestamp": NOW}}]
     assert rank0_pod(leaving) is None
     assert rank0_pod(leaving, running_only=False)["metadata"]["name"] == "w0"  # type: ignore[index]
+
+
+def _serve_metrics(ip: str, port: int, text: str) -> http.server.ThreadingHTTPServer:
+    class Metrics(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = text.encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer((ip, port), Metrics)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def _node_metrics(node_rank: int, page: str | None = None) -> str:
+    labels = f'job_name="t",node_rank="{node_rank}",local_rank="0"'
+    text = f"# TYPE fsdp_train_step gauge\nfsdp_train_step{{{labels}}} 7\n"
+    if page is not None:
+        text += (
+            f'# TYPE fsdp_tracker_run_info gauge\nfsdp_tracker_run_info{{{labels},tracker="mlflow",url="{page}"}} 1\n'
+        )
+    return text
+
+
+def test_the_tracker_runs_are_read_from_the_pod_of_node_rank_0_whatever_its_index() -> None:
+    """torchrun's c10d rendezvous numbers nodes by host name and pid: pod index 1 can hold node rank 0,
+    and with it global rank 0, the only rank that exports the tracker runs' pages."""
+    page = "http://mlflow:5000/#/experiments/1/runs/abc"
+    first = _serve_metrics("127.0.0.1", 0, _node_metrics(1))
+    port = first.server_address[1]
+    try:
+        second = _serve_metrics("127.0.0.2", port, _node_metrics(0, page))
+    except OSError:
+        first.shutdown()
+        pytest.skip("127.0.0.2 is not served by this machine's loopback")
+
+    async def read() -> TrainerProgress | None:
+        async with aiohttp.ClientSession() as session:
+            index0 = await scrape(session, "127.0.0.1", port)
+            assert isinstance(index0, TrainerProgress)
+            # What the index-0 pod serves names its node rank and has no page.
+            assert (index0.node_rank, index0.tracker_runs) == (1, ())
+            pods = [pod("t-worker-0", "worker", 0, ip="127.0.0.1"), pod("t-worker-1", "worker", 1, ip="127.0.0.2")]
+            return await node_rank_0_progress(session, pods, port)
+
+    try:
+        found = asyncio.run(read())
+    finally:
+        for server in (first, second):
+            server.shutdown()
+            server.server_close()
+    assert found is not None and found.node_rank == 0
+    assert found.status_fields()["trackerRuns"] == {"mlflow": page}
 
 
 # --- peering ---------------------------------------------------------------------------------
