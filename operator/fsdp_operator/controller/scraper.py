@@ -229,7 +229,7 @@ async def scrape_once(rt: Runtime, session: aiohttp.ClientSession, peering: Peer
         fields = (
             {} if isinstance(progress, Unreadable) else {**progress.status_fields(), **_completion(rt, body, progress)}
         )
-        if not isinstance(progress, Unreadable) and _tracker_runs_elsewhere(rt, body, progress):
+        if job_name and not isinstance(progress, Unreadable) and _tracker_runs_elsewhere(rt, body, progress):
             async with gate:
                 runs = await _node_rank_0_runs(rt, session, body, backend, job_name)
             if runs:
