@@ -244,7 +244,7 @@ class Trainer:
                 signal.signal(s, self._on_signal)
         cfg = self.cfg
         self.metrics.start()
-        self.metrics.set_float8(len(self.float8.converted), len(self.float8.skipped))
+        self.metrics.set_float8(len(self.float8.converted), self.float8.kept_linears)
         if cfg.training.eval_interval_steps:
             self.validation.batches()  # tokenized now: the prefetch thread owns the tokenizer once it runs
         stall = cfg.stall

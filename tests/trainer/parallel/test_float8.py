@@ -44,7 +44,12 @@ def test_the_blocks_linears_convert_and_the_head_and_routers_do_not() -> None:
     # Mixtral: attention converts; the router (a MixtralTopKRouter) and the experts (3-D parameters) are no Linear.
     mixtral = float8_plan(_model("mixtral"))
     assert len(mixtral.converted) == 8
-    assert mixtral.summary() == "8 Linear layers in float8; kept in bf16: 1 output head"
+    # Its experts are 3-D parameters, not Linear layers: they stay bf16, and the log line says so.
+    assert mixtral.summary() == (
+        "8 Linear layers in float8; kept in bf16: 2 experts modules' 3-D weights (float8 converts Linear layers "
+        "only), 1 output head"
+    )
+    assert mixtral.kept_linears == 1  # what fsdp_train_float8_kept_linear_layers counts
 
 
 def test_a_router_that_is_a_linear_stays_in_bf16() -> None:
