@@ -45,22 +45,31 @@ def moe_checkpoints(tmp_path_factory: pytest.TempPathFactory, inputs: dict[str, 
 
 
 def _config(
-    work: Path, data: Path, checkpoint: Path, expert: int, peft: dict[str, Any] | None = None
+    work: Path,
+    data: Path,
+    checkpoint: Path,
+    expert: int,
+    peft: dict[str, Any] | None = None,
+    context: int = 1,
 ) -> dict[str, Any]:
+    # With context parallelism 2 data-parallel ranks of 2 rows each: the same 4 rows a step.
+    training = {"maxSteps": STEPS, "microBatchSize": 1} if context == 1 else {"microBatchSize": 2, "seqLen": 16}
     cfg = model_config(
         work,
         data,
         {"pretrained": str(checkpoint)},
-        training={"maxSteps": STEPS, "microBatchSize": 1},
-        parallelism={"expert": expert},
+        training={"maxSteps": STEPS, **training},
+        parallelism={"expert": expert, "context": context},
     )
     if peft is not None:
         cfg["peft"] = peft
     return cfg
 
 
-def _run(work: Path, data: Path, checkpoint: Path, expert: int, peft: dict[str, Any] | None = None) -> RunResult:
-    return launch(work, _config(work, data, checkpoint, expert, peft), nproc=4).check()
+def _run(
+    work: Path, data: Path, checkpoint: Path, expert: int, peft: dict[str, Any] | None = None, context: int = 1
+) -> RunResult:
+    return launch(work, _config(work, data, checkpoint, expert, peft, context), nproc=4).check()
 
 
 def _same_curve(reference: RunResult, split: RunResult, label: str) -> None:
@@ -83,6 +92,19 @@ def test_experts_split_over_2_and_4_ranks_train_like_fsdp_alone(
         assert split.events("start")[0]["mesh"] == {"shard": 4, "ep": expert}
         assert f"experts modules split over {expert} ranks" in split.output, split.output[-3000:]
         _same_curve(reference, split, f"{name} expert {expert}: ")
+
+
+@pytest.mark.slow
+def test_experts_split_beside_context_parallelism_train_like_context_alone(
+    moe_checkpoints: dict[str, Path], inputs: dict[str, Path], tmp_path: Path
+) -> None:
+    # The context ranks hold other tokens of the same rows, so they are expert-parallel peers too; FSDP
+    # averages a dense gradient over data x context ranks, and an expert's over the same count.
+    data, checkpoint = inputs["aligned"], moe_checkpoints["mixtral"]
+    reference = _run(tmp_path / "cp2", data, checkpoint, 1, context=2)
+    split = _run(tmp_path / "cp2ep2", data, checkpoint, 2, context=2)
+    assert split.events("start")[0]["mesh"] == {"shard": 2, "cp": 2, "ep": 2}
+    _same_curve(reference, split, "mixtral context 2 expert 2: ")
 
 
 @pytest.mark.slow

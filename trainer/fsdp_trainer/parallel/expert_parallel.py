@@ -15,9 +15,9 @@ The split goes on the meta model before activation checkpointing, compile
 and ``fully_shard``, like tensor parallelism. FSDP then shards each experts
 module over the rest of its group (``efsdp``) and the dense layers over the
 usual data-parallel mesh (``parallelize.apply_fsdp``). An expert's gradient
-sums the tokens of all ``ep x efsdp`` data-parallel ranks (the all-to-all's
-backward brings every routed token's gradient to the expert's rank), so it is
-divided by the data-parallel size, as a dense layer's average is.
+sums the tokens of all ``ep x efsdp`` ranks (the all-to-all's backward brings
+every routed token's gradient to the expert's rank), so it is divided by
+their count, as a dense layer's average over the same ranks is.
 
 Checkpoints keep the model's own parameter names and whole-model shapes (a
 DTensor per expert weight), so DCP reshards a run written with expert 2 to

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 from collections.abc import Iterator
 
 import torch
@@ -114,10 +115,10 @@ def _shard_experts(
 ) -> None:
     """Each split experts module its own FSDP group over the experts' FSDP ranks.
 
-    Its gradient sums the tokens of every data-parallel rank (the dispatch's
-    backward brings them to the expert's rank), so it is divided by the
-    data-parallel size, not by the experts' FSDP group: the same average a
-    dense layer gets. FSDP divides by another factor than its group through
+    Its gradient sums the tokens of every rank FSDP averages a dense layer
+    over (the dispatch's backward brings them to the expert's rank), so it is
+    divided by that count (the data-parallel ranks times the context ranks),
+    not by the experts' FSDP group: the same average a dense layer gets. FSDP divides by another factor than its group through
     PREMUL_SUM, which gloo rejects (and NCCL zeroes in bf16 before torch 2.13,
     pytorch/pytorch#190747): sum over the group, then divide locally.
     """
@@ -131,7 +132,7 @@ def _shard_experts(
             offload_policy=offload_policy,
         )
         assert isinstance(module, FSDPModule)
-        module.set_gradient_divide_factor(float(plan.dp_size))
+        module.set_gradient_divide_factor(float(math.prod(plan.fsdp_shape)))
         if fsdp_mesh.size() > 1:
             module.set_force_sum_reduction_for_comms(True)
 
