@@ -3,8 +3,8 @@
 Four gloo ranks train tiny Mixtral, Qwen2-MoE (a gated shared expert),
 DeepSeek V3 (a shared expert, a dense first layer, group-limited routing) and
 Qwen3-MoE (with LoRA on its attention, the experts frozen) models with their
-experts split over 2 ranks (and over 4 for Mixtral and DeepSeek V3: 4
-experts, one per rank), with the per-step losses and gradient norms of the
+experts split over 2 ranks (and over 4 for DeepSeek V3: 4 experts, one per
+rank), and Mixtral beside context parallelism and hybrid sharding, with the per-step losses and gradient norms of the
 same 4 ranks without expert parallelism, in fp32, over 10 steps (OLMoE passes
 too; it is left out to keep the suite's time); a checkpoint written with
 expert 2 resumes with expert 1 on the same curve and exports to a directory
@@ -30,7 +30,7 @@ from tests.trainer.parallel.split_runs import STEPS, assert_same_losses, model_c
 
 # model type -> the expert-parallel degrees compared with expert 1, and the peft section.
 SPLITS: dict[str, tuple[tuple[int, ...], dict[str, Any] | None]] = {
-    "mixtral": ((2, 4), None),
+    "mixtral": ((2,), None),
     "qwen2_moe": ((2,), None),
     "deepseek_v3": ((2, 4), None),
     "qwen3_moe": ((2,), {"rank": 4}),
@@ -51,6 +51,7 @@ def _config(
     expert: int,
     peft: dict[str, Any] | None = None,
     context: int = 1,
+    fsdp: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     # With context parallelism 2 data-parallel ranks of 2 rows each: the same 4 rows a step.
     training = {"maxSteps": STEPS, "microBatchSize": 1} if context == 1 else {"microBatchSize": 2, "seqLen": 16}
@@ -60,16 +61,15 @@ def _config(
         {"pretrained": str(checkpoint)},
         training={"maxSteps": STEPS, **training},
         parallelism={"expert": expert, "context": context},
+        fsdp=fsdp or {},
     )
     if peft is not None:
         cfg["peft"] = peft
     return cfg
 
 
-def _run(
-    work: Path, data: Path, checkpoint: Path, expert: int, peft: dict[str, Any] | None = None, context: int = 1
-) -> RunResult:
-    return launch(work, _config(work, data, checkpoint, expert, peft, context), nproc=4).check()
+def _run(work: Path, data: Path, checkpoint: Path, expert: int, **options: Any) -> RunResult:
+    return launch(work, _config(work, data, checkpoint, expert, **options), nproc=4).check()
 
 
 def _same_curve(reference: RunResult, split: RunResult, label: str) -> None:
@@ -86,9 +86,9 @@ def test_experts_split_over_2_and_4_ranks_train_like_fsdp_alone(
 ) -> None:
     data, checkpoint = inputs["aligned"], moe_checkpoints[name]
     degrees, peft = SPLITS[name]
-    reference = _run(tmp_path / "ep1", data, checkpoint, 1, peft)
+    reference = _run(tmp_path / "ep1", data, checkpoint, 1, peft=peft)
     for expert in degrees:
-        split = _run(tmp_path / f"ep{expert}", data, checkpoint, expert, peft)
+        split = _run(tmp_path / f"ep{expert}", data, checkpoint, expert, peft=peft)
         assert split.events("start")[0]["mesh"] == {"shard": 4, "ep": expert}
         assert f"experts modules split over {expert} ranks" in split.output, split.output[-3000:]
         _same_curve(reference, split, f"{name} expert {expert}: ")
@@ -105,6 +105,20 @@ def test_experts_split_beside_context_parallelism_train_like_context_alone(
     split = _run(tmp_path / "cp2ep2", data, checkpoint, 2, context=2)
     assert split.events("start")[0]["mesh"] == {"shard": 2, "cp": 2, "ep": 2}
     _same_curve(reference, split, "mixtral context 2 expert 2: ")
+
+
+@pytest.mark.slow
+def test_experts_split_inside_hybrid_groups_train_like_hybrid_alone(
+    moe_checkpoints: dict[str, Path], inputs: dict[str, Path], tmp_path: Path
+) -> None:
+    # 2 groups of 2 ranks: each group holds every expert once (efsdp 1), and the groups replicate them.
+    # FSDP divides after the replicas' all-reduce by itself: a forced sum would divide twice.
+    data, checkpoint = inputs["aligned"], moe_checkpoints["mixtral"]
+    hybrid = {"shardingStrategy": "hybrid", "shardGroupSize": 2}
+    reference = _run(tmp_path / "h", data, checkpoint, 1, fsdp=hybrid)
+    split = _run(tmp_path / "hep2", data, checkpoint, 2, fsdp=hybrid)
+    assert split.events("start")[0]["mesh"] == {"replicate": 2, "shard": 2, "ep": 2}
+    _same_curve(reference, split, "mixtral hybrid 2x2 expert 2: ")
 
 
 @pytest.mark.slow

@@ -118,9 +118,15 @@ def _shard_experts(
     Its gradient sums the tokens of every rank FSDP averages a dense layer
     over (the dispatch's backward brings them to the expert's rank), so it is
     divided by that count (the data-parallel ranks times the context ranks),
-    not by the experts' FSDP group: the same average a dense layer gets. FSDP divides by another factor than its group through
-    PREMUL_SUM, which gloo rejects (and NCCL zeroes in bf16 before torch 2.13,
-    pytorch/pytorch#190747): sum over the group, then divide locally.
+    not by the experts' FSDP group: the same average a dense layer gets.
+
+    FSDP divides by another factor than its group through PREMUL_SUM, which
+    gloo rejects (and NCCL zeroes in bf16 before torch 2.13,
+    pytorch/pytorch#190747): sum over the group, then divide locally. Only
+    when each expert is sharded (``efsdp > 1``): without a reduce-scatter FSDP
+    already divides after its all-reduce over the hybrid replicas, and a
+    forced sum would divide twice (transformers'
+    ``apply_fully_sharded_data_parallelism`` says the same).
     """
     fsdp_mesh = expert_mesh.fsdp
     for module in expert_parallel_modules(model):
@@ -133,7 +139,7 @@ def _shard_experts(
         )
         assert isinstance(module, FSDPModule)
         module.set_gradient_divide_factor(float(math.prod(plan.fsdp_shape)))
-        if fsdp_mesh.size() > 1:
+        if expert_mesh.shards_experts:
             module.set_force_sum_reduction_for_comms(True)
 
 

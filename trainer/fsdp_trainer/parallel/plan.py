@@ -57,6 +57,11 @@ class ExpertMesh:
         return self.mesh[SHARED_BATCH]
 
     @property
+    def shards_experts(self) -> bool:
+        """Whether FSDP splits each expert (``efsdp > 1``), not only replicates it across hybrid groups."""
+        return self.mesh[EFSDP].size() > 1
+
+    @property
     def fsdp(self) -> DeviceMesh:
         """What FSDP shards (and, under hybrid, replicates) each expert over."""
         names = self.mesh.mesh_dim_names or ()
