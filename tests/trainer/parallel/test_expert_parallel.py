@@ -52,6 +52,7 @@ def _config(
     peft: dict[str, Any] | None = None,
     context: int = 1,
     fsdp: dict[str, Any] | None = None,
+    checkpointing: str = "none",
 ) -> dict[str, Any]:
     # With context parallelism 2 data-parallel ranks of 2 rows each: the same 4 rows a step.
     training = {"maxSteps": STEPS, "microBatchSize": 1} if context == 1 else {"microBatchSize": 2, "seqLen": 16}
@@ -59,7 +60,7 @@ def _config(
         work,
         data,
         {"pretrained": str(checkpoint)},
-        training={"maxSteps": STEPS, **training},
+        training={"maxSteps": STEPS, "activationCheckpointing": checkpointing, **training},
         parallelism={"expert": expert, "context": context},
         fsdp=fsdp or {},
     )
@@ -112,11 +113,12 @@ def test_experts_split_inside_hybrid_groups_train_like_hybrid_alone(
     moe_checkpoints: dict[str, Path], inputs: dict[str, Path], tmp_path: Path
 ) -> None:
     # 2 groups of 2 ranks: each group holds every expert once (efsdp 1), and the groups replicate them.
-    # FSDP divides after the replicas' all-reduce by itself: a forced sum would divide twice.
+    # FSDP divides after the replicas' all-reduce by itself: a forced sum would divide twice. With
+    # activation checkpointing, whose recomputation runs the all-to-alls again.
     data, checkpoint = inputs["aligned"], moe_checkpoints["mixtral"]
     hybrid = {"shardingStrategy": "hybrid", "shardGroupSize": 2}
-    reference = _run(tmp_path / "h", data, checkpoint, 1, fsdp=hybrid)
-    split = _run(tmp_path / "hep2", data, checkpoint, 2, fsdp=hybrid)
+    reference = _run(tmp_path / "h", data, checkpoint, 1, fsdp=hybrid, checkpointing="full")
+    split = _run(tmp_path / "hep2", data, checkpoint, 2, fsdp=hybrid, checkpointing="full")
     assert split.events("start")[0]["mesh"] == {"replicate": 2, "shard": 2, "ep": 2}
     _same_curve(reference, split, "mixtral hybrid 2x2 expert 2: ")
 
