@@ -91,7 +91,9 @@ def test_experts_split_over_2_and_4_ranks_train_like_fsdp_alone(
     for expert in degrees:
         split = _run(tmp_path / f"ep{expert}", data, checkpoint, expert, peft=peft)
         assert split.events("start")[0]["mesh"] == {"shard": 4, "ep": expert}
-        assert f"experts modules split over {expert} ranks" in split.output, split.output[-3000:]
+        # Every MoE layer's experts (DeepSeek V3's first layer is dense).
+        layers = 1 if name == "deepseek_v3" else 2
+        assert f"{layers} experts modules split over {expert} ranks" in split.output, split.output[-3000:]
         _same_curve(reference, split, f"{name} expert {expert}: ")
 
 
