@@ -27,7 +27,8 @@ def tiny(model_type: str) -> PreTrainedModel:
 
 def test_liger_covers_these_of_the_architecture_sweep() -> None:
     covered = sorted(t for t in ARCHITECTURES if t in MODEL_TYPE_TO_APPLY_LIGER_FN)
-    assert sorted(set(ARCHITECTURES) - set(covered)) == ["gpt2"], covered
+    # Liger 0.8.5 has no patch for GPT-2, nor for the OLMoE and Qwen2-MoE of the expert-parallel set.
+    assert sorted(set(ARCHITECTURES) - set(covered)) == ["gpt2", "olmoe", "qwen2_moe"], covered
 
 
 def test_on_a_gpu_a_covered_model_gets_ligers_norms_and_mlps(monkeypatch: pytest.MonkeyPatch) -> None:
