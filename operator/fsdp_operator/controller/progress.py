@@ -241,14 +241,8 @@ def rank0_pod(pods: Iterable[Mapping[str, Any]], *, running_only: bool = True) -
         view = PodView.of(pod)
         if (running_only and (view.phase != "Running" or view.deleting)) or not view.pod_ip:
             continue
-        labels = view.labels
-        rtype = str(labels.get(REPLICA_TYPE_LABEL, "")).lower()
-        try:
-            # A PyTorchJob's replica index, or a TrainJob's completion index (its node rank).
-            index = int(labels.get(REPLICA_INDEX_LABEL) or labels.get(JOB_COMPLETION_INDEX_LABEL) or "0")
-        except ValueError:
-            index = 1 << 30
-        candidates.append((0 if rtype == "master" else 1, index, pod))
+        rtype = str(view.labels.get(REPLICA_TYPE_LABEL, "")).lower()
+        candidates.append((0 if rtype == "master" else 1, _pod_index(pod), pod))
     if not candidates:
         return None
     return min(candidates, key=lambda c: (c[0], c[1]))[2]
@@ -289,6 +283,7 @@ async def node_rank_0_progress(
 
 
 def _pod_index(pod: Mapping[str, Any]) -> int:
+    """A PyTorchJob's replica index, or a TrainJob's completion index (unreadable: last)."""
     labels = PodView.of(pod).labels
     try:
         return int(labels.get(REPLICA_INDEX_LABEL) or labels.get(JOB_COMPLETION_INDEX_LABEL) or "0")

@@ -97,32 +97,31 @@ def test_experts_split_over_2_and_4_ranks_train_like_fsdp_alone(
         _same_curve(reference, split, f"{name} expert {expert}: ")
 
 
-@pytest.mark.slow
-def test_experts_split_beside_context_parallelism_train_like_context_alone(
-    moe_checkpoints: dict[str, Path], inputs: dict[str, Path], tmp_path: Path
-) -> None:
+BESIDE = {
     # The context ranks hold other tokens of the same rows, so they are expert-parallel peers too; FSDP
     # averages a dense gradient over data x context ranks, and an expert's over the same count.
-    data, checkpoint = inputs["aligned"], moe_checkpoints["mixtral"]
-    reference = _run(tmp_path / "cp2", data, checkpoint, 1, context=2)
-    split = _run(tmp_path / "cp2ep2", data, checkpoint, 2, context=2)
-    assert split.events("start")[0]["mesh"] == {"shard": 2, "cp": 2, "ep": 2}
-    _same_curve(reference, split, "mixtral context 2 expert 2: ")
-
-
-@pytest.mark.slow
-def test_experts_split_inside_hybrid_groups_train_like_hybrid_alone(
-    moe_checkpoints: dict[str, Path], inputs: dict[str, Path], tmp_path: Path
-) -> None:
+    "context 2": ({"context": 2}, {"shard": 2, "cp": 2, "ep": 2}),
     # 2 groups of 2 ranks: each group holds every expert once (efsdp 1), and the groups replicate them.
     # FSDP divides after the replicas' all-reduce by itself: a forced sum would divide twice. With
     # activation checkpointing, whose recomputation runs the all-to-alls again.
+    "hybrid 2x2": (
+        {"fsdp": {"shardingStrategy": "hybrid", "shardGroupSize": 2}, "checkpointing": "full"},
+        {"replicate": 2, "shard": 2, "ep": 2},
+    ),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("beside", BESIDE)
+def test_experts_split_beside_context_parallelism_or_inside_hybrid_groups_train_like_without_the_split(
+    beside: str, moe_checkpoints: dict[str, Path], inputs: dict[str, Path], tmp_path: Path
+) -> None:
+    options, mesh = BESIDE[beside]
     data, checkpoint = inputs["aligned"], moe_checkpoints["mixtral"]
-    hybrid = {"shardingStrategy": "hybrid", "shardGroupSize": 2}
-    reference = _run(tmp_path / "h", data, checkpoint, 1, fsdp=hybrid, checkpointing="full")
-    split = _run(tmp_path / "hep2", data, checkpoint, 2, fsdp=hybrid, checkpointing="full")
-    assert split.events("start")[0]["mesh"] == {"replicate": 2, "shard": 2, "ep": 2}
-    _same_curve(reference, split, "mixtral hybrid 2x2 expert 2: ")
+    reference = _run(tmp_path / "ep1", data, checkpoint, 1, **options)
+    split = _run(tmp_path / "ep2", data, checkpoint, 2, **options)
+    assert split.events("start")[0]["mesh"] == mesh
+    _same_curve(reference, split, f"mixtral {beside} expert 2: ")
 
 
 @pytest.mark.slow
