@@ -303,6 +303,7 @@ LABEL_LOGITS = "logits"  # the loss computation that ran: chunked or full (train
 LABEL_TENSOR_PARALLEL = "tensor_parallel"  # parallelism.tensor: the ranks that split each layer
 LABEL_CONTEXT_PARALLEL = "context_parallel"  # parallelism.context: the ranks that split each row
 LABEL_EXPERT_PARALLEL = "expert_parallel"  # parallelism.expert: the ranks that split each layer's experts
+LABEL_PIPELINE_PARALLEL = "pipeline_parallel"  # parallelism.pipeline: the stages the layers are split into
 RANK_LABELS = (LABEL_JOB_NAME, LABEL_NODE_RANK, LABEL_LOCAL_RANK)
 INFO_LABELS = (
     *RANK_LABELS,
@@ -314,6 +315,7 @@ INFO_LABELS = (
     LABEL_TENSOR_PARALLEL,
     LABEL_CONTEXT_PARALLEL,
     LABEL_EXPERT_PARALLEL,
+    LABEL_PIPELINE_PARALLEL,
 )
 # The experiment tracker's name (a spec.tracking field) and the address of the run rank 0 logs to.
 LABEL_TRACKER = "tracker"

@@ -202,6 +202,8 @@ class Workload:
     tp: int = 1  # parallelism.tensor: each block's projections split over this many ranks
     cp: int = 1  # parallelism.context: each row split over this many ranks
     ep: int = 1  # parallelism.expert: each MoE layer's experts split over this many ranks
+    pp: int = 1  # parallelism.pipeline: the layers split into this many stages
+    pipeline_schedule: str = "1F1B"  # parallelism.pipelineSchedule
     packed: bool = False  # whole rows packed into sequences (DataSpec.packs_rows): attention needs a mask
     float8_recipe: Float8Recipe | None = None  # training.precision float8: tensorwise or rowwise; None otherwise
 
@@ -209,6 +211,24 @@ class Workload:
     def tokens(self) -> int:
         """Tokens one rank computes per micro-batch (its part of each row with context parallelism)."""
         return self.micro_batch * self.seq_len // self.cp
+
+    @property
+    def stage_layers(self) -> int:
+        """Decoder layers of the largest pipeline stage (every layer without pipelining)."""
+        return math.ceil(self.dims.num_layers / self.pp)
+
+    @property
+    def first_stage_in_flight(self) -> int:
+        """Micro-batches whose activations the first stage holds at once: 1F1B's warm-up runs ``pp`` forwards
+        before the first backward, GPipe every forward of the step."""
+        if self.pp == 1:
+            return 1
+        return self.grad_accum if self.pipeline_schedule == "GPipe" else min(self.pp, self.grad_accum)
+
+    @property
+    def last_stage_in_flight(self) -> int:
+        """The same on the last stage, which holds the logits too: 1F1B runs each backward right after its forward."""
+        return self.grad_accum if self.pp > 1 and self.pipeline_schedule == "GPipe" else 1
 
     @property
     def compute_bytes(self) -> int:
@@ -220,7 +240,7 @@ class Workload:
         """The parameters of one tensor-parallel rank's slice of the model (all of them without TP)."""
         d = self.dims
         split = split_layer_params(d)
-        return d.num_params() - d.num_layers * (split - math.ceil(split / self.tp))
+        return stage_root_params(self) + self.stage_layers * (layer_params(d) - split + math.ceil(split / self.tp))
 
     @property
     def trainable_params(self) -> int:
@@ -252,6 +272,8 @@ def workload(spec: FSDPTrainingSpec, dims: ModelDims) -> Workload:
         tp=plan.tp,
         cp=plan.cp,
         ep=plan.ep,
+        pp=plan.pp,
+        pipeline_schedule=spec.parallelism.pipeline_schedule,
         packed=spec.data.packs_rows,
         float8_recipe=training.effective_float8_recipe() if training.precision == "float8" else None,
     )
@@ -341,6 +363,16 @@ def root_params(d: ModelDims) -> int:
     return d.num_params() - d.num_layers * layer_params(d)
 
 
+def stage_root_params(w: Workload) -> int:
+    """What a stage holds besides its layers: all of the root without pipelining; else the larger end's,
+    the first stage's embedding or the last's final norm and (untied: pipelining refuses tied) head."""
+    root = root_params(w.dims)
+    if w.pp == 1:
+        return root
+    embedding = w.dims.vocab_size * w.dims.hidden_size
+    return max(embedding, root - embedding)
+
+
 def sharded(numel: int, w: Workload) -> int:
     return math.ceil(numel / w.shard_size)
 
@@ -415,14 +447,12 @@ def activation_bytes(w: Workload) -> int:
     layer at a time during backward. selective wraps layers 0, 2, 4, ...; op
     wraps every layer and keeps its expensive outputs too (``op_kept_layer_bytes``).
     """
-    d = w.dims
+    d, layers = w.dims, w.stage_layers
     per_layer = layer_activation_bytes(w)
-    checkpointed = {"none": 0, "op": d.num_layers, "selective": (d.num_layers + 1) // 2, "full": d.num_layers}[
-        w.checkpointing
-    ]
-    kept = (d.num_layers - checkpointed) * per_layer
+    checkpointed = {"none": 0, "op": layers, "selective": (layers + 1) // 2, "full": layers}[w.checkpointing]
+    kept = (layers - checkpointed) * per_layer
     if w.checkpointing == "op":
-        kept = d.num_layers * op_kept_layer_bytes(w)
+        kept = layers * op_kept_layer_bytes(w)
     inputs = checkpointed * w.tokens * d.hidden_size * w.compute_bytes
     recompute = per_layer if checkpointed else 0
     # The final norm's input and output, as in a layer.
@@ -482,8 +512,8 @@ def communication_bytes(w: Workload) -> int:
     if not w.uses_fsdp:
         return d.num_params() * c if compute_dtype(w.precision) == "bf16" else 0
     layer = gathered_layer_bytes(w)
-    gathered_layers = (1 + w.prefetch) * layer if w.reshard_after_forward else d.num_layers * layer
-    return root_params(d) * c + gathered_layers + layer + all_to_all_bytes(w)
+    gathered_layers = (1 + w.prefetch) * layer if w.reshard_after_forward else w.stage_layers * layer
+    return stage_root_params(w) * c + gathered_layers + layer + all_to_all_bytes(w)
 
 
 def float8_all_gather(w: Workload) -> bool:
@@ -576,6 +606,10 @@ def estimate(w: Workload) -> Estimate:
     grads, optim = gradient_bytes(w), optimizer_bytes(w)
     temp = optimizer_temp_bytes(w)
     acts, logits, comm = activation_bytes(w), logits_bytes(w), communication_bytes(w)
+    if w.pp > 1:
+        # The larger of the pipeline's ends: the first stage's micro-batches in flight, or the last's with logits.
+        first, last = acts * w.first_stage_in_flight, (acts + logits) * w.last_stage_in_flight
+        acts, logits = (first, 0) if first >= last else (acts * w.last_stage_in_flight, logits * w.last_stage_in_flight)
     # Before the last micro-batch's reduce-scatter the only gradient alive is
     # the one being accumulated (whole), or the head's, computed first.
     head = w.dims.vocab_size * w.dims.hidden_size * FP32 if not w.adapter_params else 0  # LoRA: a frozen head
@@ -619,6 +653,7 @@ def estimate(w: Workload) -> Estimate:
             acts,
             f"{w.micro_batch}x{w.seq_len} tokens"
             + (f" (1/{w.cp} of each row here)" if w.cp > 1 else "")
+            + (_pipeline_note(w, logits == 0) if w.pp > 1 else "")
             + f", checkpointing {w.checkpointing}",
         ),
         Component("logits", logits, _logits_note(w)),
@@ -626,6 +661,12 @@ def estimate(w: Workload) -> Estimate:
         Component("overhead", overhead, "CUDA context + allocator slack" if overhead else "none counted off GPU"),
     )
     return Estimate(components, backward, step, overhead, offloaded)
+
+
+def _pipeline_note(w: Workload, first: bool) -> str:
+    where = "first" if first else "last"
+    n = w.first_stage_in_flight if first else w.last_stage_in_flight
+    return f" x {n} in flight on the {where} of {w.pp} stages ({w.stage_layers} layers, {w.pipeline_schedule})"
 
 
 def _experts_note(w: Workload) -> str:

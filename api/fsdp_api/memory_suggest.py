@@ -2,7 +2,7 @@
 
 Candidate changes in the order they are preferred (cheapest in speed and cost
 first: the loss's buffers, activation checkpointing, sharding, smaller
-micro-batches, more context or tensor parallelism, more nodes, CPU offload),
+micro-batches, more context, tensor or pipeline parallelism, more nodes, CPU offload),
 each one judged by the plan (``memory_plan.plan_memory`` passes its verdict in,
 so this module needs none of the estimate).
 """
@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .parallel_plan import ParallelPlan
-from .spec import MAX_NODES, FSDPTrainingSpec
+from .spec import MAX_NODES, MAX_PIPELINE, PIPELINE_CONFIG_RULES, FSDPTrainingSpec
 
 
 def _training(spec: FSDPTrainingSpec, **changes: Any) -> FSDPTrainingSpec:
@@ -38,6 +38,8 @@ def context_degrees(spec: FSDPTrainingSpec) -> list[int]:
     seq = training.seq_len
     if seq is None or training.trains_preferences or spec.fsdp.sharding_strategy == "no_shard":
         return []
+    if spec.parallelism.pipeline > 1:  # not beside pipeline stages (spec.pipeline_rules)
+        return []
     world, tp = spec.world_size(), spec.parallelism.tensor
     out, degree = [], spec.parallelism.context * 2
     while degree <= world // tp:
@@ -54,7 +56,38 @@ def tensor_degrees(spec: FSDPTrainingSpec) -> list[int]:
     if dims is None or spec.peft is not None or spec.fsdp.cpu_offload or spec.builtin_training.precision == "float8":
         return []
     sizes = (dims.num_heads, dims.num_key_value_heads, dims.intermediate_size)
-    return [t for t in range(spec.parallelism.tensor + 1, gpus + 1) if gpus % t == 0 and all(n % t == 0 for n in sizes)]
+    others = spec.parallelism.pipeline * spec.parallelism.context  # what else divides the world
+    return [
+        t
+        for t in range(spec.parallelism.tensor + 1, gpus + 1)
+        if gpus % t == 0 and all(n % t == 0 for n in sizes) and spec.world_size() % (t * others) == 0
+    ]
+
+
+def pipeline_changes(spec: FSDPTrainingSpec) -> list[tuple[str, FSDPTrainingSpec]]:
+    """More pipeline stages than now, each as the spec's rules accept it (at least one micro-batch per stage:
+    the micro-batch split to keep the global batch where it divides, else more of them)."""
+    dims = spec.model.dims() if spec.model is not None else None
+    if dims is None or dims.tie_word_embeddings:
+        return []
+    t, par, world = spec.builtin_training, spec.parallelism, spec.world_size()
+    out = []
+    for degree in range(par.pipeline + 1, min(MAX_PIPELINE, dims.num_layers) + 1):
+        if world % (degree * par.tensor * par.context):
+            continue
+        text, training = f"set parallelism.pipeline: {degree}", {}
+        if t.grad_accum_steps < degree:
+            rows = t.micro_batch_size * t.grad_accum_steps
+            if rows % degree == 0:
+                training = {"micro_batch_size": rows // degree, "grad_accum_steps": degree}
+                text += f" (and microBatchSize: {rows // degree}, gradAccumSteps: {degree}: the same global batch)"
+            else:
+                training = {"grad_accum_steps": degree}
+                text += f" (and gradAccumSteps: {degree}, a larger global batch)"
+        candidate = _parallelism(_training(spec, **training) if training else spec, pipeline=degree)
+        if all(rule.check(candidate) for rule in PIPELINE_CONFIG_RULES):
+            out.append((text, candidate))
+    return out
 
 
 def _candidates(spec: FSDPTrainingSpec) -> list[tuple[str, FSDPTrainingSpec]]:
@@ -86,6 +119,7 @@ def _candidates(spec: FSDPTrainingSpec) -> list[tuple[str, FSDPTrainingSpec]]:
         out.append((f"set parallelism.context: {degree}", _parallelism(spec, context=degree)))
     for degree in tensor_degrees(spec):
         out.append((f"set parallelism.tensor: {degree}", _parallelism(spec, tensor=degree)))
+    out.extend(pipeline_changes(spec))
     if ParallelPlan.for_spec(spec).shards_over_all_dp_ranks:
         for nodes in range(spec.resources.nodes + 1, MAX_NODES + 1):
             out.append((f"set resources.nodes: {nodes}", _nodes(spec, nodes)))

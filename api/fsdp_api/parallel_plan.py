@@ -54,6 +54,16 @@ shards each expert over, so a shard dimension of 8 with ``ep = 4`` holds two
 copies of each expert group, each expert split in two. The dense layers keep
 the data-parallel mesh unchanged.
 
+Pipeline parallelism (``pp``: ``parallelism.pipeline``) splits the model's
+layers into ``pp`` stages, one per block of ``world / pp`` consecutive ranks:
+the outermost dimension of the mesh, so a stage's data- and tensor-parallel
+peers stay neighbours (inside a node where they fit) and only the stage
+boundaries' activations cross between blocks. Every stage of a data-parallel
+rank reads the same batch, so ``dp_size = world / (pp * cp * tp)`` and a
+rank's data-parallel coordinate is its position inside its stage's block;
+the first block (stage 0) holds the data-parallel ranks in order, which is
+what lets a checkpoint written with ``pp`` stages resume with one.
+
 Torch-free: the operator, the memory plan and the trainer's config checks use
 it before anything heavy is imported; the trainer builds the torch mesh from
 it (``fsdp_trainer.parallel.plan``).
@@ -73,6 +83,7 @@ if TYPE_CHECKING:
 REPLICATE = "replicate"
 SHARD = "shard"
 CP = "cp"
+PP = "pp"
 TP = "tp"
 # The experts' mesh: FSDP over EFSDP (and REPLICATE under hybrid), whole experts split over EP.
 EFSDP = "efsdp"
@@ -88,12 +99,19 @@ class ParallelPlan:
     tp: int = 1
     cp: int = 1
     ep: int = 1
+    pp: int = 1
 
     @classmethod
     def of(cls, fsdp: FSDPSpec, parallelism: ParallelismSpec, world_size: int, local_world_size: int) -> ParallelPlan:
         """The plan of the spec's (or trainer config's) sections on a launch of ``world_size`` ranks."""
         return cls(
-            fsdp, world_size, local_world_size, tp=parallelism.tensor, cp=parallelism.context, ep=parallelism.expert
+            fsdp,
+            world_size,
+            local_world_size,
+            tp=parallelism.tensor,
+            cp=parallelism.context,
+            ep=parallelism.expert,
+            pp=parallelism.pipeline,
         )
 
     @classmethod
@@ -114,8 +132,17 @@ class ParallelPlan:
 
     @property
     def non_dp_size(self) -> int:
-        """Ranks that share one data-parallel rank's batch (its tensor- and context-parallel peers)."""
-        return self.cp * self.tp
+        """Ranks that share one data-parallel rank's batch (its pipeline, tensor- and context-parallel peers)."""
+        return self.pp * self.cp * self.tp
+
+    @property
+    def stage_size(self) -> int:
+        """Ranks of one pipeline stage (every rank without pipelining)."""
+        return self.world_size // self.pp
+
+    def pp_rank(self, rank: int) -> int:
+        """The pipeline stage a (world) rank runs."""
+        return rank // self.stage_size
 
     @property
     def dp_size(self) -> int:
@@ -126,14 +153,16 @@ class ParallelPlan:
         """The data-parallel coordinate of a (world) rank: which shard of the data it reads."""
         if not 0 <= rank < self.world_size:
             raise ValueError(f"rank {rank} is outside the world of {self.world_size} ranks")
-        return rank // self.non_dp_size
+        return (rank % self.stage_size) // (self.cp * self.tp)
 
     # --- the mesh --------------------------------------------------------------------------
 
     @property
     def shard_group_size(self) -> int:
         """Ranks per shard group of the hybrid mesh: fsdp.shardGroupSize or one node's data-parallel ranks."""
-        return self.fsdp.shard_group_size or max(1, self.local_world_size // self.non_dp_size)
+        # A node's data-parallel ranks, but no more than one pipeline stage has.
+        node = max(1, self.local_world_size // (self.cp * self.tp))
+        return self.fsdp.shard_group_size or min(node, self.dp_size)
 
     @property
     def dp_shape(self) -> tuple[int, ...]:
@@ -156,15 +185,16 @@ class ParallelPlan:
 
     @property
     def mesh_shape(self) -> tuple[int, ...]:
-        """The device mesh the trainer builds: FSDP's dimensions, then the tensor-parallel one."""
-        return self.fsdp_shape + ((self.tp,) if self.tp > 1 else ())
+        """The device mesh the trainer builds: the pipeline stages, FSDP's dimensions, then the tensor-parallel one."""
+        return ((self.pp,) if self.pp > 1 else ()) + self.fsdp_shape + ((self.tp,) if self.tp > 1 else ())
 
     @property
     def mesh_dim_names(self) -> tuple[str, ...]:
-        return self.dp_dim_names + ((TP,) if self.tp > 1 else ())
+        return ((PP,) if self.pp > 1 else ()) + self.dp_dim_names + ((TP,) if self.tp > 1 else ())
 
     def _model_parallel_dims(self) -> list[tuple[str, int]]:
-        return [(name, size) for name, size in ((CP, self.cp), (TP, self.tp), (EP, self.ep)) if size > 1]
+        dims = ((PP, self.pp), (CP, self.cp), (TP, self.tp), (EP, self.ep))
+        return [(name, size) for name, size in dims if size > 1]
 
     # --- the experts' mesh -----------------------------------------------------------------
 
@@ -199,7 +229,7 @@ class ParallelPlan:
         return self.strategy != "shard_grad_op"
 
     def describe(self) -> dict[str, int]:
-        """The layout as {dim name: size}, for the log: the data-parallel dimensions, then cp and tp."""
+        """The layout as {dim name: size}, for the log: the data-parallel dimensions, then pp, cp, tp and ep."""
         dims = list(zip(self.dp_dim_names, self.dp_shape, strict=True)) + self._model_parallel_dims()
         return dict(dims)
 
@@ -207,10 +237,10 @@ class ParallelPlan:
         """Why the mesh cannot be built for this launch, naming the field; empty when it can."""
         if self.world_size < 1 or self.local_world_size < 1:
             return [f"the launch has {self.world_size} ranks, {self.local_world_size} per node: both must be >= 1"]
-        if self.tp < 1 or self.cp < 1 or self.world_size % self.non_dp_size:
+        if self.tp < 1 or self.cp < 1 or self.pp < 1 or self.world_size % self.non_dp_size:
             return [
-                f"the world size {self.world_size} is not a multiple of tp x cp = {self.tp} x {self.cp}, "
-                "so the data-parallel size is not a whole number"
+                f"the world size {self.world_size} is not a multiple of pipeline x tp x cp = "
+                f"{self.pp} x {self.tp} x {self.cp}, so the data-parallel size is not a whole number"
             ]
         if self.cp > 1 and self.strategy == "no_shard":
             return [
@@ -257,7 +287,7 @@ class ParallelPlan:
         size = (
             f"the world size {self.world_size}"
             if self.non_dp_size == 1
-            else f"the data-parallel size {self.dp_size} (world size / tp x cp)"
+            else f"the data-parallel size {self.dp_size} (world size / pipeline x tp x cp)"
         )
         if group > self.dp_size:
             return [f"{source}: shard group of {group} ranks is larger than {size}"]

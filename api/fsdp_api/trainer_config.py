@@ -18,6 +18,7 @@ from .rules import Rule
 from .spec import (
     CONTEXT_CONFIG_RULES,
     EXPERT_CONFIG_RULES,
+    PIPELINE_CONFIG_RULES,
     PREFERENCE_RULES,
     SEQ_LEN_RULE,
     TENSOR_CONFIG_RULES,
@@ -83,6 +84,7 @@ class TrainerConfig(ApiModel):
         *TENSOR_CONFIG_RULES,
         *CONTEXT_CONFIG_RULES,
         *EXPERT_CONFIG_RULES,
+        *PIPELINE_CONFIG_RULES,
     )
 
     @classmethod

@@ -72,6 +72,13 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "priority": 1,
     },
     {
+        "name": "PP",
+        "type": "integer",
+        "jsonPath": ".spec.parallelism.pipeline",
+        "description": "Pipeline stages (parallelism.pipeline).",
+        "priority": 1,
+    },
+    {
         "name": "Backend",
         "type": "string",
         "jsonPath": ".spec.backend",

@@ -250,5 +250,5 @@ def check_ranks(cfg: TrainerConfig, nproc: int) -> None:
     hint = ""
     if nproc % plan.non_dp_size:
         fitting = plan.non_dp_size * -(-nproc // plan.non_dp_size)
-        hint = f"; run-local: --nproc {fitting} (a multiple of tp x cp = {plan.tp} x {plan.cp})"
+        hint = f"; run-local: --nproc {fitting} (a multiple of pipeline x tp x cp = {plan.pp} x {plan.tp} x {plan.cp})"
     raise InputError(f"{problems[0]}{hint}")

@@ -11,6 +11,7 @@ import pytest
 import yaml
 from fsdp_api.instance_types import GIB, INSTANCE_TYPES
 from fsdp_api.memory_plan import dims_from_config, plan_memory
+from fsdp_api.memory_suggest import pipeline_changes
 from fsdp_api.presets import PRESETS
 from fsdp_api.spec import FSDPTrainingSpec
 from fsdp_operator.cli import EXIT_INVALID, EXIT_OK, main
@@ -464,3 +465,48 @@ def test_expert_parallelism_gathers_a_ranks_experts_only_and_adds_the_all_to_all
     assert "128 experts, each layer's split over 8 ranks, 8 per token: 30.53B parameters, 3.35B active" in (
         parts[8]["parameters"].note
     )
+
+
+def test_pipeline_stages_hold_their_layers_state_and_the_larger_end_is_planned() -> None:
+    # Llama 3.1 8B (32 layers, untied) on 16 H100s, 4 micro-batches of 1 row a step.
+    training = {"microBatchSize": 1, "gradAccumSteps": 4, "activationCheckpointing": "full"}
+    one, two = (plan_memory(spec(training=training, parallelism={"pipeline": n})).estimate for n in (1, 2))
+    assert one is not None and two is not None
+    parts = {n: {c.name: c for c in est.components} for n, est in ((1, one), (2, two))}
+    # Half the layers and one end of the root (the embedding or the head: 128256 x 4096 each) per stage;
+    # whole while accumulating, so the gradients shrink with the stage, not with the 8 ranks it is sharded over.
+    dims = PRESETS["llama3.1-8b"]
+    layer = (dims.num_params() - 2 * 128256 * 4096 - 4096) // 32
+    assert parts[2]["gradients"].bytes == (16 * layer + 128256 * 4096 + 4096) * 4
+    assert parts[1]["gradients"].bytes == dims.num_params() * 4
+    # Checkpointed layers keep little: the last stage, with one micro-batch's 128k-vocabulary logits, is the larger.
+    assert parts[2]["activations"].note.startswith("1x2048 tokens x 1 in flight on the last of 2 stages (16 layers")
+    assert parts[2]["logits"].bytes == parts[1]["logits"].bytes
+    assert two.total_bytes < one.total_bytes
+    # Without checkpointing, 1F1B's first stage holds 2 micro-batches' activations of its 16 layers: as
+    # much as one stage-less micro-batch of all 32, and no logits.
+    kept = {**training, "activationCheckpointing": "none"}
+    plain, staged = (plan_memory(spec(training=kept, parallelism={"pipeline": n})).estimate for n in (1, 2))
+    assert plain is not None and staged is not None
+    acts = {n: {c.name: c for c in est.components} for n, est in ((1, plain), (2, staged))}
+    assert acts[2]["activations"].note.startswith("1x2048 tokens x 2 in flight on the first of 2 stages (16 layers")
+    assert acts[2]["logits"].bytes == 0
+    assert acts[2]["activations"].bytes == pytest.approx(acts[1]["activations"].bytes, rel=0.01)
+
+
+def test_the_plan_names_pipeline_stages_where_they_are_what_fits() -> None:
+    # 8B on 4 nodes of 8 A10G (24 GB) with gradient accumulation: FSDP keeps the whole fp32 gradient
+    # (32 GB) between micro-batches, whatever tensor parallelism splits; four stages hold a quarter each.
+    training = {"seqLen": 4096, "microBatchSize": 1, "gradAccumSteps": 4, "activationCheckpointing": "full"}
+    resources = {"nodes": 4, "gpusPerNode": 8, "instanceTypes": ["g5.48xlarge"]}
+    plan = plan_memory(spec(training=training, resources=resources))
+    assert plan.fits is False
+    assert plan.suggestion == "set parallelism.pipeline: 4"
+    assert plan_memory(spec(training=training, resources=resources, parallelism={"pipeline": 4})).fits
+    # With fewer micro-batches a step than stages, a stage count comes with the micro-batch split to keep
+    # the global batch where it divides (each stage needs one in flight), else with more of them.
+    rows = {**training, "microBatchSize": 4, "gradAccumSteps": 1}
+    changes = dict(pipeline_changes(spec(training=rows, resources=resources)))
+    assert "set parallelism.pipeline: 4 (and microBatchSize: 1, gradAccumSteps: 4: the same global batch)" in changes
+    assert "set parallelism.pipeline: 8 (and gradAccumSteps: 8, a larger global batch)" in changes
+    assert not pipeline_changes(spec(model={"preset": "llama3.2-3b"}))  # tied embeddings: never split

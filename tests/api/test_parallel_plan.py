@@ -163,15 +163,16 @@ def test_dp_rank_outside_the_world_is_refused() -> None:
             6,
             6,
             {"tp": 4},
-            "the world size 6 is not a multiple of tp x cp = 4 x 1, so the data-parallel size is not a whole number",
+            "the world size 6 is not a multiple of pipeline x tp x cp = 1 x 4 x 1, so the data-parallel size is not a "
+            "whole number",
         ),
         (
             {"shardingStrategy": "hybrid", "shardGroupSize": 3},
             16,
             8,
             {"tp": 2},
-            "fsdp.shardGroupSize: the data-parallel size 8 (world size / tp x cp) is not a multiple of the shard "
-            "group size 3, so the hybrid mesh (replicate x shard) cannot be built",
+            "fsdp.shardGroupSize: the data-parallel size 8 (world size / pipeline x tp x cp) is not a multiple of "
+            "the shard group size 3, so the hybrid mesh (replicate x shard) cannot be built",
         ),
         ({}, 0, 1, {}, "the launch has 0 ranks, 1 per node: both must be >= 1"),
     ],
@@ -227,3 +228,28 @@ def test_for_spec_reads_the_tensor_degree() -> None:
     assert p.describe() == {"shard": 4, "tp": 4}
     assert (p.dp_size, p.dp_rank(5), p.dp_rank(8)) == (4, 1, 2)
     assert p.errors() == []
+
+
+def test_pipeline_stages_are_the_outermost_blocks_of_ranks() -> None:
+    # 2 nodes of 8: 2 stages (one per node), each 4 data-parallel ranks x 2 tensor-parallel peers.
+    p = plan({"shardingStrategy": "full"}, 16, 8, pp=2, tp=2)
+    assert p.mesh_shape == (2, 4, 2)
+    assert p.mesh_dim_names == ("pp", "shard", "tp")
+    assert p.describe() == {"shard": 4, "pp": 2, "tp": 2}
+    assert (p.dp_size, p.stage_size) == (4, 8)
+    assert [p.pp_rank(r) for r in (0, 7, 8, 15)] == [0, 0, 1, 1]
+    # Every stage of a data-parallel rank reads its batch; stage 0 holds them in order (what resume maps).
+    assert [p.dp_rank(r) for r in range(16)] == [0, 0, 1, 1, 2, 2, 3, 3] * 2
+    assert p.errors() == []
+
+
+def test_a_pipeline_stages_default_hybrid_group_is_no_larger_than_its_data_parallel_ranks() -> None:
+    # 4 stages on one node of 8: 2 data-parallel ranks a stage; the default group (a node's) is capped at them.
+    p = plan({"shardingStrategy": "hybrid"}, 8, 8, pp=4)
+    assert p.shard_group_size == 2
+    assert p.errors() == []
+    assert plan({"shardingStrategy": "hybrid"}, 8, 8).shard_group_size == 8  # unchanged without stages
+    assert plan({"shardingStrategy": "full"}, 6, 6, pp=4).errors() == [
+        "the world size 6 is not a multiple of pipeline x tp x cp = 4 x 1 x 1, so the data-parallel size is not a "
+        "whole number"
+    ]

@@ -40,6 +40,7 @@ from .parallel.distributed import WorldInfo, world_from_env
 from .parallel.expert_parallel import expert_parallel_errors
 from .parallel.float8 import Float8Report, float8_plan
 from .parallel.parallelize import parallelize
+from .parallel.pipeline import Stage, StageForward, pipeline_errors, stage_model, stage_of
 from .parallel.plan import ExpertMesh, ParallelPlan, build_expert_mesh, build_mesh
 from .parallel.tensor_parallel import tensor_parallel_errors
 from .remote_inputs import localize
@@ -62,6 +63,7 @@ class Prepared:
     float8: Float8Report = field(default_factory=Float8Report)  # filled in when float8 converts the model
     mesh: DeviceMesh | None = None  # the device mesh, once built (the dpo reference is sharded on the same one)
     expert_mesh: ExpertMesh | None = None  # with parallelism.expert: the experts' view of the same ranks
+    stage: Stage | None = None  # with parallelism.pipeline: the stage this rank runs
 
 
 def prepare(cfg: TrainerConfig, world: WorldInfo | None = None) -> Prepared:
@@ -109,6 +111,7 @@ def prepare(cfg: TrainerConfig, world: WorldInfo | None = None) -> Prepared:
         tensor_parallel_errors(model, plan.tp)
         + context_parallel_errors(model, plan.cp, seq_len)
         + expert_parallel_errors(model, plan.ep)
+        + pipeline_errors(model, plan.pp)
     ):
         raise ConfigError(errors)
     if cfg.training.precision == "float8" and not (float8 := float8_plan(model)).converted:
@@ -123,7 +126,10 @@ def prepare(cfg: TrainerConfig, world: WorldInfo | None = None) -> Prepared:
     adapted = apply_lora(model, cfg.peft) if cfg.peft is not None else []
     pretrained = check_pretrained(model, path) if cfg.model.pretrained and path is not None else None
     compiled = compile_report(cfg, world.device)
-    return Prepared(cfg, world, plan, tokenizer, model, seq_len, pretrained, adapted, compiled, kernels)
+    prepared = Prepared(cfg, world, plan, tokenizer, model, seq_len, pretrained, adapted, compiled, kernels)
+    if plan.pp > 1:
+        prepared.stage = stage_of(model, plan.pp_rank(world.rank), plan.pp)
+    return prepared
 
 
 def build_model(p: Prepared, *, resuming: bool = False) -> PreTrainedModel:
@@ -135,13 +141,16 @@ def build_model(p: Prepared, *, resuming: bool = False) -> PreTrainedModel:
     the adapters, so the pretrained base is always read.
     """
     cfg, world, plan = p.cfg, p.world, p.plan
-    model = p.model
+    # Under pipelining this rank's stage of the model (p.model stays whole: shapes, counts, FLOPs).
+    model = p.model if p.stage is None else stage_model(p.model, p.stage)
     parallelize(model, cfg, plan, _mesh(p), world.device, p.compile, p.float8, p.expert_mesh)
     _initialise(model, p, pretrained=p.pretrained is not None and (not resuming or bool(p.adapted)))
     if p.adapted:
         init_adapters(model, cfg.training.seed, world.device)
     check_tied(model)
     model.train()
+    if p.stage is not None:
+        StageForward(model, p.stage).install()
     return model
 
 

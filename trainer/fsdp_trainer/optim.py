@@ -78,16 +78,17 @@ def restore_schedule(optimizer: torch.optim.Optimizer, scheduler: LambdaLR, spec
     scheduler._last_lr = lrs  # what get_last_lr() reports; LRScheduler has no public setter
 
 
-def clip_gradients(model: nn.Module, max_norm: float) -> torch.Tensor:
+def clip_gradients(model: nn.Module, max_norm: float, stages: int = 1) -> torch.Tensor:
     """Clip to ``max_norm`` (0: measure only) and return the global gradient norm.
 
     On DTensor gradients the per-shard norms are combined across ranks before
     the clip coefficient is computed, so the norm (and the clipping) is that of
     the whole model's gradient, not of this rank's shard; the tests compare it
     with a single-process run. The result stays on the device (no host sync).
+    ``stages``: the pipeline stages, whose ranks hold different parameters of one model.
     """
     grads = [p.grad for p in model.parameters() if p.grad is not None]
-    norm = total_norm(grads)
+    norm = total_norm(grads, stages)
     if max_norm > 0:
         # The coefficient multiplies each rank's own pieces: a plain tensor and DTensors
         # on several meshes cannot meet in one DTensor op.
@@ -97,7 +98,7 @@ def clip_gradients(model: nn.Module, max_norm: float) -> torch.Tensor:
     return norm
 
 
-def total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+def total_norm(grads: list[torch.Tensor], stages: int = 1) -> torch.Tensor:
     """The 2-norm of all of ``grads`` together, on every rank (one all-reduce).
 
     Each rank sums the squares of its own pieces, per kind of layout, and one
@@ -106,7 +107,9 @@ def total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
     tensor-parallel peers, whose mesh leaves them out) is then divided by its
     number of copies. One collective whatever the meshes: the split
     projections' gradients live on the data x tensor mesh, the rest on the
-    data-parallel mesh only.
+    data-parallel mesh only. Under pipelining each stage's ranks hold other
+    parameters: the same all-reduce adds the stages' squares, and a piece's
+    copies are counted within its stage (``stages``: the pipeline degree).
     """
     if not grads:
         return torch.zeros(())
@@ -115,12 +118,16 @@ def total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
         copies, local = 1, grad
         if isinstance(grad, DTensor):
             mesh, local = grad.device_mesh, grad.to_local()
-            copies = (dist.get_world_size() if dist.is_initialized() else 1) // mesh.size()
+            copies = (dist.get_world_size() if dist.is_initialized() else 1) // (mesh.size() * stages)
             copies *= math.prod(mesh.size(i) for i, p in enumerate(grad.placements) if p.is_replicate())
         groups.setdefault(copies, []).append(local)
-    copy_counts = list(groups)
-    squares = torch.stack([torch.stack(torch._foreach_norm(groups[c])).float().pow(2).sum() for c in copy_counts])
-    if dist.is_initialized() and dist.get_world_size() > 1 and any(isinstance(g, DTensor) for g in grads):
+    # One slot per copy count, the same on every rank: pipeline stages hold other parameters, so a
+    # rank's own counts (and their order) need not be its peers'.
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    squares = torch.zeros(world + 1, device=grads[0].device, dtype=torch.float32)
+    for copies, pieces in groups.items():
+        squares[copies] += torch.stack(torch._foreach_norm(pieces)).float().pow(2).sum()
+    if world > 1 and any(isinstance(g, DTensor) for g in grads):
         dist.all_reduce(squares)
-    counts = torch.tensor(copy_counts, dtype=squares.dtype, device=squares.device)
+    counts = torch.arange(world + 1, dtype=squares.dtype, device=squares.device).clamp(min=1)
     return (squares / counts).sum().sqrt()

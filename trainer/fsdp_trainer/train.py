@@ -60,7 +60,8 @@ from .parallel.compile import MODE_INDUCTOR
 from .parallel.context_parallel import build_context_parallel
 from .parallel.distributed import destroy_distributed, init_distributed
 from .samples import Samples
-from .step import StepReductions, build_objective, non_finite_loss, step_strategy, wait_for_peers
+from .step import ForwardBackward, StepReductions, build_objective, non_finite_loss, step_strategy, wait_for_peers
+from .step.pipeline import pipeline_strategy
 from .trace import Trace
 from .watchdog import StepWatchdog
 
@@ -88,6 +89,8 @@ class Trainer:
         self.dp_size, self.dp_rank = p.plan.dp_size, p.plan.dp_rank(world.rank)
         # Context peers each compute their own tokens of a row (the plain-text loss divisor).
         self.cp = p.plan.cp
+        # Pipeline stages: each rank holds one stage's layers, the last stage's ranks alone compute the loss.
+        self.pp = p.plan.pp
         self.mesh_shape = p.plan.describe() if p.plan.uses_fsdp else {}
         self.seq_len = p.seq_len
         self.device = world.device
@@ -107,7 +110,8 @@ class Trainer:
         self.model = build_model(p, resuming=bool(found))
         self.context = build_context_parallel(self.model, world, p.plan, self.seq_len, cfg.training.precision)
         # A mixture of experts' router health (per-layer expert load), summed with the step's figures.
-        self.router = RouterProbe(self.model, self.device)
+        # Not under pipelining yet: each stage holds other layers, and the sums are per layer position.
+        self.router = RouterProbe(self.model if self.pp == 1 else None, self.device)
         if self.router.enabled:
             first = self.router.layers[0]
             log.info(
@@ -116,8 +120,10 @@ class Trainer:
             )  # fmt: skip
         self.compile = p.compile
         self.float8 = p.float8
-        self.num_params = count_parameters(self.model)
-        self.num_trainable = count_trainable(self.model)
+        # Counted on the whole model: a pipeline stage holds a part of it (the meta model has every layer).
+        whole = self.model if self.pp == 1 else p.model
+        self.num_params = count_parameters(whole)
+        self.num_trainable = count_trainable(whole)
         packs_rows = data_format(cfg.data.format).packs_documents
         self.objective = build_objective(p, self.model, reference_meta, counts_rows=packs_rows)
         # Packed rows of the supervised formats attend only within their row.
@@ -129,7 +135,11 @@ class Trainer:
             how = "the context-parallel attention's mask" if self.context is not None else self.packed.describe()
             log.info("data.format %s: documents kept apart by %s (%s)", cfg.data.format, how, why)
         # How each step's micro-batches run forward and backward: the parallel plan's strategy.
-        self.steps = step_strategy(self.model, cfg.training.precision, self.device, self.packed, self.context)
+        self.steps: ForwardBackward
+        if p.stage is not None:
+            self.steps = pipeline_strategy(p, self.model, self.packed)
+        else:
+            self.steps = step_strategy(self.model, cfg.training.precision, self.device, self.packed, self.context)
         self.optimizer = build_optimizer(self.model, cfg.training, self.device)
         self.scheduler = build_scheduler(self.optimizer, cfg.training)
         self.data = PrefetchedData(
@@ -152,7 +162,7 @@ class Trainer:
             world,
             self.num_params,
             seq_len=self.seq_len,
-            flops=shape_of(self.model),
+            flops=shape_of(whole),
             num_trainable=self.num_trainable,
             logits=self.objective.mode,
         )
@@ -321,7 +331,10 @@ class Trainer:
                 trainable_params=self.num_trainable,
             )
             assert self.trace.directory is not None  # enabled: it writes there
-            write_probe(self.model, self.cfg.training.precision, self.device, self.trace.directory, self.world.is_main)
+            if self.pp == 1:  # a stage cannot run a forward alone
+                write_probe(
+                    self.model, self.cfg.training.precision, self.device, self.trace.directory, self.world.is_main
+                )
         if self.trace.enabled:  # hashing the frozen base is a test aid, not for production runs
             self.trace.write("end", step=self.step, frozen_sha256=frozen_digest(self.model))
 
@@ -342,7 +355,7 @@ class Trainer:
         # The routers' load-balancing part (training.routerAuxLossCoef) is trained, not logged as the loss.
         if (balance := self.objective.take_router_aux()) is not None:
             loss_sum = loss_sum - balance / divisor
-        grad_norm = clip_gradients(self.model, self.cfg.training.grad_clip_norm)
+        grad_norm = clip_gradients(self.model, self.cfg.training.grad_clip_norm, self.pp)
         self.optimizer.step()
         lr = float(self.scheduler.get_last_lr()[0])
         self.scheduler.step()
@@ -365,8 +378,9 @@ class Trainer:
         values = slots.exchange()
         stop_votes, pair_values, all_waits = values["stop"][0], values["pairs"], values["waits"]
         (norm_value,), trained_value = values["grad_norm"], values.get("trained", [])
-        # The all-reduce summed every rank's mean (a rank's model-parallel peers repeat its value).
-        loss_value = values["loss"][0] / self.world.world_size
+        # The all-reduce summed every rank's mean (a rank's model-parallel peers repeat its value;
+        # under pipelining only the last stage's ranks have one).
+        loss_value = values["loss"][0] / (self.world.world_size // self.pp)
         tokens = self.tokens_per_rank_step * self.dp_size
         if not math.isfinite(loss_value):
             raise FloatingPointError(non_finite_loss(loss_value, step, first=step == self.first_step))

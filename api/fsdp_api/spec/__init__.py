@@ -48,8 +48,9 @@ from .fsdp_training import (
 from .health import HealthSpec
 from .metrics import MetricsSpec, NetworkPolicySpec
 from .model import ModelOverrides, ModelSpec
-from .parallelism import MAX_EXPERT, MAX_TENSOR, ParallelismSpec
+from .parallelism import MAX_EXPERT, MAX_PIPELINE, MAX_TENSOR, ParallelismSpec
 from .peft import MODULE_NAME_PATTERN, ModuleName, PeftSpec
+from .pipeline_rules import PIPELINE_CONFIG_RULES
 from .placement import (
     Affinity,
     LabelSelector,
@@ -120,11 +121,13 @@ __all__ = [
     "MAX_IMAGE_LENGTH",
     "MAX_NAME_LENGTH",
     "MAX_NODES",
+    "MAX_PIPELINE",
     "MAX_TENSOR",
     "MODULE_NAME_PATTERN",
     "NAME_LENGTH_MESSAGE",
     "NAME_PATTERN_MESSAGE",
     "NO_NESTING_MOUNTS",
+    "PIPELINE_CONFIG_RULES",
     "PREFERENCE_RULES",
     "QUALIFIED_NAME_PATTERN",
     "QUANTITY_PATTERN",

@@ -23,6 +23,7 @@ from .fsdp import FSDPSpec
 from .kernel_rules import CONTEXT_CONFIG_RULES, KERNEL_SPEC_RULES
 from .model import ModelSpec, preset_cel
 from .parallelism import ParallelismSpec
+from .pipeline_rules import PIPELINE_CONFIG_RULES
 from .stall import StallSpec
 from .tracking import TrackingSpec
 from .training import PREFERENCE_OBJECTIVES, TrainingSpec
@@ -310,12 +311,16 @@ PARALLELISM_RULES: tuple[Rule, ...] = (
     *CONTEXT_CONFIG_RULES,
     *EXPERT_CONFIG_RULES,
     *EXPERT_SPEC_RULES,
+    *PIPELINE_CONFIG_RULES,
     Rule(
-        cel=(f"!has(self.parallelism) || {_WORLD_CEL} % (self.parallelism.tensor * self.parallelism.context) == 0"),
-        message="resources.nodes x gpusPerNode must be a multiple of parallelism.tensor x parallelism.context: "
+        cel=(
+            f"!has(self.parallelism) || {_WORLD_CEL} % (self.parallelism.tensor * self.parallelism.context * "
+            "(has(self.parallelism.pipeline) ? self.parallelism.pipeline : 1)) == 0"
+        ),
+        message="resources.nodes x gpusPerNode must be a multiple of parallelism.tensor x context x pipeline: "
         "the ranks they leave are the data-parallel ones",
         field_path=".parallelism",
-        check=lambda s: s.world_size() % (_tp(s) * _cp(s)) == 0,
+        check=lambda s: s.world_size() % (_tp(s) * _cp(s) * s.parallelism.pipeline) == 0,
     ),
 )
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from ..base import ApiModel
@@ -12,6 +14,10 @@ MAX_TENSOR = 8
 MAX_CONTEXT = 64
 # Expert-parallel ranks: the largest expert counts of 2026's open models (DeepSeek V3, Kimi K2: 256, 384).
 MAX_EXPERT = 64
+# Pipeline stages: torchtitan's guidance tops out at 8 for 405B-class models; 16 leaves room.
+MAX_PIPELINE = 16
+# torch.distributed.pipelining's schedules this trainer runs (one stage per rank).
+PipelineScheduleName = Literal["1F1B", "GPipe"]
 
 
 class ParallelismSpec(ApiModel):
@@ -52,5 +58,30 @@ class ParallelismSpec(ApiModel):
             "(base_model_ep_plan); FSDP shards each expert over the rest of the data-parallel ranks, and the "
             "dense layers exactly as without it. It must divide the model's expert count and the data-parallel "
             "ranks FSDP shards over (the shard group under hybrid). 1: every expert sharded by FSDP alone."
+        ),
+    )
+    pipeline: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_PIPELINE,
+        description=(
+            "Pipeline-parallel degree: the decoder layers are split into this many consecutive stages (the "
+            "embedding on the first, the final norm and output head on the last, the layers balanced by their "
+            "parameters), one per group of ranks, and each optimizer step's training.gradAccumSteps micro-batches "
+            "flow through them with torch's pipeline schedules (parallelism.pipelineSchedule); activations cross "
+            "between stages, so stages may span nodes where FSDP's all-gathers would. FSDP shards each stage over "
+            "the data-parallel ranks (data-parallel size = nodes x gpusPerNode / (pipeline x tensor)). Needs "
+            "training.gradAccumSteps >= pipeline and a model with untied input and output embeddings. "
+            "1: every rank holds every layer."
+        ),
+    )
+    pipeline_schedule: PipelineScheduleName = Field(
+        default="1F1B",
+        description=(
+            "The pipeline schedule (torch.distributed.pipelining): 1F1B alternates one micro-batch's forward and "
+            "one's backward once the pipeline is full, so at most pipeline micro-batches' activations are held per "
+            "stage; GPipe runs every forward, then every backward, holding all gradAccumSteps micro-batches' "
+            "activations, with the same idle share. Both leave (pipeline - 1) / (gradAccumSteps + pipeline - 1) of "
+            "a step idle per stage: more micro-batches per step shrink it."
         ),
     )

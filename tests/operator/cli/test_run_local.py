@@ -357,6 +357,6 @@ def test_a_context_split_wider_than_the_local_ranks_names_the_nproc_that_fits(tm
     with pytest.raises(InputError) as refused:
         run_local(path, nproc=2, output_dir=tmp_path / "out")
     assert str(refused.value) == (
-        "the world size 2 is not a multiple of tp x cp = 1 x 4, so the data-parallel size is not a whole number; "
-        "run-local: --nproc 4 (a multiple of tp x cp = 1 x 4)"
+        "the world size 2 is not a multiple of pipeline x tp x cp = 1 x 1 x 4, so the data-parallel size is not a "
+        "whole number; run-local: --nproc 4 (a multiple of pipeline x tp x cp = 1 x 1 x 4)"
     )

@@ -106,6 +106,7 @@ def test_printer_columns_point_at_fields_of_their_type() -> None:
         "TP",
         "CP",
         "EP",
+        "PP",
         "Backend",
         "Job",
         "Age",
@@ -116,7 +117,7 @@ def test_printer_columns_point_at_fields_of_their_type() -> None:
         if c["type"] != "date":
             assert target["type"] == c["type"], c
     wide = {c["name"] for c in columns if c.get("priority", 0) > 0}
-    assert wide == {"Tokens/s", "TP", "CP", "EP", "Backend", "Job"}
+    assert wide == {"Tokens/s", "TP", "CP", "EP", "PP", "Backend", "Job"}
 
 
 def test_cel_rules_of_the_models_are_in_the_schema() -> None:

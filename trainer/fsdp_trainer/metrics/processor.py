@@ -137,6 +137,7 @@ class MetricsProcessor:
             contract.LABEL_TENSOR_PARALLEL: str(self.cfg.parallelism.tensor),
             contract.LABEL_CONTEXT_PARALLEL: str(self.cfg.parallelism.context),
             contract.LABEL_EXPERT_PARALLEL: str(self.cfg.parallelism.expert),
+            contract.LABEL_PIPELINE_PARALLEL: str(self.cfg.parallelism.pipeline),
         }
         m.info.labels(**self.labels, **info).set(1)
         # 0 until the first forward has shown that inductor compiled the layers.

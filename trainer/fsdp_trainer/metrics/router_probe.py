@@ -61,8 +61,9 @@ class RouterStats:
 class RouterProbe:
     """Hooks on a model's routers that sum each layer's expert load on the device until ``take``."""
 
-    def __init__(self, model: nn.Module, device: torch.device) -> None:
-        self.layers = find_routers(model)
+    def __init__(self, model: nn.Module | None, device: torch.device) -> None:
+        """``model`` None: no probe (every figure empty)."""
+        self.layers = find_routers(model) if model is not None else []
         # Per expert of every layer: tokens given to it, then the summed softmax probability.
         self._offsets = [sum(r.experts for r in self.layers[:i]) for i in range(len(self.layers))]
         self._sums = torch.zeros(2 * sum(r.experts for r in self.layers), device=device, dtype=torch.float32)

@@ -194,7 +194,8 @@ def _stream(model: nn.Module, plan: LoadPlan) -> None:
         for name, (source, file) in plan.sources.items():
             if file not in handles:
                 handles[file] = stack.enter_context(safe_open(str(file), framework="pt"))
-            target = targets[name]
+            if (target := targets.get(name)) is None:
+                continue  # another pipeline stage's tensor
             local = local_tensor(target)
             piece = handles[file].get_slice(source)[local_slices(target)]
             local.copy_(piece.to(device=local.device, dtype=local.dtype))
@@ -218,19 +219,22 @@ def _convert_on_rank0(model: PreTrainedModel, plan: LoadPlan, device: torch.devi
     if box[0]:
         raise ConfigError(box[0])
     targets = _targets(model)
-    names = [n for n in targets if n in reference] if dist.get_rank() == 0 else []
+    # Every tensor of the checkpoint, with its shape: under pipelining rank 0 (the first stage) does not
+    # hold the later stages' tensors, and each rank keeps only what it holds.
+    names = [(n, tuple(t.shape)) for n, t in reference.items()] if dist.get_rank() == 0 else []
     box = [names]
     dist.broadcast_object_list(box, src=0)
     # gloo broadcasts CPU tensors, NCCL device tensors.
     where = device if dist.get_backend() == "nccl" else torch.device("cpu")
-    for name in box[0]:
-        target = targets[name]
+    for name, shape in box[0]:
+        held = targets.get(name)
         if dist.get_rank() == 0:
             full = reference.pop(name).to(device=where, dtype=torch.float32)
         else:
-            full = torch.empty(target.shape, device=where, dtype=torch.float32)
+            full = torch.empty(shape, device=where, dtype=torch.float32)
         dist.broadcast(full, src=0)
-        copy_full_into(target, full)
+        if held is not None:
+            copy_full_into(held, full)
         del full
 
 
