@@ -96,6 +96,7 @@ bench: setup tools
 	$(BIN)/python bench/lora_vs_full.py
 	$(BIN)/python bench/dpo_vs_sft.py
 	$(BIN)/python bench/s3_upload.py
+	$(BIN)/python bench/pipeline_schedules.py
 
 # On a GPU machine: llama3.2-1b tokens/s, MFU and peak memory (docs/benchmarks.md).
 # ARGS=--quick: the subset that fits one 8-minute device lease; ARGS=--dry-run: the same

@@ -5,8 +5,9 @@ and give, in fp32 over 10 steps, the per-step losses and gradient norms of 2
 data-parallel ranks without stages, for Llama (4 layers, 2 per stage),
 Gemma 3 (sliding-window and full-attention layers, scaled embeddings) and
 GPT-2 (learned positions added between the embedding and the first layer)
-with 1F1B, and Mistral (sliding window) with GPipe; pipeline 2 x tensor 2
-gives what one process does. A checkpoint written with pipeline 2 resumes with
+with 1F1B, and Mistral (sliding window) with GPipe; so do LoRA adapters and
+packed chat rows (each stage builds the same document mask), and pipeline 2 x
+tensor 2 gives what one process does. A checkpoint written with pipeline 2 resumes with
 pipeline 1 on the same curve, and its export loads in transformers. What the
 trainer cannot split is refused before any process group exists, in one line.
 """
@@ -31,7 +32,7 @@ from tests.trainer.parallel.split_runs import STEPS, assert_same_losses, model_c
 
 # model type -> (the checkpoint's overrides, the schedule). Untied embeddings: tied ones are refused.
 PIPELINED: dict[str, tuple[dict[str, Any], str]] = {
-    "llama": ({"num_hidden_layers": 4}, "1F1B"),
+    "llama": ({"num_hidden_layers": 4}, "1F1B"),  # its parity is the resume test's (the same runs)
     "gemma3_text": ({"tie_word_embeddings": False}, "1F1B"),
     "gpt2": ({"tie_word_embeddings": False}, "1F1B"),
     "mistral": ({"tie_word_embeddings": False}, "GPipe"),
@@ -70,7 +71,7 @@ def _same_curve(reference: RunResult, split: RunResult, label: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", PIPELINED)
+@pytest.mark.parametrize("name", [n for n in PIPELINED if n != "llama"])
 def test_two_stages_over_two_data_parallel_ranks_train_like_data_parallelism_alone(
     name: str, untied: dict[str, Path], inputs: dict[str, Path], tmp_path: Path
 ) -> None:
@@ -83,6 +84,30 @@ def test_two_stages_over_two_data_parallel_ranks_train_like_data_parallelism_alo
     assert f"stage 0 of 2: layers 0-{layers // 2 - 1}" in split.output, split.output[-3000:]  # rank 0's log
     assert f"schedule {schedule} over 2 micro-batches per step (each stage idle 33% of a step)" in split.output
     _same_curve(reference, split, f"{name} pipeline 2 {schedule}: ")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", ["lora", "chat"])
+def test_lora_and_packed_chats_train_through_the_stages_like_data_parallelism_alone(
+    variant: str, untied: dict[str, Path], inputs: dict[str, Path], tmp_path: Path
+) -> None:
+    from tests.trainer.data.chat_inputs import build_chat_tokenizer, write_chat_jsonl
+
+    data, checkpoint = inputs["aligned"], untied["llama"]
+    sections: dict[str, Any] = {"peft": {"rank": 4}}
+    if variant == "chat":
+        # Packed conversations: every stage gets the rows' positions, so each builds the same document mask.
+        tokenizer = build_chat_tokenizer(tmp_path / "chat-tokenizer")
+        data = write_chat_jsonl(tmp_path / "chat.jsonl", 400)
+        checkpoint = build_checkpoint("llama", tmp_path / "chat-llama", tokenizer, num_hidden_layers=4)
+        sections = {"data": {"format": "chat"}}
+    runs = []
+    for work, nproc, parallelism in ((tmp_path / "dp2", 2, {}), (tmp_path / "pp2", 4, {"pipeline": 2})):
+        cfg = _config(work, data, checkpoint, **parallelism)
+        for name, values in sections.items():
+            cfg[name] = {**cfg.get(name, {}), **values}
+        runs.append(launch(work, cfg, nproc=nproc).check())
+    _same_curve(*runs, f"{variant} pipeline 2: ")
 
 
 @pytest.mark.slow
@@ -108,9 +133,16 @@ def test_a_pipeline_2_checkpoint_resumes_with_pipeline_1_and_exports(
     from transformers import AutoModelForCausalLM
 
     data, checkpoint = inputs["aligned"], untied["llama"]
+    reference = _run(tmp_path / "dp2", data, checkpoint, 2)
     split_cfg = _config(tmp_path / "pp2", data, checkpoint, pipeline=2)
     split_cfg["checkpoint"]["intervalSteps"] = 5
     split = launch(tmp_path / "pp2", split_cfg, nproc=4).check()
+    # Llama's 4 layers, 2 per stage, with 1F1B: the curve of 2 data-parallel ranks without stages.
+    assert split.events("start")[0]["mesh"] == {"shard": 2, "pp": 2}
+    assert "stage 0 of 2: layers 0-1, schedule 1F1B over 2 micro-batches per step (each stage idle 33%" in (
+        split.output
+    )
+    _same_curve(reference, split, "llama pipeline 2 1F1B: ")
     # The same run stopped at step 5, resumed on 2 ranks holding every layer (the same 2 data-parallel ranks).
     shutil.copytree(
         tmp_path / "pp2" / "checkpoints" / "step-00000005", tmp_path / "pp1" / "checkpoints" / "step-00000005"

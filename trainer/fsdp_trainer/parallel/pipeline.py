@@ -192,6 +192,8 @@ class StageForward:
     def __init__(self, model: PreTrainedModel, stage: Stage) -> None:
         self.model, self.stage = model, stage
         self.forward: Callable[..., Any] = type(model).forward  # the architecture's own, unbound
+        # The stage's first own layer, as wrapped (activation checkpointing, compile) and sharded.
+        self.first_layer = decoder_units(model)[0].module
 
     def install(self) -> None:
         self.model.forward = self
@@ -211,14 +213,13 @@ class StageForward:
         embeddings = [m for m in base.children() if isinstance(m, ReceivedEmbedding)]
         for m in embeddings:
             m.like = x
-        first = decoder_units(self.model)[0].module
 
         def hand_over(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             if args:
                 return (x, *args[1:]), kwargs
             return args, {**kwargs, "hidden_states": x}
 
-        handle = first.register_forward_pre_hook(hand_over, with_kwargs=True)
+        handle = self.first_layer.register_forward_pre_hook(hand_over, with_kwargs=True)
         try:
             yield
         finally:
