@@ -66,7 +66,8 @@ class Validation:
             batch = self.steps.local(batch).to(self.device)
             loss, _ = self.steps.forward(batch, self.objective)
             totals[0] += loss.double()
-            totals[1] += self.objective.count(batch)
+            # Counted where the loss is: a pipeline's earlier stages return none.
+            totals[1] += self.objective.count(batch) if self.steps.computes_loss else 0
         self.model.train()
         reshard(self.model)
         dist.all_reduce(totals)

@@ -66,12 +66,12 @@ PIPELINE_CONFIG_RULES: tuple[Rule, ...] = (
         check=lambda s: _pp(s) == 1 or s.training.logits == "full",
     ),
     Rule(
-        cel=f"{_NO_PP} || ({_training('evalIntervalSteps', '0')} == 0 && "
-        "(!has(self.training) || !has(self.training.samples)))",
-        message="parallelism.pipeline trains only: training.evalIntervalSteps and training.samples are not "
-        "supported with it yet (evaluate the exported model with fsdp-train eval)",
+        cel=f"{_NO_PP} || !has(self.training) || !has(self.training.samples)",
+        message="parallelism.pipeline with training.samples is not supported yet: generating answers token by "
+        "token would pass every token through every stage (generate from the exported model with fsdp-train "
+        "generate)",
         field_path=".parallelism.pipeline",
-        check=lambda s: _pp(s) == 1 or (not s.training.eval_interval_steps and s.training.samples is None),
+        check=lambda s: _pp(s) == 1 or s.training.samples is None,
     ),
     Rule(
         cel=f"{_NO_PP} || {_training('routerAuxLossCoef', '0.0')} == 0.0",

@@ -7,7 +7,8 @@ Gemma 3 (sliding-window and full-attention layers, scaled embeddings) and
 GPT-2 (learned positions added between the embedding and the first layer)
 with 1F1B, and Mistral (sliding window) with GPipe; so do LoRA adapters and
 packed chat rows (each stage builds the same document mask), and pipeline 2 x
-tensor 2 gives what one process does. A checkpoint written with pipeline 2 resumes with
+tensor 2 gives what one process does; so does the validation loss. A checkpoint written
+with pipeline 2 resumes with
 pipeline 1 on the same curve, and its export loads in transformers. What the
 trainer cannot split is refused before any process group exists, in one line.
 """
@@ -77,8 +78,17 @@ def test_two_stages_over_two_data_parallel_ranks_train_like_data_parallelism_alo
 ) -> None:
     data, checkpoint = inputs["aligned"], untied[name]
     schedule = PIPELINED[name][1]
-    reference = _run(tmp_path / "dp2", data, checkpoint, 2)
-    split = _run(tmp_path / "pp2", data, checkpoint, 4, pipeline=2, pipelineSchedule=schedule)
+    # Validation at steps 5 and 10: the held-out batches through the stages, forward only.
+    runs = []
+    for work, nproc, parallelism in (("dp2", 2, {}), ("pp2", 4, {"pipeline": 2, "pipelineSchedule": schedule})):
+        cfg = _config(tmp_path / work, data, checkpoint, **parallelism)
+        cfg["training"]["evalIntervalSteps"] = 5
+        runs.append(launch(tmp_path / work, cfg, nproc=nproc).check())
+    reference, split = runs
+    evals = [{r["step"]: r["loss"] for r in run.events("eval")} for run in runs]
+    assert sorted(evals[1]) == [5, 10]
+    for step, loss in evals[0].items():
+        assert evals[1][step] == pytest.approx(loss, abs=1e-4), (step, evals)
     assert split.events("start")[0]["mesh"] == {"shard": 2, "pp": 2}
     layers = PIPELINED[name][0].get("num_hidden_layers", 2)
     assert f"stage 0 of 2: layers 0-{layers // 2 - 1}" in split.output, split.output[-3000:]  # rank 0's log

@@ -31,6 +31,9 @@ Objective = Callable[[Batch, ModelCall], tuple[torch.Tensor, torch.Tensor | None
 
 
 class ForwardBackward(Protocol):
+    @property
+    def computes_loss(self) -> bool: ...
+
     def local(self, batch: Batch) -> Batch: ...
 
     def layout(self, batch: Batch) -> contextlib.AbstractContextManager[None]: ...
@@ -51,6 +54,11 @@ class PlainStep:
 
     def __init__(self, model: nn.Module, precision: str, device: torch.device, packed: PackedAttention | None) -> None:
         self.model, self.precision, self.device, self.packed = model, precision, device, packed
+
+    @property
+    def computes_loss(self) -> bool:
+        """Whether this rank's forward returns a loss (every rank but a pipeline's earlier stages)."""
+        return True
 
     def local(self, batch: Batch) -> Batch:
         return batch

@@ -73,8 +73,15 @@ class PipelineStep:
     ) -> None:
         self.model, self.stage, self.precision, self.device, self.packed = model, stage, precision, device, packed
         self._divisor: float | torch.Tensor = 1.0
+        self.group = group
         pipeline_stage = PipelineStage(model, stage.index, stage.count, device, group=group)
         self.schedule = SCHEDULES[schedule](pipeline_stage, micro_batches, loss_fn=self._loss, scale_grads=False)
+        self._validation: ScheduleGPipe | None = None  # built at the first validation batch
+
+    @property
+    def computes_loss(self) -> bool:
+        """Whether this rank's forward returns the loss (the last stage's ranks) or zero."""
+        return self.stage.last
 
     def _loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return token_loss_sum(logits, labels) / self._divisor
@@ -92,7 +99,21 @@ class PipelineStep:
         raise NotImplementedError("a pipelined model runs through its schedule only (parallelism.pipeline)")
 
     def forward(self, batch: Batch, objective: Objective) -> tuple[torch.Tensor, torch.Tensor | None]:
-        raise NotImplementedError("validation is not supported with parallelism.pipeline (refused at the config)")
+        """One validation batch's summed token loss through the stages (no backward); zero but on the last stage."""
+        if self._validation is None:
+            # Its own stage object: a forward-only schedule of one micro-batch per call, any batch count.
+            stage = PipelineStage(self.model, self.stage.index, self.stage.count, self.device, group=self.group)
+            self._validation = ScheduleGPipe(stage, 1, loss_fn=token_loss_sum)
+        losses: list[torch.Tensor] = []
+        with compute_context(self.model, self.precision, self.device):
+            self._validation.eval(
+                arg_mbs=[(batch.inputs,)] if self.stage.first else None,
+                kwarg_mbs=[{"tokens": batch.inputs, **self.attention(batch)}],
+                target_mbs=[batch.labels] if self.stage.last else None,
+                losses=losses,
+            )
+        loss = losses[0].detach().float() if losses else torch.zeros((), device=self.device, dtype=torch.float32)
+        return loss, None
 
     def forward_backward(
         self, batches: Sequence[Batch], objective: Objective, divisor: float | torch.Tensor, pair_stats: int
