@@ -209,3 +209,12 @@ def test_stages_are_cut_where_the_layers_parameters_are_shared_evenly() -> None:
     # Never an empty stage, however uneven.
     assert balanced_ranges([100, 1, 1], 3) == [range(0, 1), range(1, 2), range(2, 3)]
     assert idle_share(4, 16) == pytest.approx(3 / 19)
+
+
+def test_the_trainer_runs_every_schedule_the_api_offers() -> None:
+    from typing import get_args
+
+    from fsdp_api.spec.parallelism import PipelineScheduleName
+    from fsdp_trainer.step.pipeline import SCHEDULES
+
+    assert list(SCHEDULES) == list(get_args(PipelineScheduleName))
