@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.trainer.harness import RunResult, base_config, launch
+from tests.trainer.harness import RunResult, base_config, cpu_world, launch
 
 STEPS = 10
 MODELS = ("llama", "mistral", "qwen2")  # each declares a tensor-parallel plan; Mistral has a sliding window
@@ -39,6 +39,34 @@ def assert_same_losses(single: dict[int, float], split: dict[int, float], label:
     assert min(single[STEPS - 1], single[STEPS]) < single[1]
 
 
+def same_curve(reference: RunResult, split: RunResult, label: str = "") -> None:
+    """Every step's loss equal to 1e-4 (``assert_same_losses``) and every gradient norm within 1e-4 relative."""
+    assert_same_losses(reference.losses(), split.losses(), label)
+    norms = {r["step"]: r["grad_norm"] for r in reference.events("step")}
+    for r in split.events("step"):
+        assert r["grad_norm"] == pytest.approx(norms[r["step"]], rel=1e-4), (label, r["step"])
+
+
+def assert_resumed_curve(before: dict[int, float], after: dict[int, float]) -> None:
+    """A run resumed from step 5 trains steps 6 to STEPS with the uninterrupted run's losses (1e-4)."""
+    assert sorted(after) == list(range(6, STEPS + 1))
+    print(f"resumed: max |loss difference| {max(abs(after[s] - before[s]) for s in after):.2e}")
+    for step, loss in after.items():
+        assert abs(loss - before[step]) <= 1e-4, (step, loss, before[step])
+
+
+def prepare_error(cfg: dict[str, Any], world_size: int = 4) -> str:
+    """The one line ``prepare`` refuses ``cfg`` with on a CPU launch of ``world_size`` ranks."""
+    from fsdp_api.trainer_config import TrainerConfig
+    from fsdp_trainer.build import prepare
+    from fsdp_trainer.errors import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        prepare(TrainerConfig.model_validate(cfg), cpu_world(world_size, world_size))
+    assert len(e.value.lines) == 1, e.value.lines
+    return e.value.lines[0]
+
+
 def one_process_and_split(
     tmp_path: Path, data_path: Path, checkpoint: Path, degrees: dict[str, int], *, data_parallel: int = 2
 ) -> tuple[RunResult, RunResult]:
@@ -55,8 +83,5 @@ def one_process_and_split(
         )
         runs.append(launch(work, cfg, nproc=nproc).check())
     single, split = runs
-    assert_same_losses(single.losses(), split.losses(), f"{degrees}: ")
-    norms = {r["step"]: r["grad_norm"] for r in single.events("step")}
-    for r in split.events("step"):
-        assert r["grad_norm"] == pytest.approx(norms[r["step"]], rel=1e-4), r["step"]
+    same_curve(single, split, f"{degrees}: ")
     return single, split

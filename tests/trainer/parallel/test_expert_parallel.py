@@ -20,13 +20,16 @@ from typing import Any
 
 import pytest
 import torch
-from fsdp_api.trainer_config import TrainerConfig
-from fsdp_trainer.build import prepare
-from fsdp_trainer.errors import ConfigError
 
-from tests.trainer.harness import RunResult, cpu_world, launch
+from tests.trainer.harness import RunResult, launch
 from tests.trainer.model.architectures import build_checkpoint
-from tests.trainer.parallel.split_runs import STEPS, assert_same_losses, model_config
+from tests.trainer.parallel.split_runs import (
+    STEPS,
+    assert_resumed_curve,
+    model_config,
+    prepare_error,
+    same_curve,
+)
 
 # model type -> the expert-parallel degrees compared with expert 1, and the peft section.
 SPLITS: dict[str, tuple[tuple[int, ...], dict[str, Any] | None]] = {
@@ -73,13 +76,6 @@ def _run(work: Path, data: Path, checkpoint: Path, expert: int, **options: Any) 
     return launch(work, _config(work, data, checkpoint, expert, **options), nproc=4).check()
 
 
-def _same_curve(reference: RunResult, split: RunResult, label: str) -> None:
-    assert_same_losses(reference.losses(), split.losses(), label)
-    norms = {r["step"]: r["grad_norm"] for r in reference.events("step")}
-    for r in split.events("step"):
-        assert r["grad_norm"] == pytest.approx(norms[r["step"]], rel=1e-4), (label, r["step"])
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("name", SPLITS)
 def test_experts_split_over_2_and_4_ranks_train_like_fsdp_alone(
@@ -94,7 +90,7 @@ def test_experts_split_over_2_and_4_ranks_train_like_fsdp_alone(
         # Every MoE layer's experts (DeepSeek V3's first layer is dense).
         layers = 1 if name == "deepseek_v3" else 2
         assert f"{layers} experts modules split over {expert} ranks" in split.output, split.output[-3000:]
-        _same_curve(reference, split, f"{name} expert {expert}: ")
+        same_curve(reference, split, f"{name} expert {expert}: ")
 
 
 BESIDE = {
@@ -121,7 +117,7 @@ def test_experts_split_beside_context_parallelism_or_inside_hybrid_groups_train_
     reference = _run(tmp_path / "ep1", data, checkpoint, 1, **options)
     split = _run(tmp_path / "ep2", data, checkpoint, 2, **options)
     assert split.events("start")[0]["mesh"] == mesh
-    _same_curve(reference, split, f"mixtral {beside} expert 2: ")
+    same_curve(reference, split, f"mixtral {beside} expert 2: ")
 
 
 @pytest.mark.slow
@@ -143,10 +139,7 @@ def test_an_expert_2_checkpoint_resumes_with_expert_1_and_exports(
     assert resumed.events("start")[0]["step"] == 5
     assert resumed.events("start")[0]["mesh"] == {"shard": 4}
     before, after = split.losses(), resumed.losses()
-    assert sorted(after) == list(range(6, STEPS + 1))
-    print(f"resumed: max |loss difference| {max(abs(after[s] - before[s]) for s in after):.2e}")
-    for step, loss in after.items():
-        assert abs(loss - before[step]) <= 1e-4, (step, loss, before[step])
+    assert_resumed_curve(before, after)
 
     # The export of an expert-parallel checkpoint is the model's own layout, with the trained weights.
     exported = export_checkpoint(tmp_path / "ep2" / "checkpoints", tmp_path / "hf")
@@ -157,25 +150,18 @@ def test_an_expert_2_checkpoint_resumes_with_expert_1_and_exports(
     torch.testing.assert_close(logits, probe["logits"], atol=1e-5, rtol=1e-5)
 
 
-def _prepare_error(cfg: dict[str, Any], world_size: int = 4) -> str:
-    with pytest.raises(ConfigError) as e:
-        prepare(TrainerConfig.model_validate(cfg), cpu_world(world_size, world_size))
-    assert len(e.value.lines) == 1, e.value.lines
-    return e.value.lines[0]
-
-
 def test_a_dense_model_and_an_uneven_split_are_refused_in_one_line(
     moe_checkpoints: dict[str, Path], inputs: dict[str, Path], tmp_path: Path
 ) -> None:
     dense = build_checkpoint("llama", tmp_path / "llama", inputs["tokenizer"])
-    message = _prepare_error(_config(tmp_path / "d", inputs["aligned"], dense, 2))
+    message = prepare_error(_config(tmp_path / "d", inputs["aligned"], dense, 2))
     assert message == (
         "parallelism.expert: LlamaForCausalLM has no mixture-of-experts layers, so there are no experts to split: "
         "leave it at 1"
     )
     torch.manual_seed(0)
     # 4 experts cannot go to 8 ranks whole.
-    message = _prepare_error(_config(tmp_path / "u", inputs["aligned"], moe_checkpoints["mixtral"], 8), world_size=8)
+    message = prepare_error(_config(tmp_path / "u", inputs["aligned"], moe_checkpoints["mixtral"], 8), world_size=8)
     assert message == (
         "parallelism.expert: 8 does not divide MixtralForCausalLM's 4 experts per layer: each rank holds whole experts"
     )

@@ -21,15 +21,18 @@ from typing import Any
 
 import pytest
 import torch
-from fsdp_api.trainer_config import TrainerConfig
-from fsdp_trainer.build import prepare
-from fsdp_trainer.errors import ConfigError
 from fsdp_trainer.parallel.pipeline import balanced_ranges
 from fsdp_trainer.step.pipeline import idle_share
 
-from tests.trainer.harness import RunResult, cpu_world, launch
+from tests.trainer.harness import RunResult, launch
 from tests.trainer.model.architectures import build_checkpoint
-from tests.trainer.parallel.split_runs import STEPS, assert_same_losses, model_config
+from tests.trainer.parallel.split_runs import (
+    STEPS,
+    assert_resumed_curve,
+    model_config,
+    prepare_error,
+    same_curve,
+)
 
 # model type -> (the checkpoint's overrides, the schedule). Untied embeddings: tied ones are refused.
 PIPELINED: dict[str, tuple[dict[str, Any], str]] = {
@@ -64,13 +67,6 @@ def _run(work: Path, data: Path, checkpoint: Path, nproc: int | None, **parallel
     return launch(work, _config(work, data, checkpoint, **parallelism), nproc=nproc).check()
 
 
-def _same_curve(reference: RunResult, split: RunResult, label: str) -> None:
-    assert_same_losses(reference.losses(), split.losses(), label)
-    norms = {r["step"]: r["grad_norm"] for r in reference.events("step")}
-    for r in split.events("step"):
-        assert r["grad_norm"] == pytest.approx(norms[r["step"]], rel=1e-4), (label, r["step"])
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("name", [n for n in PIPELINED if n != "llama"])
 def test_two_stages_over_two_data_parallel_ranks_train_like_data_parallelism_alone(
@@ -93,7 +89,7 @@ def test_two_stages_over_two_data_parallel_ranks_train_like_data_parallelism_alo
     layers = PIPELINED[name][0].get("num_hidden_layers", 2)
     assert f"stage 0 of 2: layers 0-{layers // 2 - 1}" in split.output, split.output[-3000:]  # rank 0's log
     assert f"schedule {schedule} over 2 micro-batches per step (each stage idle 33% of a step)" in split.output
-    _same_curve(reference, split, f"{name} pipeline 2 {schedule}: ")
+    same_curve(reference, split, f"{name} pipeline 2 {schedule}: ")
 
 
 @pytest.mark.slow
@@ -117,7 +113,7 @@ def test_lora_and_packed_chats_train_through_the_stages_like_data_parallelism_al
         for name, values in sections.items():
             cfg[name] = {**cfg.get(name, {}), **values}
         runs.append(launch(work, cfg, nproc=nproc).check())
-    _same_curve(*runs, f"{variant} pipeline 2: ")
+    same_curve(*runs, f"{variant} pipeline 2: ")
 
 
 @pytest.mark.slow
@@ -132,7 +128,7 @@ def test_two_stages_of_two_tensor_parallel_ranks_train_like_one_process(
     split_cfg = _config(tmp_path / "pp2tp2", data, checkpoint, pipeline=2, tensor=2)
     split = launch(tmp_path / "pp2tp2", split_cfg, nproc=4).check()
     assert split.events("start")[0]["mesh"] == {"shard": 1, "pp": 2, "tp": 2}
-    _same_curve(reference, split, "llama pipeline 2 x tensor 2: ")
+    same_curve(reference, split, "llama pipeline 2 x tensor 2: ")
 
 
 @pytest.mark.slow
@@ -152,7 +148,7 @@ def test_a_pipeline_2_checkpoint_resumes_with_pipeline_1_and_exports(
     assert "stage 0 of 2: layers 0-1, schedule 1F1B over 2 micro-batches per step (each stage idle 33%" in (
         split.output
     )
-    _same_curve(reference, split, "llama pipeline 2 1F1B: ")
+    same_curve(reference, split, "llama pipeline 2 1F1B: ")
     # The same run stopped at step 5, resumed on 2 ranks holding every layer (the same 2 data-parallel ranks).
     shutil.copytree(
         tmp_path / "pp2" / "checkpoints" / "step-00000005", tmp_path / "pp1" / "checkpoints" / "step-00000005"
@@ -161,10 +157,7 @@ def test_a_pipeline_2_checkpoint_resumes_with_pipeline_1_and_exports(
     assert resumed.events("start")[0]["step"] == 5
     assert "has no state for rank" not in resumed.output  # the exact data position of both data-parallel ranks
     before, after = split.losses(), resumed.losses()
-    assert sorted(after) == list(range(6, STEPS + 1))
-    print(f"resumed: max |loss difference| {max(abs(after[s] - before[s]) for s in after):.2e}")
-    for step, loss in after.items():
-        assert abs(loss - before[step]) <= 1e-4, (step, loss, before[step])
+    assert_resumed_curve(before, after)
 
     # Every stage's tensors under the model's own names: the export loads whole in transformers and
     # gives the logits of the run that finished the same curve with every layer on each rank.
@@ -176,18 +169,11 @@ def test_a_pipeline_2_checkpoint_resumes_with_pipeline_1_and_exports(
     torch.testing.assert_close(logits, probe["logits"], atol=1e-4, rtol=1e-4)
 
 
-def _prepare_error(cfg: dict[str, Any], world_size: int = 4) -> str:
-    with pytest.raises(ConfigError) as e:
-        prepare(TrainerConfig.model_validate(cfg), cpu_world(world_size, world_size))
-    assert len(e.value.lines) == 1, e.value.lines
-    return e.value.lines[0]
-
-
 def test_tied_embeddings_and_more_stages_than_layers_are_refused_in_one_line(
     untied: dict[str, Path], inputs: dict[str, Path], tmp_path: Path
 ) -> None:
     tied = build_checkpoint("qwen2", tmp_path / "qwen2", inputs["tokenizer"])
-    message = _prepare_error(_config(tmp_path / "t", inputs["aligned"], tied, pipeline=2))
+    message = prepare_error(_config(tmp_path / "t", inputs["aligned"], tied, pipeline=2))
     assert message == (
         "parallelism.pipeline: Qwen2ForCausalLM ties its output head to its input embedding (one weight the first "
         "and the last stage would both update), which this trainer does not split yet; use a model with untied "
@@ -195,7 +181,7 @@ def test_tied_embeddings_and_more_stages_than_layers_are_refused_in_one_line(
     )
     cfg = _config(tmp_path / "l", inputs["aligned"], untied["mistral"], pipeline=4)
     cfg["training"]["gradAccumSteps"] = 4
-    assert _prepare_error(cfg) == (
+    assert prepare_error(cfg) == (
         "parallelism.pipeline: 4 stages need at least 4 decoder layers, and MistralForCausalLM has 2; use "
         "parallelism.pipeline: 2 or fewer"
     )

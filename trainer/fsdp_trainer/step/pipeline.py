@@ -14,7 +14,6 @@ gradient that of the mean over the global batch.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Sequence
 
@@ -32,7 +31,7 @@ from ..loss import ModelCall
 from ..loss.head import token_loss_sum
 from ..parallel.parallelize import compute_context
 from ..parallel.pipeline import Stage
-from .forward_backward import Objective
+from .forward_backward import Objective, PlainStep
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +56,12 @@ def idle_share(stages: int, micro_batches: int) -> float:
     return (stages - 1) / (micro_batches + stages - 1)
 
 
-class PipelineStep:
-    """This rank's stage of the model, run by the pipeline schedule over the step's micro-batches."""
+class PipelineStep(PlainStep):
+    """This rank's stage of the model, run by the pipeline schedule over the step's micro-batches.
+
+    Every row whole on its data-parallel rank, as in ``PlainStep`` (whose ``local``, ``layout`` and
+    ``attention`` it keeps); the model is called by the schedule, stage by stage.
+    """
 
     def __init__(
         self,
@@ -71,7 +74,8 @@ class PipelineStep:
         device: torch.device,
         packed: PackedAttention | None,
     ) -> None:
-        self.model, self.stage, self.precision, self.device, self.packed = model, stage, precision, device, packed
+        super().__init__(model, precision, device, packed)
+        self.stage = stage
         self._divisor: float | torch.Tensor = 1.0
         self.group = group
         pipeline_stage = PipelineStage(model, stage.index, stage.count, device, group=group)
@@ -85,15 +89,6 @@ class PipelineStep:
 
     def _loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return token_loss_sum(logits, labels) / self._divisor
-
-    def local(self, batch: Batch) -> Batch:
-        return batch
-
-    def layout(self, batch: Batch) -> contextlib.AbstractContextManager[None]:
-        return contextlib.nullcontext()
-
-    def attention(self, batch: Batch) -> dict[str, object]:
-        return {} if self.packed is None else self.packed.kwargs(batch.position_ids)
 
     def call(self, batch: Batch) -> ModelCall:
         raise NotImplementedError("a pipelined model runs through its schedule only (parallelism.pipeline)")
